@@ -1,0 +1,44 @@
+"""fastkit: notebook-first LLM fine-tuning with three exact speed-ups patched into transformers models.
+
+    from fastkit import FastModel
+    model, tokenizer = FastModel.from_pretrained("Qwen/Qwen3-0.6B", max_seq_length=2048)
+    model = FastModel.get_peft_model(model, r=16)
+
+Importing fastkit downloads nothing and patches nothing; patches apply per model instance.
+"""
+
+import logging as _logging
+
+from fastkit.errors import FastkitError, GPUOnlyError
+from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report, require_chat_template
+from fastkit.patching import active_patches, apply_patch
+from fastkit.patching import revert as _revert
+from fastkit.syncs import SyncCounter, count_syncs
+
+__version__ = "0.1.0"
+
+_logger = _logging.getLogger("fastkit")
+if not _logger.handlers:  # like transformers: a default handler on the library logger, level set_verbosity
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("%(message)s"))
+    _logger.addHandler(_handler)
+    _logger.setLevel(_logging.INFO)
+    _logger.propagate = False
+
+
+def set_verbosity(level: int | str) -> None:
+    """Set how much fastkit logs: 'debug', 'info' (default), 'warning', 'error'."""
+    _logger.setLevel(level.upper() if isinstance(level, str) else level)
+
+
+def revert(model) -> list[str]:
+    """Remove every fastkit patch from ``model`` (a PEFT wrapper is looked through). Returns their names."""
+    from fastkit.loader import base_model
+
+    return _revert(base_model(model))
+
+
+__all__ = [
+    "FastModel", "FastkitError", "GPUOnlyError", "LoadReport", "SyncCounter", "active_patches", "apply_patch",
+    "count_syncs", "enable_checkpointing", "report", "require_chat_template", "revert", "set_verbosity",
+]

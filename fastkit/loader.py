@@ -1,0 +1,287 @@
+"""``FastModel``: load a Hugging Face causal LM, pick the patches that fit, report what it did.
+
+Every check that can fail runs before weights are read: a path that does not exist, a model
+type without a causal-LM head, 4-bit or other GPU-only options on a CPU, a bad max_seq_length.
+Patches go through :mod:`fastkit.patching` (idempotent, revertible, atomic) and are chosen by the
+table in :mod:`fastkit.registry`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fastkit import registry
+from fastkit.device import GiB, auto_dtype, describe_device, memory_snapshot, pick_device
+from fastkit.errors import FastkitError, GPUOnlyError
+from fastkit.patching import active_patches, apply_patch
+
+logger = logging.getLogger("fastkit")
+
+_REPORT_ATTR = "_fastkit_report"
+
+
+@dataclass
+class LoadReport:
+    """What ``FastModel`` did to a model; also shown as the banner and by the dashboard."""
+
+    model_type: str
+    """``config.model_type`` of the loaded model."""
+    device: str
+    """Where the model runs, in words."""
+    dtype: str
+    """Parameter dtype."""
+    attn_implementation: str
+    """Attention backend transformers dispatches to (a fastkit key when packing is active)."""
+    max_seq_length: int
+    """Longest sequence (or packed row) the user intends to train on."""
+    active: dict[str, str] = field(default_factory=dict)
+    """Active patch name -> how it got there."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Patch name -> why it does not apply."""
+
+    def banner(self) -> str:
+        mem = memory_snapshot(pick_device())
+        lines = [
+            f"fastkit: {self.model_type} on {self.device}, {self.dtype}, attention={self.attn_implementation}, "
+            f"max_seq_length={self.max_seq_length}",
+            f"fastkit: memory free {mem.free / GiB:.1f} of {mem.total / GiB:.1f} GiB",
+        ]
+        for name, how in self.active.items():
+            lines.append(f"fastkit:   + {name}: {how}")
+        for name, why in self.skipped.items():
+            lines.append(f"fastkit:   - {name}: {why}")
+        return "\n".join(lines)
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a PEFT wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def report(model: torch.nn.Module) -> LoadReport | None:
+    """The :class:`LoadReport` of a fastkit-loaded (or fastkit-patched) model."""
+    return getattr(base_model(model), _REPORT_ATTR, None)
+
+
+def _check_source(name_or_path: str, gguf_file: str | None) -> None:
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        raise FastkitError("name_or_path must be a local folder or a Hugging Face model id, got "
+                           f"{name_or_path!r}")
+    path = os.path.expanduser(str(name_or_path))
+    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path)
+    if looks_local and not os.path.exists(path):
+        raise FastkitError(f"Model path {path!r} does not exist. Pass a folder with config.json and "
+                           "*.safetensors (or a GGUF file via gguf_file=), or a Hub id like 'Qwen/Qwen3-0.6B'.")
+    if gguf_file and os.path.isdir(path) and not os.path.exists(os.path.join(path, gguf_file)):
+        raise FastkitError(f"gguf_file {gguf_file!r} is not in {path!r}.")
+
+
+def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
+    if not isinstance(max_seq_length, int) or max_seq_length <= 0:
+        raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
+    if load_in_4bit:
+        if device.type != "cuda":
+            raise GPUOnlyError("load_in_4bit=True needs a CUDA GPU (bitsandbytes 4-bit kernels); this machine has "
+                               "none. Load in 16/32-bit instead (load_in_4bit=False) or run on a GPU runtime.")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as exc:
+            raise FastkitError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from exc
+
+
+def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict):
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code,
+                                            **{k: v for k, v in hf_kwargs.items() if k in ("revision", "token")})
+    except OSError as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (HF_HUB_OFFLINE=1 is set: only cached or local models load)" if offline else ""
+        raise FastkitError(f"Could not read a config for {name_or_path!r}{hint}: {exc}") from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
+                           "fine-tunes causal language models (AutoModelForCausalLM).")
+    return config
+
+
+def _check_context(config, max_seq_length: int) -> None:
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and max_seq_length > context:
+        raise FastkitError(f"max_seq_length={max_seq_length} is above the model's context "
+                           f"(config.max_position_embeddings={context}); lower max_seq_length.")
+
+
+def _pick_attention(facts: registry.ModelFacts | None, device: torch.device) -> str:
+    """The fastest exact backend available: flash-attn 2 on Ampere+, else the family's default."""
+    default = facts.default_attn if facts else "sdpa"
+    if device.type == "cuda" and default == "sdpa" and torch.cuda.get_device_capability(device) >= (8, 0):
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return default
+
+
+def _quantization(load_in_4bit: bool, dtype: torch.dtype):
+    if not load_in_4bit:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype)
+
+
+def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.model_max_length = max_seq_length
+    if getattr(tok, "chat_template", None) is None:
+        logger.warning("fastkit: %s has no chat template; chat-formatted data will be refused "
+                       "(set tokenizer.chat_template or use plain-text data).", name_or_path)
+    return tok
+
+
+def require_chat_template(tokenizer) -> None:
+    """Raise a clear error if ``tokenizer`` cannot format chat messages."""
+    if getattr(tokenizer, "chat_template", None) in (None, ""):
+        raise FastkitError("This tokenizer has no chat template, but the data is chat messages. Set "
+                           "tokenizer.chat_template (for example fastkit.twins.CHATML_TEMPLATE) or give "
+                           "plain 'text' data.")
+
+
+class FastModel:
+    """Entry point: ``model, tokenizer = FastModel.from_pretrained(...)``."""
+
+    @staticmethod
+    def from_pretrained(
+        name_or_path: str,
+        *,
+        max_seq_length: int = 2048,
+        dtype: torch.dtype | None = None,
+        load_in_4bit: bool = False,
+        gguf_file: str | None = None,
+        attn_implementation: str | None = None,
+        patches: str | list[str] | None = "auto",
+        trust_remote_code: bool = False,
+        **hf_kwargs: Any,
+    ):
+        """Load ``(model, tokenizer)`` with fastkit's patches applied where they fit.
+
+        Weights load only from safetensors (or ``gguf_file``); ``trust_remote_code`` stays off
+        unless you turn it on. ``patches="auto"`` applies every patch the registry lists for the
+        model type, ``None`` applies none, a list applies those names.
+        """
+        from transformers import AutoModelForCausalLM
+
+        device = pick_device()
+        _check_source(name_or_path, gguf_file)
+        _check_options(device, max_seq_length, load_in_4bit)
+        config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
+        _check_context(config, max_seq_length)
+        facts = registry.facts_for(config.model_type)
+        dtype = dtype or auto_dtype(device)
+        attn = attn_implementation or _pick_attention(facts, device)
+        load_kwargs = dict(dtype=dtype, attn_implementation=attn, trust_remote_code=trust_remote_code)
+        if gguf_file:
+            load_kwargs["gguf_file"] = gguf_file
+        else:
+            load_kwargs["use_safetensors"] = True
+        quant = _quantization(load_in_4bit, dtype)
+        if quant is not None:
+            load_kwargs.update(quantization_config=quant, device_map={"": device.index or 0})
+        load_kwargs.update(hf_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
+        if quant is None and device.type != "cpu" and "device_map" not in hf_kwargs:
+            model.to(device)
+        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length)
+        FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        return model, tokenizer
+
+    @staticmethod
+    def patch(model: torch.nn.Module, *, max_seq_length: int = 2048,
+              patches: str | list[str] | None = "auto") -> torch.nn.Module:
+        """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent."""
+        model = base_model(model)
+        config = model.config
+        facts = registry.facts_for(config.model_type)
+        rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
+                         str(config._attn_implementation), max_seq_length)
+        if facts is None:
+            logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
+                           "transformers). Known: %s", config.model_type, ", ".join(sorted(registry.MODEL_TABLE)))
+            rep.skipped["all"] = f"unknown model_type {config.model_type!r}"
+        else:
+            wanted = registry.patch_names_for(facts) if patches == "auto" else list(patches or [])
+            for name in wanted:
+                if name not in registry.PATCH_FACTORIES:
+                    raise FastkitError(f"Unknown patch {name!r}; known: {', '.join(registry.PATCH_FACTORIES)}")
+                ok, how = apply_patch(model, registry.build_patch(name, facts))
+                (rep.active if ok else rep.skipped)[name] = how
+            rep.attn_implementation = str(config._attn_implementation)
+        object.__setattr__(model, _REPORT_ATTR, rep)
+        logger.info(rep.banner())
+        return model
+
+    @staticmethod
+    def get_peft_model(
+        model: torch.nn.Module,
+        r: int = 16,
+        lora_alpha: int = 16,
+        lora_dropout: float = 0.0,
+        target_modules: str | list[str] = "all-linear",
+        bias: str = "none",
+        use_gradient_checkpointing: bool | str = True,
+        random_state: int = 3407,
+        **lora_kwargs: Any,
+    ):
+        """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
+
+        ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
+        double-buffered checkpoint reload, see :mod:`fastkit.offload`), or ``False``.
+        """
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+        if r <= 0:
+            raise FastkitError(f"LoRA rank r must be positive, got {r}.")
+        torch.manual_seed(random_state)
+        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+                          bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
+        peft_model = get_peft_model(model, lora)
+        enable_checkpointing(peft_model, use_gradient_checkpointing)
+        return peft_model
+
+
+def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True) -> str:
+    """Turn on gradient checkpointing: ``True``, ``"offload"`` or ``False``. Returns the mode in effect."""
+    if mode not in (True, False, "offload"):
+        raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got {mode!r}.")
+    if mode is False:
+        return "off"
+    base = base_model(model)
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+    if mode == "offload":
+        from fastkit.offload import enable_offload
+
+        return enable_offload(base)
+    return "checkpoint"
+
+
+__all__ = ["FastModel", "LoadReport", "active_patches", "base_model", "enable_checkpointing", "report",
+           "require_chat_template"]

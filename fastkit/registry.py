@@ -1,0 +1,80 @@
+"""Per-model facts in one table: which fastkit patches apply to which ``model_type``.
+
+Adding a model is adding a row. A model type that is not in the table loads unpatched, with one
+log line saying so. The patch implementations live one per file (``packing.py``, ``moe.py``,
+``offload.py``); :data:`PATCH_FACTORIES` names them so this module imports none of them eagerly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+PACKING, MOE, OFFLOAD = "packing", "moe", "offload"
+
+# patch name -> "module:class" constructed as ``cls(facts)``; imported only when used.
+PATCH_FACTORIES: dict[str, str] = {
+    PACKING: "fastkit.packing:PackedAttentionPatch",
+    MOE: "fastkit.moe:MoEExpertsPatch",
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What fastkit needs to know about one ``model_type``."""
+
+    model_type: str
+    """The ``config.model_type`` this row describes."""
+    packing: bool = True
+    """The packed-attention patch supports this family's attention module."""
+    moe: bool = False
+    """The family has ``@use_experts_implementation`` experts that fastkit's router can run."""
+    attention_sinks: bool = False
+    """Per-head learned sinks in the softmax (GPT-OSS): SDPA cannot express them."""
+    sliding_window: bool = False
+    """Some or all layers attend within a window (``config.sliding_window`` / ``layer_types``)."""
+    softcap: bool = False
+    """Attention logits are soft-capped (Gemma-2 style): needs a kernel that supports it."""
+    default_attn: str = "sdpa"
+    """The exact attention backend to load with when flash-attn is not installed."""
+    note: str = ""
+    """Anything a user should know, shown in the load banner."""
+
+
+MODEL_TABLE: dict[str, ModelFacts] = {
+    f.model_type: f
+    for f in [
+        ModelFacts("llama"),
+        ModelFacts("mistral", sliding_window=True),
+        ModelFacts("qwen2", sliding_window=True),
+        ModelFacts("qwen3", sliding_window=True),
+        ModelFacts("qwen3_moe", moe=True, sliding_window=True),
+        ModelFacts("qwen2_moe", moe=True, sliding_window=True),
+        ModelFacts("mixtral", moe=True, sliding_window=True),
+        ModelFacts("olmoe", moe=True),
+        ModelFacts("deepseek_v3", moe=True, note="MLA attention: q/k and v head sizes differ"),
+        ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
+                   note="attention sinks: sdpa cannot express them upstream"),
+    ]
+}
+
+
+def facts_for(model_type: str) -> ModelFacts | None:
+    """The table row for ``model_type``, or None for a model fastkit does not know."""
+    return MODEL_TABLE.get(model_type)
+
+
+def patch_names_for(facts: ModelFacts) -> list[str]:
+    """Load-time patches that apply to a family, in application order."""
+    names = []
+    if facts.packing:
+        names.append(PACKING)
+    if facts.moe:
+        names.append(MOE)
+    return names
+
+
+def build_patch(name: str, facts: ModelFacts):
+    """Instantiate the patch called ``name`` for a family (imports its module on first use)."""
+    module_name, cls_name = PATCH_FACTORIES[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)(facts)

@@ -1,0 +1,146 @@
+"""Count host-device synchronizations, on any device, CPU included.
+
+On a GPU, some operations make the host wait for the device: reading a value back
+(``.item()``, ``.tolist()``, ``bool(t)``), or an op whose *output shape* depends on data
+(``nonzero``, boolean indexing, ``unique``, ``masked_select``, ``repeat_interleave`` without
+``output_size``, ``bincount`` without a known size...). On a CPU they cost nothing, which is why
+they creep in unnoticed. :class:`SyncCounter` counts them by op identity with a
+``TorchDispatchMode`` (plus Python-level hooks for conversions that bypass the dispatcher), so a
+test on this CPU machine can assert "zero syncs per step" for code that will run on a GPU.
+
+Counted as one sync each:
+- ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``, ``float(t)``, ``if t:``);
+- data-dependent-shape ops: ``nonzero``, ``argwhere``, ``masked_select``, ``unique*``,
+  ``repeat_interleave(Tensor)`` without ``output_size``, ``bincount``, ``equal``, ``allclose``,
+  indexing with a boolean mask (``x[mask]``, ``x[mask] = v``);
+- ``Tensor.tolist()`` and ``Tensor.numpy()`` (they never reach the dispatcher on CPU);
+- a copy from a non-CPU device to the CPU (``.cpu()``, ``.to("cpu")``) when run on a GPU.
+
+A composite op is counted once at the outermost counted op (``t.nonzero()`` is 1, although
+``nonzero`` may read its size internally).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# Ops whose presence means "the host waits for the device" (output shape or value read back).
+_SYNC_PACKETS = {
+    aten._local_scalar_dense,
+    aten.nonzero,
+    aten.argwhere,
+    aten.masked_select,
+    aten._unique2,
+    aten.unique_dim,
+    aten.unique_consecutive,
+    aten.unique_dim_consecutive,
+    aten.bincount,
+    aten.equal,
+    aten.allclose,
+}
+
+# Indexing ops that sync when an index is a boolean mask (``x[mask]``, ``x[mask] = v``).
+_INDEX_PACKETS = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+
+
+def _is_sync(func, args, kwargs) -> bool:
+    packet = func.overloadpacket
+    if packet in _SYNC_PACKETS:
+        return True
+    if packet in _INDEX_PACKETS:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    if packet is aten.repeat_interleave and func is not aten.repeat_interleave.self_int:
+        return kwargs.get("output_size") is None and (len(args) < 4 or args[3] is None)
+    if packet in (aten._to_copy, aten.copy_):
+        src = args[1] if packet is aten.copy_ else args[0]
+        dst_device = (args[0].device if packet is aten.copy_ else kwargs.get("device"))
+        return (isinstance(src, torch.Tensor) and src.device.type != "cpu"
+                and dst_device is not None and torch.device(dst_device).type == "cpu")
+    return False
+
+
+class SyncCounter(TorchDispatchMode):
+    """Context manager counting host-device syncs by op name.
+
+    >>> with SyncCounter() as sc:
+    ...     torch.tensor([1, 0, 2]).nonzero()
+    >>> sc.total
+    1
+
+    ``sc.by_op`` maps op names to counts, ``sc.events`` keeps (op, short stack) when
+    ``record_stacks=True`` to find where a sync comes from.
+    """
+
+    def __init__(self, record_stacks: bool = False):
+        super().__init__()
+        self.by_op: collections.Counter[str] = collections.Counter()
+        self.events: list[tuple[str, str]] = []
+        self.record_stacks = record_stacks
+        self._depth = 0
+        self._restore: list[tuple[object, str, Callable]] = []
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_op.values())
+
+    def _count(self, name: str) -> None:
+        self.by_op[name] += 1
+        if self.record_stacks:
+            import traceback
+
+            self.events.append((name, "".join(traceback.format_stack(limit=8)[:-2])))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        counted = self._depth == 0 and _is_sync(func, args, kwargs)
+        if counted:
+            self._count(str(func.overloadpacket.__name__))
+            self._depth += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if counted:
+                self._depth -= 1
+
+    def _wrap_conversion(self, name: str) -> None:
+        original = getattr(torch.Tensor, name)
+        counter = self
+
+        def wrapped(t, *a, **kw):
+            counter._count(name)
+            counter._depth += 1  # the read-back inside is the same sync, do not count it twice
+            try:
+                return original(t, *a, **kw)
+            finally:
+                counter._depth -= 1
+
+        setattr(torch.Tensor, name, wrapped)
+        self._restore.append((torch.Tensor, name, original))
+
+    def __enter__(self):
+        for name in ("tolist", "numpy"):
+            self._wrap_conversion(name)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for target, name, original in reversed(self._restore):
+                setattr(target, name, original)
+            self._restore.clear()
+
+
+@contextmanager
+def count_syncs(record_stacks: bool = False):
+    """Functional spelling of :class:`SyncCounter`."""
+    with SyncCounter(record_stacks=record_stacks) as sc:
+        yield sc

@@ -1,0 +1,97 @@
+"""Scaled-down random twins of real architectures, and a tokenizer built in-process.
+
+A twin keeps what makes a family itself (GQA ratio, q/k-norm, sliding-window layers, attention
+sinks, interleaved expert weights, shared experts, tied embeddings) and shrinks every size, so
+tests and notebook CI run the real transformers modeling code in seconds, offline. Nothing here
+downloads anything.
+
+    model = twin("qwen3_moe", num_hidden_layers=4)    # random weights, fp32, CPU
+    tok = twin_tokenizer()                            # byte-level, ChatML chat template
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, CONFIG_MAPPING, PretrainedConfig, PreTrainedTokenizerFast
+
+# ChatML, the template SmolLM2-Instruct and Qwen ship; generation prompt "<|im_start|>assistant\n".
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TWIN_VOCAB_SIZE = 320  # 256 byte symbols + 3 specials, rounded up for aligned embeddings
+
+_ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+# Per-family overrides on top of the family's default config: the family traits stay, sizes shrink.
+TWIN_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(_ATTN, intermediate_size=128, tie_word_embeddings=True),  # SmolLM2 / Llama-3.2 style
+    "qwen3": dict(_ATTN, intermediate_size=128, tie_word_embeddings=True),  # q/k RMSNorm
+    "mistral": dict(_ATTN, intermediate_size=128, sliding_window=64),
+    "qwen3_moe": dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                      num_experts_per_tok=2, norm_topk_prob=True),
+    "qwen2_moe": dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                      num_experts_per_tok=2, shared_expert_intermediate_size=64),
+    "mixtral": dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "olmoe": dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    "gpt_oss": dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                    sliding_window=16, layer_types=None),  # alternating sliding/full, sinks
+    "deepseek_v3": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
+                        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                        n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+}
+
+TWIN_FAMILIES = tuple(TWIN_CONFIGS)
+
+
+def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -> PretrainedConfig:
+    """The config of a tiny twin of ``model_type`` (see ``TWIN_CONFIGS``); ``overrides`` win."""
+    if model_type not in TWIN_CONFIGS:
+        raise ValueError(f"No twin for model_type {model_type!r}; known: {', '.join(TWIN_FAMILIES)}")
+    kwargs = dict(TWIN_CONFIGS[model_type], num_hidden_layers=num_hidden_layers,
+                  vocab_size=TWIN_VOCAB_SIZE, max_position_embeddings=32768,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kwargs.update(overrides)
+    if model_type == "gpt_oss" and kwargs.get("layer_types") is None:
+        n = kwargs["num_hidden_layers"]
+        kwargs["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return CONFIG_MAPPING[model_type](**kwargs)
+
+
+def twin(model_type: str, num_hidden_layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.float32,
+         attn_implementation: str | None = None, **overrides: Any) -> torch.nn.Module:
+    """A randomly initialised tiny causal LM of ``model_type`` (deterministic for a ``seed``)."""
+    config = twin_config(model_type, num_hidden_layers=num_hidden_layers, **overrides)
+    if attn_implementation is None:
+        attn_implementation = "eager" if model_type == "gpt_oss" else "sdpa"  # sinks: no sdpa upstream
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def twin_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer (every string round-trips) with ChatML specials and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    tok.model_max_length = 32768
+    return tok
