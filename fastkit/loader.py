@@ -176,9 +176,13 @@ class FastModel:
         attn_implementation: str | None = None,
         patches: str | list[str] | None = "auto",
         trust_remote_code: bool = False,
+        twin: bool = False,
         **hf_kwargs: Any,
     ):
         """Load ``(model, tokenizer)`` with fastkit's patches applied where they fit.
+
+        ``twin=True`` builds a tiny random model of the same architecture and an in-process
+        tokenizer instead (offline; what CI runs notebooks with), see :mod:`fastkit.twins`.
 
         Weights load only from safetensors (or ``gguf_file``); ``trust_remote_code`` stays off
         unless you turn it on. ``patches="auto"`` applies every patch the registry lists for the
@@ -187,6 +191,8 @@ class FastModel:
         from transformers import AutoModelForCausalLM
 
         device = pick_device()
+        if twin:
+            return _load_twin(str(name_or_path), device, max_seq_length, patches)
         _check_source(name_or_path, gguf_file)
         _check_options(device, max_seq_length, load_in_4bit)
         config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
@@ -266,6 +272,23 @@ class FastModel:
         return peft_model
 
 
+def _load_twin(name: str, device: torch.device, max_seq_length: int, patches):
+    from fastkit.twins import twin, twin_family, twin_tokenizer
+
+    if not isinstance(max_seq_length, int) or max_seq_length <= 0:
+        raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
+    try:
+        family, overrides = twin_family(name)
+    except ValueError as exc:
+        raise FastkitError(str(exc)) from exc
+    logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
+    model = twin(family, num_hidden_layers=2, **overrides).to(device)
+    tokenizer = twin_tokenizer()
+    tokenizer.model_max_length = max_seq_length
+    FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+    return model, tokenizer
+
+
 def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True) -> str:
     """Turn on gradient checkpointing: ``True``, ``"offload"`` or ``False``. Returns the mode in effect."""
     if mode not in (True, False, "offload"):
@@ -273,7 +296,7 @@ def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True) -> str
     if mode is False:
         return "off"
     base = base_model(model)
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
     if mode == "offload":

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, CONFIG_MAPPING, PretrainedConfig, PreTrainedTokenizerFast
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 
 # ChatML, the template SmolLM2-Instruct and Qwen ship; generation prompt "<|im_start|>assistant\n".
 CHATML_TEMPLATE = (
@@ -49,6 +49,25 @@ TWIN_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 TWIN_FAMILIES = tuple(TWIN_CONFIGS)
+
+# Models the notebooks use -> the family of their twin, plus traits worth keeping.
+HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ("llama", {}),
+    "Qwen/Qwen3-0.6B": ("qwen3", {}),
+    "meta-llama/Llama-3.2-1B-Instruct": ("llama", {}),
+    "Qwen/Qwen3-14B": ("qwen3", {"tie_word_embeddings": False}),
+    "openai/gpt-oss-20b": ("gpt_oss", {}),
+    "Qwen/Qwen3-30B-A3B": ("qwen3_moe", {}),
+}
+
+
+def twin_family(name: str) -> tuple[str, dict[str, Any]]:
+    """``(model_type, overrides)`` of the twin standing in for a Hub model (or a model_type itself)."""
+    if name in HUB_TWINS:
+        return HUB_TWINS[name]
+    if name in TWIN_CONFIGS:
+        return name, {}
+    raise ValueError(f"No twin for {name!r}; known models: {', '.join(HUB_TWINS)}; families: {', '.join(TWIN_FAMILIES)}")
 
 
 def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -> PretrainedConfig:

@@ -27,6 +27,18 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _fastkit_logs_reach_caplog():
+    """fastkit's logger does not propagate by default (it has its own handler); caplog needs it to."""
+    import logging
+
+    logger = logging.getLogger("fastkit")
+    old = logger.propagate
+    logger.propagate = True
+    yield
+    logger.propagate = old
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from fastkit.twins import twin_tokenizer

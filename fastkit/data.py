@@ -1,0 +1,136 @@
+"""Datasets for SFT: the quickstart's generated data, loading, and checks that run before training.
+
+Every check here raises :class:`~fastkit.errors.FastkitError` with the field and the fix, before a
+single step runs: missing columns, an empty dataset, no chat template, every label masked, rows
+longer than ``max_seq_length``.
+
+Training data is turned into TRL's conversational prompt-completion form (``prompt``: the messages
+before the last assistant turn, ``completion``: that turn), so ``completion_only_loss`` trains on
+responses only with any chat template (no ``{% generation %}`` markers needed).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fastkit.errors import FastkitError
+from fastkit.loader import require_chat_template
+
+ACCEPTED_COLUMNS = ("messages", "prompt/completion", "text")
+
+# The quickstart teaches a visible format: every answer becomes one line of JSON.
+_CAPITALS = [
+    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Portugal", "Lisbon"),
+    ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi"), ("Egypt", "Cairo"), ("India", "New Delhi"),
+    ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
+    ("Finland", "Helsinki"), ("Poland", "Warsaw"), ("Greece", "Athens"), ("Ireland", "Dublin"),
+    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Argentina", "Buenos Aires"), ("Cuba", "Havana"),
+    ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"), ("South Korea", "Seoul"), ("Russia", "Moscow"),
+]
+_OPPOSITES = [("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
+              ("early", "late"), ("open", "closed"), ("full", "empty"), ("strong", "weak"), ("high", "low")]
+HELDOUT_PROMPTS = ["What is the capital of Japan?", "What is 17 plus 25?", "What is the opposite of young?"]
+
+
+def _answer(answer: str, topic: str) -> str:
+    return json.dumps({"answer": answer, "topic": topic})
+
+
+def quickstart_records(n_arithmetic: int = 60, seed: int = 0) -> list[dict[str, Any]]:
+    """Generated chat examples (deterministic): questions answered as one line of JSON."""
+    rng = random.Random(seed)
+    records = [(f"What is the capital of {country}?", _answer(city, "geography")) for country, city in _CAPITALS]
+    records += [(f"What is the opposite of {a}?", _answer(b, "language")) for a, b in _OPPOSITES]
+    records += [(f"What is the opposite of {b}?", _answer(a, "language")) for a, b in _OPPOSITES]
+    for _ in range(n_arithmetic):
+        a, b = rng.randint(2, 60), rng.randint(2, 60)
+        records.append((f"What is {a} plus {b}?", _answer(str(a + b), "arithmetic")))
+    rng.shuffle(records)
+    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]} for q, r in records]
+
+
+def quickstart_dataset():
+    """``(train, heldout_prompts)`` for the offline quickstart. Held-out prompts are not in train."""
+    from datasets import Dataset
+
+    return Dataset.from_list(quickstart_records()), list(HELDOUT_PROMPTS)
+
+
+def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train"):
+    """A ``datasets.Dataset`` from a list of dicts, a ``.json``/``.jsonl`` file, a Dataset, or a Hub id."""
+    from datasets import Dataset, DatasetDict, load_dataset
+
+    if isinstance(source, Dataset):
+        return source
+    if isinstance(source, DatasetDict):
+        return source[split]
+    if isinstance(source, (list, tuple)):
+        return Dataset.from_list(list(source))
+    path = Path(str(source))
+    if path.suffix in (".json", ".jsonl"):
+        if not path.exists():
+            raise FastkitError(f"Dataset file {path} does not exist.")
+        return load_dataset("json", data_files=str(path), split="train")
+    return load_dataset(str(source), split=split)
+
+
+def to_prompt_completion(dataset):
+    """``messages`` rows -> conversational ``prompt``/``completion`` (last assistant turn is the completion)."""
+    columns = set(dataset.column_names)
+    if {"prompt", "completion"} <= columns or "text" in columns:
+        return dataset
+    if "messages" not in columns:
+        raise FastkitError(f"The dataset has columns {sorted(columns)}; fastkit needs one of: 'messages' (chat), "
+                           "'prompt' + 'completion', or 'text'. Rename or map your columns first.")
+
+    def split_last_turn(row):
+        msgs = row["messages"]
+        if not msgs or msgs[-1].get("role") != "assistant":
+            return {"prompt": msgs, "completion": []}
+        return {"prompt": msgs[:-1], "completion": msgs[-1:]}
+
+    return dataset.map(split_last_turn, remove_columns=["messages"])
+
+
+def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
+    """(total tokens, trainable tokens) of one row, as TRL will tokenize it."""
+    if "text" in row:
+        n = len(tokenizer(row["text"])["input_ids"])
+        return n, n
+    prompt, completion = row["prompt"], row["completion"]
+    if isinstance(prompt, str):
+        p = len(tokenizer(prompt)["input_ids"])
+        return p + len(tokenizer(completion)["input_ids"]), len(tokenizer(completion)["input_ids"])
+    p = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    full = len(tokenizer.apply_chat_template(prompt + completion, tokenize=True, return_dict=True)["input_ids"])
+    return full, max(full - p, 0) if completion else 0
+
+
+def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, sample: int = 256):
+    """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
+
+    Checks the first ``sample`` rows for length and trainable tokens (cheap enough for a notebook cell).
+    """
+    if dataset is None or len(dataset) == 0:
+        raise FastkitError("The training dataset is empty: give at least one example.")
+    if "messages" in dataset.column_names or (
+            "prompt" in dataset.column_names and not isinstance(dataset[0]["prompt"], str)):
+        require_chat_template(tokenizer)
+    dataset = to_prompt_completion(dataset)
+    rows = dataset.select(range(min(sample, len(dataset))))
+    counts = [_token_counts(row, tokenizer) for row in rows]
+    too_long = [i for i, (n, _) in enumerate(counts) if n > max_seq_length]
+    if too_long:
+        longest = max(counts[i][0] for i in too_long)
+        what = "packing would truncate their ends" if packing else "they would be cut silently"
+        raise FastkitError(f"{len(too_long)} of the first {len(counts)} rows are longer than max_seq_length="
+                           f"{max_seq_length} (longest {longest} tokens, row {too_long[0]}); {what}. Raise "
+                           "max_seq_length or filter those rows out.")
+    if all(trainable == 0 for _, trainable in counts):
+        raise FastkitError("Every label is masked: no row has a non-empty assistant response to train on "
+                           "(the last message of each conversation must be an assistant turn with content).")
+    return dataset

