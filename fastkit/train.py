@@ -66,10 +66,26 @@ def make_trainer(
         **_precision(model),
     )
     config.update(sft_overrides)
+    check_distributed_mode(model, config)
     trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, processing_class=tokenizer,
                          callbacks=list(callbacks))
     _attach_packed_metadata(trainer)
     return trainer
+
+
+def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> None:
+    """Refuse, at start, a fastkit patch that cannot work with the chosen distributed mode."""
+    from fastkit.errors import FastkitError
+    from fastkit.patching import active_patches
+
+    fsdp = config.get("fsdp") or ""
+    fsdp = " ".join(fsdp) if isinstance(fsdp, (list, tuple)) else str(fsdp)
+    fsdp_config = config.get("fsdp_config") or {}
+    cpu_offload = "offload" in fsdp.split() or bool(fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params"))
+    if cpu_offload and "offload" in active_patches(base_model(model)):
+        raise FastkitError("Activation offload (use_gradient_checkpointing='offload') and FSDP CPU offload both move "
+                           "data over the same host link with pinned buffers and would fight for it. Choose one: "
+                           "use_gradient_checkpointing=True with FSDP cpu_offload, or drop FSDP's cpu_offload.")
 
 
 def _attach_packed_metadata(trainer) -> None:
