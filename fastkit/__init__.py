@@ -31,6 +31,13 @@ def set_verbosity(level: int | str) -> None:
     _logger.setLevel(level.upper() if isinstance(level, str) else level)
 
 
+def fit(trainer, **kwargs):
+    """Train with the live dashboard (widget in a notebook, progress line elsewhere); see fastkit.dashboard.fit."""
+    from fastkit.dashboard import fit as _fit
+
+    return _fit(trainer, **kwargs)
+
+
 def revert(model) -> list[str]:
     """Remove every fastkit patch from ``model`` (a PEFT wrapper is looked through). Returns their names."""
     from fastkit.loader import base_model
@@ -40,5 +47,5 @@ def revert(model) -> list[str]:
 
 __all__ = [
     "FastModel", "FastkitError", "GPUOnlyError", "LoadReport", "SyncCounter", "active_patches", "apply_patch",
-    "count_syncs", "enable_checkpointing", "report", "require_chat_template", "revert", "set_verbosity",
+    "count_syncs", "enable_checkpointing", "fit", "report", "require_chat_template", "revert", "set_verbosity",
 ]

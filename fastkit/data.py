@@ -12,6 +12,7 @@ responses only with any chat template (no ``{% generation %}`` markers needed).
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 from fastkit.errors import FastkitError
 from fastkit.loader import require_chat_template
 
-ACCEPTED_COLUMNS = ("messages", "prompt/completion", "text")
+logger = logging.getLogger(__name__)
 
 # The quickstart teaches a visible format: every answer becomes one line of JSON.
 _CAPITALS = [
@@ -110,10 +111,23 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     return full, max(full - p, 0) if completion else 0
 
 
-def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, sample: int = 256):
+def drop_long_rows(dataset, tokenizer, max_seq_length: int):
+    """Rows that fit in ``max_seq_length`` tokens (the count is logged); expects prompt/completion or text."""
+    kept = dataset.filter(lambda row: _token_counts(row, tokenizer)[0] <= max_seq_length)
+    if len(kept) < len(dataset):
+        logger.info("fastkit: dropped %d of %d rows longer than max_seq_length=%d", len(dataset) - len(kept),
+                    len(dataset), max_seq_length)
+    if len(kept) == 0:
+        raise FastkitError(f"Every row is longer than max_seq_length={max_seq_length}; raise max_seq_length.")
+    return kept
+
+
+def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, sample: int = 256,
+                  drop_long: bool = False):
     """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
 
     Checks the first ``sample`` rows for length and trainable tokens (cheap enough for a notebook cell).
+    ``drop_long=True`` removes rows longer than ``max_seq_length`` (all rows, logged) instead of refusing.
     """
     if dataset is None or len(dataset) == 0:
         raise FastkitError("The training dataset is empty: give at least one example.")
@@ -121,6 +135,8 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
             "prompt" in dataset.column_names and not isinstance(dataset[0]["prompt"], str)):
         require_chat_template(tokenizer)
     dataset = to_prompt_completion(dataset)
+    if drop_long:
+        dataset = drop_long_rows(dataset, tokenizer, max_seq_length)
     rows = dataset.select(range(min(sample, len(dataset))))
     counts = [_token_counts(row, tokenizer) for row in rows]
     too_long = [i for i, (n, _) in enumerate(counts) if n > max_seq_length]

@@ -10,8 +10,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from fastkit.dashboard import fit
 from fastkit.data import quickstart_dataset
-from fastkit.device import GiB, memory_snapshot
+from fastkit.device import GiB
 from fastkit.loader import FastModel
 from fastkit.train import chat, make_trainer
 from fastkit.weights import smollm2_135m_instruct
@@ -47,21 +48,26 @@ class QuickstartResult:
     after: dict[str, str] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
     steps_per_s: float = 0.0
+    """Optimizer steps per second after warm-up (the dashboard's number)."""
     tokens_per_s: float = 0.0
+    """Training tokens per second after warm-up."""
     peak_memory_gib: float = 0.0
     seconds: float = 0.0
 
     def summary(self) -> str:
         lines = [f"loss per step: {' '.join(f'{x:.2f}' for x in self.losses)}",
-                 f"{self.steps_per_s:.2f} steps/s, {self.tokens_per_s:.0f} tokens/s, peak memory "
+                 f"{self.steps_per_s:.2f} steps/s, {self.tokens_per_s:.0f} tokens/s (after warm-up), peak memory "
                  f"{self.peak_memory_gib:.2f} GiB, {self.seconds:.0f} s in all"]
         for prompt in self.before:
             lines += [f"Q: {prompt}", f"  before: {self.before[prompt]}", f"  after:  {self.after[prompt]}"]
         return "\n".join(lines)
 
 
-def run(config: QuickstartConfig | None = None, callbacks=()) -> QuickstartResult:
-    """Run the quickstart end to end and return its measurements."""
+def run(config: QuickstartConfig | None = None, view: str = "auto") -> QuickstartResult:
+    """Run the quickstart end to end and return its measurements.
+
+    ``view``: the dashboard to train under (``"auto"``: widget in a notebook, progress line elsewhere).
+    """
     config = config or QuickstartConfig()
     start = time.perf_counter()
     if config.twin:
@@ -76,15 +82,13 @@ def run(config: QuickstartConfig | None = None, callbacks=()) -> QuickstartResul
                                      use_gradient_checkpointing=False)
     trainer = make_trainer(model, tokenizer, train, max_steps=config.max_steps, learning_rate=config.learning_rate,
                            batch_size=config.batch_size, max_seq_length=config.max_seq_length,
-                           output_dir=config.output_dir, callbacks=callbacks)
-    out = trainer.train()
-    logs = [h for h in trainer.state.log_history if "loss" in h]
-    result.losses = [float(h["loss"]) for h in logs]
-    result.steps_per_s = float(out.metrics.get("train_steps_per_second", 0.0))
-    tokens = float(logs[-1].get("num_tokens", 0.0)) if logs else 0.0
-    result.tokens_per_s = tokens / max(float(out.metrics.get("train_runtime", 0.0)), 1e-9)
+                           output_dir=config.output_dir)
+    metrics = fit(trainer, view=view, title="fastkit quickstart")
+    result.losses = [loss for _, loss in metrics.loss_history]
+    result.steps_per_s = metrics.steps_per_s or 0.0
+    result.tokens_per_s = metrics.tokens_per_s or 0.0
     result.after = {p: chat(model, tokenizer, p, max_new_tokens=32) for p in heldout}
-    result.peak_memory_gib = memory_snapshot(model.device).peak / GiB
+    result.peak_memory_gib = metrics.peak_memory / GiB
     result.seconds = time.perf_counter() - start
     logger.info("fastkit quickstart:\n%s", result.summary())
     return result

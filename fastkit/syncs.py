@@ -14,7 +14,8 @@ Counted as one sync each:
   ``repeat_interleave(Tensor)`` without ``output_size``, ``bincount``, ``equal``, ``allclose``,
   indexing with a boolean mask (``x[mask]``, ``x[mask] = v``);
 - ``Tensor.tolist()`` and ``Tensor.numpy()`` (they never reach the dispatcher on CPU);
-- a copy from a non-CPU device to the CPU (``.cpu()``, ``.to("cpu")``) when run on a GPU.
+- a blocking copy from a non-CPU device to the CPU (``.cpu()``, ``.to("cpu")``) when run on a GPU
+  (``non_blocking=True`` copies are not counted: the host only waits when it reads the result).
 
 A composite op is counted once at the outermost counted op (``t.nonzero()`` is 1, although
 ``nonzero`` may read its size internally).
@@ -60,6 +61,8 @@ def _is_sync(func, args, kwargs) -> bool:
     if packet is aten.repeat_interleave and func is not aten.repeat_interleave.self_int:
         return kwargs.get("output_size") is None and (len(args) < 4 or args[3] is None)
     if packet in (aten._to_copy, aten.copy_):
+        if kwargs.get("non_blocking") or (packet is aten.copy_ and len(args) > 2 and args[2]):
+            return False  # an async copy (into pinned memory) does not block the host; its reader's wait does
         src = args[1] if packet is aten.copy_ else args[0]
         dst_device = (args[0].device if packet is aten.copy_ else kwargs.get("device"))
         return (isinstance(src, torch.Tensor) and src.device.type != "cpu"

@@ -44,16 +44,20 @@ def make_trainer(
     max_seq_length: int | None = None,
     packing: bool = True,
     completion_only_loss: bool = True,
+    drop_long: bool = False,
     output_dir: str = "outputs",
     callbacks: Sequence[Any] = (),
     seed: int = 3407,
     **sft_overrides: Any,
 ):
-    """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step)."""
+    """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step).
+
+    ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data.
+    """
     from trl import SFTConfig, SFTTrainer
 
     max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
-    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing)
+    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long)
     base_model(model).config.use_cache = False  # never mix documents through a KV cache while training
     config = dict(
         output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,

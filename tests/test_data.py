@@ -60,3 +60,14 @@ def test_load_chat_dataset_sources(tmp_path):
     with pytest.raises(FastkitError, match="does not exist"):
         load_chat_dataset(str(tmp_path / "nope.jsonl"))
     assert to_prompt_completion(Dataset.from_list([{"text": "t"}])).column_names == ["text"]
+
+
+def test_drop_long_rows_instead_of_refusing(tokenizer, caplog):
+    import logging
+
+    rows = [_chat("short", "ok"), _chat("a long question " * 3, "x"), _chat("hi", "yo")]
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        ds = check_dataset(Dataset.from_list(rows), tokenizer, 40, drop_long=True)
+    assert len(ds) == 2 and "dropped 1 of 3 rows" in caplog.text
+    with pytest.raises(FastkitError, match="Every row is longer"):
+        check_dataset(Dataset.from_list(rows[1:2]), tokenizer, 16, drop_long=True)

@@ -1,0 +1,315 @@
+"""Training metrics for the dashboard: a ``TrainerCallback`` that collects, never draws.
+
+:class:`MetricsCallback` works with any transformers ``Trainer`` (TRL's ``SFTTrainer`` included)
+and keeps one :class:`TrainingMetrics` up to date: progress and ETA, steps/s and tokens/s with the
+warm-up steps excluded, loss / learning rate / grad norm curves, device memory read through torch
+(``torch.cuda.mem_get_info``, not NVML, which fails on GB10), host RAM, and which fastkit
+optimizations are active on the model. Drawing is someone else's job: a listener
+(``callback.add_listener(fn)``) gets ``fn(event, metrics)`` for ``"begin"``, ``"step"``,
+``"log"`` and ``"end"``. :mod:`fastkit.dashboard` is such a listener.
+
+Only the main process reports: on other ranks the callback collects nothing and calls no
+listener, so a ``torchrun`` / ``accelerate launch`` job prints one dashboard.
+
+Throughput, exactly: with ``warmup_steps = w``, the window starts at the end of optimizer step
+``w`` and ends at the latest step end ``n``; ``steps/s = (n - w) / (t_n - t_w)``. Tokens come from
+the trainer's own count (``state.num_input_tokens_seen`` when the trainer tracks it, else TRL's
+logged ``num_tokens``, which counts real, non-padding tokens); ``tokens/s`` is the tokens added
+between the first count seen at or after step ``w`` and the latest one, over the time between
+those two step ends. Nothing here reads a device tensor, so the callback adds no host-device sync.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainerCallback
+
+from fastkit.device import MemorySnapshot, host_ram, memory_snapshot
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[[str, "TrainingMetrics"], None]
+
+
+@dataclass
+class TrainingMetrics:
+    """Everything the dashboard shows, as plain numbers (seconds, bytes, tokens)."""
+
+    status: str = "idle"
+    """'idle', 'running', 'finished', 'interrupted' or 'failed'."""
+    step: int = 0
+    """Optimizer steps done (``state.global_step``)."""
+    max_steps: int = 0
+    """Optimizer steps planned (``state.max_steps``)."""
+    epoch: float = 0.0
+    """Fractional epoch reached."""
+    elapsed_s: float = 0.0
+    """Seconds since training began (warm-up included)."""
+    warmup_steps: int = 0
+    """Steps left out of steps/s and tokens/s (compilation, allocator and cache warm-up)."""
+    steps_per_s: float | None = None
+    """Optimizer steps per second after warm-up; None until a step after warm-up ended."""
+    tokens_per_s: float | None = None
+    """Training tokens per second after warm-up; None while unknown."""
+    tokens_seen: int | None = None
+    """Tokens trained on so far, as the trainer counts them (None if it does not)."""
+    eta_s: float | None = None
+    """Seconds to go at the post-warm-up rate."""
+    loss: float | None = None
+    """Latest logged training loss."""
+    learning_rate: float | None = None
+    """Latest logged learning rate."""
+    grad_norm: float | None = None
+    """Latest logged gradient norm (before clipping)."""
+    loss_history: list[tuple[int, float]] = field(default_factory=list)
+    """(step, loss) for every logged loss."""
+    lr_history: list[tuple[int, float]] = field(default_factory=list)
+    """(step, learning rate) for every logged learning rate."""
+    grad_norm_history: list[tuple[int, float]] = field(default_factory=list)
+    """(step, grad norm) for every logged gradient norm."""
+    memory: MemorySnapshot | None = None
+    """Latest memory reading (device via torch, host via /proc)."""
+    peak_memory: int = 0
+    """Peak device memory allocated during training (bytes); peak process RSS on CPU."""
+    host_available: int = 0
+    """Host RAM available now (bytes)."""
+    host_total: int = 0
+    """Host RAM in total (bytes)."""
+    model_type: str | None = None
+    """``config.model_type`` of the model being trained."""
+    device: str | None = None
+    """The device in words (from fastkit's LoadReport) or its torch name."""
+    optimizations: dict[str, str] = field(default_factory=dict)
+    """Active fastkit optimization -> how it is applied (``fastkit.report(model).active``)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """fastkit optimization -> why it does not apply to this model."""
+    syncs_per_step: int | None = None
+    """Host-device syncs in one whole training step, measured with SyncCounter (opt-in)."""
+    syncs_by_op: dict[str, int] = field(default_factory=dict)
+    """Which ops caused those syncs."""
+    error: str | None = None
+    """Why training stopped, when it failed or was interrupted."""
+
+    @property
+    def progress(self) -> float:
+        """Fraction of planned steps done, 0..1."""
+        return min(1.0, self.step / self.max_steps) if self.max_steps else 0.0
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.memory is not None and self.memory.device != "cpu"
+
+
+@dataclass
+class _Window:
+    """Step-end timestamps and token counts, the raw data behind steps/s and tokens/s."""
+
+    step_end: dict[int, float] = field(default_factory=dict)
+    """global_step -> clock() at its on_step_end."""
+    tokens: dict[int, int] = field(default_factory=dict)
+    """global_step -> cumulative tokens seen at that step end."""
+
+
+class MetricsCallback(TrainerCallback):
+    """Collects :class:`TrainingMetrics` during ``trainer.train()``; listeners draw them.
+
+    Args:
+        warmup_steps: optimizer steps left out of steps/s and tokens/s.
+        clock: seconds as a float; inject one in tests for exact rates.
+        log_every_step: ask the trainer to log loss / LR / grad norm after every step, so the curves
+            are live (the trainer reads the loss back once per logged step).
+        measure_syncs: count host-device syncs over the last warm-up step with
+            :class:`fastkit.syncs.SyncCounter` (that step is outside the timing window anyway).
+    """
+
+    def __init__(self, warmup_steps: int = 2, clock: Callable[[], float] = time.perf_counter,
+                 log_every_step: bool = True, measure_syncs: bool = False):
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        self.clock = clock
+        self.log_every_step = log_every_step
+        self.measure_syncs = measure_syncs
+        self.metrics = TrainingMetrics(warmup_steps=warmup_steps)
+        self.is_main = True
+        self._listeners: list[Listener] = []
+        self._window = _Window()
+        self._start = 0.0
+        self._first_step = 0
+        self._device: torch.device | None = None
+        self._sync_counter = None
+
+    # -- listeners -------------------------------------------------------------------------
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(event, metrics)`` on 'begin', 'step', 'log' and 'end' (main process only)."""
+        self._listeners.append(fn)
+
+    def _emit(self, event: str) -> None:
+        if not self.is_main:
+            return
+        for fn in self._listeners:
+            try:
+                fn(event, self.metrics)
+            except Exception:  # a drawing bug must never stop training
+                logger.exception("fastkit: dashboard listener failed on %r", event)
+
+    # -- trainer events --------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.is_main = bool(state.is_world_process_zero)
+        if not self.is_main:
+            return
+        self._start = self.clock()
+        self._first_step = state.global_step
+        self._window = _Window(step_end={state.global_step: self._start})
+        self._device = _training_device(args, model)
+        if self._device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._device)
+        m = self.metrics = TrainingMetrics(status="running", max_steps=state.max_steps,
+                                           warmup_steps=self.warmup_steps, step=state.global_step)
+        _describe_model(m, model, self._device)
+        self._read_memory()
+        self._emit("begin")
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.is_main and self.measure_syncs and state.global_step + 1 == self._first_step + self.warmup_steps:
+            from fastkit.syncs import SyncCounter
+
+            self._sync_counter = SyncCounter().__enter__()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.is_main:
+            return None
+        now = self.clock()
+        self._finish_sync_count()
+        step = state.global_step
+        self._window.step_end[step] = now
+        if state.num_input_tokens_seen:
+            self._window.tokens[step] = int(state.num_input_tokens_seen)
+        m = self.metrics
+        m.step, m.epoch, m.elapsed_s = step, float(state.epoch or 0.0), now - self._start
+        self._update_rates()
+        self._read_memory()
+        self._emit("step")
+        if self.log_every_step:
+            control.should_log = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self.is_main or not logs or "train_runtime" in logs or any(k.startswith("eval_") for k in logs):
+            return
+        m, step = self.metrics, state.global_step
+        for key, hist, attr in (("loss", m.loss_history, "loss"), ("learning_rate", m.lr_history, "learning_rate"),
+                                ("grad_norm", m.grad_norm_history, "grad_norm")):
+            value = logs.get(key)
+            if isinstance(value, (int, float)):
+                setattr(m, attr, float(value))
+                if not hist or hist[-1][0] != step:
+                    hist.append((step, float(value)))
+        if "num_tokens" in logs and step not in self._window.tokens:
+            self._window.tokens[step] = int(logs["num_tokens"])
+            self._update_rates()
+        self._emit("log")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.is_main:
+            self.finish("finished")
+
+    # -- ends that the trainer does not report ---------------------------------------------
+    def finish(self, status: str, error: str | None = None) -> TrainingMetrics:
+        """Close the run as 'finished', 'interrupted' or 'failed' and tell the listeners (once)."""
+        self._finish_sync_count()
+        m = self.metrics
+        if m.status != "running" or not self.is_main:
+            return m
+        m.status, m.error = status, error
+        if self._window.step_end:
+            m.elapsed_s = max(m.elapsed_s, self.clock() - self._start)
+        self._read_memory()
+        self._emit("end")
+        return m
+
+    # -- computations ----------------------------------------------------------------------
+    def _update_rates(self) -> None:
+        m, w = self.metrics, self._window
+        steps_per_s, tokens_per_s = throughput(w.step_end, w.tokens, self._first_step + self.warmup_steps)
+        m.steps_per_s, m.tokens_per_s = steps_per_s, tokens_per_s
+        m.tokens_seen = w.tokens[max(w.tokens)] if w.tokens else None
+        m.eta_s = (m.max_steps - m.step) / steps_per_s if steps_per_s and m.max_steps else None
+
+    def _read_memory(self) -> None:
+        m = self.metrics
+        device = self._device or torch.device("cpu")
+        m.memory = memory_snapshot(device)
+        m.peak_memory = max(m.peak_memory, m.memory.peak)
+        m.host_available, m.host_total = host_ram()
+
+    def _finish_sync_count(self) -> None:
+        counter, self._sync_counter = self._sync_counter, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
+            self.metrics.syncs_per_step = counter.total
+            self.metrics.syncs_by_op = dict(counter.by_op.most_common())
+
+
+def throughput(step_end: dict[int, float], tokens: dict[int, int],
+               window_start: int) -> tuple[float | None, float | None]:
+    """(steps/s, tokens/s) over the steps after ``window_start``, from step-end times and token counts.
+
+    ``step_end[s]`` is the clock at the end of optimizer step ``s`` (the training start for the
+    step training began at); ``tokens[s]`` the cumulative token count at that step end. Steps up
+    to ``window_start`` are warm-up: only the time and tokens after its end count.
+    """
+    steps = sorted(s for s in step_end if s >= window_start)
+    steps_per_s = tokens_per_s = None
+    if len(steps) >= 2 and step_end[steps[-1]] > step_end[steps[0]]:
+        steps_per_s = (steps[-1] - steps[0]) / (step_end[steps[-1]] - step_end[steps[0]])
+    counted = sorted(s for s in tokens if s >= window_start and s in step_end)
+    if len(counted) >= 2:
+        first, last = counted[0], counted[-1]
+        dt = step_end[last] - step_end[first]
+        if dt > 0:
+            tokens_per_s = (tokens[last] - tokens[first]) / dt
+    return steps_per_s, tokens_per_s
+
+
+def _training_device(args, model) -> torch.device:
+    if model is not None:
+        try:
+            return next(model.parameters()).device
+        except (StopIteration, AttributeError):
+            pass
+    return torch.device("cpu") if getattr(args, "use_cpu", False) else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _describe_model(m: TrainingMetrics, model, device: torch.device) -> None:
+    """Model type, device and fastkit's active / skipped optimizations from its LoadReport."""
+    from fastkit.loader import base_model, report
+
+    m.device = str(device)
+    if model is None:
+        return
+    config = getattr(base_model(model), "config", None)
+    m.model_type = getattr(config, "model_type", None)
+    rep = report(model)
+    if rep is not None:
+        m.device = rep.device
+        m.optimizations, m.skipped = dict(rep.active), dict(rep.skipped)
+    if getattr(base_model(model), "is_activation_checkpointing", False):
+        m.optimizations.setdefault("gradient checkpointing", _checkpoint_mode(model))
+
+
+def _checkpoint_mode(model) -> str:
+    from fastkit.loader import base_model
+    from fastkit.patching import active_patches
+
+    offload = any("offload" in name for name in active_patches(base_model(model)))
+    return "with double-buffered CPU offload" if offload else "recompute in backward"
+
+
+__all__ = ["MetricsCallback", "TrainingMetrics", "throughput"]

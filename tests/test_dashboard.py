@@ -1,0 +1,227 @@
+"""The dashboard's drawing: widget panel, static summary, terminal line, fit() on interrupt (no kernel needed)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from transformers import TrainerControl, TrainerState
+
+from fastkit import dashboard as dash
+from fastkit.callbacks import MetricsCallback, TrainingMetrics
+from fastkit.device import GiB, MemorySnapshot
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _metrics(**kw) -> TrainingMetrics:
+    m = TrainingMetrics(status="running", step=12, max_steps=60, elapsed_s=30.0, warmup_steps=2, steps_per_s=0.5,
+                        tokens_per_s=2048.0, tokens_seen=24_576, eta_s=96.0, loss=1.2345, learning_rate=1.5e-4,
+                        grad_norm=0.75, model_type="qwen3", device="NVIDIA T4 (sm75, 14.7 GiB)",
+                        loss_history=[(i, 2.0 - i / 20) for i in range(1, 13)],
+                        lr_history=[(i, 2e-4 - i * 1e-6) for i in range(1, 13)],
+                        grad_norm_history=[(i, 1.0 / i) for i in range(1, 13)],
+                        optimizations={"packing": "per-document attention, metadata once per batch"},
+                        skipped={"moe": "not a mixture-of-experts model"},
+                        syncs_per_step=3, syncs_by_op={"_local_scalar_dense": 3})
+    for k, v in kw.items():
+        setattr(m, k, v)
+    return m
+
+
+def test_formatting():
+    assert dash.fmt_duration(3725) == "1:02:05" and dash.fmt_duration(65) == "1:05" and dash.fmt_duration(None) == "—"
+    assert dash.fmt_rate(12345.6, "tokens/s") == "12,346 tokens/s"
+    assert dash.fmt_rate(8.0, "steps/s") == "8.00 steps/s"
+    assert dash.fmt_rate(0.01234, "steps/s") == "0.0123 steps/s"
+    assert dash.fmt_rate(None, "steps/s") == "—"
+    assert dash.fmt_gib(3 * GiB // 2) == "1.50 GiB"
+
+
+def test_gpu_memory_rows_name_allocated_reserved_peak_total():
+    mem = MemorySnapshot("cuda:0", allocated=2 * GiB, reserved=3 * GiB, peak=int(2.5 * GiB), total=16 * GiB,
+                         free=13 * GiB, host_rss=GiB)
+    rows = dict(dash.memory_rows(_metrics(memory=mem, peak_memory=int(2.5 * GiB), host_total=12 * GiB,
+                                          host_available=8 * GiB)))
+    assert rows["GPU allocated / reserved"] == "2.00 / 3.00 GiB"
+    assert rows["GPU peak / total"] == "2.50 / 16.00 GiB"
+    assert rows["Process RAM"] == "1.00 GiB"
+    assert rows["Host RAM used / total"] == "4.00 GiB / 12.00 GiB"
+
+
+def test_cpu_memory_rows_show_process_and_host_ram():
+    mem = MemorySnapshot("cpu", allocated=GiB, reserved=GiB, peak=GiB, total=24 * GiB, free=20 * GiB, host_rss=GiB)
+    rows = dict(dash.memory_rows(_metrics(memory=mem, peak_memory=2 * GiB, host_total=24 * GiB,
+                                          host_available=20 * GiB)))
+    assert rows["Process RAM now / peak"] == "1.00 / 2.00 GiB"
+    assert rows["Host RAM used / total"] == "4.00 GiB / 24.00 GiB"
+    assert not any(k.startswith("GPU") for k in rows)
+
+
+def test_summary_html_table_status_and_optimizations():
+    text = dash.summary_html(_metrics(status="interrupted", error="stopped by the user after step 12"))
+    assert "fastkit-summary" in text and "<table" in text
+    for needle in ("12 / 60", "0.500 steps/s", "2,048 tokens/s", "1.234",
+                   "1.95 → 1.234", "1.50e-04", "0.75", "interrupted", "stopped by the user after step 12",
+                   "packing", "not a mixture-of-experts model", "2 warm-up steps excluded", ".item() ×3"):
+        assert needle in text, needle
+
+
+def test_summary_html_escapes():
+    text = dash.summary_html(_metrics(model_type="<script>", optimizations={"x<y": "a&b"}))
+    assert "<script>" not in text and "&lt;script&gt;" in text and "a&amp;b" in text
+
+
+def test_plot_png_with_and_without_data():
+    assert dash.plot_png(_metrics()).startswith(PNG)
+    assert dash.plot_png(TrainingMetrics()).startswith(PNG)  # before any log: placeholder text, still a PNG
+
+
+def test_progress_line_is_one_compact_line():
+    mem = MemorySnapshot("cuda:0", allocated=2 * GiB, reserved=3 * GiB, peak=2 * GiB, total=16 * GiB)
+    line = dash.progress_line(_metrics(memory=mem))
+    assert "\n" not in line
+    for part in ("step 12/60 (20%)", "0.500 step/s", "2,048 tok/s", "loss 1.2345", "lr 1.50e-04",
+                 "mem 2.0/16.0 GiB", "ETA 1:36"):
+        assert part in line, part
+    assert "warming up" in dash.progress_line(_metrics(steps_per_s=None, tokens_per_s=None, eta_s=None))
+
+
+def test_memory_time_summary_text_and_html():
+    mem = MemorySnapshot("cuda:0", allocated=2 * GiB, reserved=3 * GiB, peak=4 * GiB, total=16 * GiB)
+    table = dash.memory_time_summary(_metrics(memory=mem, peak_memory=4 * GiB))
+    rows = dict(table.rows)
+    assert rows["Peak GPU memory"] == "4.00 GiB of 16.00 GiB (25%)"
+    assert rows["Time per step"] == "2,000 ms (after warm-up)"
+    assert rows["1,000 steps would take"] == "33:20"
+    assert "Memory and time" in repr(table) and "<table" in table._repr_html_()
+
+
+def test_in_notebook_false_under_pytest():
+    assert dash.in_notebook() is False
+    assert isinstance(dash.make_view("auto"), dash.TerminalView)
+    with pytest.raises(ValueError, match="view must be"):
+        dash.make_view("fancy")
+
+
+# -- the widget, driven by synthetic trainer events -------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What the dashboard puts in the cell output (IPython.display.display captured)."""
+    import IPython.display
+
+    out: list = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: out.extend(objs))
+    return out
+
+
+class PrinterCallback:
+    """Stands in for transformers' log printer, which fit() sets aside while the dashboard runs."""
+
+
+class FakeTrainer:
+    """Just enough of transformers.Trainer for fit(): callbacks, train() emitting events, a model, a state."""
+
+    def __init__(self, steps: int, interrupt_at: int | None = None, clock: FakeClock | None = None):
+        import torch
+
+        self.model = torch.nn.Linear(2, 2)
+        self.state = TrainerState(max_steps=steps)
+        self.callback_handler = SimpleNamespace(callbacks=[PrinterCallback()])
+        self.seen_during_train: list[str] = []
+        self.steps, self.interrupt_at, self.clock = steps, interrupt_at, clock or FakeClock()
+
+    def add_callback(self, cb):
+        self.callback_handler.callbacks.append(cb)
+
+    def remove_callback(self, cb):
+        self.callback_handler.callbacks.remove(cb)
+
+    def train(self):
+        args, control = SimpleNamespace(use_cpu=True), TrainerControl()
+        self.seen_during_train = [type(c).__name__ for c in self.callback_handler.callbacks]
+        cbs = [c for c in self.callback_handler.callbacks if isinstance(c, MetricsCallback)]
+        for cb in cbs:
+            cb.on_train_begin(args, self.state, control, model=self.model)
+        for step in range(1, self.steps + 1):
+            if step == self.interrupt_at:
+                self.model.weight.grad = self.model.weight.detach().clone()  # a half-finished backward
+                raise KeyboardInterrupt
+            self.clock.now += 0.5
+            self.state.global_step = step
+            self.state.num_input_tokens_seen = 100 * step
+            for cb in cbs:
+                cb.on_step_end(args, self.state, control)
+                cb.on_log(args, self.state, control, logs={"loss": 2.0 / step, "learning_rate": 1e-4,
+                                                           "grad_norm": 1.0})
+        for cb in cbs:
+            cb.on_train_end(args, self.state, control)
+
+
+def test_fit_widget_view_finished(shown):
+    import ipywidgets as w
+    from IPython.display import HTML, Image
+
+    trainer = FakeTrainer(steps=6)
+    m = dash.fit(trainer, view="widget", clock=trainer.clock, measure_syncs=False)
+    assert m.status == "finished" and m.step == 6
+    assert m.steps_per_s == pytest.approx(2.0) and m.tokens_per_s == pytest.approx(200.0)
+    box, summary, plot = shown
+    assert isinstance(box, w.VBox) and "fastkit-dashboard" in box._dom_classes
+    assert isinstance(summary, HTML) and "fastkit-summary" in summary.data and "finished" in summary.data
+    assert isinstance(plot, Image) and plot.data.startswith(PNG)
+    view_bar = box.children[1].children[0]
+    assert view_bar.value == 1.0 and view_bar.bar_style == "success"
+    assert "fastkit-has-curves" in box.children[2].children[0]._dom_classes
+    assert "Steps/s" in box.children[2].children[1].value
+    assert trainer.seen_during_train == ["MetricsCallback"]           # the printer was set aside...
+    assert [type(c).__name__ for c in trainer.callback_handler.callbacks] == ["PrinterCallback"]  # ...and is back
+
+
+def test_fit_widget_view_interrupted(shown, caplog):
+    trainer = FakeTrainer(steps=10, interrupt_at=5)
+    logging.getLogger("fastkit").addHandler(caplog.handler)
+    try:
+        m = dash.fit(trainer, view="widget", clock=trainer.clock, measure_syncs=False)   # does not raise
+    finally:
+        logging.getLogger("fastkit").removeHandler(caplog.handler)
+    assert m.status == "interrupted" and m.step == 4 and "after step 4" in m.error
+    box, summary, plot = shown
+    assert "interrupted" in summary.data and "4 / 10" in summary.data and plot.data.startswith(PNG)
+    assert box.children[1].children[0].bar_style == "warning"
+    assert trainer.model.weight.grad is None           # the half-made gradient is gone
+    assert "training interrupted after step 4/10" in caplog.text
+
+
+def test_widget_redraw_is_throttled(shown):
+    """Text refreshes at most every text_every_s and the PNG at most every plot_every_s."""
+    view = dash.WidgetView(plot_every_s=3600, text_every_s=3600)
+    m = _metrics()
+    view("begin", m)
+    first_png = view.plot.value
+    m.step, m.loss_history = 13, m.loss_history + [(13, 0.1)]
+    view("log", m)
+    assert view.plot.value == first_png and "<b>12</b>" in view.progress.value
+    view("end", m)                                      # the end always redraws
+    assert view.plot.value != first_png and "<b>13</b>" in view.progress.value
+
+
+def test_plot_redraws_on_logs_even_when_steps_are_fast(shown):
+    """Each step's text refresh must not starve the plot: a due plot redraws on the next log."""
+    view = dash.WidgetView(plot_every_s=0.0, text_every_s=3600)
+    m = _metrics()
+    view("begin", m)
+    first_png = view.plot.value
+    m.step, m.loss_history = 13, m.loss_history + [(13, 0.1)]
+    view("step", m)
+    view("log", m)
+    assert view.plot.value != first_png
