@@ -144,7 +144,11 @@ def _quantization(load_in_4bit: bool, dtype: torch.dtype):
 def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise FastkitError(f"Could not load a tokenizer from {name_or_path!r} (tokenizer.json / tokenizer_config.json "
+                           f"missing or unreadable): {str(exc).splitlines()[0]}") from exc
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.model_max_length = max_seq_length
@@ -251,12 +255,14 @@ class FastModel:
         bias: str = "none",
         use_gradient_checkpointing: bool | str = True,
         random_state: int = 3407,
+        offload_config=None,
         **lora_kwargs: Any,
     ):
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
-        double-buffered checkpoint reload, see :mod:`fastkit.offload`), or ``False``.
+        double-buffered checkpoint reload, see :mod:`fastkit.offload`; tune it with
+        ``offload_config=fastkit.offload.OffloadConfig(...)``), or ``False``.
         """
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
@@ -268,7 +274,7 @@ class FastModel:
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
-        enable_checkpointing(peft_model, use_gradient_checkpointing)
+        enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
 
 
@@ -289,8 +295,11 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches):
     return model, tokenizer
 
 
-def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True) -> str:
-    """Turn on gradient checkpointing: ``True``, ``"offload"`` or ``False``. Returns the mode in effect."""
+def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offload_config=None) -> str:
+    """Turn on gradient checkpointing: ``True``, ``"offload"`` or ``False``. Returns the mode in effect.
+
+    Also the switch for full fine-tuning (no LoRA): ``enable_checkpointing(model, "offload")``.
+    """
     if mode not in (True, False, "offload"):
         raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got {mode!r}.")
     if mode is False:
@@ -302,7 +311,7 @@ def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True) -> str
     if mode == "offload":
         from fastkit.offload import enable_offload
 
-        return enable_offload(base)
+        return enable_offload(base, offload_config)
     return "checkpoint"
 
 

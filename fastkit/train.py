@@ -131,16 +131,46 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path) -> str:
 def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torch.dtype = torch.float16) -> str:
     """Merge LoRA into the weights and save a plain transformers model in ``dtype`` (safetensors).
 
-    The in-memory model keeps its adapters: merging happens on a copy of the weights.
+    The in-memory model keeps its adapters. The merge runs on a CPU copy, so it costs host RAM, not
+    VRAM; a 4/8-bit model is merged into its base weights reloaded in ``dtype`` (merging into
+    quantized weights would round the update away).
     """
+    base = base_model(model)
+    if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
+        merged = _merged_from_disk(model, base.config._name_or_path, dtype)
+    else:
+        merged = _merged_copy(model)
+    merged.to(dtype).save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    return str(path)
+
+
+def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A CPU copy of ``model`` with LoRA merged in and no fastkit patches."""
     import copy
 
     from fastkit.patching import revert
 
-    merged = copy.deepcopy(model)
+    device = model.device
+    model.to("cpu")
+    try:
+        merged = copy.deepcopy(model)
+    finally:
+        model.to(device)
     if hasattr(merged, "merge_and_unload"):
         merged = merged.merge_and_unload()
     revert(merged)  # saved weights are plain transformers: no fastkit patches travel with them
-    merged.to(dtype).save_pretrained(str(path), safe_serialization=True)
-    tokenizer.save_pretrained(str(path))
-    return str(path)
+    return merged
+
+
+def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -> torch.nn.Module:
+    """Base weights reloaded in ``dtype`` on the CPU, with ``model``'s adapters merged in."""
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        fresh = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": "cpu"}, use_safetensors=True)
+        return PeftModel.from_pretrained(fresh, tmp).merge_and_unload()

@@ -53,6 +53,12 @@ def test_bad_path(bad, match):
         FastModel.from_pretrained(bad)
 
 
+def test_missing_tokenizer_is_a_clear_error(tmp_path):
+    twin("llama").save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(FastkitError, match="Could not load a tokenizer"):
+        FastModel.from_pretrained(str(tmp_path))
+
+
 def test_model_without_causal_lm_head(tmp_path):
     ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
     with pytest.raises(FastkitError, match="no causal-LM head"):

@@ -1,0 +1,659 @@
+"""Double-buffered activation-checkpoint reload: checkpoint inputs live on the host, come back one layer early.
+
+What it replaces. Under non-reentrant gradient checkpointing each decoder layer keeps only its
+input ``(B, T, H)`` on the device; backward recomputes the layer from it. transformers'
+``offload=True`` wraps each checkpoint in ``save_on_cpu(pin_memory=True)``: it copies that input
+to *fresh* pinned memory on the compute stream and copies it back on demand, so every reload
+stalls the backward (single buffer, no overlap). TRL's ``activation_offloading`` copies out on a
+side stream but still reloads only when autograd asks. This patch swaps each checkpointed layer's
+``_gradient_checkpointing_func`` (an instance attribute transformers sets) for
+:class:`OffloadedCheckpoint`, which runs the *same* ``torch.utils.checkpoint`` call inside
+saved-tensor hooks that:
+
+- forward: copy the layer input into a reused host buffer on the copy stream and drop the device
+  copy (the allocator frees it once the copy is done);
+- backward: when layer ``i`` is unpacked (its recompute is about to start), start copying the
+  input of layer ``i-1`` -- the next one autograd will recompute -- into the other of two reused
+  device buffers, so that copy overlaps layer ``i``'s recompute + backward; then swap.
+
+Why build on ``torch.utils.checkpoint`` (non-reentrant) with saved-tensor hooks rather than an
+own autograd Function: the checkpoint already saves exactly the layer's positional inputs through
+``saved_tensors_hooks`` (one pack per input, one unpack right before the recompute), replays the
+CPU and CUDA RNG state (dropout masks are identical), replays autocast, stops the recompute early
+and checks that the recompute saved the same tensors. Keyword arguments -- the packed-batch
+metadata (``cu_seq_lens_q/k``, ``max_length_q/k``), position embeddings, masks -- are bound into
+``partial(forward, self, **kwargs)`` by transformers and reach the recompute untouched. Only the
+*storage* of the saved input changes, so gradients are bitwise those of plain checkpointing.
+
+What must not change: the tensor handed to the recompute has the input's shape, dtype, device and
+values; no host sync inside a layer (events and stream waits only; the CPU stream blocks the host
+because the host *is* its compute stream); ``fastkit.patching.revert`` restores the original
+checkpoint function object on every layer.
+
+Time model (L offloaded layers, reload c and backward g per layer): single buffer ~ L*(c+g),
+double buffer ~ c + (L-1)*max(c, g) + g. Checked in ``fastkit bench offload`` (docs/offload.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from fastkit.device import GiB, host_ram
+from fastkit.errors import FastkitError
+from fastkit.patching import Swapper, apply_patch
+from fastkit.streams import CopyStreams, CpuStreams, CudaStreams, Span, Throttle
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024**2
+CONTROLLER_ATTR = "_fastkit_offload"
+
+
+@dataclass
+class OffloadConfig:
+    """When and how checkpoint inputs are offloaded. Defaults fit a single consumer GPU."""
+
+    min_tokens: int = 512
+    """Keep a layer input on the device when it holds fewer tokens (``numel / hidden``, all rows of
+    the batch) than this: below ~512 tokens the copies cost more than the memory is worth."""
+    min_bytes: int = 1 * MiB
+    """Keep a layer input on the device when it is smaller than this many bytes."""
+    skip_last_layer: bool = True
+    """Keep the last checkpointed layer's input on the device: backward needs it first, right
+    after the forward ends, so offloading it can only add a copy to the critical path."""
+    double_buffer: bool = True
+    """Prefetch the next layer's input while the current layer recomputes (two device buffers).
+    False: single buffer, each reload waits (the ``L*(c+g)`` baseline, for comparison)."""
+    vram_headroom_bytes: int = 1 * GiB
+    """Below this much free device memory at enable time, use a single device buffer."""
+    pinned_budget_bytes: int | None = None
+    """Most bytes of host staging buffers (pinned where pinning works). Layers that would go over
+    it keep their input on the device (plain checkpointing for that layer, logged once). None:
+    the host RAM available at enable time minus ``host_ram_reserve_bytes``."""
+    host_ram_reserve_bytes: int = 2 * GiB
+    """Host RAM left for everything else (data loader, optimizer state on CPU, the notebook)."""
+    expected_tokens: int | None = None
+    """Tokens per micro-batch (batch x sequence) for the host-RAM check before training. None: the
+    fastkit load report's ``max_seq_length`` (batch 1) when there is one, else no up-front check."""
+    pin_memory: bool = True
+    """Use page-locked host buffers (fast async copies); falls back to pageable when pinning fails."""
+    force_cpu_stream: bool = False
+    """Run the pipeline on a CPU model with the worker-thread copy stream (tests, benchmarks)."""
+    throttle: Throttle | None = None
+    """CPU stream only: slow, poisoning copies (race tests, the time-model benchmark)."""
+    trace: bool = False
+    """Record copy and compute spans (``controller.streams.trace``) for the overlap test."""
+
+
+@dataclass
+class OffloadStats:
+    """Counters of what the pipeline did (tests read them; the bench reports them)."""
+
+    offloaded: int = 0
+    """Layer inputs copied to host memory."""
+    kept: Counter = field(default_factory=Counter)
+    """Layer inputs left on the device, by reason."""
+    host_allocs: int = 0
+    """Host buffers allocated (the first step, or a longer sequence)."""
+    host_reuses: int = 0
+    """Host buffers reused."""
+    device_allocs: int = 0
+    """Pooled device buffers allocated."""
+    device_reuses: int = 0
+    """Pooled device buffers reused."""
+    device_transient: int = 0
+    """Reloads that found every pooled device buffer still in use and allocated a fresh one."""
+    prefetched: int = 0
+    """Reloads started one layer early (double buffer)."""
+    on_demand: int = 0
+    """Reloads started only when the layer was unpacked (single buffer, or an unpredicted order)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Deciding what mode to run in
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Decision:
+    """What :func:`decide` chose, and why."""
+
+    mode: str
+    """``"double-buffer"``, ``"single-buffer"`` or ``"checkpoint"`` (no offload)."""
+    reason: str
+    """One human sentence, logged by :func:`enable_offload`."""
+    device: torch.device
+    """Where the model's activations live."""
+
+    def describe(self) -> str:
+        if self.mode == "checkpoint":
+            return f"checkpoint (offload skipped: {self.reason})"
+        return self.mode
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.50 GiB``, ``12.0 MiB``, ``24.0 KiB``: the unit that keeps the number readable."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def decide(model: torch.nn.Module, config: OffloadConfig) -> Decision:
+    """Pick the offload mode for ``model`` on this machine. Reads device facts; changes nothing."""
+    device = _model_device(model)
+    buffers = "double-buffer" if config.double_buffer else "single-buffer"
+    if config.force_cpu_stream:
+        if device.type != "cpu":
+            raise FastkitError(f"OffloadConfig.force_cpu_stream=True runs the pipeline on a CPU model; this model "
+                               f"is on {device}. Leave force_cpu_stream off on a GPU.")
+        return Decision(buffers, "CPU copy stream forced (test/benchmark pipeline)", device)
+    if device.type != "cuda":
+        return Decision("checkpoint", f"no CUDA device (model on {device}): activations already live in host "
+                        "memory, so there is nothing to offload", device)
+    props = torch.cuda.get_device_properties(device)
+    if getattr(props, "is_integrated", False):
+        return Decision("checkpoint", f"{props.name} has unified memory: host and device share the same RAM, "
+                        "so a copy frees nothing and only costs bandwidth", device)
+    free, _ = torch.cuda.mem_get_info(device)
+    if config.double_buffer and free < config.vram_headroom_bytes:
+        return Decision("single-buffer", f"free VRAM {free / GiB:.2f} GiB is below the "
+                        f"{config.vram_headroom_bytes / GiB:.2f} GiB headroom for a second buffer", device)
+    return Decision(buffers, f"{props.name}, {free / GiB:.1f} GiB free", device)
+
+
+def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers that gradient checkpointing wraps, in forward order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules()
+            if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False)]
+
+
+def _hidden_size(model: torch.nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    return getattr(text, "hidden_size", None)
+
+
+def check_host_budget(model: torch.nn.Module, tokens: int, config: OffloadConfig | None = None) -> int:
+    """Raise :class:`FastkitError` if offloading ``tokens`` per micro-batch cannot fit in host RAM.
+
+    Returns the host bytes the offloaded layer inputs will need (one buffer per offloaded layer).
+    """
+    config = config or OffloadConfig()
+    hidden = _hidden_size(model)
+    layers = checkpointed_layers(model)
+    if hidden is None or not layers:
+        return 0
+    n_off = len(layers) - (1 if config.skip_last_layer else 0)
+    elem = next(model.parameters()).element_size()
+    need = n_off * tokens * hidden * elem
+    avail, total = host_ram()
+    if need > avail - config.host_ram_reserve_bytes:
+        raise FastkitError(
+            f"Activation offload needs {need / GiB:.2f} GiB of host RAM ({n_off} layers x {tokens} tokens x "
+            f"hidden {hidden} x {elem} B), but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available and "
+            f"{config.host_ram_reserve_bytes / GiB:.2f} GiB is kept in reserve. Use "
+            "use_gradient_checkpointing=True (no offload), a shorter max_seq_length or a smaller batch.")
+    return need
+
+
+# --------------------------------------------------------------------------------------------
+# Buffers
+# --------------------------------------------------------------------------------------------
+
+
+def _capacity(numel: int) -> int:
+    """Round up to 1/8 of the next power of two, so slightly longer batches reuse a buffer."""
+    if numel <= 8:
+        return max(numel, 1)
+    step = 1 << max(0, numel.bit_length() - 4)
+    return -(-numel // step) * step
+
+
+def _other_readers(buf: torch.Tensor) -> int:
+    """References to ``buf``'s storage besides ``buf`` itself (views held by autograd, copies in flight)."""
+    storage = buf.untyped_storage()  # this temporary Python object holds one reference too
+    return torch._C._storage_Use_Count(storage._cdata) - 2
+
+
+class HostPool:
+    """Flat host buffers by dtype, reused across layers and steps. Thread-safe.
+
+    See Note: [host buffer reuse].
+    """
+
+    def __init__(self, streams: CopyStreams, config: OffloadConfig, budget: int) -> None:
+        self.streams = streams
+        self.config = config
+        self.budget = budget
+        self.pin = config.pin_memory and streams.can_pin()
+        self.free: dict[torch.dtype, list[torch.Tensor]] = {}
+        self.total = 0
+        self.stats: OffloadStats | None = None
+        # Re-entrant: an Entry's finalizer (release) can run from garbage collection inside acquire.
+        self._lock = threading.RLock()
+
+    def acquire(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A buffer of at least ``numel`` elements, or None when the budget is spent."""
+        with self._lock:
+            free = self.free.setdefault(dtype, [])
+            fits = [b for b in free if b.numel() >= numel]
+            if fits:
+                buf = min(fits, key=torch.Tensor.numel)
+                free.remove(buf)
+                self.stats.host_reuses += 1
+                return buf
+            cap = _capacity(numel)
+            nbytes = cap * torch.empty((), dtype=dtype).element_size()
+            if self.total + nbytes > self.budget:
+                return None
+            self._check_ram(nbytes)
+            buf = self._allocate(cap, dtype)
+            self.total += nbytes
+            self.stats.host_allocs += 1
+            return buf
+
+    def release(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self.free.setdefault(buf.dtype, []).append(buf)
+
+    def _allocate(self, cap: int, dtype: torch.dtype) -> torch.Tensor:
+        if self.pin:
+            try:
+                return self.streams.empty_host(cap, dtype, pin=True)
+            except RuntimeError as exc:
+                self.pin = False
+                logger.warning("fastkit offload: pinned host memory unavailable (%s; WSL caps it at 1-2 GB); "
+                               "using pageable memory, reloads will be slower", exc)
+        return self.streams.empty_host(cap, dtype, pin=False)
+
+    def _check_ram(self, nbytes: int) -> None:
+        avail, total = host_ram()
+        if nbytes > avail - self.config.host_ram_reserve_bytes:
+            raise FastkitError(
+                f"Activation offload needs another {nbytes / MiB:.0f} MiB of host RAM (already holding "
+                f"{self.total / GiB:.2f} GiB), but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available "
+                f"and {self.config.host_ram_reserve_bytes / GiB:.2f} GiB is kept in reserve. Use "
+                "use_gradient_checkpointing=True (no offload) or shorter sequences.")
+
+
+class DevicePool:
+    """Device buffers for reloads, ``slots`` per (device, dtype), reused across layers and steps.
+
+    See Note: [device slot reuse].
+    """
+
+    def __init__(self, streams: CopyStreams, slots: int) -> None:
+        self.streams = streams
+        self.slots = slots
+        self.bufs: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        self.stats: OffloadStats | None = None
+
+    def acquire(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        bufs = self.bufs.setdefault((self.streams.device, dtype), [])
+        for i, buf in enumerate(bufs):
+            if _other_readers(buf) == 0:
+                if buf.numel() < numel:  # a longer batch: grow this slot
+                    bufs[i] = buf = self.streams.empty_device(_capacity(numel), dtype)
+                    self.stats.device_allocs += 1
+                else:
+                    self.stats.device_reuses += 1
+                return buf
+        buf = self.streams.empty_device(_capacity(numel), dtype)
+        if len(bufs) < self.slots:
+            bufs.append(buf)
+            self.stats.device_allocs += 1
+        else:
+            self.stats.device_transient += 1
+            logger.debug("fastkit offload: every device slot is still read; reloading into a fresh buffer")
+        return buf
+
+
+# --------------------------------------------------------------------------------------------
+# The pipeline
+# --------------------------------------------------------------------------------------------
+
+
+class Entry:
+    """What autograd saves for one checkpointed layer input (the pack hook's return value)."""
+
+    __slots__ = ("layer", "shape", "dtype", "numel", "device_tensor", "host", "fetch", "prev", "__weakref__")
+
+    def __init__(self, layer: int, x: torch.Tensor, prev: Callable[[], Entry | None]) -> None:
+        self.layer = layer
+        self.shape, self.dtype, self.numel = x.shape, x.dtype, x.numel()
+        self.device_tensor: torch.Tensor | None = None  # kept on the device
+        self.host: torch.Tensor | None = None  # offloaded: flat host buffer
+        self.fetch: tuple[torch.Tensor, Any] | None = None  # reload issued: (device view, event)
+        self.prev = prev  # weakref to the entry packed just before (the next one backward needs)
+
+
+def _dead() -> None:
+    return None
+
+
+class OffloadController:
+    """Pack/unpack hooks, the two pools and the prefetch decision for one model."""
+
+    def __init__(self, streams: CopyStreams, config: OffloadConfig, n_layers: int, double_buffer: bool,
+                 host_budget: int) -> None:
+        self.streams = streams
+        self.config = config
+        self.n_layers = n_layers
+        self.double_buffer = double_buffer
+        self.stats = OffloadStats()
+        self.host = HostPool(streams, config, host_budget)
+        self.device = DevicePool(streams, 2 if double_buffer else 1)
+        self.host.stats = self.device.stats = self.stats
+        self._last: Callable[[], Entry | None] = _dead
+        self._open_compute: Span | None = None
+        self._lock = threading.RLock()
+        self._logged: set[str] = set()
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def new_chain(self) -> None:
+        """A new forward pass starts at the first checkpointed layer."""
+        self._last = _dead
+
+    def pack(self, layer: int, x: torch.Tensor) -> Entry:
+        with self._lock:
+            entry = Entry(layer, x, self._last)
+            self._last = weakref.ref(entry)
+            reason = self._keep_reason(layer, x)
+            host = None if reason else self.host.acquire(entry.numel, x.dtype)
+            if host is None:
+                reason = reason or self._over_budget(x)
+                entry.device_tensor = x.detach()
+                self.stats.kept[reason] += 1
+                return entry
+            entry.host = host
+            weakref.finalize(entry, self.host.release, host)  # See Note: [host buffer reuse]
+            # See Note: [copy after produce] and Note: [cross-stream lifetime].
+            self.streams.copy(host[: entry.numel].view(x.shape), x.detach(), "d2h", layer)
+            self.stats.offloaded += 1
+            return entry
+
+    def _keep_reason(self, layer: int, x: torch.Tensor) -> str | None:
+        cfg = self.config
+        if x.device != self.streams.device:
+            return "not on the offload device"
+        if cfg.skip_last_layer and layer == self.n_layers - 1:
+            return "last layer (needed first in backward)"
+        if x.dim() == 0 or not x.is_contiguous() or x.layout != torch.strided:
+            return "not a dense contiguous tensor"
+        if x.numel() * x.element_size() < cfg.min_bytes:
+            return f"below min_bytes={cfg.min_bytes}"
+        if x.numel() // x.shape[-1] < cfg.min_tokens:
+            return f"below min_tokens={cfg.min_tokens}"
+        return None
+
+    def _over_budget(self, x: torch.Tensor) -> str:
+        reason = "host buffer budget spent"
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("fastkit offload: host staging buffers reached the %s budget "
+                           "(OffloadConfig.pinned_budget_bytes); layers past it keep their %s input on the "
+                           "device (plain checkpointing for those layers)", fmt_bytes(self.host.budget),
+                           fmt_bytes(x.numel() * x.element_size()))
+        return reason
+
+    # -- backward --------------------------------------------------------------------------
+
+    def unpack(self, entry: Entry) -> torch.Tensor:
+        with self._lock:
+            self._trace_end_compute()
+            out = self._take(entry)
+            self._trace_start_compute(entry.layer)
+            return out
+
+    def _take(self, entry: Entry) -> torch.Tensor:
+        """The device tensor for ``entry``, ready to read on the current stream; starts the next reload."""
+        if entry.device_tensor is not None:
+            self._prefetch_before(entry)
+            return entry.device_tensor
+        if entry.fetch is None:
+            self._reload(entry)
+            self.stats.on_demand += 1
+        view, event = entry.fetch
+        entry.fetch = None  # the slot is now held by whatever autograd keeps of `view`
+        self._prefetch_before(entry)
+        self.streams.wait(event)  # See Note: [read after fill]
+        return view
+
+    def _reload(self, entry: Entry) -> None:
+        """Issue the host->device copy of ``entry`` into a free device slot."""
+        slot = self.device.acquire(entry.numel, entry.dtype)
+        view = slot[: entry.numel].view(entry.shape)
+        # See Note: [device slot reuse]: the copy stream waits for the compute queued so far.
+        event = self.streams.copy(view, entry.host[: entry.numel].view(entry.shape), "h2d", entry.layer)
+        entry.fetch = (view, event)
+
+    def _prefetch_before(self, entry: Entry) -> None:
+        """Double buffer: start reloading the input of the layer backward needs next.
+
+        See Note: [which layer is next].
+        """
+        if not self.double_buffer:
+            return
+        prev = entry.prev()
+        while prev is not None and prev.device_tensor is not None:  # kept inputs need no reload
+            prev = prev.prev()
+        if prev is not None and prev.fetch is None and prev.host is not None:
+            self._reload(prev)
+            self.stats.prefetched += 1
+
+    def _trace_end_compute(self) -> None:
+        """Tracing only: the previous layer's recompute + backward ended (the next unpack began)."""
+        span, self._open_compute = self._open_compute, None
+        if span is not None:
+            span.end = time.perf_counter()
+            self.streams.trace.add(span)
+
+    def _trace_start_compute(self, layer: int) -> None:
+        """Tracing only: layer ``layer``'s recompute starts now; the last one is closed at backward's end."""
+        if self.streams.trace is None:
+            return
+        now = time.perf_counter()
+        self._open_compute = Span("compute", layer, now, now)
+        torch.autograd.Variable._execution_engine.queue_callback(self._trace_end_compute)
+
+
+# Note: [copy after produce]
+# A layer input is written by kernels on the compute stream. The device->host copy runs on the
+# copy stream, so before issuing it the copy stream waits for the compute stream *as it is at call
+# time* (``wait_stream(current_stream())``): every kernel that produced the input is queued before
+# that point. The current stream is read per call because the autograd engine runs backward on
+# its own thread with its own current stream, and a user may train under ``torch.cuda.stream(s)``.
+# On the CPU stream the host thread is the compute stream and has already finished the producer.
+
+# Note: [cross-stream lifetime]
+# After the forward copy is issued the pack hook keeps no reference to the device input, so the
+# device memory is freed as soon as the model drops it -- but the copy stream may still be reading
+# it. CUDA: ``record_stream(copy_stream)`` tells the caching allocator not to hand that block to
+# other work until the copy stream passes the current point (that is "free the device copy once
+# the copy is done", without a host sync). CPU: the worker's job holds the reference and drops it
+# after the copy. The same applies to the device slot written by a reload.
+
+# Note: [host buffer reuse]
+# A host buffer belongs to one Entry (the object autograd saves) and returns to the pool when that
+# Entry is garbage-collected (after its layer's backward, or when the graph is dropped unused).
+# Its reload copy may still be queued then. It is safe to hand the buffer to a new forward copy at
+# once because both copies are on the same copy stream, which runs copies in issue order: the new
+# write cannot overtake the pending read. The host never reads a host buffer itself.
+
+# Note: [device slot reuse]
+# Reloads land in pooled device buffers. A slot is reusable only when nothing else references its
+# storage: not a reload still pending (the Entry's ``fetch`` holds a view), not a copy in flight
+# (the CPU worker holds the view), not the recompute graph of an earlier layer (autograd's saved
+# tensors hold views until their backward node runs). That is checked on the storage's reference
+# count, so correctness never depends on the order autograd happens to run nodes in; when every
+# slot is busy a fresh buffer is used (``stats.device_transient``). The host-side count says the
+# readers are *queued*, not finished, on the GPU: the reload copy therefore waits for the compute
+# stream as of the reload call (Note: [copy after produce]), which has queued those readers.
+
+# Note: [read after fill]
+# The recompute may only read a slot after its reload copy completed: ``unpack`` makes the current
+# compute stream wait for the copy's event before returning the view. CUDA: a stream wait, the
+# host continues (no sync inside a layer). CPU: the host blocks until the worker has copied.
+
+# Note: [which layer is next]
+# Backward visits checkpointed layers in reverse forward order, and a layer's input is unpacked
+# right before its recompute. Each Entry links to the one packed just before it in the same
+# forward (chains restart at layer 0), so when layer i is unpacked the reload of layer i-1 starts
+# and overlaps layer i's recompute + backward. If autograd ever asks in another order the unpack
+# simply reloads on demand: the prediction affects speed, never values.
+
+
+class OffloadedCheckpoint:
+    """Drop-in for a layer's ``_gradient_checkpointing_func``: the same checkpoint, offloaded input."""
+
+    def __init__(self, original: Callable, controller: OffloadController, layer: int) -> None:
+        self.original = original
+        self.controller = controller
+        self.layer = layer
+
+    def __call__(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.layer == 0:
+            self.controller.new_chain()
+        pack = functools.partial(self.controller.pack, self.layer)
+        with saved_tensors_hooks(pack, self.controller.unpack):
+            return self.original(function, *args, **kwargs)
+
+
+def _is_plain_checkpoint(func: Any) -> str | None:
+    """Why ``func`` is not ``partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)``."""
+    from torch.utils.checkpoint import checkpoint
+
+    if isinstance(func, OffloadedCheckpoint):
+        return "offload is already active on a layer"
+    if not isinstance(func, functools.partial) or func.func is not checkpoint:
+        return (f"the checkpoint function is {getattr(func, '__name__', type(func).__name__)}, not "
+                "torch.utils.checkpoint.checkpoint (transformers' offload=True or a custom one is active)")
+    if func.keywords.get("use_reentrant", True) is not False:
+        return "reentrant checkpointing saves no tensors through hooks; enable it with use_reentrant=False"
+    return None
+
+
+class OffloadPatch:
+    """The ``offload`` patch: swap each checkpointed layer's checkpoint function (see module docstring)."""
+
+    name = "offload"
+
+    def __init__(self, config: OffloadConfig | None = None, decision: Decision | None = None) -> None:
+        self.config = config if isinstance(config, OffloadConfig) else OffloadConfig()
+        self.decision = decision
+
+    def check(self, model: torch.nn.Module) -> str | None:
+        layers = checkpointed_layers(model)
+        if not layers:
+            return "gradient checkpointing is not enabled (call model.gradient_checkpointing_enable first)"
+        for layer in layers:
+            reason = _is_plain_checkpoint(layer._gradient_checkpointing_func)
+            if reason:
+                return reason
+        decision = self.decision or decide(model, self.config)
+        if decision.mode == "checkpoint":
+            return decision.reason
+        return None
+
+    def apply(self, model: torch.nn.Module, swap: Swapper) -> None:
+        decision = self.decision or decide(model, self.config)
+        layers = checkpointed_layers(model)
+        controller = OffloadController(_make_streams(decision, self.config), self.config, len(layers),
+                                       decision.mode == "double-buffer", _host_budget(self.config))
+        for i, layer in enumerate(layers):
+            swap.setattr(layer, "_gradient_checkpointing_func",
+                         OffloadedCheckpoint(layer._gradient_checkpointing_func, controller, i))
+        swap.setattr(model, CONTROLLER_ATTR, controller)
+
+
+def _make_streams(decision: Decision, config: OffloadConfig) -> CopyStreams:
+    if decision.device.type == "cuda":
+        return CudaStreams(decision.device, trace=config.trace)
+    return CpuStreams(throttle=config.throttle, trace=config.trace)
+
+
+def _host_budget(config: OffloadConfig) -> int:
+    if config.pinned_budget_bytes is not None:
+        return config.pinned_budget_bytes
+    avail, _ = host_ram()
+    return max(0, avail - config.host_ram_reserve_bytes)
+
+
+def offload_controller(model: torch.nn.Module) -> OffloadController | None:
+    """The active :class:`OffloadController` of ``model`` (a PEFT wrapper is looked through), or None."""
+    from fastkit.loader import base_model
+
+    return getattr(base_model(model), CONTROLLER_ATTR, None)
+
+
+def offload_active(model: torch.nn.Module) -> bool:
+    """True when every checkpointed layer still runs :class:`OffloadedCheckpoint`.
+
+    ``Trainer(args.activation_checkpointing=True)`` re-enables checkpointing in its ``__init__`` and
+    replaces every layer's checkpoint function, silently dropping the offload: models prepared by
+    fastkit must be trained with ``activation_checkpointing=False`` (checkpointing is already on).
+    """
+    from fastkit.loader import base_model
+
+    layers = checkpointed_layers(base_model(model))
+    return bool(layers) and all(isinstance(m._gradient_checkpointing_func, OffloadedCheckpoint) for m in layers)
+
+
+def _expected_tokens(model: torch.nn.Module, config: OffloadConfig) -> int | None:
+    if config.expected_tokens is not None:
+        return config.expected_tokens
+    from fastkit.loader import report
+
+    rep = report(model)
+    return rep.max_seq_length if rep is not None else None
+
+
+def enable_offload(model: torch.nn.Module, config: OffloadConfig | None = None) -> str:
+    """Turn plain (non-reentrant) gradient checkpointing on ``model`` into offloaded checkpointing.
+
+    Call after ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant":
+    False})``. Returns the mode in effect: ``"double-buffer"``, ``"single-buffer"`` or
+    ``"checkpoint (offload skipped: <reason>)"``; the decision is logged. Raises
+    :class:`FastkitError` when the host RAM cannot hold the offloaded activations.
+    """
+    config = config or OffloadConfig()
+    decision = decide(model, config)
+    if decision.mode == "checkpoint":
+        logger.warning("fastkit: activation offload requested, but %s; training with plain gradient "
+                       "checkpointing.", decision.reason)
+        return decision.describe()
+    tokens = _expected_tokens(model, config)
+    if tokens is not None:
+        check_host_budget(model, tokens, config)
+    ok, how = apply_patch(model, OffloadPatch(config, decision))
+    if not ok:
+        logger.warning("fastkit: activation offload not applied (%s); training with plain gradient checkpointing.",
+                       how)
+        return f"checkpoint (offload skipped: {how})"
+    logger.info("fastkit: activation offload %s on %d checkpointed layers (%s)", decision.mode,
+                len(checkpointed_layers(model)), decision.reason)
+    return decision.mode
+
+
+__all__ = ["Decision", "OffloadConfig", "OffloadController", "OffloadPatch", "OffloadStats", "OffloadedCheckpoint",
+           "Throttle", "check_host_budget", "checkpointed_layers", "decide", "enable_offload", "fmt_bytes", "offload_active", "offload_controller"]

@@ -1,0 +1,68 @@
+"""make_trainer: refuses incompatible distributed modes at start; saving adapters and merged weights."""
+
+import pytest
+import torch
+
+from fastkit import FastkitError, FastModel, active_patches
+from fastkit.data import quickstart_dataset
+from fastkit.offload import OffloadConfig
+from fastkit.train import make_trainer, save_lora, save_merged
+
+
+def _model(mode=True):
+    model, tok = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=128, twin=True)
+    cfg = OffloadConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
+    return FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=mode, offload_config=cfg), tok
+
+
+def test_offload_with_fsdp_cpu_offload_is_refused_at_start(tmp_path):
+    model, tok = _model("offload")
+    assert "offload" in active_patches(model.get_base_model())
+    train, _ = quickstart_dataset()
+    with pytest.raises(FastkitError, match="FSDP CPU offload"):
+        make_trainer(model, tok, train, max_steps=1, output_dir=str(tmp_path), fsdp="full_shard offload")
+    with pytest.raises(FastkitError, match="FSDP CPU offload"):
+        make_trainer(model, tok, train, max_steps=1, output_dir=str(tmp_path), fsdp="full_shard",
+                     fsdp_config={"cpu_offload": True})
+
+
+def test_save_lora_and_merged_roundtrip(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = _model(False)
+    for name, p in model.named_parameters():  # make the adapters non-trivial
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    x = torch.randint(3, 259, (1, 12))
+    model.eval()
+    with torch.no_grad():
+        ref = model(input_ids=x).logits
+    save_lora(model, tok, tmp_path / "lora")
+    assert (tmp_path / "lora" / "adapter_model.safetensors").exists()
+    save_merged(model, tok, tmp_path / "merged", dtype=torch.float32)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", use_safetensors=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
+    assert any("lora" in n for n, _ in model.named_parameters())  # the in-memory model keeps its adapters
+
+
+def test_quantized_models_merge_into_reloaded_base(tmp_path):
+    """The 4/8-bit path: adapters merged into the base reloaded from disk in 16/32-bit, on the CPU."""
+    from transformers import AutoModelForCausalLM
+
+    from fastkit.train import _merged_from_disk
+    from fastkit.twins import twin, twin_tokenizer
+
+    twin("llama").save_pretrained(tmp_path / "base", safe_serialization=True)
+    twin_tokenizer().save_pretrained(tmp_path / "base")
+    model, _ = FastModel.from_pretrained(str(tmp_path / "base"), max_seq_length=64, patches=None)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    x = torch.randint(3, 259, (1, 12))
+    with torch.no_grad():
+        ref = model.eval()(input_ids=x).logits
+        merged = _merged_from_disk(model, str(tmp_path / "base"), torch.float32)
+        assert isinstance(merged, type(AutoModelForCausalLM.from_pretrained(tmp_path / "base")))
+        torch.testing.assert_close(merged.eval()(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
