@@ -256,6 +256,7 @@ class FastModel:
         use_gradient_checkpointing: bool | str = True,
         random_state: int = 3407,
         offload_config=None,
+        target_experts: bool = False,
         **lora_kwargs: Any,
     ):
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
@@ -263,6 +264,11 @@ class FastModel:
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
         double-buffered checkpoint reload, see :mod:`fastkit.offload`; tune it with
         ``offload_config=fastkit.offload.OffloadConfig(...)``), or ``False``.
+
+        ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
+        (:mod:`fastkit.moe_lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
+        the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
+        PEFT's adapter per expert group instead of adding a second one.
         """
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
@@ -274,6 +280,11 @@ class FastModel:
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
+        if target_experts:
+            from fastkit.moe_lora import add_expert_lora, peft_adapts_experts
+
+            if not peft_adapts_experts(peft_model):
+                add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
 

@@ -26,7 +26,24 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_MISSING = object()
+class _Missing:
+    """Marks "the instance had no own attribute". One object, also after copy/deepcopy/pickle of a
+    patched model (whose records are copied with it), so ``is _MISSING`` keeps working on the copy."""
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return "_MISSING"
+
+    def __repr__(self):
+        return "<missing>"
+
+
+_MISSING = _Missing()
 _STATE_ATTR = "_fastkit_patches"
 
 

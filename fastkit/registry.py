@@ -53,6 +53,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("mixtral", moe=True, sliding_window=True),
         ModelFacts("olmoe", moe=True),
         ModelFacts("deepseek_v3", moe=True, note="MLA attention: q/k and v head sizes differ"),
+        ModelFacts("dbrx", packing=False, moe=True, note="experts looped upstream; fastkit routes them"),
+        ModelFacts("llama4_text", packing=False, moe=True, note="experts looped upstream; fastkit routes them"),
         ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
                    note="attention sinks: sdpa cannot express them upstream"),
     ]

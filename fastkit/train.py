@@ -124,8 +124,19 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path) -> str:
     if not hasattr(model, "peft_config"):
         raise ValueError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full weights.")
     model.save_pretrained(str(path), safe_serialization=True)
+    _save_expert_factors(model, str(path))
     tokenizer.save_pretrained(str(path))
     return str(path)
+
+
+def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
+    """fastkit's expert LoRA factors live outside PEFT's adapter file: save them beside it."""
+    from fastkit.moe_lora import expert_lora_modules, save_expert_lora
+
+    if not expert_lora_modules(model):
+        return False
+    save_expert_lora(model, path)
+    return True
 
 
 def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torch.dtype = torch.float16) -> str:
@@ -157,6 +168,9 @@ def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
         merged = copy.deepcopy(model)
     finally:
         model.to(device)
+    from fastkit.moe_lora import merge_expert_lora
+
+    merge_expert_lora(merged)  # fastkit expert LoRA (if any) folds into the expert weights
     if hasattr(merged, "merge_and_unload"):
         merged = merged.merge_and_unload()
     revert(merged)  # saved weights are plain transformers: no fastkit patches travel with them
@@ -170,7 +184,16 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from fastkit.moe_lora import load_expert_lora, merge_expert_lora
+    from fastkit.patching import revert
+
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
+        has_experts = _save_expert_factors(model, tmp)
         fresh = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": "cpu"}, use_safetensors=True)
-        return PeftModel.from_pretrained(fresh, tmp).merge_and_unload()
+        merged = PeftModel.from_pretrained(fresh, tmp).merge_and_unload()
+        if has_experts:
+            load_expert_lora(merged, tmp)
+            merge_expert_lora(merged)
+            revert(merged)
+        return merged

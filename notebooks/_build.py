@@ -49,10 +49,8 @@ class Spec:
     """Extra FastModel.from_pretrained arguments, e.g. ', load_in_4bit=True'."""
     checkpointing: str = "True"
     """use_gradient_checkpointing for get_peft_model: True, False or "offload"."""
-    lora_extra: list[str] = field(default_factory=list)
-    """Extra lines for the LoRA cell (expert LoRA for MoE)."""
-    save_extra: list[str] = field(default_factory=list)
-    """Extra lines for the save cell."""
+    lora_args: str = ""
+    """Extra FastModel.get_peft_model arguments, e.g. ', target_experts=True'."""
     prompts: list[str] = field(default_factory=lambda: list(PROMPTS))
     colab_gpu: str | None = "T4"
     """Colab accelerator to request in the notebook metadata (None: CPU)."""
@@ -97,10 +95,7 @@ SPECS = [
          "Needs a CUDA GPU with ≥ 48 GB (the experts are dequantized to bf16, ~42 GB): A100/H100 80 GB, H200, "
          "DGX Spark. Does not fit a free Colab T4.", "≥ 48 GB (A100/H100 80 GB, H200, DGX Spark; not a T4)",
          "MoE LoRA: sort-based routing, adapters on every expert without materializing W + B·A", 2048, 60, colab_gpu="A100",
-         lora_extra=["from fastkit.moe_lora import add_expert_lora", "",
-                     "add_expert_lora(model, r=LORA_R, lora_alpha=LORA_R)   # adapters on every expert, grouped"],
-         save_extra=["from fastkit.moe_lora import save_expert_lora", "",
-                     'print("expert adapters:", save_expert_lora(model, f"{OUTPUT_DIR}/lora"))']),
+         lora_args=", target_experts=True"),
 ]
 
 
@@ -193,8 +188,7 @@ def _lora(s: Spec):
     return [
         _md("## LoRA", "", "Low-rank adapters on every linear layer; only they train."),
         _code("model = FastModel.get_peft_model(model, r=LORA_R, lora_alpha=LORA_R, "
-              f"use_gradient_checkpointing={s.checkpointing})",
-              *([""] + s.lora_extra if s.lora_extra else []),
+              f"use_gradient_checkpointing={s.checkpointing}{s.lora_args})",
               "model.print_trainable_parameters()"),
     ]
 
@@ -235,7 +229,6 @@ def _save(s: Spec):
             "model (plain transformers, no fastkit needed to run it)."),
         _code("from fastkit.train import save_lora, save_merged", "",
               'print("LoRA adapters:", save_lora(model, tokenizer, f"{OUTPUT_DIR}/lora"))',
-              *(s.save_extra + [""] if s.save_extra else []),
               'print("merged 16-bit:", save_merged(model, tokenizer, f"{OUTPUT_DIR}/merged_16bit"))'),
     ]
 

@@ -132,3 +132,15 @@ def test_fastmodel_patch_auto_is_idempotent_and_fully_revertible(model_type):
     after[0][""].pop("_fastkit_report")
     _same(after, before)
     torch.testing.assert_close(model(x).logits, ref, rtol=0, atol=0)
+
+
+def test_deepcopy_of_a_patched_model_reverts_on_its_own():
+    import copy
+
+    model = twin("llama")
+    apply_patch(model, ToyPatch())
+    clone = copy.deepcopy(model)
+    assert revert(clone) == ["toy"]
+    assert clone.config._attn_implementation == "sdpa" and not hasattr(clone.config, "fastkit_marker")
+    assert "forward" not in vars(clone.model.layers[0])
+    assert active_patches(model) == ["toy"] and model.config.fastkit_marker == 1  # the original keeps its patch

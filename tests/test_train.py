@@ -66,3 +66,27 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
         merged = _merged_from_disk(model, str(tmp_path / "base"), torch.float32)
         assert isinstance(merged, type(AutoModelForCausalLM.from_pretrained(tmp_path / "base")))
         torch.testing.assert_close(merged.eval()(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_target_experts_lora_saves_and_merges(tmp_path):
+    """gpt_oss (PEFT does not adapt its experts): fastkit expert LoRA is added, saved beside the
+    adapters, and folded into the merged weights."""
+    from transformers import AutoModelForCausalLM
+
+    from fastkit.moe_lora import expert_lora_modules
+
+    model, tok = FastModel.from_pretrained("openai/gpt-oss-20b", max_seq_length=64, twin=True)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, target_experts=True)
+    assert expert_lora_modules(model)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    x = torch.randint(3, 259, (1, 12))
+    with torch.no_grad():
+        ref = model.eval()(input_ids=x).logits
+    save_lora(model, tok, tmp_path / "lora")
+    assert (tmp_path / "lora" / "fastkit_expert_lora.safetensors").exists()
+    save_merged(model, tok, tmp_path / "merged", dtype=torch.float32)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", use_safetensors=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)

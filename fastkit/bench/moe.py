@@ -1,0 +1,366 @@
+"""``fastkit bench moe``: one MoE experts layer, transformers' paths vs fastkit's, side by side.
+
+Per shape (GPT-OSS-20B: hidden 2880, 32 experts top-4, expert width 2880, biases, interleaved
+clamp-SwiGLU; Qwen3-30B-A3B: hidden 2048, 128 experts top-8, expert width 768) it times, with
+interleaved repetitions in one process:
+
+- ``eager``: transformers' per-expert loop (the class's own forward);
+- ``grouped_mm``: transformers' sort + grouped GEMM (the default where ``grouped_mm`` runs);
+- ``grouped_mm fallback``: the same with ``grouped_mm`` unavailable, i.e. what a T4 gets
+  (``torch.ops.transformers.grouped_mm_fallback``, offsets read back per GEMM);
+- ``fastkit``: :func:`fastkit.moe.fastkit_experts_forward` (grouped GEMM where it runs);
+- ``fastkit loop``: fastkit's host-count loop (what fastkit runs where grouped GEMM does not).
+
+Forward and forward+backward (input and routing-weight gradients; expert weights frozen, the LoRA
+fine-tuning setting), host syncs per layer, then LoRA on the experts: PEFT ``target_parameters`` on
+transformers' grouped_mm, the same PEFT adapter run by fastkit, and fastkit's own expert LoRA: time
+and peak extra memory (tensors alive during forward+backward, tracked by a dispatch mode, so the
+number means the same on CPU and GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import statistics
+import time
+import weakref
+from contextlib import contextmanager, nullcontext
+from unittest import mock
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SHAPES = {
+    "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_local_experts=32,
+                        num_experts_per_tok=4),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8),
+}
+QUICK = {
+    "gpt-oss-20b": dict(hidden_size=64, intermediate_size=64, num_local_experts=8),
+    "qwen3-30b-a3b": dict(hidden_size=64, moe_intermediate_size=32, num_experts=32),
+}
+IMPLS = ["eager", "grouped_mm", "grouped_mm fallback", "fastkit", "fastkit loop"]
+
+
+class _PeakMemory(TorchDispatchMode):
+    """Peak bytes of tensors created inside the context and still alive (storage-level)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _track(self, t):
+        if not isinstance(t, torch.Tensor):
+            return
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._seen or storage.nbytes() == 0:
+            return
+        self._seen.add(key)
+        n = storage.nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, key, n)
+
+    def _free(self, key, n):
+        self._seen.discard(key)
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # views, in-place ops and set_ return storage an input already owns: nothing new is allocated
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self._track(t)
+        return out
+
+
+def _experts_module(shape: dict, dtype, device):
+    from transformers import CONFIG_MAPPING
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    kw = dict(shape)
+    model_type = kw.pop("model_type")
+    config = CONFIG_MAPPING[model_type](**kw)
+    cls = GptOssExperts if model_type == "gpt_oss" else Qwen3MoeExperts
+    torch.manual_seed(0)
+    with torch.device(device):
+        module = cls(config)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.02)
+    return module.to(dtype).requires_grad_(False)
+
+
+def _inputs(module, tokens: int, top_k: int, dtype, device):
+    g = torch.Generator(device="cpu").manual_seed(1)
+    h = torch.randn(tokens, module.gate_up_proj.shape[1 if module.is_transposed else 2], generator=g)
+    logits = torch.randn(tokens, module.num_experts, generator=g)
+    w, idx = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
+    h = h.to(device, dtype).requires_grad_(True)
+    return h, idx.to(device), (w / w.sum(-1, keepdim=True)).to(device, dtype).requires_grad_(True)
+
+
+def _impl_context(module, impl: str):
+    """Select ``impl`` on the module's config; the fallback patches ``_can_use_grouped_mm`` to False."""
+    from fastkit.moe import MoEConfig, _LayerState, register
+
+    register()
+    key = {"eager": "eager", "grouped_mm": "grouped_mm", "grouped_mm fallback": "grouped_mm"}.get(impl, "fastkit")
+    module.config._experts_implementation = key
+    if impl.startswith("fastkit"):
+        module._fastkit_moe = _LayerState(name="bench.experts", config=MoEConfig(
+            mode="loop" if impl == "fastkit loop" else "auto", validate="off"))
+    if impl == "grouped_mm fallback":
+        return mock.patch("transformers.integrations.moe._can_use_grouped_mm", return_value=False)
+    return nullcontext()
+
+
+def _step(module, h, idx, w, backward: bool):
+    out = module(h, idx, w)
+    if backward:
+        out.float().square().mean().backward()
+        h.grad = w.grad = None
+    return out
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn, device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _count_syncs(module, h, idx, w, impl):
+    from fastkit.syncs import SyncCounter
+
+    with _impl_context(module, impl):
+        with SyncCounter() as fwd:
+            out = module(h, idx, w)
+        with SyncCounter() as bwd:
+            out.float().square().mean().backward()
+    h.grad = w.grad = None
+    return fwd.total, bwd.total
+
+
+def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device, impls=IMPLS) -> list[dict]:
+    module = _experts_module(shape, dtype, device)
+    h, idx, w = _inputs(module, tokens, shape["num_experts_per_tok"], dtype, device)
+    times = {(i, b): [] for i in impls for b in (False, True)}
+    for i in impls:  # warm-up (and the first-forward checks)
+        with _impl_context(module, i):
+            _step(module, h, idx, w, True)
+    for _ in range(reps):
+        for i in impls:  # interleaved: every impl sees the same machine state
+            for b in (False, True):
+                with _impl_context(module, i):
+                    times[(i, b)].append(_time(lambda m=module, b=b: _step(m, h, idx, w, b), device))
+    rows = []
+    for i in impls:
+        syncs = _count_syncs(module, h, idx, w, i)
+        rows.append(dict(shape=name, impl=i, tokens=tokens, fwd_ms=1e3 * statistics.median(times[(i, False)]),
+                         fwd_bwd_ms=1e3 * statistics.median(times[(i, True)]), syncs_fwd=syncs[0],
+                         syncs_bwd=syncs[1]))
+    del module
+    gc.collect()
+    return rows
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, experts):
+        super().__init__()
+        self.experts = experts
+
+    def forward(self, h, idx, w):
+        return self.experts(h, idx, w)
+
+
+def _share_weights(module):
+    """A second experts module over the SAME weight tensors (PEFT re-wires its own copy's dicts)."""
+    twin = copy.copy(module)
+    for attr in ("_parameters", "_buffers", "_modules"):
+        setattr(twin, attr, dict(getattr(module, attr)))
+    return twin
+
+
+def _lora_variant(module, variant: str, r: int):
+    """A layer holding ``module`` with LoRA on its experts, run the ``variant`` way."""
+    from peft import LoraConfig, get_peft_model
+
+    from fastkit.moe import MoEConfig, _LayerState, register
+    from fastkit.moe_lora import ExpertLoRA
+
+    register()
+    experts = _share_weights(module)
+    if variant == "fastkit expert LoRA":
+        experts.fastkit_lora = ExpertLoRA(experts, r=r, lora_alpha=2 * r)
+        with torch.no_grad():
+            for n, p in experts.fastkit_lora.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.02)
+        layer = _Layer(experts)
+    else:
+        cfg = LoraConfig(r=r, lora_alpha=2 * r, target_parameters=["experts.gate_up_proj", "experts.down_proj"])
+        layer = get_peft_model(_Layer(experts), cfg)
+    impl = "grouped_mm" if variant == "PEFT target_parameters (transformers grouped_mm)" else "fastkit"
+    experts.config = copy.copy(experts.config)
+    experts.config._experts_implementation = impl
+    experts._fastkit_moe = _LayerState(name="bench.experts", config=MoEConfig(validate="off"))
+    return layer
+
+
+LORA_VARIANTS = ["PEFT target_parameters (transformers grouped_mm)", "PEFT target_parameters (fastkit)",
+                 "fastkit expert LoRA"]
+
+
+def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, device) -> list[dict]:
+    module = _experts_module(shape, dtype, device)
+    h, idx, w = _inputs(module, tokens, shape["num_experts_per_tok"], dtype, device)
+    layers = {v: _lora_variant(module, v, r) for v in LORA_VARIANTS}
+    del module
+    times = {v: [] for v in LORA_VARIANTS}
+    peaks = {}
+    for v, layer in layers.items():
+        _step(layer, h, idx, w, True)
+        gc.collect()
+        tracker = _PeakMemory()
+        with tracker:
+            _step(layer, h, idx, w, True)
+        peaks[v] = tracker.peak
+        layer.zero_grad(set_to_none=True)
+    for _ in range(reps):
+        for v, layer in layers.items():
+            times[v].append(_time(lambda layer=layer: _step(layer, h, idx, w, True), device))
+            layer.zero_grad(set_to_none=True)
+    rows = [dict(shape=name, variant=v, tokens=tokens, r=r, fwd_bwd_ms=1e3 * statistics.median(times[v]),
+                 peak_mib=peaks[v] / 2**20) for v in LORA_VARIANTS]
+    del layers
+    gc.collect()
+    return rows
+
+
+def _table(rows: list[dict], lora_rows: list[dict], device_name: str) -> str:
+    out = [f"MoE experts layer, {device_name}. Median of interleaved repetitions; speed-up = time(baseline) / "
+           "time(fastkit). Backward = input and routing-weight gradients (expert weights frozen).", ""]
+    out += ["| shape | tokens | path | forward ms | fwd+bwd ms | syncs fwd/bwd | fastkit speed-up fwd / fwd+bwd |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        group = [r for r in rows if r["shape"] == shape]
+        fk = next(r for r in group if r["impl"] == "fastkit")
+        for r in group:
+            ratio = f"{r['fwd_ms'] / fk['fwd_ms']:.2f}x / {r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x"
+            out.append(f"| {shape} | {r['tokens']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
+                       f"{r['syncs_fwd']} / {r['syncs_bwd']} | {ratio if r['impl'] != 'fastkit' else '1.00x'} |")
+    if lora_rows:
+        out += ["", "LoRA on every expert (gate_up_proj and down_proj), forward+backward:", "",
+                "| shape | tokens | r | variant | fwd+bwd ms | peak extra MiB | time / fastkit | memory / fastkit |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for shape in dict.fromkeys(r["shape"] for r in lora_rows):
+            group = [r for r in lora_rows if r["shape"] == shape]
+            fk = next(r for r in group if r["variant"] == "fastkit expert LoRA")
+            for r in group:
+                out.append(f"| {shape} | {r['tokens']} | {r['r']} | {r['variant']} | {r['fwd_bwd_ms']:.1f} | "
+                           f"{r['peak_mib']:.0f} | {r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x | "
+                           f"{r['peak_mib'] / max(fk['peak_mib'], 1e-9):.2f}x |")
+    return "\n".join(out) + "\n"
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 3.6), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        group = [r for r in rows if r["shape"] == shape]
+        names = [r["impl"] for r in group]
+        ax.barh(names, [r["fwd_bwd_ms"] for r in group], color=["#999"] * 3 + ["#2a7", "#7c4"])
+        ax.set_title(f"{shape}: forward+backward (ms)")
+        ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@contextmanager
+def _quiet():
+    import logging
+
+    level = logging.getLogger("fastkit").level
+    logging.getLogger("fastkit").setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.getLogger("fastkit").setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fastkit.device import describe_device, pick_device
+
+    p = argparse.ArgumentParser(prog="fastkit bench moe", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds (CI smoke test)")
+    p.add_argument("--gpu", action="store_true", help="H200 profile: bf16, full token counts")
+    p.add_argument("--tokens", type=int, default=None, help="tokens per layer call (default 256 CPU, 8192 GPU)")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--rank", type=int, default=16, help="LoRA rank for the expert-LoRA comparison")
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--lora-shapes", nargs="*", default=None, choices=list(SHAPES),
+                   help="shapes for the LoRA comparison (default: all with --gpu/--quick, qwen3-30b-a3b on CPU: "
+                        "PEFT's W + B·A of the GPT-OSS stack needs ~13 GB more in fp32)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads (default 1: on a shared 2-core machine OpenMP spin-waits make tiny ops "
+                        "take milliseconds and the medians meaningless)")
+    p.add_argument("--out", default="assets", help="folder for bench_moe.md and bench_moe.png")
+    args = p.parse_args(argv)
+
+    device = pick_device() if args.gpu else torch.device("cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.gpu and device.type != "cuda":
+        from fastkit.errors import GPUOnlyError
+
+        raise GPUOnlyError("--gpu needs a CUDA device; run without --gpu on this machine.")
+    dtype = torch.bfloat16 if args.gpu else torch.float32
+    tokens = args.tokens or (16 if args.quick else 8192 if args.gpu else 256)
+    reps = args.reps or (1 if args.quick else 10 if args.gpu else 3)
+    rows, lora_rows = [], []
+    with _quiet():
+        for name in args.shapes:
+            shape = dict(SHAPES[name], **(QUICK[name] if args.quick else {}))
+            rows += bench_routing(name, shape, tokens, reps, dtype, device)
+            lora_shapes = args.lora_shapes
+            if lora_shapes is None:
+                lora_shapes = list(SHAPES) if (args.gpu or args.quick) else ["qwen3-30b-a3b"]
+            if name in lora_shapes:
+                lora_rows += bench_lora(name, shape, tokens, reps, args.rank, dtype, device)
+    machine = describe_device(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
+    table = _table(rows, lora_rows, f"{machine}, {str(dtype).replace('torch.', '')}")
+    import os
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_moe.md"), "w") as f:
+        f.write(table)
+    _plot(rows, os.path.join(args.out, "bench_moe.png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
