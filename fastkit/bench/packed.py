@@ -1,0 +1,342 @@
+"""``fastkit bench packed``: packed-sequence training, unpatched transformers vs fastkit, side by side.
+
+Same weights, one process, interleaved repetitions, medians and ratios. For each (layers, tokens):
+forward, forward+backward (the SFT step's compute; activation checkpointing on, as TRL defaults),
+host-device syncs per step, bytes of attention mask the layers receive. Also:
+
+- attention alone (one layer's kernel, fwd+bwd): dense-mask SDPA vs one causal SDPA per document;
+- the time model ``T_saved ≈ (L-1)·m``: ``m`` is the cost of deriving the document boundaries from
+  ``position_ids`` once (measured alone). A "per-layer" variant re-derives them in every layer (what
+  transformers' flash path does given only ``position_ids``); fastkit derives them once per batch
+  (here from ``position_ids`` too, so exactly one derivation remains). Predicted saving per forward:
+  ``(L-1)·m``; per checkpointed forward+backward: ``(2L-1)·m`` (the recompute re-derives too).
+
+The model is a llama twin with realistic attention (heads × head_dim, GQA) and a small hidden size so
+it fits a CPU; the table states the shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fastkit.syncs import SyncCounter
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
+
+
+@dataclass
+class Shape:
+    """The benchmark model's attention/MLP sizes (llama twin)."""
+
+    heads: int = 8
+    """Query heads."""
+    kv_heads: int = 2
+    """Key/value heads (GQA 4:1)."""
+    head_dim: int = 64
+    """Per-head dimension."""
+    hidden: int = 128
+    """Residual width: small so that the attention, not the MLP, dominates on a CPU."""
+    intermediate: int = 256
+    """MLP width."""
+
+    def describe(self) -> str:
+        return (f"llama twin, {self.heads} q heads × {self.head_dim}, {self.kv_heads} kv heads, hidden "
+                f"{self.hidden}, MLP {self.intermediate}, vocab 320")
+
+
+def _doc_lengths(tokens: int, mean_doc: int, seed: int = 0) -> list[int]:
+    """Random document lengths (uniform in [mean/2, 3·mean/2]) that sum to ``tokens``."""
+    g = torch.Generator().manual_seed(seed)
+    out, left = [], tokens
+    while left > 0:
+        n = int(torch.randint(mean_doc // 2, mean_doc * 3 // 2 + 1, (1,), generator=g))
+        out.append(min(n, left))
+        left -= out[-1]
+    return out
+
+
+def _models(layers: int, shape: Shape, dtype: torch.dtype, device: torch.device, checkpointing: bool):
+    import copy
+
+    from fastkit.loader import FastModel
+    from fastkit.twins import twin
+
+    base = twin("llama", num_hidden_layers=layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+                num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, intermediate_size=shape.intermediate,
+                dtype=dtype).to(device).train()
+    fast = copy.deepcopy(base)
+    FastModel.patch(fast, patches=["packing"])
+    per_layer = copy.deepcopy(base)
+    per_layer.config._attn_implementation = _register_per_layer_key()
+    for m in (base, fast, per_layer):
+        if checkpointing:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return base, fast, per_layer
+
+
+def _register_per_layer_key() -> str:
+    """An attention key that re-derives the packed metadata from ``position_ids`` in every layer call."""
+    from transformers.modeling_utils import AttentionInterface
+
+    from fastkit import packed_kernels
+    from fastkit.packing import PackedBatch, _from_positions
+
+    key = "fastkit_bench_per_layer"
+
+    def per_layer(module, q, k, v, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        pos = kwargs["position_ids"]
+        lengths = _from_positions(pos, None, q.shape[0], q.shape[2])  # one sync, every layer
+        meta = PackedBatch(q.shape[0], q.shape[2], lengths, max(max(r) for r in lengths))
+        return packed_kernels.packed_attention(q, k, v, meta, scaling=scaling, dropout=dropout), None
+
+    AttentionInterface.register(key, per_layer)  # no mask entry: the model builds no mask for this key
+    return key
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], None], device: torch.device) -> float:
+    gc.collect()
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t) * 1e3
+
+
+def _mask_bytes(model, batch: dict) -> int:
+    """Largest attention mask any layer receives in one forward (pre-hooks on the attention modules)."""
+    seen = [0]
+
+    def hook(_module, args, kwargs):
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        if isinstance(mask, torch.Tensor):
+            seen[0] = max(seen[0], mask.numel() * mask.element_size())
+
+    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen[0]
+
+
+def _batches(tokens: int, mean_doc: int, device: torch.device):
+    from fastkit.packing import LENGTHS_KWARG
+
+    lengths = _doc_lengths(tokens, mean_doc)
+    ids = torch.randint(3, 300, (1, tokens), device=device)
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].to(device)  # (1, T)
+    plain = dict(input_ids=ids, position_ids=pos, labels=ids, use_cache=False)
+    return lengths, plain, {**plain, LENGTHS_KWARG: [lengths]}
+
+
+def _measure_config(layers, tokens, args, shape, dtype, device, rows, model_rows):
+    base, fast, per_layer = _models(layers, shape, dtype, device, not args.no_checkpointing)
+    lengths, plain, with_lengths = _batches(tokens, args.mean_doc, device)
+    paths = {"transformers": (base, plain), "fastkit": (fast, with_lengths),
+             "fastkit (positions only)": (fast, plain), "per-layer metadata": (per_layer, plain)}
+    if args.quick:
+        paths.pop("fastkit (positions only)")
+    times: dict[str, dict[str, list[float]]] = {p: {"fwd": [], "step": []} for p in paths}
+
+    def fwd(model, batch):
+        model(**batch)
+
+    def step(model, batch):
+        model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for model, batch in paths.values():  # warm-up (allocator, first-call imports)
+        step(model, batch)
+    for _ in range(args.reps):
+        for p, (model, batch) in paths.items():
+            times[p]["fwd"].append(_timed(lambda m=model, b=batch: fwd(m, b), device))
+            times[p]["step"].append(_timed(lambda m=model, b=batch: step(m, b), device))
+    for p, (model, batch) in paths.items():
+        with SyncCounter() as sc:
+            step(model, batch)
+        rows.append(dict(layers=layers, tokens=tokens, docs=len(lengths), path=p,
+                         fwd=statistics.median(times[p]["fwd"]), step=statistics.median(times[p]["step"]),
+                         syncs=sc.total, mask=_mask_bytes(model, batch)))
+    if "fastkit (positions only)" in paths:
+        m = _metadata_cost(plain["position_ids"], device, args.reps * 5)
+        ck = 1 if args.no_checkpointing else 2
+        measured_fwd = statistics.median(times["per-layer metadata"]["fwd"]) - statistics.median(
+            times["fastkit (positions only)"]["fwd"])
+        measured_step = statistics.median(times["per-layer metadata"]["step"]) - statistics.median(
+            times["fastkit (positions only)"]["step"])
+        model_rows.append(dict(layers=layers, tokens=tokens, m=m, pred_fwd=(layers - 1) * m, meas_fwd=measured_fwd,
+                               pred_step=(ck * layers - 1) * m, meas_step=measured_step))
+    del base, fast, per_layer
+
+
+def _metadata_cost(position_ids: torch.Tensor, device: torch.device, reps: int) -> float:
+    """m: one derivation of the document boundaries from device position_ids (incl. its sync)."""
+    from fastkit.packing import PackedBatch, _from_positions
+
+    def once():
+        lengths = _from_positions(position_ids, None, 1, position_ids.shape[1])
+        PackedBatch(1, position_ids.shape[1], lengths, max(lengths[0]))
+
+    once()
+    return statistics.median(_timed(once, device) for _ in range(reps))
+
+
+def _attention_alone(tokens: int, args, shape: Shape, dtype, device) -> dict:
+    """One layer's attention fwd+bwd: the dense packed mask transformers builds vs one SDPA per document."""
+    import torch.nn.functional as F
+
+    from fastkit.packed_kernels import packed_attention
+    from fastkit.packing import PackedBatch
+
+    lengths = _doc_lengths(tokens, args.mean_doc)
+    meta = PackedBatch(1, tokens, [lengths], max(lengths))
+    q = torch.randn(1, shape.heads, tokens, shape.head_dim, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, shape.kv_heads, tokens, shape.head_dim, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, shape.kv_heads, tokens, shape.head_dim, device=device, dtype=dtype, requires_grad=True)
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).to(device)
+    idx = torch.arange(tokens, device=device)
+
+    def dense():
+        mask = (doc[:, None] == doc[None, :]) & (idx[:, None] >= idx[None, :])  # (T, T) as transformers builds it
+        kr, vr = k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // k.shape[1], 1)
+        F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask[None, None]).sum().backward()
+
+    def per_doc():
+        packed_attention(q, k, v, meta, scaling=None).sum().backward()
+
+    dense(), per_doc()
+    t = {"dense": [], "per_doc": []}
+    for _ in range(max(args.reps, 2)):
+        t["dense"].append(_timed(dense, device))
+        t["per_doc"].append(_timed(per_doc, device))
+    return dict(tokens=tokens, docs=len(lengths), dense=statistics.median(t["dense"]),
+                per_doc=statistics.median(t["per_doc"]), mask=tokens * tokens)
+
+
+def _mib(n: int) -> str:
+    return "0" if n == 0 else f"{n / 2**20:.1f} MiB"
+
+
+def render(rows, model_rows, attn_rows, header: str) -> str:
+    out = [header, "", "| layers | tokens | docs | path | forward ms | fwd+bwd ms | vs transformers | syncs/step | "
+           "mask bytes |", "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    base = {(r["layers"], r["tokens"]): r for r in rows if r["path"] == "transformers"}
+    for r in rows:
+        b = base[(r["layers"], r["tokens"])]
+        out.append(f"| {r['layers']} | {r['tokens']} | {r['docs']} | {r['path']} | {r['fwd']:.0f} | {r['step']:.0f} | "
+                   f"{b['step'] / r['step']:.2f}× | {r['syncs']} | {_mib(r['mask'])} |")
+    if attn_rows:
+        out += ["", "Attention alone (one layer, fwd+bwd):", "",
+                "| tokens | docs | dense-mask SDPA ms | per-document SDPA ms | speed-up | mask bytes avoided |",
+                "|---:|---:|---:|---:|---:|---:|"]
+        for a in attn_rows:
+            out.append(f"| {a['tokens']} | {a['docs']} | {a['dense']:.1f} | {a['per_doc']:.1f} | "
+                       f"{a['dense'] / a['per_doc']:.1f}× | {_mib(a['mask'])} |")
+    if model_rows:
+        out += ["", "Time model T_saved ≈ (L−1)·m (forward) and (2L−1)·m (checkpointed fwd+bwd); m = one "
+                "boundary derivation from position_ids:", "",
+                "| layers | tokens | m ms | predicted fwd ms | measured fwd ms | predicted fwd+bwd ms | "
+                "measured fwd+bwd ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for t in model_rows:
+            out.append(f"| {t['layers']} | {t['tokens']} | {t['m']:.2f} | {t['pred_fwd']:.1f} | {t['meas_fwd']:.1f} | "
+                       f"{t['pred_step']:.1f} | {t['meas_step']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(rows, attn_rows, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    keys = sorted({(r["layers"], r["tokens"]) for r in rows})
+    labels = [f"L={layers}\nT={tokens}" for layers, tokens in keys]
+    for i, p in enumerate(["transformers", "fastkit"]):
+        vals = [next(r["step"] for r in rows if (r["layers"], r["tokens"]) == k and r["path"] == p) for k in keys]
+        axes[0].bar([x + 0.4 * i for x in range(len(keys))], vals, width=0.4, label=p)
+    axes[0].set_xticks([x + 0.2 for x in range(len(keys))], labels)
+    axes[0].set_ylabel("fwd+bwd ms (median)")
+    axes[0].set_yscale("log")
+    axes[0].legend()
+    axes[0].set_title("Packed SFT step compute")
+    if attn_rows:
+        xs = [a["tokens"] for a in attn_rows]
+        axes[1].plot(xs, [a["dense"] for a in attn_rows], "o-", label="dense-mask SDPA")
+        axes[1].plot(xs, [a["per_doc"] for a in attn_rows], "o-", label="per-document SDPA")
+        axes[1].set_xscale("log", base=2)
+        axes[1].set_yscale("log")
+        axes[1].set_xlabel("tokens")
+        axes[1].set_ylabel("one layer fwd+bwd ms")
+        axes[1].legend()
+        axes[1].set_title("Attention alone")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fastkit bench packed", description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default 16; gpu 16 28)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=None,
+                        help="tokens per packed row (default 2048 8192; gpu 2048 8192 16384)")
+    parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (median reported)")
+    parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: 2 layers, 256 tokens, 1 repetition")
+    parser.add_argument("--gpu", action="store_true", help="H200 profile: bf16, realistic widths, 16/28 layers")
+    parser.add_argument("--out", default=ASSETS, help="folder for bench_packed.md / .png")
+    args = parser.parse_args(argv)
+
+    device = torch.device("cuda" if args.gpu else "cpu")
+    dtype = torch.bfloat16 if args.gpu else torch.float32
+    shape = Shape(heads=32, kv_heads=8, head_dim=128, hidden=1024, intermediate=2048) if args.gpu else Shape()
+    if args.quick:
+        layers, tokens, reps, args.mean_doc = [2], [256], 1, 32
+    else:
+        layers = args.layers or ([16, 28] if args.gpu else [16])
+        tokens = args.tokens or ([2048, 8192, 16384] if args.gpu else [2048, 8192])
+        reps = args.reps or (5 if args.gpu else 2)
+    args.reps = reps
+    torch.manual_seed(0)
+
+    rows, model_rows, attn_rows = [], [], []
+    for t in tokens:
+        attn_rows.append(_attention_alone(t, args, shape, dtype, device))
+    for n_layers in layers:
+        for t in tokens:
+            _measure_config(n_layers, t, args, shape, dtype, device, rows, model_rows)
+
+    from fastkit.device import describe_device
+
+    header = (f"Packed-sequence benchmark on {describe_device(device)}, torch {torch.__version__}, {str(dtype)[6:]}; "
+              f"{shape.describe()}; documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
+              f"activation checkpointing {'off' if args.no_checkpointing else 'on'}; median of {reps} interleaved "
+              "repetitions. 'fastkit' gets host lengths (wrap_collator); 'positions only' derives them once from "
+              "position_ids; 'per-layer metadata' re-derives them in every layer.")
+    table = render(rows, model_rows, attn_rows, header)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_packed.md"), "w") as f:
+        f.write(table)
+    plot(rows, attn_rows, os.path.join(args.out, "bench_packed.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

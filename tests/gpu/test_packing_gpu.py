@@ -1,0 +1,142 @@
+"""Packed-sequence patch on CUDA: varlen kernels exact vs per-document SDPA, zero syncs, sinks fallback.
+
+bf16 tolerances: the kernels agree to bf16 rounding of the output (8 bits of mantissa, ~4e-3 relative),
+accumulated in fp32 inside every kernel; we compare against an fp32 per-document reference and allow
+2e-2 absolute on unit-scale activations (a few bf16 ulps after a softmax-weighted sum).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from fastkit import SyncCounter
+from fastkit.loader import FastModel
+from fastkit.packed_kernels import pick_kernel, sdpa_per_doc, varlen_flash_attn, varlen_torch
+from fastkit.packing import LENGTHS_KWARG, PackedBatch
+from fastkit.twins import twin
+
+pytestmark = pytest.mark.gpu
+
+LENGTHS = [5, 17, 9, 300, 1, 12, 168]
+BF16 = dict(rtol=2e-2, atol=2e-2)
+
+
+def _kernels():
+    out = []
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
+        out.append(("varlen_torch", varlen_torch))
+    try:
+        import flash_attn  # noqa: F401
+
+        out.append(("varlen_flash_attn", varlen_flash_attn))
+    except ImportError:
+        pass
+    return out
+
+
+def _qkv(hq=8, hkv=2, d=64, dtype=torch.bfloat16):
+    t = sum(LENGTHS)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    make = lambda h: torch.randn(1, h, t, d, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    return make(hq), make(hkv), make(hkv)
+
+
+@pytest.mark.parametrize("window", [None, 64])
+@pytest.mark.parametrize("name", [k for k, _ in _kernels()] or ["none"])
+def test_varlen_kernel_matches_per_document_sdpa(name, window):
+    if name == "none":
+        pytest.skip("no varlen kernel on this GPU (needs sm80+ or flash-attn)")
+    kernel = dict(_kernels())[name]
+    meta = PackedBatch(1, sum(LENGTHS), [LENGTHS], max(LENGTHS))
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    kwargs = dict(scaling=0.125, window=window)
+    if name == "varlen_flash_attn":
+        kwargs.update(dropout=0.0, softcap=None)
+    out = kernel(q, k, v, meta, **kwargs)  # (1, T, H, D)
+    ref = sdpa_per_doc(qf, kf, vf, meta, scaling=0.125, dropout=0.0, window=window)
+    torch.testing.assert_close(out.float(), ref, **BF16)
+    grad = torch.randn_like(ref)
+    out.backward(grad.to(out.dtype))
+    ref.backward(grad)
+    for got, want in ((q.grad, qf.grad), (k.grad, kf.grad), (v.grad, vf.grad)):
+        scale = want.abs().max().item()
+        assert (got.float() - want).abs().max().item() <= 2e-2 * scale + 2e-2
+
+
+def test_kernel_choice_on_this_gpu():
+    q, _, v = _qkv()
+    choice = pick_kernel(q, v, dropout=0.0, softcap=None, sinks=None)
+    assert choice in ("varlen_flash_attn", "varlen_torch", "sdpa_per_doc")
+    if _kernels():
+        assert choice != "sdpa_per_doc"
+    assert pick_kernel(q.float(), v.float(), dropout=0.0, softcap=None, sinks=None) == "sdpa_per_doc"
+    assert pick_kernel(q, v, dropout=0.0, softcap=None, sinks=torch.zeros(8, device="cuda")) == "eager_per_doc"
+
+
+def _pair(model_type, layers=2, dtype=torch.bfloat16):
+    base = twin(model_type, num_hidden_layers=layers, dtype=dtype).cuda()
+    patched = copy.deepcopy(base)
+    FastModel.patch(patched, patches=["packing"])
+    return base, patched
+
+
+def _batch():
+    ids = torch.randint(3, 300, (1, sum(LENGTHS)), device="cuda")
+    pos = torch.cat([torch.arange(n) for n in LENGTHS])[None].cuda()
+    return ids, pos
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "mistral", "gpt_oss", "qwen3_moe"])
+def test_packed_logits_equal_each_document_alone_cuda(model_type):
+    base, patched = _pair(model_type)
+    ids, pos = _batch()
+    with torch.no_grad():
+        got = patched(input_ids=ids, position_ids=pos, use_cache=False, **{LENGTHS_KWARG: [LENGTHS]}).logits
+        want, start = [], 0
+        for n in LENGTHS:
+            want.append(base(input_ids=ids[:, start:start + n], use_cache=False).logits)
+            start += n
+    torch.testing.assert_close(got.float(), torch.cat(want, 1).float(), rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("layers", [2, 8])
+@pytest.mark.parametrize("source", ["host_lengths", "trl_cu_seq_lens"])
+def test_zero_syncs_per_train_step_cuda(layers, source):
+    """On CUDA the varlen kernels need only cu_seqlens + max_seqlen: TRL's kwargs alone give zero syncs too."""
+    if not _kernels():
+        pytest.skip("no varlen kernel on this GPU")
+    base, patched = _pair("llama", layers=layers)
+    patched.train()
+    patched.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    ids, pos = _batch()
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    extra = {LENGTHS_KWARG: [LENGTHS]} if source == "host_lengths" else dict(cu_seq_lens_q=cu,
+                                                                              max_length_q=max(LENGTHS))
+    patched(input_ids=ids, position_ids=pos, labels=ids, use_cache=False, **extra).loss.backward()  # warm-up
+    torch.cuda.synchronize()
+    with SyncCounter() as sc, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            patched(input_ids=ids, position_ids=pos, labels=ids, use_cache=False, **extra).loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert sc.total == 0, dict(sc.by_op)
+    assert not [w for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_per_document_sdpa_on_cuda(dtype):
+    """The T4 / fp32 / MLA path: one SDPA per document on CUDA, against the fp32 CPU result."""
+    meta = PackedBatch(1, sum(LENGTHS), [LENGTHS], max(LENGTHS))
+    q, k, v = _qkv(dtype=dtype)
+    got = sdpa_per_doc(q, k, v, meta, scaling=0.125, dropout=0.0, window=64)
+    want = sdpa_per_doc(q.float().cpu(), k.float().cpu(), v.float().cpu(), meta, scaling=0.125, dropout=0.0,
+                        window=64)
+    tol = BF16 if dtype == torch.float16 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.float().cpu(), want, **tol)

@@ -1,0 +1,19 @@
+"""Smoke test of `fastkit bench packed --quick` (numbers are never asserted, only that it measures and writes)."""
+
+from __future__ import annotations
+
+from fastkit.bench.packed import main
+
+
+def test_bench_packed_quick_writes_table_and_plot(tmp_path, capsys):
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "bench_packed.md").read_text()
+    assert (tmp_path / "bench_packed.png").stat().st_size > 0
+    assert table in capsys.readouterr().out
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| 2 | 256 |")]
+    paths = {r[4].strip(): r for r in rows}
+    assert set(paths) == {"transformers", "fastkit", "per-layer metadata"}
+    assert paths["fastkit"][8].strip() == "0"  # syncs per step
+    assert paths["transformers"][8].strip() != "0"
+    assert paths["fastkit"][9].strip() == "0"  # no mask bytes
+    assert "MiB" in paths["transformers"][9]
