@@ -15,6 +15,21 @@ def _model(mode=True):
     return FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=mode, offload_config=cfg), tok
 
 
+def _nonzero_adapters(model):
+    """LoRA B starts at zero; give every adapter a visible effect."""
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+
+
+def _assert_merged_matches(path, x, ref):
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_offload_with_fsdp_cpu_offload_is_refused_at_start(tmp_path):
     model, tok = _model("offload")
     assert "offload" in active_patches(model.get_base_model())
@@ -27,12 +42,8 @@ def test_offload_with_fsdp_cpu_offload_is_refused_at_start(tmp_path):
 
 
 def test_save_lora_and_merged_roundtrip(tmp_path):
-    from transformers import AutoModelForCausalLM
-
     model, tok = _model(False)
-    for name, p in model.named_parameters():  # make the adapters non-trivial
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.05)
+    _nonzero_adapters(model)
     x = torch.randint(3, 259, (1, 12))
     model.eval()
     with torch.no_grad():
@@ -40,9 +51,7 @@ def test_save_lora_and_merged_roundtrip(tmp_path):
     save_lora(model, tok, tmp_path / "lora")
     assert (tmp_path / "lora" / "adapter_model.safetensors").exists()
     save_merged(model, tok, tmp_path / "merged", dtype=torch.float32)
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", use_safetensors=True).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(merged(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
+    _assert_merged_matches(tmp_path / "merged", x, ref)
     assert any("lora" in n for n, _ in model.named_parameters())  # the in-memory model keeps its adapters
 
 
@@ -57,9 +66,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     twin_tokenizer().save_pretrained(tmp_path / "base")
     model, _ = FastModel.from_pretrained(str(tmp_path / "base"), max_seq_length=64, patches=None)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
-    for name, p in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.05)
+    _nonzero_adapters(model)
     x = torch.randint(3, 259, (1, 12))
     with torch.no_grad():
         ref = model.eval()(input_ids=x).logits
@@ -71,22 +78,16 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
 def test_target_experts_lora_saves_and_merges(tmp_path):
     """gpt_oss (PEFT does not adapt its experts): fastkit expert LoRA is added, saved beside the
     adapters, and folded into the merged weights."""
-    from transformers import AutoModelForCausalLM
-
     from fastkit.moe_lora import expert_lora_modules
 
     model, tok = FastModel.from_pretrained("openai/gpt-oss-20b", max_seq_length=64, twin=True)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, target_experts=True)
     assert expert_lora_modules(model)
-    for name, p in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.05)
+    _nonzero_adapters(model)
     x = torch.randint(3, 259, (1, 12))
     with torch.no_grad():
         ref = model.eval()(input_ids=x).logits
     save_lora(model, tok, tmp_path / "lora")
     assert (tmp_path / "lora" / "fastkit_expert_lora.safetensors").exists()
     save_merged(model, tok, tmp_path / "merged", dtype=torch.float32)
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", use_safetensors=True).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(merged(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
+    _assert_merged_matches(tmp_path / "merged", x, ref)

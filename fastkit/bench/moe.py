@@ -24,7 +24,6 @@ import argparse
 import copy
 import gc
 import statistics
-import time
 import weakref
 from contextlib import contextmanager, nullcontext
 from unittest import mock
@@ -32,6 +31,8 @@ from unittest import mock
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from fastkit.bench.common import timed
 
 SHAPES = {
     "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_local_experts=32,
@@ -133,19 +134,6 @@ def _step(module, h, idx, w, backward: bool):
     return out
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _time(fn, device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
-
-
 def _count_syncs(module, h, idx, w, impl):
     from fastkit.syncs import SyncCounter
 
@@ -169,7 +157,7 @@ def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device,
         for i in impls:  # interleaved: every impl sees the same machine state
             for b in (False, True):
                 with _impl_context(module, i):
-                    times[(i, b)].append(_time(lambda m=module, b=b: _step(m, h, idx, w, b), device))
+                    times[(i, b)].append(timed(lambda m=module, b=b: _step(m, h, idx, w, b), device))
     rows = []
     for i in impls:
         syncs = _count_syncs(module, h, idx, w, i)
@@ -245,7 +233,7 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
         layer.zero_grad(set_to_none=True)
     for _ in range(reps):
         for v, layer in layers.items():
-            times[v].append(_time(lambda layer=layer: _step(layer, h, idx, w, True), device))
+            times[v].append(timed(lambda layer=layer: _step(layer, h, idx, w, True), device))
             layer.zero_grad(set_to_none=True)
     rows = [dict(shape=name, variant=v, tokens=tokens, r=r, fwd_bwd_ms=1e3 * statistics.median(times[v]),
                  peak_mib=peaks[v] / 2**20) for v in LORA_VARIANTS]
