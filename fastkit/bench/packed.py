@@ -21,12 +21,12 @@ import argparse
 import gc
 import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from fastkit.bench.common import timed
 from fastkit.syncs import SyncCounter
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
@@ -101,18 +101,10 @@ def _register_per_layer_key() -> str:
     return key
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(fn: Callable[[], None], device: torch.device) -> float:
+    """Milliseconds ``fn`` takes (garbage collected first so a collection does not land inside)."""
     gc.collect()
-    _sync(device)
-    t = time.perf_counter()
-    fn()
-    _sync(device)
-    return (time.perf_counter() - t) * 1e3
+    return timed(fn, device) * 1e3
 
 
 def _mask_bytes(model, batch: dict) -> int:
@@ -160,8 +152,9 @@ def _measure_config(layers, tokens, args, shape, dtype, device, rows, model_rows
         model(**batch).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    for model, batch in paths.values():  # warm-up (allocator, first-call imports)
-        step(model, batch)
+    if not args.quick:
+        for model, batch in paths.values():  # warm-up (allocator, first-call imports)
+            step(model, batch)
     for _ in range(args.reps):
         for p, (model, batch) in paths.items():
             times[p]["fwd"].append(_timed(lambda m=model, b=batch: fwd(m, b), device))
@@ -298,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (median reported)")
     parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
-    parser.add_argument("--quick", action="store_true", help="CI smoke: 2 layers, 256 tokens, 1 repetition")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: 2 layers, 128 tokens, 1 repetition")
     parser.add_argument("--gpu", action="store_true", help="H200 profile: bf16, realistic widths, 16/28 layers")
     parser.add_argument("--out", default=ASSETS, help="folder for bench_packed.md / .png")
     args = parser.parse_args(argv)
@@ -307,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.gpu else torch.float32
     shape = Shape(heads=32, kv_heads=8, head_dim=128, hidden=1024, intermediate=2048) if args.gpu else Shape()
     if args.quick:
-        layers, tokens, reps, args.mean_doc = [2], [256], 1, 32
+        layers, tokens, reps, args.mean_doc = [2], [128], 1, 24
     else:
         layers = args.layers or ([16, 28] if args.gpu else [16])
         tokens = args.tokens or ([2048, 8192, 16384] if args.gpu else [2048, 8192])
