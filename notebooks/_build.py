@@ -146,7 +146,7 @@ def _install(s: Spec):
     pip = 'subprocess.run([sys.executable, "-m", "pip", "install", "-q", {}], check=True)'
     plain = [INSTALL_SPEC] + [p for p in s.extra_pip if not p.startswith("--no-deps ")]
     lines = ["# Colab or a fresh environment: install fastkit. Skipped when it is already installed or in twin mode.",
-             "import importlib.util, subprocess, sys", "",
+             "import importlib.util", "import subprocess", "import sys", "",
              'if not USE_TWIN and importlib.util.find_spec("fastkit") is None:',
              "    " + pip.format(", ".join(f'"{p}"' for p in plain))]
     lines += ["    " + pip.format(f'"--no-deps", "{p.removeprefix("--no-deps ")}"')
