@@ -104,8 +104,8 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
         return n, n
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, str):
-        p = len(tokenizer(prompt)["input_ids"])
-        return p + len(tokenizer(completion)["input_ids"]), len(tokenizer(completion)["input_ids"])
+        c = len(tokenizer(completion)["input_ids"])
+        return len(tokenizer(prompt)["input_ids"]) + c, c
     p = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
     full = len(tokenizer.apply_chat_template(prompt + completion, tokenize=True, return_dict=True)["input_ids"])
     return full, max(full - p, 0) if completion else 0

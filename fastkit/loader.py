@@ -82,9 +82,13 @@ def _check_source(name_or_path: str, gguf_file: str | None) -> None:
         raise FastkitError(f"gguf_file {gguf_file!r} is not in {path!r}.")
 
 
-def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
+def _check_max_seq_length(max_seq_length: int) -> None:
     if not isinstance(max_seq_length, int) or max_seq_length <= 0:
         raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
+
+
+def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
+    _check_max_seq_length(max_seq_length)
     if load_in_4bit:
         if device.type != "cuda":
             raise GPUOnlyError("load_in_4bit=True needs a CUDA GPU (bitsandbytes 4-bit kernels); this machine has "
@@ -292,8 +296,7 @@ class FastModel:
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches):
     from fastkit.twins import twin, twin_family, twin_tokenizer
 
-    if not isinstance(max_seq_length, int) or max_seq_length <= 0:
-        raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
+    _check_max_seq_length(max_seq_length)
     try:
         family, overrides = twin_family(name)
     except ValueError as exc:

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tmp = tmp
         results = [_compare(c, args, device) for c in cases]
     md = render(results, machine_line(device), args)
-    path = write_outputs("sft", md, plot(results), args.out if not args.quick else args.out or tmp_out())
+    path = write_outputs("sft", md, plot(results), args.out or (tmp_out() if args.quick else None))
     print(md)
     print(f"written: {path}")
     return 0
