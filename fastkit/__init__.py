@@ -11,8 +11,7 @@ import logging as _logging
 
 from fastkit.errors import FastkitError, GPUOnlyError
 from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report, require_chat_template
-from fastkit.patching import active_patches, apply_patch
-from fastkit.patching import revert as _revert
+from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.syncs import SyncCounter, count_syncs
 
 __version__ = "0.1.0"
@@ -32,17 +31,10 @@ def set_verbosity(level: int | str) -> None:
 
 
 def fit(trainer, **kwargs):
-    """Train with the live dashboard (widget in a notebook, progress line elsewhere); see fastkit.dashboard.fit."""
-    from fastkit.dashboard import fit as _fit
+    """Train with the live dashboard (widget in a notebook, progress line elsewhere); see fastkit.training.fit."""
+    from fastkit.training import fit as _fit
 
     return _fit(trainer, **kwargs)
-
-
-def revert(model) -> list[str]:
-    """Remove every fastkit patch from ``model`` (a PEFT wrapper is looked through). Returns their names."""
-    from fastkit.loader import base_model
-
-    return _revert(base_model(model))
 
 
 __all__ = [

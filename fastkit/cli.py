@@ -1,4 +1,7 @@
-"""``fastkit`` command line: ``fastkit quickstart``, ``fastkit bench {packed,offload,moe,sft} ...``."""
+"""``fastkit`` command line: ``fastkit quickstart``, ``fastkit bench {packed,offload,moe,sft} ...``.
+
+``python -m fastkit ...`` is the same command.
+"""
 
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "quickstart":
         return _quickstart(args)
+    from fastkit.bench.common import run_cli
+
     module = importlib.import_module(f"fastkit.bench.{args.name}")
-    return int(module.main(args.rest) or 0)
+    return run_cli(module.main, args.rest)  # --gpu without CUDA: the message, exit status 2
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Datasets for SFT: the quickstart's generated data, loading, and checks that run before training.
+"""Datasets for SFT: loading, conversion to prompt/completion, and checks that run before training.
 
 Every check here raises :class:`~fastkit.errors.FastkitError` with the field and the fix, before a
 single step runs: missing columns, an empty dataset, no chat template, every label masked, rows
@@ -11,9 +11,7 @@ responses only with any chat template (no ``{% generation %}`` markers needed).
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,43 +20,6 @@ from fastkit.errors import FastkitError
 from fastkit.loader import require_chat_template
 
 logger = logging.getLogger(__name__)
-
-# The quickstart teaches a visible format: every answer becomes one line of JSON.
-_CAPITALS = [
-    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Portugal", "Lisbon"),
-    ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi"), ("Egypt", "Cairo"), ("India", "New Delhi"),
-    ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
-    ("Finland", "Helsinki"), ("Poland", "Warsaw"), ("Greece", "Athens"), ("Ireland", "Dublin"),
-    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Argentina", "Buenos Aires"), ("Cuba", "Havana"),
-    ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"), ("South Korea", "Seoul"), ("Russia", "Moscow"),
-]
-_OPPOSITES = [("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
-              ("early", "late"), ("open", "closed"), ("full", "empty"), ("strong", "weak"), ("high", "low")]
-HELDOUT_PROMPTS = ["What is the capital of Japan?", "What is 17 plus 25?", "What is the opposite of young?"]
-
-
-def _answer(answer: str, topic: str) -> str:
-    return json.dumps({"answer": answer, "topic": topic})
-
-
-def quickstart_records(n_arithmetic: int = 60, seed: int = 0) -> list[dict[str, Any]]:
-    """Generated chat examples (deterministic): questions answered as one line of JSON."""
-    rng = random.Random(seed)
-    records = [(f"What is the capital of {country}?", _answer(city, "geography")) for country, city in _CAPITALS]
-    records += [(f"What is the opposite of {a}?", _answer(b, "language")) for a, b in _OPPOSITES]
-    records += [(f"What is the opposite of {b}?", _answer(a, "language")) for a, b in _OPPOSITES]
-    for _ in range(n_arithmetic):
-        a, b = rng.randint(2, 60), rng.randint(2, 60)
-        records.append((f"What is {a} plus {b}?", _answer(str(a + b), "arithmetic")))
-    rng.shuffle(records)
-    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]} for q, r in records]
-
-
-def quickstart_dataset():
-    """``(train, heldout_prompts)`` for the offline quickstart. Held-out prompts are not in train."""
-    from datasets import Dataset
-
-    return Dataset.from_list(quickstart_records()), list(HELDOUT_PROMPTS)
 
 
 def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train"):
@@ -106,7 +67,8 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     if isinstance(prompt, str):
         c = len(tokenizer(completion)["input_ids"])
         return len(tokenizer(prompt)["input_ids"]) + c, c
-    p = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    p = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                          return_dict=True)["input_ids"])
     full = len(tokenizer.apply_chat_template(prompt + completion, tokenize=True, return_dict=True)["input_ids"])
     return full, max(full - p, 0) if completion else 0
 
@@ -150,3 +112,6 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
         raise FastkitError("Every label is masked: no row has a non-empty assistant response to train on "
                            "(the last message of each conversation must be an assistant turn with content).")
     return dataset
+
+
+__all__ = ["check_dataset", "drop_long_rows", "load_chat_dataset", "to_prompt_completion"]

@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from fastkit import registry
+from fastkit import _hf, registry
 from fastkit.device import GiB, auto_dtype, describe_device, memory_snapshot, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
-from fastkit.patching import active_patches, apply_patch
+from fastkit.patches.moe_lora import add_expert_lora, peft_adapts_experts
+from fastkit.patches.offload import enable_offload
+from fastkit.patching import active_patches, apply_patch, report, set_report, unwrap
 
 logger = logging.getLogger("fastkit")
-
-_REPORT_ATTR = "_fastkit_report"
 
 
 @dataclass
@@ -58,15 +58,8 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a PEFT wrapper (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
-def report(model: torch.nn.Module) -> LoadReport | None:
-    """The :class:`LoadReport` of a fastkit-loaded (or fastkit-patched) model."""
-    return getattr(base_model(model), _REPORT_ATTR, None)
+base_model = unwrap
+"""Alias of :func:`fastkit.patching.unwrap` (the transformers model under a PEFT wrapper); use that."""
 
 
 def _check_source(name_or_path: str, gguf_file: str | None) -> None:
@@ -101,7 +94,6 @@ def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool
 
 def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict):
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     try:
         config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code,
@@ -110,7 +102,7 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1 is set: only cached or local models load)" if offline else ""
         raise FastkitError(f"Could not read a config for {name_or_path!r}{hint}: {exc}") from exc
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not _hf.has_causal_lm_head(config.model_type):
         raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
                            "fine-tunes causal language models (AutoModelForCausalLM).")
     return config
@@ -228,11 +220,11 @@ class FastModel:
     def patch(model: torch.nn.Module, *, max_seq_length: int = 2048,
               patches: str | list[str] | None = "auto") -> torch.nn.Module:
         """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent."""
-        model = base_model(model)
+        model = unwrap(model)
         config = model.config
         facts = registry.facts_for(config.model_type)
         rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
-                         str(config._attn_implementation), max_seq_length)
+                         str(_hf.attn_implementation(config)), max_seq_length)
         if facts is None:
             logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
                            "transformers). Known: %s", config.model_type, ", ".join(sorted(registry.MODEL_TABLE)))
@@ -244,8 +236,8 @@ class FastModel:
                     raise FastkitError(f"Unknown patch {name!r}; known: {', '.join(registry.PATCH_FACTORIES)}")
                 ok, how = apply_patch(model, registry.build_patch(name, facts))
                 (rep.active if ok else rep.skipped)[name] = how
-            rep.attn_implementation = str(config._attn_implementation)
-        object.__setattr__(model, _REPORT_ATTR, rep)
+            rep.attn_implementation = str(_hf.attn_implementation(config))
+        set_report(model, rep)
         logger.info(rep.banner())
         return model
 
@@ -266,11 +258,11 @@ class FastModel:
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
-        double-buffered checkpoint reload, see :mod:`fastkit.offload`; tune it with
-        ``offload_config=fastkit.offload.OffloadConfig(...)``), or ``False``.
+        double-buffered checkpoint reload, see :mod:`fastkit.patches.offload`; tune it with
+        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), or ``False``.
 
         ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
-        (:mod:`fastkit.moe_lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
+        (:mod:`fastkit.patches.moe_lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
         the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
         PEFT's adapter per expert group instead of adding a second one.
         """
@@ -284,11 +276,8 @@ class FastModel:
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
-        if target_experts:
-            from fastkit.moe_lora import add_expert_lora, peft_adapts_experts
-
-            if not peft_adapts_experts(peft_model):
-                add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
+        if target_experts and not peft_adapts_experts(peft_model):
+            add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
 
@@ -318,16 +307,14 @@ def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offloa
         raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got {mode!r}.")
     if mode is False:
         return "off"
-    base = base_model(model)
-    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    base = unwrap(model)
+    _hf.enable_activation_checkpointing(base)
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
     if mode == "offload":
-        from fastkit.offload import enable_offload
-
         return enable_offload(base, offload_config)
     return "checkpoint"
 
 
 __all__ = ["FastModel", "LoadReport", "active_patches", "base_model", "enable_checkpointing", "report",
-           "require_chat_template"]
+           "require_chat_template", "unwrap"]

@@ -6,7 +6,12 @@ global; it swaps attributes on *instances* (a module's ``forward``, a config's
 :class:`Swapper`, which remembers the exact original object. Functions that transformers looks up
 by name (attention, experts) are added to its own registries (``AttentionInterface``,
 ``ExpertsInterface``) under fastkit keys; adding a new key changes nothing for models that do not
-select it, so those registrations are left in place on revert.
+select it, so those registrations are left in place on revert. Patches reach those private
+transformers / PEFT names only through :mod:`fastkit._hf`, which takes the ``Swapper`` for writes.
+
+Per-model state lives here too: the records of active patches and the load report sit on the
+transformers model, and :func:`unwrap` is the one place that looks through a PEFT wrapper to it
+(every function here that takes a model accepts either).
 
 Guarantees (tests/test_patching.py proves each):
 - idempotent: applying a patch that is already active changes nothing;
@@ -45,6 +50,23 @@ class _Missing:
 
 _MISSING = _Missing()
 _STATE_ATTR = "_fastkit_patches"
+_REPORT_ATTR = "_fastkit_report"
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a PEFT wrapper (``get_base_model()``), or ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def set_report(model: torch.nn.Module, report: Any) -> None:
+    """Attach fastkit's load report (:class:`fastkit.loader.LoadReport`) to the transformers model."""
+    object.__setattr__(unwrap(model), _REPORT_ATTR, report)
+
+
+def report(model: torch.nn.Module) -> Any:
+    """The load report of a fastkit-loaded (or fastkit-patched) model, or None."""
+    return getattr(unwrap(model), _REPORT_ATTR, None)
 
 
 class Patch(Protocol):
@@ -110,15 +132,17 @@ def _original(target: Any, attr: str) -> Any:
 
 def active_patches(model: torch.nn.Module) -> list[str]:
     """Names of the fastkit patches active on ``model``, in the order they were applied."""
-    return list(getattr(model, _STATE_ATTR, {}))
+    return list(getattr(unwrap(model), _STATE_ATTR, {}))
 
 
 def apply_patch(model: torch.nn.Module, patch: Patch) -> tuple[bool, str]:
     """Apply ``patch`` to ``model`` once. Returns ``(active, reason)``.
 
     ``active`` is True when the patch is (now or already) active. When it cannot apply, the model is
-    left untouched and ``reason`` says why (also logged).
+    left untouched and ``reason`` says why (also logged). The patch sees the transformers model
+    (a PEFT wrapper is looked through).
     """
+    model = unwrap(model)
     state: dict[str, Swapper] = getattr(model, _STATE_ATTR, {})
     if patch.name in state:
         return True, "already active"
@@ -143,8 +167,10 @@ def apply_patch(model: torch.nn.Module, patch: Patch) -> tuple[bool, str]:
 def revert(model: torch.nn.Module, names: Iterable[str] | None = None) -> list[str]:
     """Undo fastkit patches on ``model`` (all of them, or only ``names``), newest first.
 
-    Returns the names reverted. After reverting everything the model carries no fastkit state.
+    Returns the names reverted. After reverting everything the model carries no fastkit state. A PEFT
+    wrapper is looked through (``fastkit.revert`` is this function).
     """
+    model = unwrap(model)
     state: dict[str, Swapper] = dict(getattr(model, _STATE_ATTR, {}))
     wanted = list(state) if names is None else [n for n in names if n in state]
     for name in reversed([n for n in state if n in wanted]):

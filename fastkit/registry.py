@@ -1,8 +1,9 @@
 """Per-model facts in one table: which fastkit patches apply to which ``model_type``.
 
 Adding a model is adding a row. A model type that is not in the table loads unpatched, with one
-log line saying so. The patch implementations live one per file (``packing.py``, ``moe.py``,
-``offload.py``); :data:`PATCH_FACTORIES` names them so this module imports none of them eagerly.
+log line saying so. The patch implementations live in :mod:`fastkit.patches` (``packing.py``,
+``moe.py``, ``offload.py``, ``moe_lora.py``); :data:`PATCH_FACTORIES` names the load-time ones so this
+module imports none of them (they import the patch names from here).
 """
 
 from __future__ import annotations
@@ -10,12 +11,19 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-PACKING, MOE, OFFLOAD = "packing", "moe", "offload"
+PACKING = "packing"
+"""Packed-sequence attention (:mod:`fastkit.patches.packing`), applied at load."""
+MOE = "moe"
+"""Sort-based MoE experts (:mod:`fastkit.patches.moe`), applied at load."""
+OFFLOAD = "offload"
+"""Double-buffered checkpoint offload (:mod:`fastkit.patches.offload`), applied by ``enable_checkpointing``."""
+MOE_LORA = "moe_lora"
+"""LoRA on MoE experts per expert group (:mod:`fastkit.patches.moe_lora`), applied by ``add_expert_lora``."""
 
 # patch name -> "module:class" constructed as ``cls(facts)``; imported only when used.
 PATCH_FACTORIES: dict[str, str] = {
-    PACKING: "fastkit.packing:PackedAttentionPatch",
-    MOE: "fastkit.moe:MoEExpertsPatch",
+    PACKING: "fastkit.patches.packing:PackedAttentionPatch",
+    MOE: "fastkit.patches.moe:MoEExpertsPatch",
 }
 
 

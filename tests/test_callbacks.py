@@ -9,7 +9,9 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
-from fastkit.callbacks import MetricsCallback, throughput
+from fastkit.dashboard import MetricsCallback, throughput
+from fastkit.training import fit
+from tests.helpers import FakeClock
 
 
 @pytest.fixture
@@ -20,16 +22,6 @@ def fastkit_log(caplog):
     with caplog.at_level(logging.INFO, logger="fastkit"):
         yield caplog
     log.removeHandler(caplog.handler)
-
-
-class FakeClock:
-    """A clock the test moves by hand: exact, machine-independent timings."""
-
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _run_synthetic(cb: MetricsCallback, clock: FakeClock, durations: list[float], tokens_per_step: list[int],
@@ -55,7 +47,7 @@ def _run_synthetic(cb: MetricsCallback, clock: FakeClock, durations: list[float]
 
 @pytest.mark.parametrize("via", ["state", "logs"])
 def test_rates_exact_with_warmup_excluded(via):
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(warmup_steps=2, clock=clock)
     # Steps 1-2 are slow warm-up (compile, allocator) and must not count; steps 3-6 take 0.5 s each
     # and train 1000, 1200, 800, 1000 tokens.
@@ -70,11 +62,11 @@ def test_rates_exact_with_warmup_excluded(via):
 
 
 def test_no_rate_during_warmup_then_first_window():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(warmup_steps=3, clock=clock)
     _run_synthetic(cb, clock, [2.0, 2.0, 2.0], [10, 10, 10], max_steps=8)
     assert cb.metrics.steps_per_s is None and cb.metrics.tokens_per_s is None and cb.metrics.eta_s is None
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(warmup_steps=3, clock=clock)
     _run_synthetic(cb, clock, [2.0, 2.0, 2.0, 0.25], [10, 10, 10, 50], max_steps=8)
     assert cb.metrics.steps_per_s == pytest.approx(4.0)
@@ -82,7 +74,7 @@ def test_no_rate_during_warmup_then_first_window():
 
 
 def test_warmup_zero_counts_from_train_begin():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(warmup_steps=0, clock=clock)
     _run_synthetic(cb, clock, [1.0, 1.0], [10, 30], max_steps=2)
     assert cb.metrics.steps_per_s == pytest.approx(1.0)
@@ -97,7 +89,7 @@ def test_throughput_function_direct():
 
 
 def test_curves_and_ignored_logs():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(warmup_steps=1, clock=clock)
     state = _run_synthetic(cb, clock, [1.0, 1.0, 1.0], [1, 1, 1], max_steps=3)
     args, control = SimpleNamespace(use_cpu=True), TrainerControl()
@@ -110,7 +102,7 @@ def test_curves_and_ignored_logs():
 
 
 def test_log_every_step_asks_trainer_to_log():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(clock=clock, log_every_step=True)
     args, state, control = SimpleNamespace(use_cpu=True), TrainerState(max_steps=5), TrainerControl()
     cb.on_train_begin(args, state, control)
@@ -119,7 +111,7 @@ def test_log_every_step_asks_trainer_to_log():
 
 
 def test_memory_fields_present_on_cpu():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(clock=clock)
     _run_synthetic(cb, clock, [1.0], [1], max_steps=1)
     mem = cb.metrics.memory
@@ -130,7 +122,7 @@ def test_memory_fields_present_on_cpu():
 
 
 def test_only_main_process_reports():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(clock=clock)
     events = []
     cb.add_listener(lambda e, m: events.append(e))
@@ -140,7 +132,7 @@ def test_only_main_process_reports():
 
 
 def test_listener_errors_never_stop_training(fastkit_log):
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     cb = MetricsCallback(clock=clock)
     cb.add_listener(lambda e, m: 1 / 0)
     _run_synthetic(cb, clock, [1.0], [1], max_steps=1)
@@ -212,8 +204,6 @@ class _InterruptAt(TrainerCallback):
 
 
 def test_summary_on_normal_end(tmp_path, one_thread, fastkit_log):
-    from fastkit.dashboard import fit
-
     caplog = fastkit_log
     trainer, _, _ = _sft_trainer(tmp_path, [], max_steps=3)
     m = fit(trainer, view="terminal", warmup_steps=1)
@@ -227,8 +217,6 @@ def test_summary_on_normal_end(tmp_path, one_thread, fastkit_log):
 
 
 def test_summary_on_interrupt_keeps_model_usable(tmp_path, one_thread, fastkit_log):
-    from fastkit.dashboard import fit
-
     caplog = fastkit_log
     trainer, model, tok = _sft_trainer(tmp_path, [_InterruptAt(3)], max_steps=6)
     m = fit(trainer, view="terminal", warmup_steps=1)   # no exception escapes
@@ -243,8 +231,6 @@ def test_summary_on_interrupt_keeps_model_usable(tmp_path, one_thread, fastkit_l
 
 
 def test_other_errors_show_summary_then_raise(tmp_path, one_thread, fastkit_log):
-    from fastkit.dashboard import fit
-
     class Boom(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             raise RuntimeError("disk full")

@@ -9,8 +9,11 @@ import pytest
 from transformers import TrainerControl, TrainerState
 
 from fastkit import dashboard as dash
-from fastkit.callbacks import MetricsCallback, TrainingMetrics
+from fastkit.dashboard import MetricsCallback, Row, TrainingMetrics
+from fastkit.dashboard.render import insert_after, stat_rows, without
 from fastkit.device import GiB, MemorySnapshot
+from fastkit.training import fit
+from tests.helpers import FakeClock
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -42,21 +45,35 @@ def test_formatting():
 def test_gpu_memory_rows_name_allocated_reserved_peak_total():
     mem = MemorySnapshot("cuda:0", allocated=2 * GiB, reserved=3 * GiB, peak=int(2.5 * GiB), total=16 * GiB,
                          free=13 * GiB, host_rss=GiB)
-    rows = dict(dash.memory_rows(_metrics(memory=mem, peak_memory=int(2.5 * GiB), host_total=12 * GiB,
-                                          host_available=8 * GiB)))
-    assert rows["GPU allocated / reserved"] == "2.00 / 3.00 GiB"
-    assert rows["GPU peak / total"] == "2.50 / 16.00 GiB"
-    assert rows["Process RAM"] == "1.00 GiB"
-    assert rows["Host RAM used / total"] == "4.00 GiB / 12.00 GiB"
+    rows = dash.memory_rows(_metrics(memory=mem, peak_memory=int(2.5 * GiB), host_total=12 * GiB,
+                                     host_available=8 * GiB))
+    assert list(rows) == ["gpu_memory", "gpu_peak", "process_ram", "host_ram"]
+    assert rows["gpu_memory"] == Row("GPU allocated / reserved", "2.00 / 3.00 GiB")
+    assert rows["gpu_peak"] == Row("GPU peak / total", "2.50 / 16.00 GiB")
+    assert rows["process_ram"] == Row("Process RAM", "1.00 GiB")
+    assert rows["host_ram"] == Row("Host RAM used / total", "4.00 GiB / 12.00 GiB")
 
 
 def test_cpu_memory_rows_show_process_and_host_ram():
     mem = MemorySnapshot("cpu", allocated=GiB, reserved=GiB, peak=GiB, total=24 * GiB, free=20 * GiB, host_rss=GiB)
-    rows = dict(dash.memory_rows(_metrics(memory=mem, peak_memory=2 * GiB, host_total=24 * GiB,
-                                          host_available=20 * GiB)))
-    assert rows["Process RAM now / peak"] == "1.00 / 2.00 GiB"
-    assert rows["Host RAM used / total"] == "4.00 GiB / 24.00 GiB"
-    assert not any(k.startswith("GPU") for k in rows)
+    rows = dash.memory_rows(_metrics(memory=mem, peak_memory=2 * GiB, host_total=24 * GiB,
+                                     host_available=20 * GiB))
+    assert rows["process_ram"] == Row("Process RAM now / peak", "1.00 / 2.00 GiB")
+    assert rows["host_ram"] == Row("Host RAM used / total", "4.00 GiB / 24.00 GiB")
+    assert not any(k.startswith("gpu") or label.startswith("GPU") for k, (label, _) in rows.items())
+
+
+def test_stat_rows_are_keyed_and_edited_by_key():
+    mem = MemorySnapshot("cpu", allocated=GiB, reserved=GiB, peak=GiB, total=24 * GiB, free=20 * GiB, host_rss=GiB)
+    rows = stat_rows(_metrics(memory=mem, host_total=24 * GiB, host_available=20 * GiB))
+    assert list(rows)[:8] == ["steps", "elapsed", "steps_per_s", "tokens_per_s", "tokens_seen", "loss",
+                              "learning_rate", "grad_norm"]
+    assert rows["steps_per_s"] == Row("Steps/s", "0.500 steps/s") and rows["syncs"].value == "3 (.item() ×3)"
+    assert rows["process_ram"].label == "Process RAM now / peak"
+    moved = insert_after(rows, "loss", "extra", Row("Extra", "x"))
+    assert list(moved)[list(moved).index("loss") + 1] == "extra" and "extra" not in rows
+    assert list(insert_after(rows, "absent", "extra", Row("Extra", "x")))[-1] == "extra"
+    assert "steps" not in without(rows, "steps", "elapsed") and "loss" in without(rows, "steps")
 
 
 def test_summary_html_table_status_and_optimizations():
@@ -91,10 +108,10 @@ def test_progress_line_is_one_compact_line():
 def test_memory_time_summary_text_and_html():
     mem = MemorySnapshot("cuda:0", allocated=2 * GiB, reserved=3 * GiB, peak=4 * GiB, total=16 * GiB)
     table = dash.memory_time_summary(_metrics(memory=mem, peak_memory=4 * GiB))
-    rows = dict(table.rows)
-    assert rows["Peak GPU memory"] == "4.00 GiB of 16.00 GiB (25%)"
-    assert rows["Time per step"] == "2,000 ms (after warm-up)"
-    assert rows["1,000 steps would take"] == "33:20"
+    rows = table.rows
+    assert rows["peak_gpu"] == Row("Peak GPU memory", "4.00 GiB of 16.00 GiB (25%)")
+    assert rows["time_per_step"] == Row("Time per step", "2,000 ms (after warm-up)")
+    assert rows["projected"] == Row("1,000 steps would take", "33:20")
     assert "Memory and time" in repr(table) and "<table" in table._repr_html_()
 
 
@@ -106,14 +123,6 @@ def test_in_notebook_false_under_pytest():
 
 
 # -- the widget, driven by synthetic trainer events -------------------------------------------
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture
 def shown(monkeypatch):
     """What the dashboard puts in the cell output (IPython.display.display captured)."""
@@ -172,7 +181,7 @@ def test_fit_widget_view_finished(shown):
     from IPython.display import HTML, Image
 
     trainer = FakeTrainer(steps=6)
-    m = dash.fit(trainer, view="widget", clock=trainer.clock, measure_syncs=False)
+    m = fit(trainer, view="widget", clock=trainer.clock, measure_syncs=False)
     assert m.status == "finished" and m.step == 6
     assert m.steps_per_s == pytest.approx(2.0) and m.tokens_per_s == pytest.approx(200.0)
     box, summary, plot = shown
@@ -191,7 +200,7 @@ def test_fit_widget_view_interrupted(shown, caplog):
     trainer = FakeTrainer(steps=10, interrupt_at=5)
     logging.getLogger("fastkit").addHandler(caplog.handler)
     try:
-        m = dash.fit(trainer, view="widget", clock=trainer.clock, measure_syncs=False)   # does not raise
+        m = fit(trainer, view="widget", clock=trainer.clock, measure_syncs=False)   # does not raise
     finally:
         logging.getLogger("fastkit").removeHandler(caplog.handler)
     assert m.status == "interrupted" and m.step == 4 and "after step 4" in m.error

@@ -6,7 +6,8 @@ import pytest
 from datasets import Dataset
 
 from fastkit import FastkitError
-from fastkit.data import check_dataset, load_chat_dataset, quickstart_dataset, to_prompt_completion
+from fastkit.data import check_dataset, load_chat_dataset, to_prompt_completion
+from fastkit.quickstart import quickstart_dataset
 
 
 def _chat(q, a):

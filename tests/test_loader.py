@@ -60,7 +60,8 @@ def test_missing_tokenizer_is_a_clear_error(tmp_path):
 
 
 def test_model_without_causal_lm_head(tmp_path):
-    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    vit = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    vit.save_pretrained(tmp_path)
     with pytest.raises(FastkitError, match="no causal-LM head"):
         FastModel.from_pretrained(str(tmp_path))
 

@@ -1,4 +1,4 @@
-"""fastkit.moe: sort-based experts equal transformers' eager and grouped_mm paths, with ≤ 1 sync per layer."""
+"""fastkit.patches.moe: sort-based experts equal transformers' eager and grouped_mm paths, ≤ 1 sync per layer."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import torch
 
 from fastkit.errors import FastkitError
 from fastkit.loader import FastModel
-from fastkit.moe import EXPERTS_KEY, MoEConfig, MoEExpertsPatch, experts_modules, route
+from fastkit.patches.moe import EXPERTS_KEY, MoEConfig, MoEExpertsPatch, experts_modules, route
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.registry import facts_for
 from fastkit.syncs import SyncCounter
 from fastkit.twins import twin
+from tests.helpers import assert_grads_close, forward_backward
 
 MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 EXPERTS_FIELD = {"qwen3_moe": "num_experts", "gpt_oss": "num_local_experts"}
@@ -23,14 +24,6 @@ EXPERTS_FIELD = {"qwen3_moe": "num_experts", "gpt_oss": "num_local_experts"}
 def _ids(t=24, b=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 300, (b, t), generator=g)
-
-
-def _run(model, ids):
-    model.zero_grad(set_to_none=True)
-    out = model(ids, labels=ids)
-    out.loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-    return out.logits.detach(), grads
 
 
 def _with_impl(base, impl):
@@ -47,25 +40,21 @@ def _fastkit(base, mode="auto", validate="auto"):
 
 
 def _assert_same(ref, got, atol=2e-5, rtol=1e-4):
-    (l_ref, g_ref), (l_got, g_got) = ref, got
-    torch.testing.assert_close(l_got, l_ref, atol=atol, rtol=rtol)
-    assert set(g_got) == set(g_ref)
-    for name, g in g_ref.items():
-        assert g_got[name] is not None, name
-        # fp32: a different (deterministic) summation order of the top-k slots and of the bias segments
-        # moves results by a few ulps; 2e-5 absolute is ~100 ulps of these O(1) values.
-        torch.testing.assert_close(g_got[name], g, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+    torch.testing.assert_close(got.logits, ref.logits, atol=atol, rtol=rtol)
+    # fp32: a different (deterministic) summation order of the top-k slots and of the bias segments
+    # moves results by a few ulps; 2e-5 absolute is ~100 ulps of these O(1) values.
+    assert_grads_close(got.grads, ref.grads, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_logits_and_every_grad_equal_eager_and_grouped_mm(family):
     base = twin(family, num_hidden_layers=2).train()
     ids = _ids()
-    eager = _run(_with_impl(base, "eager"), ids)
-    grouped = _run(_with_impl(base, "grouped_mm"), ids)
+    eager = forward_backward(_with_impl(base, "eager"), ids)
+    grouped = forward_backward(_with_impl(base, "grouped_mm"), ids)
     _assert_same(eager, grouped)  # transformers' two paths agree with each other
     for mode in ("grouped", "loop"):
-        got = _run(_fastkit(base, mode), ids)
+        got = forward_backward(_fastkit(base, mode), ids)
         _assert_same(eager, got)
         _assert_same(grouped, got)
 
@@ -266,7 +255,5 @@ def test_moe_patch_under_nonreentrant_checkpointing_matches_plain():
         if checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         x = torch.randint(3, 259, (1, 24))
-        model(input_ids=x, labels=x).loss.backward()
-        grads.append({n: p.grad for n, p in model.named_parameters()})
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=0, atol=1e-6, msg=name)
+        grads.append(forward_backward(model, x).grads)
+    assert_grads_close(grads[1], grads[0], rtol=0, atol=1e-6)

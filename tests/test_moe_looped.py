@@ -9,9 +9,10 @@ import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 from fastkit.errors import FastkitError
-from fastkit.moe import MoEConfig, MoEExpertsPatch
+from fastkit.patches.moe import MoEConfig, MoEExpertsPatch
 from fastkit.patching import apply_patch, revert
 from fastkit.syncs import SyncCounter
+from tests.helpers import assert_grads_close, forward_backward
 
 CONFIGS = {
     "dbrx": lambda: CONFIG_MAPPING["dbrx"](
@@ -35,19 +36,12 @@ def _model(model_type):
     return m.train()
 
 
-def _run(model, ids):
-    model.zero_grad(set_to_none=True)
-    out = model(ids, labels=ids)
-    out.loss.backward()
-    return out.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-
-
 @pytest.mark.parametrize("model_type", list(CONFIGS))
 def test_looped_family_logits_grads_and_syncs(model_type):
     base = _model(model_type)
     ids = torch.randint(3, 300, (2, 16), generator=torch.Generator().manual_seed(0))
     with SyncCounter() as upstream:
-        want = _run(base, ids)
+        want = forward_backward(base, ids)
     # upstream DBRX: nonzero + scalar reads per hit expert; upstream Llama-4: no sync, but every token runs through
     # all E experts (a dense bmm over E·T rows), E/K times the expert FLOPs fastkit spends.
     assert upstream.total > 2 if model_type == "dbrx" else upstream.total == 0
@@ -63,11 +57,9 @@ def test_looped_family_logits_grads_and_syncs(model_type):
             with SyncCounter() as again:
                 m(ids)
             assert again.total == 0
-        got = _run(m, ids)
-        torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=1e-4)
-        assert set(got[1]) == set(want[1])
-        for n, g in want[1].items():
-            torch.testing.assert_close(got[1][n], g, atol=2e-5, rtol=1e-4, msg=lambda msg, n=n: f"{n}: {msg}")
+        got = forward_backward(m, ids)
+        torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-4)
+        assert_grads_close(got.grads, want.grads, atol=2e-5, rtol=1e-4)
         revert(m)
         assert not any("forward" in vars(mod) for mod in m.modules())
 

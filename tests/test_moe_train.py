@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 
-from fastkit.moe import MoEConfig, MoEExpertsPatch
+from fastkit.patches.moe import MoEConfig, MoEExpertsPatch
 from fastkit.patching import apply_patch
 from fastkit.twins import twin
+from tests.helpers import assert_params_close
 
 
 def _train(model, batches, steps=30):
@@ -41,5 +42,4 @@ def test_thirty_steps_match_transformers(family, mode):
     # (and may flip a near-tied top-k choice late); 1e-3 relative per step is far above that noise and
     # far below any real routing/gradient bug (which shows at step 0 or 1).
     torch.testing.assert_close(torch.tensor(our_losses), torch.tensor(ref_losses), rtol=1e-3, atol=1e-4)
-    for (name, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert_params_close(ours, ref, rtol=1e-3, atol=1e-4)

@@ -57,7 +57,8 @@ def test_notebook_structure(path):
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    h2 = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines() if line.startswith("## ")]
+    h2 = [line for c in nb.cells if c.cell_type == "markdown"
+          for line in c.source.splitlines() if line.startswith("## ")]
     assert h2 == SECTIONS
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastkit import FastkitError
-from fastkit.packing import LENGTHS_KWARG, PackedBatch, wrap_collator
+from fastkit.patches.packing import LENGTHS_KWARG, PackedBatch, wrap_collator
 
 try:  # shared helpers; tests/ is a package here, a plain folder elsewhere
     from tests.test_packing import LENGTHS, TIGHT, _packed, _pair, _per_doc_logits, checkpointing_on
@@ -136,7 +136,7 @@ def test_trl_padding_free_collator():
 
 def test_metadata_lifetime(monkeypatch):
     """One object per forward, reused by the checkpoint recompute, freed after backward, never reused."""
-    import fastkit.packing as packing
+    import fastkit.patches.packing as packing
 
     built: list[weakref.ref] = []
     original = packing._metadata
@@ -148,13 +148,13 @@ def test_metadata_lifetime(monkeypatch):
 
     monkeypatch.setattr(packing, "_metadata", recording)
     seen: list[int] = []
-    real_kernel = packing.packed_kernels.packed_attention
+    real_kernel = packing.kernels.packed_attention
 
     def spy(q, k, v, meta, **kw):
         seen.append(id(meta))
         return real_kernel(q, k, v, meta, **kw)
 
-    monkeypatch.setattr(packing.packed_kernels, "packed_attention", spy)
+    monkeypatch.setattr(packing.kernels, "packed_attention", spy)
     base, patched = _pair("llama", layers=3)
     patched.train()
     checkpointing_on(patched)

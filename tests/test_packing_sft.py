@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fastkit.packing as packing
+import fastkit.patches.packing as packing
 from fastkit.loader import FastModel
-from fastkit.packing import LENGTHS_KWARG, wrap_collator
+from fastkit.patches.packing import LENGTHS_KWARG, wrap_collator
 from fastkit.twins import twin, twin_tokenizer
+from tests.helpers import assert_tensors_close
 
 
 def _dataset():
@@ -42,13 +43,13 @@ def _train(patched: bool, tmp_path, steps: int, calls: list):
 @pytest.mark.slow
 def test_sft_packing_losses_match_unpatched_per_step(tmp_path, monkeypatch):
     calls: list[int] = []
-    real = packing.packed_kernels.packed_attention
+    real = packing.kernels.packed_attention
 
     def counting(q, k, v, meta, **kw):
         calls.append(meta.rows)
         return real(q, k, v, meta, **kw)
 
-    monkeypatch.setattr(packing.packed_kernels, "packed_attention", counting)
+    monkeypatch.setattr(packing.kernels, "packed_attention", counting)
     steps = 30
     want, want_w = _train(False, tmp_path, steps, calls)
     assert not calls
@@ -57,8 +58,7 @@ def test_sft_packing_losses_match_unpatched_per_step(tmp_path, monkeypatch):
     assert len(got) == len(want) == steps
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
     assert want[-1] < want[0] - 0.5  # it learns
-    for name, w in want_w.items():
-        torch.testing.assert_close(got_w[name], w, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert_tensors_close(got_w, want_w, rtol=1e-4, atol=1e-5, what="weight")
 
 
 def test_trl_batch_carries_host_lengths():

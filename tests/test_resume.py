@@ -3,8 +3,8 @@
 import pytest
 
 from fastkit import FastModel
-from fastkit.data import quickstart_dataset
-from fastkit.train import make_trainer
+from fastkit.quickstart import quickstart_dataset
+from fastkit.training import make_trainer
 
 
 def _trainer(tokenizer, out, max_steps, save_steps=None):

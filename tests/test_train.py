@@ -1,12 +1,13 @@
-"""make_trainer: refuses incompatible distributed modes at start; saving adapters and merged weights."""
+"""make_trainer refuses incompatible distributed modes at start; export saves adapters and merged weights."""
 
 import pytest
 import torch
 
 from fastkit import FastkitError, FastModel, active_patches
-from fastkit.data import quickstart_dataset
-from fastkit.offload import OffloadConfig
-from fastkit.train import make_trainer, save_lora, save_merged
+from fastkit.export import save_lora, save_merged
+from fastkit.patches.offload import OffloadConfig
+from fastkit.quickstart import quickstart_dataset
+from fastkit.training import make_trainer
 
 
 def _model(mode=True):
@@ -59,7 +60,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     """The 4/8-bit path: adapters merged into the base reloaded from disk in 16/32-bit, on the CPU."""
     from transformers import AutoModelForCausalLM
 
-    from fastkit.train import _merged_from_disk
+    from fastkit.export import _merged_from_disk
     from fastkit.twins import twin, twin_tokenizer
 
     twin("llama").save_pretrained(tmp_path / "base", safe_serialization=True)
@@ -78,7 +79,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
 def test_target_experts_lora_saves_and_merges(tmp_path):
     """gpt_oss (PEFT does not adapt its experts): fastkit expert LoRA is added, saved beside the
     adapters, and folded into the merged weights."""
-    from fastkit.moe_lora import expert_lora_modules
+    from fastkit.patches.moe_lora import expert_lora_modules
 
     model, tok = FastModel.from_pretrained("openai/gpt-oss-20b", max_seq_length=64, twin=True)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, target_experts=True)

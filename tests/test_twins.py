@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fastkit.twins import HUB_TWINS, TWIN_FAMILIES, twin, twin_config, twin_family
+from tests.helpers import forward_backward
 
 
 @pytest.mark.parametrize("model_type", TWIN_FAMILIES)
@@ -12,10 +13,9 @@ def test_twin_forward_backward(model_type):
     assert model.config.model_type == model_type
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
     x = torch.randint(3, 259, (2, 16))
-    out = model(input_ids=x, labels=x)
-    assert torch.isfinite(out.loss)
-    out.loss.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    step = forward_backward(model, x)
+    assert torch.isfinite(step.loss)
+    grads = list(step.grads.values())
     assert all(g is not None for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
 

@@ -8,7 +8,7 @@ interleaved repetitions in one process:
 - ``grouped_mm``: transformers' sort + grouped GEMM (the default where ``grouped_mm`` runs);
 - ``grouped_mm fallback``: the same with ``grouped_mm`` unavailable, i.e. what a T4 gets
   (``torch.ops.transformers.grouped_mm_fallback``, offsets read back per GEMM);
-- ``fastkit``: :func:`fastkit.moe.fastkit_experts_forward` (grouped GEMM where it runs);
+- ``fastkit``: :func:`fastkit.patches.moe.fastkit_experts_forward` (grouped GEMM where it runs);
 - ``fastkit loop``: fastkit's host-count loop (what fastkit runs where grouped GEMM does not).
 
 Forward and forward+backward (input and routing-weight gradients; expert weights frozen, the LoRA
@@ -20,19 +20,26 @@ number means the same on CPU and GPU).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import statistics
 import weakref
 from contextlib import contextmanager, nullcontext
-from unittest import mock
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastkit.bench.common import timed
+from fastkit.bench.common import (
+    agg_pyplot,
+    bench_device,
+    bench_parser,
+    fmt_bytes,
+    markdown_table,
+    run_cli,
+    timed,
+    write_outputs,
+)
 
 SHAPES = {
     "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_local_experts=32,
@@ -112,17 +119,18 @@ def _inputs(module, tokens: int, top_k: int, dtype, device):
 
 
 def _impl_context(module, impl: str):
-    """Select ``impl`` on the module's config; the fallback patches ``_can_use_grouped_mm`` to False."""
-    from fastkit.moe import MoEConfig, _LayerState, register
+    """Select ``impl`` on the module's config; the fallback makes transformers' grouped_mm check say no."""
+    from fastkit._hf import grouped_mm_disabled
+    from fastkit.patches.moe import MoEConfig, attach_experts, detach_experts
 
-    register()
     key = {"eager": "eager", "grouped_mm": "grouped_mm", "grouped_mm fallback": "grouped_mm"}.get(impl, "fastkit")
-    module.config._experts_implementation = key
     if impl.startswith("fastkit"):
-        module._fastkit_moe = _LayerState(name="bench.experts", config=MoEConfig(
-            mode="loop" if impl == "fastkit loop" else "auto", validate="off"))
+        attach_experts(module, MoEConfig(mode="loop" if impl == "fastkit loop" else "auto", validate="off"),
+                       name="bench.experts")
+    else:
+        detach_experts(module, key)
     if impl == "grouped_mm fallback":
-        return mock.patch("transformers.integrations.moe._can_use_grouped_mm", return_value=False)
+        return grouped_mm_disabled()
     return nullcontext()
 
 
@@ -190,10 +198,9 @@ def _lora_variant(module, variant: str, r: int):
     """A layer holding ``module`` with LoRA on its experts, run the ``variant`` way."""
     from peft import LoraConfig, get_peft_model
 
-    from fastkit.moe import MoEConfig, _LayerState, register
-    from fastkit.moe_lora import ExpertLoRA
+    from fastkit.patches.moe import MoEConfig, attach_experts, detach_experts
+    from fastkit.patches.moe_lora import ExpertLoRA
 
-    register()
     experts = _share_weights(module)
     if variant == "fastkit expert LoRA":
         experts.fastkit_lora = ExpertLoRA(experts, r=r, lora_alpha=2 * r)
@@ -207,8 +214,10 @@ def _lora_variant(module, variant: str, r: int):
         layer = get_peft_model(_Layer(experts), cfg)
     impl = "grouped_mm" if variant == "PEFT target_parameters (transformers grouped_mm)" else "fastkit"
     experts.config = copy.copy(experts.config)
-    experts.config._experts_implementation = impl
-    experts._fastkit_moe = _LayerState(name="bench.experts", config=MoEConfig(validate="off"))
+    if impl == "fastkit":
+        attach_experts(experts, MoEConfig(validate="off"), name="bench.experts")
+    else:
+        detach_experts(experts, impl)
     return layer
 
 
@@ -236,7 +245,7 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
             times[v].append(timed(lambda layer=layer: _step(layer, h, idx, w, True), device))
             layer.zero_grad(set_to_none=True)
     rows = [dict(shape=name, variant=v, tokens=tokens, r=r, fwd_bwd_ms=1e3 * statistics.median(times[v]),
-                 peak_mib=peaks[v] / 2**20) for v in LORA_VARIANTS]
+                 peak_bytes=peaks[v]) for v in LORA_VARIANTS]
     del layers
     gc.collect()
     return rows
@@ -245,35 +254,33 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
 def _table(rows: list[dict], lora_rows: list[dict], device_name: str) -> str:
     out = [f"MoE experts layer, {device_name}. Median of interleaved repetitions; speed-up = time(baseline) / "
            "time(fastkit). Backward = input and routing-weight gradients (expert weights frozen).", ""]
-    out += ["| shape | tokens | path | forward ms | fwd+bwd ms | syncs fwd/bwd | fastkit speed-up fwd / fwd+bwd |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    cells = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         group = [r for r in rows if r["shape"] == shape]
         fk = next(r for r in group if r["impl"] == "fastkit")
         for r in group:
             ratio = f"{r['fwd_ms'] / fk['fwd_ms']:.2f}x / {r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x"
-            out.append(f"| {shape} | {r['tokens']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
-                       f"{r['syncs_fwd']} / {r['syncs_bwd']} | {ratio if r['impl'] != 'fastkit' else '1.00x'} |")
+            cells.append([shape, r["tokens"], r["impl"], f"{r['fwd_ms']:.1f}", f"{r['fwd_bwd_ms']:.1f}",
+                          f"{r['syncs_fwd']} / {r['syncs_bwd']}", ratio if r["impl"] != "fastkit" else "1.00x"])
+    out.append(markdown_table(["shape", "tokens", "path", "forward ms", "fwd+bwd ms", "syncs fwd/bwd",
+                               "fastkit speed-up fwd / fwd+bwd"], cells))
     if lora_rows:
-        out += ["", "LoRA on every expert (gate_up_proj and down_proj), forward+backward:", "",
-                "| shape | tokens | r | variant | fwd+bwd ms | peak extra MiB | time / fastkit | memory / fastkit |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        cells = []
         for shape in dict.fromkeys(r["shape"] for r in lora_rows):
             group = [r for r in lora_rows if r["shape"] == shape]
             fk = next(r for r in group if r["variant"] == "fastkit expert LoRA")
             for r in group:
-                out.append(f"| {shape} | {r['tokens']} | {r['r']} | {r['variant']} | {r['fwd_bwd_ms']:.1f} | "
-                           f"{r['peak_mib']:.0f} | {r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x | "
-                           f"{r['peak_mib'] / max(fk['peak_mib'], 1e-9):.2f}x |")
-    return "\n".join(out) + "\n"
+                cells.append([shape, r["tokens"], r["r"], r["variant"], f"{r['fwd_bwd_ms']:.1f}",
+                              fmt_bytes(r["peak_bytes"], "MiB"), f"{r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x",
+                              f"{r['peak_bytes'] / max(fk['peak_bytes'], 1e-9):.2f}x"])
+        out += ["LoRA on every expert (gate_up_proj and down_proj), forward+backward:", "",
+                markdown_table(["shape", "tokens", "r", "variant", "fwd+bwd ms", "peak extra memory", "time / fastkit",
+                                "memory / fastkit"], cells)]
+    return "\n".join(out)
 
 
-def _plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot(rows: list[dict]):
+    plt = agg_pyplot()
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 3.6), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
@@ -283,8 +290,7 @@ def _plot(rows: list[dict], path: str) -> None:
         ax.set_title(f"{shape}: forward+backward (ms)")
         ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 @contextmanager
@@ -300,13 +306,11 @@ def _quiet():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fastkit.device import describe_device, pick_device
+    from fastkit.device import describe_device
 
-    p = argparse.ArgumentParser(prog="fastkit bench moe", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds (CI smoke test)")
-    p.add_argument("--gpu", action="store_true", help="H200 profile: bf16, full token counts")
+    p = bench_parser("moe", __doc__, quick="tiny shapes, a few seconds", gpu="H200 profile: bf16, full token counts",
+                     repeats="interleaved repetitions, median reported (default 3; gpu 10; quick 1)")
     p.add_argument("--tokens", type=int, default=None, help="tokens per layer call (default 256 CPU, 8192 GPU)")
-    p.add_argument("--reps", type=int, default=None)
     p.add_argument("--rank", type=int, default=16, help="LoRA rank for the expert-LoRA comparison")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--lora-shapes", nargs="*", default=None, choices=list(SHAPES),
@@ -315,19 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads (default 1: on a shared 2-core machine OpenMP spin-waits make tiny ops "
                         "take milliseconds and the medians meaningless)")
-    p.add_argument("--out", default="assets", help="folder for bench_moe.md and bench_moe.png")
     args = p.parse_args(argv)
 
-    device = pick_device() if args.gpu else torch.device("cpu")
+    device = bench_device(args.gpu)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    if args.gpu and device.type != "cuda":
-        from fastkit.errors import GPUOnlyError
-
-        raise GPUOnlyError("--gpu needs a CUDA device; run without --gpu on this machine.")
     dtype = torch.bfloat16 if args.gpu else torch.float32
     tokens = args.tokens or (16 if args.quick else 8192 if args.gpu else 256)
-    reps = args.reps or (1 if args.quick else 10 if args.gpu else 3)
+    reps = args.repeats or (1 if args.quick else 10 if args.gpu else 3)
     rows, lora_rows = [], []
     with _quiet():
         for name in args.shapes:
@@ -340,15 +339,9 @@ def main(argv: list[str] | None = None) -> int:
                 lora_rows += bench_lora(name, shape, tokens, reps, args.rank, dtype, device)
     machine = describe_device(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
     table = _table(rows, lora_rows, f"{machine}, {str(dtype).replace('torch.', '')}")
-    import os
-
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_moe.md"), "w") as f:
-        f.write(table)
-    _plot(rows, os.path.join(args.out, "bench_moe.png"))
-    print(table)
+    write_outputs("moe", table, _plot(rows), out=args.out, quick=args.quick)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

@@ -16,18 +16,28 @@ so the formulas apply as written; forward copies are drained before backward is 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
-from fastkit.bench.common import machine_line, median, sync, write_outputs
+from fastkit.bench.common import (
+    agg_pyplot,
+    bench_device,
+    bench_parser,
+    fmt_bytes,
+    machine_line,
+    markdown_table,
+    median,
+    run_cli,
+    sync,
+    write_outputs,
+)
 from fastkit.device import GiB
-from fastkit.offload import OffloadConfig, enable_offload, fmt_bytes, offload_controller
+from fastkit.patches.offload import OffloadConfig, enable_offload, offload_controller
+from fastkit.patches.streams import Throttle
 from fastkit.patching import revert
-from fastkit.streams import Throttle
 
 MODES = ["no checkpointing", "plain checkpointing", "transformers offload=True", "TRL activation_offloading",
          "fastkit single buffer", "fastkit double buffer"]
@@ -271,16 +281,11 @@ def run_gpu_model(p: Profile, device: torch.device, config: OffloadConfig) -> li
 
 
 def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
-    head = "| " + " | ".join(h for _, h in cols) + " |\n|" + "---|" * len(cols) + "\n"
-    return head + "".join("| " + " | ".join(str(r[k]) for k, _ in cols) + " |\n" for r in rows)
+    return markdown_table([h for _, h in cols], [[r[k] for k, _ in cols] for r in rows])
 
 
 def _figure(model_rows: list[dict]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     x = range(len(model_rows))
     for i, key in enumerate(("single", "double")):
@@ -296,19 +301,14 @@ def _figure(model_rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fastkit bench offload", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny shapes, 1 rep (CI smoke test)")
-    ap.add_argument("--gpu", action="store_true", help="8B-class layer shapes on the CUDA device")
+    ap = bench_parser("offload", __doc__, quick="tiny shapes, 1 rep", gpu="8B-class layer shapes",
+                      repeats="interleaved repetitions, median reported (default 5; gpu 3; quick 1)")
     ap.add_argument("--layers", type=int, default=None, help="override the number of layers")
     ap.add_argument("--seq", type=int, default=None, help="override the sequence length")
-    ap.add_argument("--out", default="assets", help="folder for bench_offload.md/.png")
     args = ap.parse_args(argv)
+    device = bench_device(args.gpu)
     p = QUICK if args.quick else GPU if args.gpu else CPU
-    p = replace(p, layers=args.layers or p.layers, seq=args.seq or p.seq)
-    if args.gpu and not torch.cuda.is_available():
-        print("fastkit bench offload --gpu: no CUDA device here")
-        return 2
-    device = torch.device("cuda", torch.cuda.current_device()) if args.gpu else torch.device("cpu")
+    p = replace(p, layers=args.layers or p.layers, seq=args.seq or p.seq, reps=args.repeats or p.reps)
     config = OffloadConfig(min_tokens=0, min_bytes=0, force_cpu_stream=device.type == "cpu",
                            pinned_budget_bytes=8 * GiB)
     torch.manual_seed(0)
@@ -325,10 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("L", "L"), ("single measured", "single"), ("single model", "L(c+g)"),
                         ("double measured", "double"), ("double model", "c+(L-1)max(c,g)+g"),
                         ("ratio", "double/single"), ("saved", "saved")]))
-    write_outputs("offload", md, _figure(tm), args.out)
-    print(md)
+    write_outputs("offload", md, _figure(tm), out=args.out, quick=args.quick)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

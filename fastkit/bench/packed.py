@@ -17,19 +17,24 @@ it fits a CPU; the table states the shape.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from fastkit.bench.common import timed
+from fastkit.bench.common import (
+    agg_pyplot,
+    bench_device,
+    bench_parser,
+    fmt_bytes,
+    markdown_table,
+    run_cli,
+    timed,
+    write_outputs,
+)
 from fastkit.syncs import SyncCounter
-
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 
 
 @dataclass
@@ -66,6 +71,7 @@ def _doc_lengths(tokens: int, mean_doc: int, seed: int = 0) -> list[int]:
 def _models(layers: int, shape: Shape, dtype: torch.dtype, device: torch.device, checkpointing: bool):
     import copy
 
+    from fastkit._hf import set_attn_implementation
     from fastkit.loader import FastModel
     from fastkit.twins import twin
 
@@ -75,7 +81,7 @@ def _models(layers: int, shape: Shape, dtype: torch.dtype, device: torch.device,
     fast = copy.deepcopy(base)
     FastModel.patch(fast, patches=["packing"])
     per_layer = copy.deepcopy(base)
-    per_layer.config._attn_implementation = _register_per_layer_key()
+    set_attn_implementation(per_layer.config, _register_per_layer_key())
     for m in (base, fast, per_layer):
         if checkpointing:
             m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -86,8 +92,8 @@ def _register_per_layer_key() -> str:
     """An attention key that re-derives the packed metadata from ``position_ids`` in every layer call."""
     from transformers.modeling_utils import AttentionInterface
 
-    from fastkit import packed_kernels
-    from fastkit.packing import PackedBatch, _from_positions
+    from fastkit.patches.packed_attention import PackedBatch, packed_attention
+    from fastkit.patches.packing import _from_positions
 
     key = "fastkit_bench_per_layer"
 
@@ -95,7 +101,7 @@ def _register_per_layer_key() -> str:
         pos = kwargs["position_ids"]
         lengths = _from_positions(pos, None, q.shape[0], q.shape[2])  # one sync, every layer
         meta = PackedBatch(q.shape[0], q.shape[2], lengths, max(max(r) for r in lengths))
-        return packed_kernels.packed_attention(q, k, v, meta, scaling=scaling, dropout=dropout), None
+        return packed_attention(q, k, v, meta, scaling=scaling, dropout=dropout), None
 
     AttentionInterface.register(key, per_layer)  # no mask entry: the model builds no mask for this key
     return key
@@ -127,7 +133,7 @@ def _mask_bytes(model, batch: dict) -> int:
 
 
 def _batches(tokens: int, mean_doc: int, device: torch.device):
-    from fastkit.packing import LENGTHS_KWARG
+    from fastkit.patches.packing import LENGTHS_KWARG
 
     lengths = _doc_lengths(tokens, mean_doc)
     ids = torch.randint(3, 300, (1, tokens), device=device)
@@ -179,7 +185,8 @@ def _measure_config(layers, tokens, args, shape, dtype, device, rows, model_rows
 
 def _metadata_cost(position_ids: torch.Tensor, device: torch.device, reps: int) -> float:
     """m: one derivation of the document boundaries from device position_ids (incl. its sync)."""
-    from fastkit.packing import PackedBatch, _from_positions
+    from fastkit.patches.packed_attention import PackedBatch
+    from fastkit.patches.packing import _from_positions
 
     def once():
         lengths = _from_positions(position_ids, None, 1, position_ids.shape[1])
@@ -193,8 +200,7 @@ def _attention_alone(tokens: int, args, shape: Shape, dtype, device) -> dict:
     """One layer's attention fwd+bwd: the dense packed mask transformers builds vs one SDPA per document."""
     import torch.nn.functional as F
 
-    from fastkit.packed_kernels import packed_attention
-    from fastkit.packing import PackedBatch
+    from fastkit.patches.packed_attention import PackedBatch, packed_attention
 
     lengths = _doc_lengths(tokens, args.mean_doc)
     meta = PackedBatch(1, tokens, [lengths], max(lengths))
@@ -222,41 +228,34 @@ def _attention_alone(tokens: int, args, shape: Shape, dtype, device) -> dict:
 
 
 def _mib(n: int) -> str:
-    return "0" if n == 0 else f"{n / 2**20:.1f} MiB"
+    return fmt_bytes(n, "MiB")
 
 
 def render(rows, model_rows, attn_rows, header: str) -> str:
-    out = [header, "", "| layers | tokens | docs | path | forward ms | fwd+bwd ms | vs transformers | syncs/step | "
-           "mask bytes |", "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     base = {(r["layers"], r["tokens"]): r for r in rows if r["path"] == "transformers"}
-    for r in rows:
-        b = base[(r["layers"], r["tokens"])]
-        out.append(f"| {r['layers']} | {r['tokens']} | {r['docs']} | {r['path']} | {r['fwd']:.0f} | {r['step']:.0f} | "
-                   f"{b['step'] / r['step']:.2f}× | {r['syncs']} | {_mib(r['mask'])} |")
+    out = [header, "", markdown_table(
+        ["layers", "tokens", "docs", "path", "forward ms", "fwd+bwd ms", "vs transformers", "syncs/step", "mask bytes"],
+        [[r["layers"], r["tokens"], r["docs"], r["path"], f"{r['fwd']:.0f}", f"{r['step']:.0f}",
+          f"{base[(r['layers'], r['tokens'])]['step'] / r['step']:.2f}×", r["syncs"], _mib(r["mask"])] for r in rows],
+        align="rrrlrrrrr")]
     if attn_rows:
-        out += ["", "Attention alone (one layer, fwd+bwd):", "",
-                "| tokens | docs | dense-mask SDPA ms | per-document SDPA ms | speed-up | mask bytes avoided |",
-                "|---:|---:|---:|---:|---:|---:|"]
-        for a in attn_rows:
-            out.append(f"| {a['tokens']} | {a['docs']} | {a['dense']:.1f} | {a['per_doc']:.1f} | "
-                       f"{a['dense'] / a['per_doc']:.1f}× | {_mib(a['mask'])} |")
+        out += ["Attention alone (one layer, fwd+bwd):", "", markdown_table(
+            ["tokens", "docs", "dense-mask SDPA ms", "per-document SDPA ms", "speed-up", "mask bytes avoided"],
+            [[a["tokens"], a["docs"], f"{a['dense']:.1f}", f"{a['per_doc']:.1f}", f"{a['dense'] / a['per_doc']:.1f}×",
+              _mib(a["mask"])] for a in attn_rows], align="rrrrrr")]
     if model_rows:
-        out += ["", "Time model T_saved ≈ (L−1)·m (forward) and (2L−1)·m (checkpointed fwd+bwd); m = one "
-                "boundary derivation from position_ids:", "",
-                "| layers | tokens | m ms | predicted fwd ms | measured fwd ms | predicted fwd+bwd ms | "
-                "measured fwd+bwd ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
-        for t in model_rows:
-            out.append(f"| {t['layers']} | {t['tokens']} | {t['m']:.2f} | {t['pred_fwd']:.1f} | {t['meas_fwd']:.1f} | "
-                       f"{t['pred_step']:.1f} | {t['meas_step']:.1f} |")
-    return "\n".join(out) + "\n"
+        out += ["Time model T_saved ≈ (L−1)·m (forward) and (2L−1)·m (checkpointed fwd+bwd); m = one "
+                "boundary derivation from position_ids:", "", markdown_table(
+                    ["layers", "tokens", "m ms", "predicted fwd ms", "measured fwd ms", "predicted fwd+bwd ms",
+                     "measured fwd+bwd ms"],
+                    [[t["layers"], t["tokens"], f"{t['m']:.2f}", f"{t['pred_fwd']:.1f}", f"{t['meas_fwd']:.1f}",
+                      f"{t['pred_step']:.1f}", f"{t['meas_step']:.1f}"] for t in model_rows], align="rrrrrrr")]
+    return "\n".join(out)
 
 
-def plot(rows, attn_rows, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows, attn_rows):
+    """Step compute per configuration (left) and attention alone against tokens (right)."""
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     keys = sorted({(r["layers"], r["tokens"]) for r in rows})
     labels = [f"L={layers}\nT={tokens}" for layers, tokens in keys]
@@ -279,24 +278,21 @@ def plot(rows, attn_rows, path: str) -> None:
         axes[1].legend()
         axes[1].set_title("Attention alone")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fastkit bench packed", description=__doc__.splitlines()[0])
+    parser = bench_parser("packed", __doc__, quick="2 layers, 128 tokens, 1 repetition",
+                          gpu="bf16, realistic widths, 16/28 layers",
+                          repeats="interleaved repetitions, median reported (default 2; gpu 5)")
     parser.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default 16; gpu 16 28)")
     parser.add_argument("--tokens", type=int, nargs="+", default=None,
                         help="tokens per packed row (default 2048 8192; gpu 2048 8192 16384)")
     parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
-    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (median reported)")
     parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
-    parser.add_argument("--quick", action="store_true", help="CI smoke: 2 layers, 128 tokens, 1 repetition")
-    parser.add_argument("--gpu", action="store_true", help="H200 profile: bf16, realistic widths, 16/28 layers")
-    parser.add_argument("--out", default=ASSETS, help="folder for bench_packed.md / .png")
     args = parser.parse_args(argv)
 
-    device = torch.device("cuda" if args.gpu else "cpu")
+    device = bench_device(args.gpu)
     dtype = torch.bfloat16 if args.gpu else torch.float32
     shape = Shape(heads=32, kv_heads=8, head_dim=128, hidden=1024, intermediate=2048) if args.gpu else Shape()
     if args.quick:
@@ -304,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         layers = args.layers or ([16, 28] if args.gpu else [16])
         tokens = args.tokens or ([2048, 8192, 16384] if args.gpu else [2048, 8192])
-        reps = args.reps or (5 if args.gpu else 2)
+        reps = args.repeats or (5 if args.gpu else 2)
     args.reps = reps
     torch.manual_seed(0)
 
@@ -322,14 +318,10 @@ def main(argv: list[str] | None = None) -> int:
               f"activation checkpointing {'off' if args.no_checkpointing else 'on'}; median of {reps} interleaved "
               "repetitions. 'fastkit' gets host lengths (wrap_collator); 'positions only' derives them once from "
               "position_ids; 'per-layer metadata' re-derives them in every layer.")
-    table = render(rows, model_rows, attn_rows, header)
-    print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_packed.md"), "w") as f:
-        f.write(table)
-    plot(rows, attn_rows, os.path.join(args.out, "bench_packed.png"))
+    write_outputs("packed", render(rows, model_rows, attn_rows, header), plot(rows, attn_rows), out=args.out,
+                  quick=args.quick)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

@@ -4,7 +4,7 @@ Baseline: what a user gets today from transformers + TRL + PEFT with their defau
 with its default attention (sdpa; eager for GPT-OSS) and experts (``grouped_mm``), PEFT LoRA, and
 ``SFTTrainer(packing=True)`` (bfd, padding-free) with gradient checkpointing on (TRL's default).
 fastkit: the same weights, ``FastModel.patch`` (every patch the table lists), ``FastModel.get_peft_model``
-with the same LoRA init, and :func:`fastkit.train.make_trainer` with the same hyper-parameters.
+with the same LoRA init, and :func:`fastkit.training.make_trainer` with the same hyper-parameters.
 
 Both runs see the same packed batches in the same order; their loss curves must agree (the table
 shows the largest per-step difference). Runs alternate (baseline, fastkit, baseline, ...) so machine
@@ -13,14 +13,25 @@ noise hits both; medians of per-step times after warm-up are reported, with rati
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from fastkit.bench.common import machine_line, median, sync, write_outputs
+from fastkit import _hf
+from fastkit.bench.common import (
+    agg_pyplot,
+    bench_device,
+    bench_parser,
+    fmt_bytes,
+    machine_line,
+    markdown_table,
+    median,
+    run_cli,
+    sync,
+    write_outputs,
+)
 from fastkit.syncs import SyncCounter
 
 WARMUP_STEPS = 2
@@ -126,7 +137,7 @@ def _baseline_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
 
 def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
     from fastkit import FastModel
-    from fastkit.train import make_trainer
+    from fastkit.training import make_trainer
 
     FastModel.patch(model, max_seq_length=args.max_len)
     model = FastModel.get_peft_model(model, r=args.r, lora_alpha=args.r, random_state=3407,
@@ -138,7 +149,7 @@ def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
 def _syncs_per_step(trainer) -> int:
     """Host-device syncs in one training step (forward + backward) on a real batch."""
     batch = next(iter(trainer.get_train_dataloader()))
-    inputs = trainer._prepare_inputs(batch)
+    inputs = _hf.prepare_inputs(trainer, batch)
     with SyncCounter() as sc:
         trainer.training_step(trainer.model, inputs)
     trainer.model.zero_grad(set_to_none=True)
@@ -181,34 +192,31 @@ def _compare(case: Case, args, device) -> dict:
 
 
 def _fmt_mem(b) -> str:
-    return "n/a (CPU)" if b is None else f"{b / 2**30:.2f} GiB"
+    return fmt_bytes(b, "GiB", unknown="n/a (CPU)")
 
 
 def render(results: list[dict], header: str, args) -> str:
+    cells = []
+    for r in results:
+        b, f = r["base"], r["fast"]
+        cells.append([r["case"].name, f"{1 / b['step_s']:.2f}", f"{1 / f['step_s']:.2f}",
+                      f"**{b['step_s'] / f['step_s']:.2f}×**", f"{b['tokens_per_s']:.0f}", f"{f['tokens_per_s']:.0f}",
+                      _fmt_mem(b["peak"]), _fmt_mem(f["peak"]), b["syncs"], f["syncs"],
+                      f"{r['loss_diff']:.2e}{' †' if r['case'].note else ''}"])
+    table = markdown_table(["model", "steps/s plain", "steps/s fastkit", "speed-up", "tokens/s plain",
+                            "tokens/s fastkit", "peak mem plain", "peak mem fastkit", "syncs/step plain",
+                            "syncs/step fastkit", "max |Δloss|"], cells)
     lines = [f"# fastkit bench sft — {header}", "",
              f"{args.steps} LoRA steps (r={args.r}), packed rows of {args.max_len} tokens, batch 1, "
              f"checkpointing={'on' if args.checkpointing else 'off'}, median of steps after {WARMUP_STEPS} warm-up, "
-             f"{args.repeats} alternating repeat(s).", "",
-             "| model | steps/s plain | steps/s fastkit | speed-up | tokens/s plain | tokens/s fastkit | "
-             "peak mem plain | peak mem fastkit | syncs/step plain | syncs/step fastkit | max |Δloss| |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        b, f = r["base"], r["fast"]
-        lines.append(f"| {r['case'].name} | {1 / b['step_s']:.2f} | {1 / f['step_s']:.2f} | "
-                     f"**{b['step_s'] / f['step_s']:.2f}×** | {b['tokens_per_s']:.0f} | {f['tokens_per_s']:.0f} | "
-                     f"{_fmt_mem(b['peak'])} | {_fmt_mem(f['peak'])} | {b['syncs']} | {f['syncs']} | "
-                     f"{r['loss_diff']:.2e}{' †' if r['case'].note else ''} |")
+             f"{args.repeats} alternating repeat(s).", "", table.rstrip("\n")]
     notes = sorted({r["case"].note for r in results if r["case"].note})
     lines += [""] + [f"† {n}." for n in notes] if notes else []
     return "\n".join(lines) + "\n"
 
 
 def plot(results: list[dict]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2), squeeze=False)
     for ax, r in zip(axes[0], results):
         ax.plot(r["base"]["losses"], label="plain transformers + TRL", lw=2.5, alpha=0.6)
@@ -224,19 +232,17 @@ def plot(results: list[dict]):
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="fastkit bench sft", description=__doc__.splitlines()[0])
+    parser = bench_parser("sft", __doc__, quick="two tiny twins, 3 steps", gpu="1B/20B/30B-class layer shapes, 4k rows",
+                          repeats="alternating whole runs per side, medians reported (default 1)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--docs", type=int, default=400)
     parser.add_argument("--r", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     parser.add_argument("--cases", default="", help="comma-separated case name prefixes (default: all)")
-    parser.add_argument("--quick", action="store_true", help="tiny CI smoke run")
-    parser.add_argument("--gpu", action="store_true", help="H200 profile: 1B/20B/30B-class layer shapes, 4k rows")
-    parser.add_argument("--out", default=None, help="folder for bench_sft.md/.png (default assets/)")
     args = parser.parse_args(argv)
-    device = torch.device("cuda") if args.gpu and torch.cuda.is_available() else torch.device("cpu")
+    device = bench_device(args.gpu)
+    args.repeats = args.repeats or 1
     cases = GPU_CASES if args.gpu else CPU_CASES
     if args.gpu:
         args.max_len, args.steps, args.docs = 4096, 10, 2000
@@ -248,15 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
         results = [_compare(c, args, device) for c in cases]
-    md = render(results, machine_line(device), args)
-    path = write_outputs("sft", md, plot(results), args.out or (tmp_out() if args.quick else None))
-    print(md)
-    print(f"written: {path}")
+    write_outputs("sft", render(results, machine_line(device), args), plot(results), out=args.out, quick=args.quick)
     return 0
 
 
-def tmp_out() -> str:
-    """--quick runs write to a temp folder, never over the committed tables."""
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="fastkit-bench-")
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

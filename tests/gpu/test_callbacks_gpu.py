@@ -13,8 +13,7 @@ def test_gpu_memory_fields_and_syncs(tmp_path):
     from trl import SFTConfig, SFTTrainer
 
     from fastkit import FastModel
-    from fastkit.callbacks import MetricsCallback
-    from fastkit.dashboard import memory_rows
+    from fastkit.dashboard import MetricsCallback, memory_rows
     from fastkit.twins import twin, twin_tokenizer
 
     tok = twin_tokenizer()
@@ -34,8 +33,8 @@ def test_gpu_memory_fields_and_syncs(tmp_path):
     assert mem.allocated > 0 and mem.reserved >= mem.allocated
     assert m.peak_memory >= mem.allocated
     assert mem.total == torch.cuda.mem_get_info(mem.device)[1]
-    labels = [k for k, _ in memory_rows(m)]
-    assert "GPU allocated / reserved" in labels and "GPU peak / total" in labels
+    rows = memory_rows(m)
+    assert rows["gpu_memory"].label == "GPU allocated / reserved" and rows["gpu_peak"].label == "GPU peak / total"
     # TRL reads its per-step metrics back (.item()), so a whole step has host syncs, and they were counted
     assert m.syncs_per_step is not None and m.syncs_per_step > 0
     assert m.steps_per_s is not None and m.tokens_per_s is not None

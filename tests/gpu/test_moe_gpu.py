@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from fastkit.moe import MoEConfig, MoEExpertsPatch, experts_modules, grouped_mm_runs
-from fastkit.moe_lora import add_expert_lora
+from fastkit.patches.moe import MoEConfig, MoEExpertsPatch, experts_modules, grouped_mm_runs
+from fastkit.patches.moe_lora import add_expert_lora
 from fastkit.patching import apply_patch
 from fastkit.syncs import SyncCounter
 from fastkit.twins import twin

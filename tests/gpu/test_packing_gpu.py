@@ -15,8 +15,8 @@ import torch
 
 from fastkit import SyncCounter
 from fastkit.loader import FastModel
-from fastkit.packed_kernels import pick_kernel, sdpa_per_doc, varlen_flash_attn, varlen_torch
-from fastkit.packing import LENGTHS_KWARG, PackedBatch
+from fastkit.patches.packed_attention import pick_kernel, sdpa_per_doc, varlen_flash_attn, varlen_torch
+from fastkit.patches.packing import LENGTHS_KWARG, PackedBatch
 from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu

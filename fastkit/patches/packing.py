@@ -16,7 +16,10 @@ keys in transformers' ``AttentionInterface`` and wraps the decoder's ``forward``
   model (padded batches, generation with a cache, eval);
 - ``fastkit_packed_<orig>``: selected only for the duration of a packed forward; it has no mask
   function, so every ``create_*_mask`` returns ``None`` at once (no T×T mask, no sync). Attention runs
-  per document with the fastest exact kernel (:mod:`fastkit.packed_kernels`).
+  per document with the fastest exact kernel (:mod:`fastkit.patches.packed_attention`, pure torch).
+
+Every private transformers name (the config's attention key, the attention registries' global
+mappings, a family's own eager function) is reached through :mod:`fastkit._hf`.
 
 A :class:`PackedBatch` is built once per forward from host-side lengths (``wrap_collator`` puts them
 in the batch as Python ints; TRL's ``cu_seq_lens_q``/``max_length_q`` also work) and reaches every
@@ -32,16 +35,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastkit import packed_kernels
+from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.packed_kernels import PackedBatch, lengths_from_cu
+from fastkit.patches import packed_attention as kernels
+from fastkit.patches.packed_attention import PackedBatch, lengths_from_cu
 from fastkit.patching import Swapper
 
 logger = logging.getLogger(__name__)
@@ -85,7 +88,7 @@ def lengths_from_positions(position_ids: np.ndarray, attention_mask: np.ndarray 
     if not valid.all():
         raise FastkitError("position_ids restart inside a row that also has padding in attention_mask: this packed "
                            "layout is ambiguous. Drop the attention_mask (padding-free) or pass per-document lengths "
-                           f"('{LENGTHS_KWARG}', see fastkit.packing.wrap_collator).")
+                           f"('{LENGTHS_KWARG}', see fastkit.patches.packing.wrap_collator).")
     if (pos < 0).any():
         raise FastkitError("position_ids must be non-negative in a packed batch.")
     out = []
@@ -213,7 +216,7 @@ def build_metadata(config, call: dict) -> PackedBatch | None:
         return _metadata(config, rows, row_len, _check_lengths(host, rows, row_len), None, call)
     if rows != 1:
         raise FastkitError(f"cu_seq_lens_q describes one flattened row but the batch has {rows} rows; pass "
-                           f"per-row lengths as '{LENGTHS_KWARG}' (fastkit.packing.wrap_collator).")
+                           f"per-row lengths as '{LENGTHS_KWARG}' (fastkit.patches.packing.wrap_collator).")
     return _metadata(config, rows, row_len, None, cu, call)
 
 
@@ -242,12 +245,12 @@ def _attn_key(config, key: str):
     # whose attention function is the same dispatcher and finds the PackedBatch in its kwargs.
     # The config is shared by the decoder's modules only, so this is per model (not thread-safe for two
     # threads running the same model at once, like any module state).
-    previous = config._attn_implementation
-    config._attn_implementation = key
+    previous = _hf.attn_implementation(config)
+    _hf.set_attn_implementation(config, key)
     try:
         yield
     finally:
-        config._attn_implementation = previous
+        _hf.set_attn_implementation(config, previous)
 
 
 def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callable:
@@ -281,36 +284,6 @@ def _positions(meta: PackedBatch, call: dict) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------ attention fns
 
 
-class _ConfigView:
-    """A read-only view of a config that reports the original attention key (for flash delegation)."""
-
-    def __init__(self, config, attn: str):
-        object.__setattr__(self, "_config", config)
-        object.__setattr__(self, "_attn_implementation", attn)
-
-    def __getattr__(self, name):
-        return getattr(self._config, name)
-
-
-class _ModuleView:
-    """The attention module as the original flash function must see it: same module, original key."""
-
-    def __init__(self, module, attn: str):
-        object.__setattr__(self, "_module", module)
-        object.__setattr__(self, "config", _ConfigView(module.config, attn))
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-
-def _original_function(module, orig: str) -> Callable:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if orig == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward  # the family's own eager
-    return ALL_ATTENTION_FUNCTIONS[orig]
-
-
 def make_dispatcher(orig: str) -> Callable:
     """The attention function registered under both fastkit keys for an original backend ``orig``."""
 
@@ -320,18 +293,17 @@ def make_dispatcher(orig: str) -> Callable:
         meta = kwargs.pop(PACKED_KWARG, None)
         kwargs.pop(LENGTHS_KWARG, None)
         if meta is None:
-            target = _ModuleView(module, orig) if orig.startswith("flash") else module
+            target = _hf.AttentionView(module, orig) if orig.startswith("flash") else module
             extra = {k: v for k, v in (("sliding_window", sliding_window), ("softcap", softcap), ("s_aux", s_aux))
                      if v is not None}
-            return _original_function(module, orig)(target, query, key, value, attention_mask, dropout=dropout,
-                                                    scaling=scaling, **extra, **kwargs)
+            return _hf.attention_function(module, orig)(target, query, key, value, attention_mask,
+                                                        dropout=dropout, scaling=scaling, **extra, **kwargs)
         if query.shape[2] != key.shape[2]:
             raise FastkitError("A packed batch met cached keys (query and key lengths differ): packed documents "
                                "cannot continue a cache. Use use_cache=False.")
         window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-        out = packed_kernels.packed_attention(query, key, value, meta, scaling=scaling, dropout=dropout,
-                                              window=window, softcap=softcap, sinks=s_aux,
-                                              training=module.training)
+        out = kernels.packed_attention(query, key, value, meta, scaling=scaling, dropout=dropout, window=window,
+                                       softcap=softcap, sinks=s_aux, training=module.training)
         return out, None
 
     fastkit_attention.__name__ = f"fastkit_attention_{orig}"
@@ -340,15 +312,11 @@ def make_dispatcher(orig: str) -> Callable:
 
 def register_keys(orig: str) -> tuple[str, str]:
     """Register ``fastkit_<orig>`` (with the original mask) and ``fastkit_packed_<orig>`` (no mask)."""
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
     permanent, packed = f"fastkit_{orig}", f"fastkit_packed_{orig}"
-    if permanent not in AttentionInterface._global_mapping:
+    if not _hf.attention_registered(permanent):
         fn = make_dispatcher(orig)
-        AttentionInterface.register(permanent, fn)
-        AttentionInterface.register(packed, fn)
-        AttentionMaskInterface.register(permanent, AttentionMaskInterface._global_mapping[orig])
+        _hf.register_attention(permanent, fn, mask_like=orig)
+        _hf.register_attention(packed, fn)
     return permanent, packed
 
 
@@ -366,7 +334,7 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
 class PackedAttentionPatch:
     """Registry patch ``"packing"``: packed batches attend per document with metadata built once per batch."""
 
-    name = "packing"
+    name = registry.PACKING
 
     def __init__(self, facts=None):
         self.facts = facts
@@ -377,7 +345,7 @@ class PackedAttentionPatch:
         inner = _decoder(model)
         if inner is None or getattr(inner, "config", None) is not model.config:
             return "no decoder module sharing the model's config"
-        orig = model.config._attn_implementation
+        orig = _hf.attn_implementation(model.config)
         if orig not in SUPPORTED_BACKENDS:
             return f"attention backend {orig!r} is not one fastkit can delegate to ({', '.join(SUPPORTED_BACKENDS)})"
         if getattr(model.config, "is_causal", True) is False:
@@ -388,10 +356,10 @@ class PackedAttentionPatch:
 
     def apply(self, model: torch.nn.Module, swap: Swapper) -> None:
         config, inner = model.config, _decoder(model)
-        permanent, packed = register_keys(config._attn_implementation)
-        swap.setattr(config, "_attn_implementation", permanent)
+        permanent, packed = register_keys(_hf.attn_implementation(config))
+        _hf.set_attn_implementation(config, permanent, swap)
         swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))
-        logger.debug("fastkit.packing: %s -> %s (packed batches: %s)", type(model).__name__, permanent, packed)
+        logger.debug("fastkit packing: %s -> %s (packed batches: %s)", type(model).__name__, permanent, packed)
 
 
 __all__ = ["LENGTHS_KWARG", "PACKED_KWARG", "PackedAttentionPatch", "PackedBatch", "PackedCollator", "batch_lengths",

@@ -1,9 +1,9 @@
 """Packed attention kernels: attention within each document of a packed row, never a T×T mask.
 
-Called by :mod:`fastkit.packing` with one :class:`PackedBatch` (defined here) per forward. Every
-kernel takes transformers' layout — query ``(B, Hq, T, D)``, key/value ``(B, Hkv, T, Dv)`` — and
-returns ``(B, T, Hq, Dv)`` (what the attention interface returns), and computes exactly what the
-unpatched model computes for each document alone:
+Pure torch. Called by :mod:`fastkit.patches.packing` (the transformers glue) with one
+:class:`PackedBatch` (defined here) per forward. Every kernel takes transformers' layout — query
+``(B, Hq, T, D)``, key/value ``(B, Hkv, T, Dv)`` — and returns ``(B, T, Hq, Dv)`` (what the attention
+interface returns), and computes exactly what the unpatched model computes for each document alone:
 
 - ``varlen_flash_attn``: flash-attn 2 ``flash_attn_varlen_func`` (CUDA, fp16/bf16), GQA native,
   sliding window and softcap native;
@@ -48,7 +48,7 @@ def log_once(key: str, msg: str, *args) -> None:
 class PackedBatch:
     """Where the documents of one packed batch are.
 
-    Built once per forward by :mod:`fastkit.packing`; see Note [packed metadata lifetime] there.
+    Built once per forward by :mod:`fastkit.patches.packing`; see Note [packed metadata lifetime] there.
     """
 
     rows: int
@@ -67,8 +67,8 @@ class PackedBatch:
     def lengths(self) -> list[list[int]]:
         """Per-row lengths. Reading them from a device ``cu_device`` costs one sync, once per batch."""
         if self.lengths_host is None:
-            log_once("cu_sync", "fastkit.packing: document lengths read back from cu_seq_lens_q (1 host sync "
-                     "per batch); wrap the collator with fastkit.packing.wrap_collator to make it zero")
+            log_once("cu_sync", "fastkit packing: document lengths read back from cu_seq_lens_q (1 host sync "
+                     "per batch); wrap the collator with fastkit.patches.packing.wrap_collator to make it zero")
             self.lengths_host = [lengths_from_cu(self.cu_device.tolist(), self.row_len, "cu_seq_lens_q")]
         return self.lengths_host
 
@@ -150,19 +150,19 @@ def pick_kernel(q: torch.Tensor, v: torch.Tensor, *, dropout: float, softcap: fl
                 sinks: torch.Tensor | None) -> str:
     """The fastest exact kernel for this call (names as in the module docstring)."""
     if sinks is not None:
-        log_once("sinks", "fastkit.packing: attention sinks -> per-document eager attention (exact; "
+        log_once("sinks", "fastkit packing: attention sinks -> per-document eager attention (exact; "
                  "no varlen kernel here takes learned sinks with gradients)")
         return "eager_per_doc"
     if _varlen_shapes_ok(q, v) and _flash_attn_varlen() is not None:
         return "varlen_flash_attn"
     if softcap:
-        log_once("softcap", "fastkit.packing: logit soft-capping without flash-attn -> per-document eager")
+        log_once("softcap", "fastkit packing: logit soft-capping without flash-attn -> per-document eager")
         return "eager_per_doc"
     if (_varlen_shapes_ok(q, v) and dropout == 0.0 and _torch_varlen() is not None
             and torch.cuda.get_device_capability(q.device) >= (8, 0)):
         return "varlen_torch"
     if q.is_cuda:
-        log_once("sdpa_cuda", "fastkit.packing: no varlen kernel for %s/%s head dims %d/%d -> per-document "
+        log_once("sdpa_cuda", "fastkit packing: no varlen kernel for %s/%s head dims %d/%d -> per-document "
                  "SDPA", q.dtype, q.device, q.shape[-1], v.shape[-1])
     return "sdpa_per_doc"
 

@@ -6,7 +6,7 @@ warm-up steps excluded, loss / learning rate / grad norm curves, device memory r
 (``torch.cuda.mem_get_info``, not NVML, which fails on GB10), host RAM, and which fastkit
 optimizations are active on the model. Drawing is someone else's job: a listener
 (``callback.add_listener(fn)``) gets ``fn(event, metrics)`` for ``"begin"``, ``"step"``,
-``"log"`` and ``"end"``. :mod:`fastkit.dashboard` is such a listener.
+``"log"`` and ``"end"``. The views in :mod:`fastkit.dashboard.views` are such listeners.
 
 Only the main process reports: on other ranks the callback collects nothing and calls no
 listener, so a ``torchrun`` / ``accelerate launch`` job prints one dashboard.
@@ -289,26 +289,26 @@ def _training_device(args, model) -> torch.device:
 
 def _describe_model(m: TrainingMetrics, model, device: torch.device) -> None:
     """Model type, device and fastkit's active / skipped optimizations from its LoadReport."""
-    from fastkit.loader import base_model, report
+    from fastkit.loader import report
+    from fastkit.patching import unwrap
 
     m.device = str(device)
     if model is None:
         return
-    config = getattr(base_model(model), "config", None)
+    config = getattr(unwrap(model), "config", None)
     m.model_type = getattr(config, "model_type", None)
     rep = report(model)
     if rep is not None:
         m.device = rep.device
         m.optimizations, m.skipped = dict(rep.active), dict(rep.skipped)
-    if getattr(base_model(model), "is_activation_checkpointing", False):
+    if getattr(unwrap(model), "is_activation_checkpointing", False):
         m.optimizations.setdefault("gradient checkpointing", _checkpoint_mode(model))
 
 
 def _checkpoint_mode(model) -> str:
-    from fastkit.loader import base_model
-    from fastkit.patching import active_patches
+    from fastkit.patching import active_patches, unwrap
 
-    offload = any("offload" in name for name in active_patches(base_model(model)))
+    offload = any("offload" in name for name in active_patches(unwrap(model)))
     return "with double-buffered CPU offload" if offload else "recompute in backward"
 
 

@@ -1,14 +1,12 @@
-"""Double-buffered activation-checkpoint reload: checkpoint inputs live on the host, come back one layer early.
+"""The offload pipeline: pack/unpack hooks, reused host and device buffers, one-layer-early reloads.
 
-What it replaces. Under non-reentrant gradient checkpointing each decoder layer keeps only its
-input ``(B, T, H)`` on the device; backward recomputes the layer from it. transformers'
-``offload=True`` wraps each checkpoint in ``save_on_cpu(pin_memory=True)``: it copies that input
-to *fresh* pinned memory on the compute stream and copies it back on demand, so every reload
-stalls the backward (single buffer, no overlap). TRL's ``activation_offloading`` copies out on a
-side stream but still reloads only when autograd asks. This patch swaps each checkpointed layer's
-``_gradient_checkpointing_func`` (an instance attribute transformers sets) for
-:class:`OffloadedCheckpoint`, which runs the *same* ``torch.utils.checkpoint`` call inside
-saved-tensor hooks that:
+Pure torch (no transformers): :mod:`fastkit.patches.offload` decides whether and where to run it and
+swaps it into a model's checkpointed layers; this file is the ordering and lifetime logic, written
+against :class:`fastkit.patches.streams.CopyStreams` so the CPU copy stream tests the very code a GPU
+runs (tests/test_offload.py, tests/test_offload_races.py).
+
+What it does. :class:`OffloadedCheckpoint` runs a layer's own ``torch.utils.checkpoint`` call inside
+saved-tensor hooks (:class:`OffloadController` ``pack`` / ``unpack``) that:
 
 - forward: copy the layer input into a reused host buffer on the copy stream and drop the device
   copy (the allocator frees it once the copy is done);
@@ -16,19 +14,12 @@ saved-tensor hooks that:
   input of layer ``i-1`` -- the next one autograd will recompute -- into the other of two reused
   device buffers, so that copy overlaps layer ``i``'s recompute + backward; then swap.
 
-Why build on ``torch.utils.checkpoint`` (non-reentrant) with saved-tensor hooks rather than an
-own autograd Function: the checkpoint already saves exactly the layer's positional inputs through
-``saved_tensors_hooks`` (one pack per input, one unpack right before the recompute), replays the
-CPU and CUDA RNG state (dropout masks are identical), replays autocast, stops the recompute early
-and checks that the recompute saved the same tensors. Keyword arguments -- the packed-batch
-metadata (``cu_seq_lens_q/k``, ``max_length_q/k``), position embeddings, masks -- are bound into
-``partial(forward, self, **kwargs)`` by transformers and reach the recompute untouched. Only the
-*storage* of the saved input changes, so gradients are bitwise those of plain checkpointing.
+Only the *storage* of the saved input changes, so gradients are bitwise those of plain checkpointing.
 
 What must not change: the tensor handed to the recompute has the input's shape, dtype, device and
 values; no host sync inside a layer (events and stream waits only; the CPU stream blocks the host
-because the host *is* its compute stream); ``fastkit.patching.revert`` restores the original
-checkpoint function object on every layer.
+because the host *is* its compute stream). The Notes below say why each buffer may be read or
+rewritten when it is.
 
 Time model (L offloaded layers, reload c and backward g per layer): single buffer ~ L*(c+g),
 double buffer ~ c + (L-1)*max(c, g) + g. Checked in ``fastkit bench offload`` (docs/offload.md).
@@ -44,56 +35,33 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from fastkit.device import GiB, host_ram
-from fastkit.errors import FastkitError
-from fastkit.patching import Swapper, apply_patch
-from fastkit.streams import CopyStreams, CpuStreams, CudaStreams, Span, Throttle
+from fastkit.patches.streams import CopyStreams, Span
 
 logger = logging.getLogger(__name__)
 
 MiB = 1024**2
-CONTROLLER_ATTR = "_fastkit_offload"
+GiB = 1024**3
 
 
-@dataclass
-class OffloadConfig:
-    """When and how checkpoint inputs are offloaded. Defaults fit a single consumer GPU."""
+class PipelineConfig(Protocol):
+    """What the pipeline reads from its config (:class:`fastkit.patches.offload.OffloadConfig` is one)."""
 
-    min_tokens: int = 512
-    """Keep a layer input on the device when it holds fewer tokens (``numel / hidden``, all rows of
-    the batch) than this: below ~512 tokens the copies cost more than the memory is worth."""
-    min_bytes: int = 1 * MiB
-    """Keep a layer input on the device when it is smaller than this many bytes."""
-    skip_last_layer: bool = True
-    """Keep the last checkpointed layer's input on the device: backward needs it first, right
-    after the forward ends, so offloading it can only add a copy to the critical path."""
-    double_buffer: bool = True
-    """Prefetch the next layer's input while the current layer recomputes (two device buffers).
-    False: single buffer, each reload waits (the ``L*(c+g)`` baseline, for comparison)."""
-    vram_headroom_bytes: int = 1 * GiB
-    """Below this much free device memory at enable time, use a single device buffer."""
-    pinned_budget_bytes: int | None = None
-    """Most bytes of host staging buffers (pinned where pinning works). Layers that would go over
-    it keep their input on the device (plain checkpointing for that layer, logged once). None:
-    the host RAM available at enable time minus ``host_ram_reserve_bytes``."""
-    host_ram_reserve_bytes: int = 2 * GiB
-    """Host RAM left for everything else (data loader, optimizer state on CPU, the notebook)."""
-    expected_tokens: int | None = None
-    """Tokens per micro-batch (batch x sequence) for the host-RAM check before training. None: the
-    fastkit load report's ``max_seq_length`` (batch 1) when there is one, else no up-front check."""
-    pin_memory: bool = True
-    """Use page-locked host buffers (fast async copies); falls back to pageable when pinning fails."""
-    force_cpu_stream: bool = False
-    """Run the pipeline on a CPU model with the worker-thread copy stream (tests, benchmarks)."""
-    throttle: Throttle | None = None
-    """CPU stream only: slow, poisoning copies (race tests, the time-model benchmark)."""
-    trace: bool = False
-    """Record copy and compute spans (``controller.streams.trace``) for the overlap test."""
+    min_tokens: int
+    """Keep a layer input on the device below this many tokens."""
+    min_bytes: int
+    """Keep a layer input on the device below this many bytes."""
+    skip_last_layer: bool
+    """Keep the last checkpointed layer's input on the device."""
+    pin_memory: bool
+    """Use page-locked host buffers where pinning works."""
+
+    def check_host_ram(self, nbytes: int, held: int) -> None:
+        """Raise if ``nbytes`` more of host RAM (``held`` already in buffers) cannot be spared."""
 
 
 @dataclass
@@ -120,99 +88,12 @@ class OffloadStats:
     """Reloads started only when the layer was unpacked (single buffer, or an unpredicted order)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Deciding what mode to run in
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Decision:
-    """What :func:`decide` chose, and why."""
-
-    mode: str
-    """``"double-buffer"``, ``"single-buffer"`` or ``"checkpoint"`` (no offload)."""
-    reason: str
-    """One human sentence, logged by :func:`enable_offload`."""
-    device: torch.device
-    """Where the model's activations live."""
-
-    def describe(self) -> str:
-        if self.mode == "checkpoint":
-            return f"checkpoint (offload skipped: {self.reason})"
-        return self.mode
-
-
 def fmt_bytes(n: float) -> str:
     """``1.50 GiB``, ``12.0 MiB``, ``24.0 KiB``: the unit that keeps the number readable."""
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def decide(model: torch.nn.Module, config: OffloadConfig) -> Decision:
-    """Pick the offload mode for ``model`` on this machine. Reads device facts; changes nothing."""
-    device = _model_device(model)
-    buffers = "double-buffer" if config.double_buffer else "single-buffer"
-    if config.force_cpu_stream:
-        if device.type != "cpu":
-            raise FastkitError(f"OffloadConfig.force_cpu_stream=True runs the pipeline on a CPU model; this model "
-                               f"is on {device}. Leave force_cpu_stream off on a GPU.")
-        return Decision(buffers, "CPU copy stream forced (test/benchmark pipeline)", device)
-    if device.type != "cuda":
-        return Decision("checkpoint", f"no CUDA device (model on {device}): activations already live in host "
-                        "memory, so there is nothing to offload", device)
-    props = torch.cuda.get_device_properties(device)
-    if getattr(props, "is_integrated", False):
-        return Decision("checkpoint", f"{props.name} has unified memory: host and device share the same RAM, "
-                        "so a copy frees nothing and only costs bandwidth", device)
-    free, _ = torch.cuda.mem_get_info(device)
-    if config.double_buffer and free < config.vram_headroom_bytes:
-        return Decision("single-buffer", f"free VRAM {free / GiB:.2f} GiB is below the "
-                        f"{config.vram_headroom_bytes / GiB:.2f} GiB headroom for a second buffer", device)
-    return Decision(buffers, f"{props.name}, {free / GiB:.1f} GiB free", device)
-
-
-def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers that gradient checkpointing wraps, in forward order."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return [m for m in model.modules()
-            if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False)]
-
-
-def _hidden_size(model: torch.nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
-    return getattr(text, "hidden_size", None)
-
-
-def check_host_budget(model: torch.nn.Module, tokens: int, config: OffloadConfig | None = None) -> int:
-    """Raise :class:`FastkitError` if offloading ``tokens`` per micro-batch cannot fit in host RAM.
-
-    Returns the host bytes the offloaded layer inputs will need (one buffer per offloaded layer).
-    """
-    config = config or OffloadConfig()
-    hidden = _hidden_size(model)
-    layers = checkpointed_layers(model)
-    if hidden is None or not layers:
-        return 0
-    n_off = len(layers) - (1 if config.skip_last_layer else 0)
-    elem = next(model.parameters()).element_size()
-    need = n_off * tokens * hidden * elem
-    avail, total = host_ram()
-    if need > avail - config.host_ram_reserve_bytes:
-        raise FastkitError(
-            f"Activation offload needs {need / GiB:.2f} GiB of host RAM ({n_off} layers x {tokens} tokens x "
-            f"hidden {hidden} x {elem} B), but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available and "
-            f"{config.host_ram_reserve_bytes / GiB:.2f} GiB is kept in reserve. Use "
-            "use_gradient_checkpointing=True (no offload), a shorter max_seq_length or a smaller batch.")
-    return need
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +121,7 @@ class HostPool:
     See Note: [host buffer reuse].
     """
 
-    def __init__(self, streams: CopyStreams, config: OffloadConfig, budget: int) -> None:
+    def __init__(self, streams: CopyStreams, config: PipelineConfig, budget: int) -> None:
         self.streams = streams
         self.config = config
         self.budget = budget
@@ -265,7 +146,7 @@ class HostPool:
             nbytes = cap * torch.empty((), dtype=dtype).element_size()
             if self.total + nbytes > self.budget:
                 return None
-            self._check_ram(nbytes)
+            self.config.check_host_ram(nbytes, self.total)
             buf = self._allocate(cap, dtype)
             self.total += nbytes
             self.stats.host_allocs += 1
@@ -284,15 +165,6 @@ class HostPool:
                 logger.warning("fastkit offload: pinned host memory unavailable (%s; WSL caps it at 1-2 GB); "
                                "using pageable memory, reloads will be slower", exc)
         return self.streams.empty_host(cap, dtype, pin=False)
-
-    def _check_ram(self, nbytes: int) -> None:
-        avail, total = host_ram()
-        if nbytes > avail - self.config.host_ram_reserve_bytes:
-            raise FastkitError(
-                f"Activation offload needs another {nbytes / MiB:.0f} MiB of host RAM (already holding "
-                f"{self.total / GiB:.2f} GiB), but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available "
-                f"and {self.config.host_ram_reserve_bytes / GiB:.2f} GiB is kept in reserve. Use "
-                "use_gradient_checkpointing=True (no offload) or shorter sequences.")
 
 
 class DevicePool:
@@ -353,7 +225,7 @@ def _dead() -> None:
 class OffloadController:
     """Pack/unpack hooks, the two pools and the prefetch decision for one model."""
 
-    def __init__(self, streams: CopyStreams, config: OffloadConfig, n_layers: int, double_buffer: bool,
+    def __init__(self, streams: CopyStreams, config: PipelineConfig, n_layers: int, double_buffer: bool,
                  host_budget: int) -> None:
         self.streams = streams
         self.config = config
@@ -524,7 +396,8 @@ class OffloadController:
 
 
 class OffloadedCheckpoint:
-    """Drop-in for a layer's ``_gradient_checkpointing_func``: the same checkpoint, offloaded input."""
+    """Drop-in for a layer's checkpoint function (transformers' ``_gradient_checkpointing_func``, swapped by
+    :class:`fastkit.patches.offload.OffloadPatch`): the same checkpoint call, its saved input offloaded."""
 
     def __init__(self, original: Callable, controller: OffloadController, layer: int) -> None:
         self.original = original
@@ -538,122 +411,3 @@ class OffloadedCheckpoint:
         with saved_tensors_hooks(pack, self.controller.unpack):
             return self.original(function, *args, **kwargs)
 
-
-def _is_plain_checkpoint(func: Any) -> str | None:
-    """Why ``func`` is not ``partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)``."""
-    from torch.utils.checkpoint import checkpoint
-
-    if isinstance(func, OffloadedCheckpoint):
-        return "offload is already active on a layer"
-    if not isinstance(func, functools.partial) or func.func is not checkpoint:
-        return (f"the checkpoint function is {getattr(func, '__name__', type(func).__name__)}, not "
-                "torch.utils.checkpoint.checkpoint (transformers' offload=True or a custom one is active)")
-    if func.keywords.get("use_reentrant", True) is not False:
-        return "reentrant checkpointing saves no tensors through hooks; enable it with use_reentrant=False"
-    return None
-
-
-class OffloadPatch:
-    """The ``offload`` patch: swap each checkpointed layer's checkpoint function (see module docstring)."""
-
-    name = "offload"
-
-    def __init__(self, config: OffloadConfig | None = None, decision: Decision | None = None) -> None:
-        self.config = config if isinstance(config, OffloadConfig) else OffloadConfig()
-        self.decision = decision
-
-    def check(self, model: torch.nn.Module) -> str | None:
-        layers = checkpointed_layers(model)
-        if not layers:
-            return "gradient checkpointing is not enabled (call model.gradient_checkpointing_enable first)"
-        for layer in layers:
-            reason = _is_plain_checkpoint(layer._gradient_checkpointing_func)
-            if reason:
-                return reason
-        decision = self.decision or decide(model, self.config)
-        if decision.mode == "checkpoint":
-            return decision.reason
-        return None
-
-    def apply(self, model: torch.nn.Module, swap: Swapper) -> None:
-        decision = self.decision or decide(model, self.config)
-        layers = checkpointed_layers(model)
-        controller = OffloadController(_make_streams(decision, self.config), self.config, len(layers),
-                                       decision.mode == "double-buffer", _host_budget(self.config))
-        for i, layer in enumerate(layers):
-            swap.setattr(layer, "_gradient_checkpointing_func",
-                         OffloadedCheckpoint(layer._gradient_checkpointing_func, controller, i))
-        swap.setattr(model, CONTROLLER_ATTR, controller)
-
-
-def _make_streams(decision: Decision, config: OffloadConfig) -> CopyStreams:
-    if decision.device.type == "cuda":
-        return CudaStreams(decision.device, trace=config.trace)
-    return CpuStreams(throttle=config.throttle, trace=config.trace)
-
-
-def _host_budget(config: OffloadConfig) -> int:
-    if config.pinned_budget_bytes is not None:
-        return config.pinned_budget_bytes
-    avail, _ = host_ram()
-    return max(0, avail - config.host_ram_reserve_bytes)
-
-
-def offload_controller(model: torch.nn.Module) -> OffloadController | None:
-    """The active :class:`OffloadController` of ``model`` (a PEFT wrapper is looked through), or None."""
-    from fastkit.loader import base_model
-
-    return getattr(base_model(model), CONTROLLER_ATTR, None)
-
-
-def offload_active(model: torch.nn.Module) -> bool:
-    """True when every checkpointed layer still runs :class:`OffloadedCheckpoint`.
-
-    ``Trainer(args.activation_checkpointing=True)`` re-enables checkpointing in its ``__init__`` and
-    replaces every layer's checkpoint function, silently dropping the offload: models prepared by
-    fastkit must be trained with ``activation_checkpointing=False`` (checkpointing is already on).
-    """
-    from fastkit.loader import base_model
-
-    layers = checkpointed_layers(base_model(model))
-    return bool(layers) and all(isinstance(m._gradient_checkpointing_func, OffloadedCheckpoint) for m in layers)
-
-
-def _expected_tokens(model: torch.nn.Module, config: OffloadConfig) -> int | None:
-    if config.expected_tokens is not None:
-        return config.expected_tokens
-    from fastkit.loader import report
-
-    rep = report(model)
-    return rep.max_seq_length if rep is not None else None
-
-
-def enable_offload(model: torch.nn.Module, config: OffloadConfig | None = None) -> str:
-    """Turn plain (non-reentrant) gradient checkpointing on ``model`` into offloaded checkpointing.
-
-    Call after ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant":
-    False})``. Returns the mode in effect: ``"double-buffer"``, ``"single-buffer"`` or
-    ``"checkpoint (offload skipped: <reason>)"``; the decision is logged. Raises
-    :class:`FastkitError` when the host RAM cannot hold the offloaded activations.
-    """
-    config = config or OffloadConfig()
-    decision = decide(model, config)
-    if decision.mode == "checkpoint":
-        logger.warning("fastkit: activation offload requested, but %s; training with plain gradient "
-                       "checkpointing.", decision.reason)
-        return decision.describe()
-    tokens = _expected_tokens(model, config)
-    if tokens is not None:
-        check_host_budget(model, tokens, config)
-    ok, how = apply_patch(model, OffloadPatch(config, decision))
-    if not ok:
-        logger.warning("fastkit: activation offload not applied (%s); training with plain gradient checkpointing.",
-                       how)
-        return f"checkpoint (offload skipped: {how})"
-    logger.info("fastkit: activation offload %s on %d checkpointed layers (%s)", decision.mode,
-                len(checkpointed_layers(model)), decision.reason)
-    return decision.mode
-
-
-__all__ = ["Decision", "OffloadConfig", "OffloadController", "OffloadPatch", "OffloadStats", "OffloadedCheckpoint",
-           "Throttle", "check_host_budget", "checkpointed_layers", "decide", "enable_offload", "fmt_bytes", "offload_active", "offload_controller"]

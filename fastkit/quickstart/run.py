@@ -1,4 +1,4 @@
-"""The offline quickstart: LoRA-tune SmolLM2-135M-Instruct to answer in one line of JSON.
+"""Running the quickstart end to end: load, ask, LoRA, train under the dashboard, ask again.
 
 Runs on a 2-core CPU in a few minutes, on a GPU in seconds. Same steps as
 ``notebooks/00_quickstart.ipynb``: load -> ask -> LoRA -> SFTTrainer (packing on) -> ask again.
@@ -10,12 +10,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fastkit.dashboard import fit
-from fastkit.data import quickstart_dataset
 from fastkit.device import GiB
+from fastkit.export import chat
 from fastkit.loader import FastModel
-from fastkit.train import chat, make_trainer
-from fastkit.weights import smollm2_135m_instruct
+from fastkit.quickstart.data import quickstart_dataset
+from fastkit.quickstart.weights import smollm2_135m_instruct
+from fastkit.training import fit, make_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +92,6 @@ def run(config: QuickstartConfig | None = None, view: str = "auto") -> Quickstar
     result.seconds = time.perf_counter() - start
     logger.info("fastkit quickstart:\n%s", result.summary())
     return result
+
+
+__all__ = ["QuickstartConfig", "QuickstartResult", "run"]

@@ -1,4 +1,4 @@
-"""A copy stream and its events, on CUDA or on the CPU, for :mod:`fastkit.offload`.
+"""A copy stream and its events, on CUDA or on the CPU, for :mod:`fastkit.patches.offload_pipeline`.
 
 The offload pipeline (copy a layer's input to host memory in forward, bring it back one layer
 ahead in backward) is ordering and lifetime logic: which copy may start when, which buffer may be
@@ -16,7 +16,7 @@ This module gives it one small interface, :class:`CopyStreams`, with two impleme
   records copy and compute spans for the overlap test and the time-model benchmark.
 
 What must not change: copies on one :class:`CopyStreams` run in the order issued (the host-buffer
-reuse argument in :mod:`fastkit.offload` relies on it), and ``copy`` keeps its source and
+reuse argument in :mod:`fastkit.patches.offload_pipeline` relies on it), and ``copy`` keeps its source and
 destination alive until the copy is done.
 """
 
@@ -125,7 +125,7 @@ class CudaStreams(CopyStreams):
         self.trace = Trace() if trace else None
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, kind: str, tag: Any = None) -> torch.cuda.Event:
-        # See Note: [copy after produce] in fastkit/offload.py: wait for the compute stream *now*.
+        # See Note: [copy after produce] in fastkit/patches/offload_pipeline.py: wait for the compute stream *now*.
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)

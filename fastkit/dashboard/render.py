@@ -1,0 +1,324 @@
+"""Pure rendering of :class:`~fastkit.dashboard.callbacks.TrainingMetrics`: text, HTML and PNG.
+
+Nothing here holds state or touches a widget: every function takes the metrics and returns a string
+(or PNG bytes), so the views (:mod:`fastkit.dashboard.views`) and the tests share one source of truth.
+The numbers come as keyed :data:`Rows` (``rows["steps_per_s"].value``): lookups never depend on
+where a row sits in the table.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from typing import NamedTuple
+
+from fastkit.dashboard.callbacks import TrainingMetrics
+from fastkit.device import GiB
+
+PLOT_SIZE_IN = (5.2, 2.2)
+"""Live plot size (width, height) in inches at 100 dpi."""
+_MUTED = "var(--jp-ui-font-color2, #666)"
+BORDER = "var(--jp-border-color2, #ddd)"
+"""Panel and summary border colour (JupyterLab's theme variable where there is one)."""
+_STATUS_COLOR = {"running": "#1a73e8", "finished": "#188038", "interrupted": "#e37400", "failed": "#d93025"}
+_OP_NAMES = {"_local_scalar_dense": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "_to_copy": "copy to host"}
+_STATUS_MARK = {"running": "●", "finished": "✓", "interrupted": "■", "failed": "✗", "idle": "○"}
+
+
+# -- formatting ----------------------------------------------------------------------------
+def fmt_duration(seconds: float | None) -> str:
+    """``h:mm:ss`` (or ``m:ss``); '—' when unknown."""
+    if seconds is None:
+        return "—"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def fmt_gib(n: int | None) -> str:
+    return "—" if n is None else f"{n / GiB:.2f} GiB"
+
+
+def fmt_rate(value: float | None, unit: str) -> str:
+    """``1,234 tokens/s``, ``8.00 steps/s``, ``0.0123 steps/s``; '—' when unknown."""
+    if value is None:
+        return "—"
+    if value >= 100:
+        return f"{value:,.0f} {unit}"
+    return f"{value:.2f} {unit}" if value >= 1 else f"{value:#.3g} {unit}"
+
+
+def fmt_num(value: float | None, spec: str = ".4g") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def throughput_note(m: TrainingMetrics) -> str:
+    if m.steps_per_s is None and m.status == "running":
+        return f"warming up ({m.warmup_steps} steps excluded)"
+    return f"{m.warmup_steps} warm-up steps excluded"
+
+
+# -- the rows every view shows ---------------------------------------------------------------
+class Row(NamedTuple):
+    """One line of a two-column table: what the reader sees on the left and on the right."""
+
+    label: str
+    value: str
+
+
+Rows = dict[str, Row]
+"""Table rows in display order, keyed by a stable name (``"steps_per_s"``, ``"gpu_peak"``, ...)."""
+
+
+def insert_after(rows: Rows, after: str, key: str, row: Row) -> Rows:
+    """``rows`` with ``key: row`` placed right after ``after`` (at the end when ``after`` is absent)."""
+    if after not in rows:
+        return {**rows, key: row}
+    out: Rows = {}
+    for k, r in rows.items():
+        out[k] = r
+        if k == after:
+            out[key] = row
+    return out
+
+
+def without(rows: Rows, *keys: str) -> Rows:
+    """``rows`` minus ``keys``."""
+    return {k: r for k, r in rows.items() if k not in keys}
+
+
+def memory_rows(m: TrainingMetrics) -> Rows:
+    """Memory rows: device memory via torch on a GPU, host RAM always.
+
+    Keys: ``gpu_memory``, ``gpu_peak`` (GPU only), ``process_ram``, ``host_ram``.
+    """
+    mem = m.memory
+    rows: Rows = {}
+    if mem is not None and m.on_gpu:
+        rows["gpu_memory"] = Row("GPU allocated / reserved", f"{mem.allocated / GiB:.2f} / {fmt_gib(mem.reserved)}")
+        rows["gpu_peak"] = Row("GPU peak / total", f"{m.peak_memory / GiB:.2f} / {fmt_gib(mem.total)}")
+    if mem is not None:
+        if m.on_gpu:
+            rows["process_ram"] = Row("Process RAM", fmt_gib(mem.host_rss))
+        else:
+            peak = fmt_gib(max(m.peak_memory, mem.host_rss))
+            rows["process_ram"] = Row("Process RAM now / peak", f"{mem.host_rss / GiB:.2f} / {peak}")
+    if m.host_total:
+        used = m.host_total - m.host_available
+        rows["host_ram"] = Row("Host RAM used / total", f"{fmt_gib(used)} / {fmt_gib(m.host_total)}")
+    return rows
+
+
+def stat_rows(m: TrainingMetrics) -> Rows:
+    """Rows for the numbers panel and the summary table.
+
+    Keys: ``steps``, ``elapsed``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
+    ``learning_rate``, ``grad_norm``, then :func:`memory_rows`' keys, then ``syncs`` (when measured).
+    """
+    eta = f" (ETA {fmt_duration(m.eta_s)})" if m.status == "running" else ""
+    rows: Rows = {
+        "steps": Row("Steps", f"{m.step} / {m.max_steps}"),
+        "elapsed": Row("Elapsed", fmt_duration(m.elapsed_s) + eta),
+        "steps_per_s": Row("Steps/s", fmt_rate(m.steps_per_s, "steps/s")),
+        "tokens_per_s": Row("Tokens/s", fmt_rate(m.tokens_per_s, "tokens/s")),
+        "tokens_seen": Row("Tokens trained", "—" if m.tokens_seen is None else f"{m.tokens_seen:,}"),
+        "loss": Row("Loss", fmt_num(m.loss)),
+        "learning_rate": Row("Learning rate", fmt_num(m.learning_rate, ".2e")),
+        "grad_norm": Row("Grad norm", fmt_num(m.grad_norm, ".3g")),
+    }
+    rows.update(memory_rows(m))
+    if m.syncs_per_step is not None:
+        top = ", ".join(f"{_OP_NAMES.get(op, op)} ×{n}" for op, n in list(m.syncs_by_op.items())[:3])
+        rows["syncs"] = Row("Host syncs / step", f"{m.syncs_per_step}" + (f" ({top})" if top else ""))
+    return rows
+
+
+def optimization_items(m: TrainingMetrics) -> list[tuple[bool, str, str]]:
+    """(active, name, how-or-why) for every optimization fastkit considered."""
+    return [(True, k, v) for k, v in m.optimizations.items()] + [(False, k, v) for k, v in m.skipped.items()]
+
+
+# -- plots -----------------------------------------------------------------------------------
+def plot_png(m: TrainingMetrics, size: tuple[float, float] = PLOT_SIZE_IN, dpi: int = 100) -> bytes:
+    """Loss and learning-rate curves (grad norm on the loss panel's right axis) as PNG bytes.
+
+    Uses matplotlib's object API with the Agg canvas, so it never touches pyplot's global figure
+    state or the notebook's inline backend.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax_loss, ax_lr = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    _curve(ax_loss, m.loss_history, "#1a73e8", "loss")
+    ax_loss.set_title("Training loss", fontsize=9, loc="left")
+    if m.grad_norm_history and m.loss_history:
+        ax_gn = ax_loss.twinx()
+        _curve(ax_gn, m.grad_norm_history, "#9aa0a6", "grad norm", lw=1.0, ls="--")
+        ax_gn.set_ylabel("grad norm", fontsize=7, color="#80868b")
+        ax_gn.tick_params(labelsize=7, colors="#80868b")
+        ax_gn.spines[["top"]].set_visible(False)
+        ax_loss.set_title("Training loss · grad norm (dashed, right)", fontsize=9, loc="left")
+    _curve(ax_lr, m.lr_history, "#e37400", "learning rate")
+    ax_lr.set_title("Learning rate", fontsize=9, loc="left")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    ax_lr.yaxis.get_offset_text().set_fontsize(7)
+    for ax in (ax_loss, ax_lr):
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25, lw=0.6)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.set_xlim(0, max(m.step, 1) * 1.03)  # the steps done so far, readable early in a long run
+    fig.tight_layout(pad=0.6)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def _curve(ax, points: list[tuple[int, float]], color: str, label: str, lw: float = 1.6, ls: str = "-") -> None:
+    if not points:
+        ax.text(0.5, 0.5, f"no {label} logged yet", ha="center", va="center", fontsize=8, color="#80868b",
+                transform=ax.transAxes)
+        return
+    steps, values = zip(*points)
+    ax.plot(steps, values, color=color, lw=lw, ls=ls, marker="o" if len(points) < 30 else None, ms=2.5)
+
+
+# -- HTML --------------------------------------------------------------------------------------
+def table_html(rows: Rows) -> str:
+    """A borderless two-column HTML table of ``rows`` (labels muted, values in tabular figures)."""
+    cells = "".join(
+        f"<tr style='background:none'><td style='padding:1px 12px 1px 0;color:{_MUTED};white-space:nowrap;"
+        f"text-align:left;border:none'>{html.escape(k)}</td><td style='padding:1px 0;text-align:left;border:none;"
+        f"font-variant-numeric:tabular-nums;white-space:nowrap'>{html.escape(v)}</td></tr>"
+        for k, v in rows.values())
+    return (f"<table style='border-collapse:collapse;font-size:12px;line-height:1.45;margin:0;"
+            f"table-layout:auto'>{cells}</table>")
+
+
+def optimizations_html(m: TrainingMetrics) -> str:
+    items = optimization_items(m)
+    if not items:
+        return f"<div style='font-size:12px;color:{_MUTED}'>fastkit optimizations: none reported for this model</div>"
+    chips = []
+    for active, name, how in items:
+        color, mark = ("#188038", "✓") if active else ("#80868b", "–")
+        chips.append(f"<span title='{html.escape(how, quote=True)}' style='display:inline-block;margin:1px 6px 1px 0;"
+                     f"padding:0 6px;border:1px solid {color};border-radius:9px;color:{color}'>"
+                     f"{mark} {html.escape(name)}<span style='color:{_MUTED}'>: {html.escape(shorten(how))}</span>"
+                     "</span>")
+    return f"<div style='font-size:11.5px;line-height:1.7'><b>fastkit</b> {''.join(chips)}</div>"
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def header_html(m: TrainingMetrics, title: str | None = None) -> str:
+    color = _STATUS_COLOR.get(m.status, _MUTED)
+    name = title or " · ".join(x for x in (m.model_type, m.device) if x)
+    status = f"{_STATUS_MARK.get(m.status, '')} {m.status}"
+    why = (f"<div style='font-size:12px;color:{color}'>{html.escape(m.error)}</div>"
+           if m.error and m.status != "finished" else "")
+    return (f"<div style='display:flex;justify-content:space-between;align-items:baseline;gap:12px;font-size:13px'>"
+            f"<span><b>fastkit training</b> <span style='color:{_MUTED}'>{html.escape(name)}</span></span>"
+            f"<span style='color:{color};font-weight:600;white-space:nowrap'>{html.escape(status)}</span></div>{why}")
+
+
+def progress_text(m: TrainingMetrics) -> str:
+    pct = f"{100 * m.progress:.0f}%"
+    eta = f"ETA {fmt_duration(m.eta_s)}" if m.status == "running" else m.status
+    rate = fmt_rate(m.steps_per_s, "steps/s") if m.steps_per_s else throughput_note(m)
+    return (f"<span style='font-size:12px;font-variant-numeric:tabular-nums'>step <b>{m.step}</b> / {m.max_steps}"
+            f" · {pct} · {fmt_duration(m.elapsed_s)} elapsed · {eta} · {html.escape(rate)}</span>")
+
+
+def summary_html(m: TrainingMetrics, title: str | None = None) -> str:
+    """The static end-of-training summary: header, numbers table, optimizations (no widgets)."""
+    first = m.loss_history[0][1] if m.loss_history else None
+    rows = stat_rows(m)
+    if first is not None and m.loss is not None:
+        rows = insert_after(rows, "loss", "loss_first_last", Row("Loss first → last", f"{first:.4g} → {m.loss:.4g}"))
+    rows["throughput_window"] = Row("Throughput window", throughput_note(m))
+    return (f"<div class='fastkit-summary' style='border:1px solid {BORDER};border-radius:6px;padding:8px 12px;"
+            f"max-width:760px'>{header_html(m, title)}<div style='margin:6px 0'>{table_html(rows)}</div>"
+            f"{optimizations_html(m)}</div>")
+
+
+def summary_text(m: TrainingMetrics) -> str:
+    """The summary as plain text lines (terminal view, logs)."""
+    rows = stat_rows(m).values()
+    width = max(len(k) for k, _ in rows)
+    lines = [f"fastkit: training {m.status} at step {m.step}/{m.max_steps}" + (f" ({m.error})" if m.error else "")]
+    lines += [f"fastkit:   {k:<{width}}  {v}" for k, v in rows]
+    lines += [f"fastkit:   {'+' if a else '-'} {name}: {how}" for a, name, how in optimization_items(m)]
+    return "\n".join(lines)
+
+
+def progress_line(m: TrainingMetrics) -> str:
+    """One compact terminal line: step, %, rates, loss, LR, memory, ETA."""
+    mem = m.memory
+    if mem is not None and m.on_gpu:
+        mem_s = f"mem {mem.allocated / GiB:.1f}/{mem.total / GiB:.1f} GiB"
+    elif mem is not None:
+        mem_s = f"rss {mem.host_rss / GiB:.1f} GiB"
+    else:
+        mem_s = ""
+    parts = [f"step {m.step}/{m.max_steps} ({100 * m.progress:.0f}%)",
+             fmt_rate(m.steps_per_s, "step/s") if m.steps_per_s else "warming up",
+             fmt_rate(m.tokens_per_s, "tok/s") if m.tokens_per_s else "",
+             f"loss {m.loss:.4f}" if m.loss is not None else "",
+             f"lr {m.learning_rate:.2e}" if m.learning_rate is not None else "",
+             mem_s, f"ETA {fmt_duration(m.eta_s)}" if m.eta_s is not None else ""]
+    return "fastkit: " + " | ".join(p for p in parts if p)
+
+
+class SummaryTable:
+    """A titled two-column table that shows as HTML in a notebook and as text elsewhere."""
+
+    def __init__(self, title: str, rows: Rows):
+        self.title, self.rows = title, rows
+
+    def _repr_html_(self) -> str:
+        return (f"<div class='fastkit-table' style='font-size:12px'><b>{html.escape(self.title)}</b>"
+                f"{table_html(self.rows)}</div>")
+
+    def __repr__(self) -> str:
+        width = max((len(k) for k, _ in self.rows.values()), default=0)
+        return "\n".join([self.title] + [f"  {k:<{width}}  {v}" for k, v in self.rows.values()])
+
+
+def memory_time_summary(m: TrainingMetrics, projected_steps: int = 1000) -> SummaryTable:
+    """Where the time and memory went, and what a longer run would take at the measured rate.
+
+    Row keys: ``status``, ``wall_time``, ``time_per_step``, ``steps_per_s``, ``tokens_per_s``, then
+    ``peak_gpu`` and ``gpu_reserved`` (GPU) or ``peak_ram`` (CPU), ``host_ram``, ``projected``.
+    """
+    per_step = "—" if not m.steps_per_s else f"{1000 / m.steps_per_s:,.0f} ms (after warm-up)"
+    rows: Rows = {"status": Row("Status", f"{m.status}, {m.step} / {m.max_steps} steps"),
+                  "wall_time": Row("Wall time", fmt_duration(m.elapsed_s)),
+                  "time_per_step": Row("Time per step", per_step),
+                  "steps_per_s": Row("Steps/s", fmt_rate(m.steps_per_s, "steps/s")),
+                  "tokens_per_s": Row("Tokens/s", fmt_rate(m.tokens_per_s, "tokens/s"))}
+    mem = m.memory
+    if mem is not None and m.on_gpu and mem.total:
+        rows["peak_gpu"] = Row("Peak GPU memory", f"{fmt_gib(m.peak_memory)} of {fmt_gib(mem.total)} "
+                                                  f"({100 * m.peak_memory / mem.total:.0f}%)")
+        rows["gpu_reserved"] = Row("GPU reserved now", fmt_gib(mem.reserved))
+    elif mem is not None:
+        rows["peak_ram"] = Row("Peak process RAM", fmt_gib(m.peak_memory))
+    if m.host_total:
+        used = fmt_gib(m.host_total - m.host_available)
+        rows["host_ram"] = Row("Host RAM used / total", f"{used} / {fmt_gib(m.host_total)}")
+    if m.steps_per_s:
+        rows["projected"] = Row(f"{projected_steps:,} steps would take", fmt_duration(projected_steps / m.steps_per_s))
+    return SummaryTable("Memory and time", rows)
+
+
+__all__ = ["Row", "Rows", "SummaryTable", "fmt_duration", "fmt_gib", "fmt_num", "fmt_rate", "header_html",
+           "insert_after", "memory_rows", "memory_time_summary", "optimization_items", "optimizations_html",
+           "plot_png", "progress_line", "progress_text", "shorten", "stat_rows", "summary_html", "summary_text",
+           "table_html", "throughput_note", "without"]

@@ -1,0 +1,159 @@
+"""Training with TRL's ``SFTTrainer``, set up the way fastkit's patches expect, under the dashboard.
+
+fastkit does not ship a trainer: :func:`make_trainer` returns a plain ``trl.SFTTrainer`` with
+defaults that work on a 2-core CPU and on a T4 alike (precision from the device, packing on,
+responses-only loss), after :func:`fastkit.data.check_dataset` has refused bad data.
+:func:`fit` runs it with the live dashboard (:mod:`fastkit.dashboard`) and turns a
+``KeyboardInterrupt`` into a clean stop. Chat and save: :mod:`fastkit.export`.
+
+Gradient checkpointing is owned by ``FastModel.get_peft_model`` / :func:`fastkit.enable_checkpointing`
+(plain or offloaded); ``SFTConfig.activation_checkpointing`` stays off so TRL does not replace it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
+from fastkit.dashboard.render import shorten
+from fastkit.data import check_dataset
+from fastkit.errors import FastkitError
+from fastkit.patching import active_patches, unwrap
+
+logger = logging.getLogger(__name__)
+
+
+def _precision(model: torch.nn.Module) -> dict[str, Any]:
+    """Mixed-precision flags for SFTConfig from where the model lives."""
+    if model.device.type != "cuda":
+        return dict(use_cpu=True, bf16=False, fp16=False)
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return dict(bf16=True, fp16=False)
+    return dict(bf16=False, fp16=True)  # T4 (sm75): no bf16
+
+
+def make_trainer(
+    model: torch.nn.Module,
+    tokenizer,
+    train_dataset,
+    *,
+    max_steps: int = 60,
+    learning_rate: float = 2e-4,
+    batch_size: int = 1,
+    gradient_accumulation_steps: int = 1,
+    max_seq_length: int | None = None,
+    packing: bool = True,
+    completion_only_loss: bool = True,
+    drop_long: bool = False,
+    output_dir: str = "outputs",
+    callbacks: Sequence[Any] = (),
+    seed: int = 3407,
+    **sft_overrides: Any,
+):
+    """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step).
+
+    ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data.
+    """
+    from trl import SFTConfig, SFTTrainer
+
+    max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
+    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long)
+    unwrap(model).config.use_cache = False  # never mix documents through a KV cache while training
+    config = dict(
+        output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        max_length=max_seq_length, packing=packing, packing_strategy="bfd",
+        completion_only_loss=completion_only_loss, activation_checkpointing=False,
+        logging_steps=1, save_strategy="no", report_to=[], seed=seed, data_seed=seed,
+        lr_scheduler_type="linear", warmup_steps=min(5, max_steps // 10), weight_decay=0.0,
+        dataloader_pin_memory=model.device.type == "cuda", disable_tqdm=True,
+        **_precision(model),
+    )
+    config.update(sft_overrides)
+    check_distributed_mode(model, config)
+    trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=list(callbacks))
+    _attach_packed_metadata(trainer)
+    return trainer
+
+
+def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> None:
+    """Refuse, at start, a fastkit patch that cannot work with the chosen distributed mode."""
+    fsdp = config.get("fsdp") or ""
+    fsdp = " ".join(fsdp) if isinstance(fsdp, (list, tuple)) else str(fsdp)
+    fsdp_config = config.get("fsdp_config") or {}
+    cpu_offload = "offload" in fsdp.split() or bool(fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params"))
+    if cpu_offload and "offload" in active_patches(unwrap(model)):
+        raise FastkitError("Activation offload (use_gradient_checkpointing='offload') and FSDP CPU offload both move "
+                           "data over the same host link with pinned buffers and would fight for it. Choose one: "
+                           "use_gradient_checkpointing=True with FSDP cpu_offload, or drop FSDP's cpu_offload.")
+
+
+def _attach_packed_metadata(trainer) -> None:
+    """Let the packing patch see host-side document lengths (the Trainer moves tensors to the device)."""
+    if "packing" not in active_patches(unwrap(trainer.model)):
+        return
+    from fastkit.patches.packing import wrap_collator
+
+    trainer.data_collator = wrap_collator(trainer.data_collator)
+
+
+# -- running a trainer under the dashboard -----------------------------------------------------
+_PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterCallback")
+
+
+def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
+        measure_syncs: bool = True, clock=None, **train_kwargs: Any) -> TrainingMetrics:
+    """Run ``trainer.train(**train_kwargs)`` with the dashboard; returns the final :class:`TrainingMetrics`.
+
+    The trainer's own progress bar / log printer are set aside while it runs (the dashboard shows
+    the same numbers). A ``KeyboardInterrupt`` (Ctrl-C, Jupyter's stop button) ends training
+    cleanly: the summary is shown, the model keeps the weights of the last finished optimizer step
+    and stays usable (gradients dropped, memory released), and the cell does not fail. Any other
+    error also shows the summary, then propagates.
+    """
+    kwargs = dict(warmup_steps=warmup_steps, measure_syncs=measure_syncs)
+    if clock is not None:
+        kwargs["clock"] = clock
+    callback = dashboard_callback(view, title, **kwargs)
+    set_aside = [cb for cb in list(trainer.callback_handler.callbacks) if type(cb).__name__ in _PROGRESS_CALLBACKS]
+    for cb in set_aside:
+        trainer.remove_callback(cb)
+    trainer.add_callback(callback)
+    try:
+        trainer.train(**train_kwargs)
+    except KeyboardInterrupt:
+        step = _settle(trainer, callback)
+        logger.warning("fastkit: training interrupted after step %d/%d; the model keeps the weights trained so far.",
+                       step, callback.metrics.max_steps)
+        callback.finish("interrupted", f"stopped by the user after step {step}")
+    except Exception as exc:
+        _settle(trainer, callback)
+        callback.finish("failed", f"{type(exc).__name__}: {shorten(str(exc), 120)}")
+        raise
+    finally:
+        trainer.remove_callback(callback)
+        for cb in set_aside:
+            trainer.add_callback(cb)
+    return callback.metrics
+
+
+def _settle(trainer, callback: MetricsCallback) -> int:
+    """After an interrupted step: drop half-made gradients and cached blocks so the model is usable.
+
+    Returns the optimizer steps done (the trainer counts a step before its step-end callbacks run,
+    so this can be one more than the last step the dashboard saw).
+    """
+    trainer.model.zero_grad(set_to_none=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    callback.metrics.step = max(callback.metrics.step, int(trainer.state.global_step))
+    return callback.metrics.step
+
+
+__all__ = ["check_distributed_mode", "fit", "make_trainer"]

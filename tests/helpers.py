@@ -1,0 +1,106 @@
+"""Helpers shared by the tests: one training step with its gradients, gradient comparison, a fake clock."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Step(NamedTuple):
+    """What one forward + backward produced."""
+
+    loss: torch.Tensor
+    """The loss, detached."""
+    logits: torch.Tensor
+    """The logits, detached."""
+    grads: dict[str, torch.Tensor | None]
+    """Gradient of every parameter that requires one (None where backward did not reach it)."""
+
+
+def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """``{name: grad}`` for every parameter of ``model`` that requires a gradient."""
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def forward_backward(model: torch.nn.Module, ids: torch.Tensor | None = None, **inputs) -> Step:
+    """Zero the gradients, run ``model`` and backward its loss; returns loss, logits and gradients.
+
+    ``ids`` are both the inputs and the labels (``model(ids, labels=ids)``); or pass the batch as
+    keyword arguments (``forward_backward(model, **batch)``).
+    """
+    model.zero_grad(set_to_none=True)
+    if ids is not None:
+        inputs = {"input_ids": ids, "labels": ids, **inputs}
+    out = model(**inputs)
+    out.loss.backward()
+    return Step(out.loss.detach(), out.logits.detach(), grads_of(model))
+
+
+def _as_tensors(x) -> dict[str, torch.Tensor | None]:
+    return grads_of(x) if isinstance(x, torch.nn.Module) else dict(x)
+
+
+def assert_tensors_close(got: dict, want: dict, *, atol: float, rtol: float, what: str = "gradient",
+                         per: str = "element") -> None:
+    """Every tensor of ``got`` close to the one of the same name in ``want``; names the worst one if not.
+
+    ``per="element"``: ``|got - want| <= atol + rtol * |want|`` element by element (``torch.isclose``,
+    like ``torch.testing.assert_close``). ``per="tensor"``: ``max|got - want| <= atol + rtol * max|want|``
+    for the whole tensor (a tolerance relative to the tensor's scale). Both dicts must have the same
+    names, none missing (None); the error message gives the worst-matching name, its max error and how
+    many tensors failed.
+    """
+    assert got.keys() == want.keys(), (f"{what}s differ in names: only got {sorted(got.keys() - want.keys())}, "
+                                       f"only want {sorted(want.keys() - got.keys())}")
+    assert len(want) > 0, f"no {what}s to compare"
+    failed = []  # (how far over the tolerance, name, max abs error, tolerance at the worst element)
+    for name, w in want.items():
+        g = got[name]
+        assert w is not None and g is not None, (
+            f"{what} of {name} is missing (got {g is not None}, want {w is not None})")
+        assert g.shape == w.shape and g.dtype == w.dtype, (
+            f"{what} of {name}: got {tuple(g.shape)} {g.dtype}, want {tuple(w.shape)} {w.dtype}")
+        err = (g.detach() - w.detach()).abs().double()
+        if per == "tensor":
+            tol = atol + rtol * w.detach().abs().max().item()
+            worst = err.max().item() if err.numel() else 0.0
+            if not worst <= tol:  # NaN fails too
+                failed.append((worst / tol if tol else float("inf"), name, worst, tol))
+            continue
+        close = torch.isclose(g.detach(), w.detach(), rtol=rtol, atol=atol)
+        if bool(close.all()):
+            continue
+        tol = atol + rtol * w.detach().abs().double()
+        over = torch.nan_to_num(err / tol, nan=float("inf"), posinf=float("inf")).masked_fill(close, 0.0)
+        i = int(over.flatten().argmax())
+        failed.append((over.flatten()[i].item(), name, err.flatten()[i].item(), tol.flatten()[i].item()))
+    if failed:
+        ratio, name, err, tol = max(failed)
+        raise AssertionError(f"{len(failed)} of {len(want)} {what}s differ; worst: {name}: max error {err:.3g} "
+                             f"where {tol:.3g} is allowed ({ratio:.3g}x the tolerance; atol={atol}, rtol={rtol}, "
+                             f"per {per})")
+
+
+def assert_grads_close(a, b, *, atol: float, rtol: float, per: str = "element") -> None:
+    """Gradients of ``a`` close to those of ``b``; models (their ``.grad``) or ``{name: grad}`` dicts.
+
+    On failure the message names the worst-matching parameter and its max error; see
+    :func:`assert_tensors_close` for ``per``.
+    """
+    assert_tensors_close(_as_tensors(a), _as_tensors(b), atol=atol, rtol=rtol, per=per)
+
+
+def assert_params_close(a: torch.nn.Module, b: torch.nn.Module, *, atol: float, rtol: float) -> None:
+    """Weights of ``a`` close to those of ``b`` (after training), worst parameter named on failure."""
+    assert_tensors_close(dict(a.named_parameters()), dict(b.named_parameters()), atol=atol, rtol=rtol, what="weight")
+
+
+class FakeClock:
+    """A clock the test moves by hand (``clock.now += dt``): exact, machine-independent timings."""
+
+    def __init__(self, start: float = 0.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now

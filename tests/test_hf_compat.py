@@ -1,0 +1,399 @@
+"""fastkit._hf against the installed transformers / TRL / PEFT, and the layout rules that keep it the only such file.
+
+- every accessor in ``fastkit._hf`` runs on a tiny twin here (one test id per accessor), so an upstream
+  rename fails ``test_accessor[<name>]``;
+- no other fastkit file uses those private or version-fragile names in code (docstrings and comments
+  may name what a patch replaces);
+- the pure-torch files import only the standard library, torch, numpy, fastkit.errors and each other;
+- no fastkit file is longer than 450 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastkit import _hf
+from fastkit.patching import Swapper
+from fastkit.twins import twin
+
+ROOT = Path(__file__).resolve().parents[1] / "fastkit"
+MAX_LINES = 450
+
+# Names only fastkit/_hf.py may use in code: private or version-fragile names of transformers, TRL, PEFT.
+PRIVATE_NAMES = (
+    "_attn_implementation", "_gradient_checkpointing_func", "_global_mapping", "_experts_implementation",
+    "_experts_implementation_internal", "_is_expert_parallel", "_apply_gate", "_LoraFactorsProxy",
+    "_can_use_grouped_mm", "_prepare_inputs", "_name_or_path", "ParamWrapper", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "GradientCheckpointingLayer", "eager_attention_forward",
+)
+# Deep module paths only fastkit/_hf.py may import from.
+FRAGILE_MODULES = (
+    "transformers.integrations.moe", "transformers.models.auto.modeling_auto", "transformers.modeling_layers",
+    "transformers.masking_utils", "peft.tuners",
+)
+PURE_TORCH = ("patches/packed_attention.py", "patches/offload_pipeline.py", "patches/streams.py",
+              "patches/moe_routing.py")
+PURE_ALLOWED = ("torch", "numpy", "fastkit.errors",
+                "flash_attn",  # optional flash-attn 2 kernels (a torch extension), imported where they run
+                *(f"fastkit.{p.removesuffix('.py').replace('/', '.')}" for p in PURE_TORCH))
+_IN_STRING = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, PRIVATE_NAMES)) + r")(?![A-Za-z0-9_])")
+
+LAYERS = 2
+
+
+def _ids(t=12):
+    return torch.randint(3, 259, (1, t), generator=torch.Generator().manual_seed(0))
+
+
+def _experts(model):
+    return [m for _, m in model.named_modules() if _hf.is_decorated_experts(m)]
+
+
+def _peft_moe(r=4, alpha=8):
+    """A qwen3_moe twin with PEFT ``target_parameters`` LoRA on its experts (ParamWrapper)."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=["q_proj"],
+                     target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    return get_peft_model(twin("qwen3_moe", num_hidden_layers=LAYERS), cfg)
+
+
+# --------------------------------------------------------------------------------------------- accessors
+
+
+def check_has_causal_lm_head():
+    assert _hf.has_causal_lm_head("qwen3") and _hf.has_causal_lm_head("gpt_oss")
+    assert not _hf.has_causal_lm_head("vit")
+
+
+def check_attn_implementation():
+    assert _hf.attn_implementation(twin("qwen3").config) == "sdpa"
+    assert _hf.attn_implementation(twin("gpt_oss").config) == "eager"
+
+
+def check_set_attn_implementation():
+    model = twin("qwen3")
+    swap = Swapper("compat")
+    _hf.set_attn_implementation(model.config, "eager", swap)
+    assert _hf.attn_implementation(model.config) == "eager"
+    assert all(layer.self_attn.config is model.config for layer in model.model.layers)  # what the layers read
+    swap.undo()
+    assert _hf.attn_implementation(model.config) == "sdpa"
+    _hf.set_attn_implementation(model.config, "eager")
+    assert _hf.attn_implementation(model.config) == "eager"
+
+
+def check_attention_registered():
+    assert _hf.attention_registered("sdpa") and _hf.attention_registered("flash_attention_2")
+    assert not _hf.attention_registered("eager")  # each family brings its own eager function
+    assert not _hf.attention_registered("fastkit_compat_never_registered")
+
+
+def check_register_attention():
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    model = twin("qwen3").eval()
+    ids = _ids().repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding: only a real mask function keeps the second row equal
+    ref = model(ids, attention_mask=mask).logits
+    sdpa = _hf.attention_function(model.model.layers[0].self_attn, "sdpa")
+    calls = []
+
+    def spy(module, *args, **kwargs):
+        calls.append(module.layer_idx)
+        return sdpa(module, *args, **kwargs)
+
+    _hf.register_attention("fastkit_compat_sdpa", spy, mask_like="sdpa")
+    assert _hf.attention_registered("fastkit_compat_sdpa")
+    assert ALL_MASK_ATTENTION_FUNCTIONS["fastkit_compat_sdpa"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    _hf.set_attn_implementation(model.config, "fastkit_compat_sdpa")
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, ref, rtol=0, atol=0)
+    assert calls == list(range(LAYERS))
+
+
+def check_attention_function():
+    import transformers.models.qwen3.modeling_qwen3 as modeling
+
+    attn = twin("qwen3").model.layers[0].self_attn
+    assert _hf.attention_function(attn, "eager") is modeling.eager_attention_forward
+    assert callable(_hf.attention_function(attn, "sdpa"))
+
+
+def check_AttentionView():
+    model = twin("qwen3")
+    attn = model.model.layers[0].self_attn
+    view = _hf.AttentionView(attn, "flash_attention_2")
+    assert _hf.attn_implementation(view.config) == "flash_attention_2"
+    assert _hf.attn_implementation(model.config) == "sdpa"  # the real config is untouched
+    assert view.config.num_attention_heads == model.config.num_attention_heads
+    assert view.layer_idx == 0 and view.is_causal and next(view.modules()) is attn
+
+
+def check_enable_activation_checkpointing():
+    model = twin("qwen3", num_hidden_layers=LAYERS).train()
+    _hf.enable_activation_checkpointing(model)
+    assert len(_hf.checkpointed_layers(model)) == LAYERS
+
+
+def check_checkpointed_layers():
+    model = twin("qwen3", num_hidden_layers=LAYERS).train()
+    assert _hf.checkpointed_layers(model) == []
+    _hf.enable_activation_checkpointing(model)
+    assert _hf.checkpointed_layers(model) == list(model.model.layers)
+
+
+def check_checkpoint_function():
+    from torch.utils.checkpoint import checkpoint
+
+    model = twin("qwen3", num_hidden_layers=LAYERS).train()
+    _hf.enable_activation_checkpointing(model)
+    fn = _hf.checkpoint_function(model.model.layers[0])
+    assert isinstance(fn, functools.partial) and fn.func is checkpoint and fn.keywords["use_reentrant"] is False
+
+
+def check_set_checkpoint_function():
+    model = twin("qwen3", num_hidden_layers=LAYERS).train()
+    _hf.enable_activation_checkpointing(model)
+    layers = _hf.checkpointed_layers(model)
+    originals = [_hf.checkpoint_function(layer) for layer in layers]
+    calls = []
+    swap = Swapper("compat")
+    for i, (layer, fn) in enumerate(zip(layers, originals)):
+        _hf.set_checkpoint_function(layer, lambda *a, fn=fn, i=i, **k: calls.append(i) or fn(*a, **k), swap)
+    model(_ids(), labels=_ids()).loss.backward()
+    assert calls == list(range(LAYERS))  # transformers runs each layer through the swapped function
+    swap.undo()
+    assert all(_hf.checkpoint_function(layer) is fn for layer, fn in zip(layers, originals))
+
+
+def check_register_experts_function():
+    from fastkit.patches.moe import fastkit_experts_forward
+
+    model = twin("qwen3_moe", num_hidden_layers=LAYERS).eval()
+    ref = model(_ids()).logits
+    calls = []
+
+    def spy(self, *args):
+        calls.append(self)
+        return fastkit_experts_forward(self, *args)
+
+    _hf.register_experts_function("fastkit_compat_experts", spy)
+    _hf.set_experts_implementation(model.config, "fastkit_compat_experts")
+    torch.testing.assert_close(model(_ids()).logits, ref, atol=1e-5, rtol=1e-4)
+    assert calls == _experts(model)
+
+
+def check_is_decorated_experts():
+    model = twin("gpt_oss", num_hidden_layers=LAYERS)
+    assert len(_experts(model)) == LAYERS and type(_experts(model)[0]).__name__ == "GptOssExperts"
+    assert not _hf.is_decorated_experts(model.model.layers[0].mlp.router)
+    assert not _hf.is_decorated_experts(torch.nn.Linear(2, 2))
+
+
+def check_is_expert_parallel():
+    assert not _hf.is_expert_parallel(_experts(twin("qwen3_moe"))[0])
+
+
+def check_experts_implementation():
+    model = twin("qwen3_moe")
+    assert _hf.experts_implementation(model.config) == "grouped_mm"
+    assert _hf.experts_implementation(_experts(model)[0].config) == "grouped_mm"
+
+
+def check_set_experts_implementation():
+    model = twin("qwen3_moe")
+    swap = Swapper("compat")
+    _hf.set_experts_implementation(model.config, "eager", swap)
+    assert _hf.experts_implementation(model.config) == "eager"
+    swap.undo()
+    assert _hf.experts_implementation(model.config) == "grouped_mm"
+    _hf.set_experts_implementation(model.config, "eager")
+    assert _hf.experts_implementation(model.config) == "eager"
+
+
+def check_apply_gate():
+    for family in ("qwen3_moe", "gpt_oss"):  # concatenated SwiGLU, interleaved clamp-SwiGLU
+        experts = _experts(twin(family))[0]
+        width = experts.gate_up_proj.shape[-1 if experts.is_transposed else -2]  # 2I
+        assert _hf.apply_gate(experts, torch.randn(5, width)).shape == (5, width // 2)
+
+
+def check_grouped_mm_disabled():
+    import transformers.integrations.moe as upstream
+
+    real = vars(upstream)["_can_use_grouped_mm"]
+    with _hf.grouped_mm_disabled():
+        assert vars(upstream)["_can_use_grouped_mm"] is not real
+        assert vars(upstream)["_can_use_grouped_mm"]() is False
+    assert vars(upstream)["_can_use_grouped_mm"] is real
+
+
+def check_peft_lora_factors():
+    model = _peft_moe(r=4, alpha=8)
+    experts = _experts(model.get_base_model())
+    seen = []
+
+    def hook(module, args):
+        seen.append(_hf.peft_lora_factors(module, "gate_up_proj"))
+
+    handles = [e.register_forward_pre_hook(hook) for e in experts]
+    with torch.no_grad():
+        model(_ids())
+    for h in handles:
+        h.remove()
+    assert len(seen) == LAYERS and all(s is not None for s in seen)
+    for (w, lhs, rhs, scaling), e in zip(seen, experts):
+        assert w.shape == e.gate_up_proj.shape and w.dim() == 3  # the stored base weight, not W + B·A
+        assert (lhs @ rhs).shape == w.shape and scaling == 2.0
+    assert _hf.peft_lora_factors(experts[0], "gate_up_proj") is None  # PEFT registers it only inside its forward
+
+
+def check_peft_param_wrappers():
+    model = _peft_moe()
+    wrappers = list(_hf.peft_param_wrappers(model))
+    experts = set(_experts(model.get_base_model()))
+    assert len(wrappers) == 2 * LAYERS and all(w.get_base_layer() in experts for _, w in wrappers)
+    assert list(_hf.peft_param_wrappers(twin("qwen3_moe"))) == []
+
+
+def check_peft_expert_factors():
+    model = _peft_moe(r=4)
+    for _, wrapper in _hf.peft_param_wrappers(model):
+        name, e, a, b = _hf.peft_expert_factors(wrapper, "default")
+        w = getattr(wrapper.get_base_layer(), name)  # (E, out, in)
+        assert name in ("gate_up_proj", "down_proj") and e == 8
+        assert a.shape == (4 * e, w.shape[-1]) and b.shape == (w.shape[-2], 4 * e)
+        assert _hf.peft_expert_factors(wrapper, "no_such_adapter") is None
+
+
+def check_prepare_inputs():
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    model = twin("qwen3")
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = TrainingArguments(output_dir=out_dir, use_cpu=True, report_to=[], per_device_train_batch_size=1)
+        trainer = Trainer(model=model, args=args)
+        out = _hf.prepare_inputs(trainer, {"input_ids": _ids(), "labels": _ids()})
+    assert torch.equal(out["input_ids"], _ids()) and out["input_ids"].device == model.device
+
+
+CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+ACCESSORS = sorted(n for n in _hf.__all__ if n != "CHECKED")
+
+
+def test_every_accessor_is_exported_and_checked():
+    defined = {n for n, v in vars(_hf).items()
+               if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == _hf.__name__}
+    assert defined == set(ACCESSORS), "fastkit._hf.__all__ must list every accessor"
+    assert set(CHECKS) == set(ACCESSORS), f"accessors without a check here: {set(ACCESSORS) - set(CHECKS)}"
+
+
+@pytest.mark.parametrize("name", ACCESSORS)
+def test_accessor(name):
+    """Fails under the accessor's name when transformers / PEFT / TRL renamed what it reaches."""
+    CHECKS[name]()
+
+
+# ------------------------------------------------------------------------------------------------ layout
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    """ids of string-expression statements (module / class / function / attribute docstrings)."""
+    return {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(getattr(node.value, "value", None), str)}
+
+
+def private_uses(source: str) -> list[str]:
+    """Every use in code (not in docstrings or comments) of a name only fastkit/_hf.py may use."""
+    tree = ast.parse(source)
+    docs = _docstring_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_NAMES:
+            found.append(f"{line}: .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in PRIVATE_NAMES:
+            found.append(f"{line}: {node.id}")
+        elif isinstance(node, ast.alias) and node.name.split(".")[-1] in PRIVATE_NAMES:
+            found.append(f"{line}: import {node.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(FRAGILE_MODULES):
+            found.append(f"{line}: from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            found += [f"{line}: import {a.name}" for a in node.names if a.name.startswith(FRAGILE_MODULES)]
+        elif isinstance(node, ast.Attribute) and node.attr == "modules" and getattr(node.value, "id", "") == "sys":
+            found.append(f"{line}: sys.modules (a modeling module's globals)")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found += [f"{line}: {name!r} in a string" for name in _IN_STRING.findall(node.value)]
+    return found
+
+
+def non_pure_imports(source: str) -> list[str]:
+    """Imports of anything but the standard library, torch, numpy, fastkit.errors and the pure-torch files."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [("." * node.level) + (node.module or "")]
+        else:
+            continue
+        for name in names:
+            root = name.split(".")[0]
+            allowed = name.startswith(".") is False and (
+                root in sys.stdlib_module_names or any(name == a or name.startswith(a + ".") for a in PURE_ALLOWED))
+            if not allowed:
+                bad.append(f"{node.lineno}: {name}")
+    return bad
+
+
+def _fastkit_files():
+    return sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("snippet", [
+    "model.config._attn_implementation = 'x'",
+    "getattr(layer, '_gradient_checkpointing_func')",
+    "from transformers.integrations.moe import ExpertsInterface",
+    "import transformers.modeling_layers",
+    "sys.modules[type(m).__module__].eager_attention_forward",
+    "mock.patch('transformers.integrations.moe._can_use_grouped_mm')",
+    "from peft.tuners.lora.layer import ParamWrapper",
+])
+def test_private_name_scan_flags(snippet):
+    assert private_uses(snippet), snippet
+    assert not private_uses(f'def f():\n    """Replaces {snippet!r}."""\n    # {snippet}\n')  # prose is allowed
+
+
+def test_no_private_hf_names_outside_hf():
+    found = {str(p.relative_to(ROOT.parent)): private_uses(p.read_text()) for p in _fastkit_files()
+             if p.name != "_hf.py"}
+    found = {k: v for k, v in found.items() if v}
+    assert not found, f"use fastkit._hf accessors instead: {found}"
+
+
+def test_pure_torch_import_scan_flags():
+    for bad in ("import transformers", "from fastkit.patching import Swapper", "from peft import LoraConfig",
+                "from . import moe", "def f():\n    from fastkit import _hf"):
+        assert non_pure_imports(bad), bad
+    assert not non_pure_imports("import math\nimport torch.nn.functional as F\nfrom fastkit.errors import FastkitError")
+
+
+@pytest.mark.parametrize("path", PURE_TORCH)
+def test_pure_torch_files_import_no_glue(path):
+    assert not non_pure_imports((ROOT / path).read_text()), f"{path} must stay pure torch"
+
+
+def test_no_fastkit_file_over_max_lines():
+    long = {str(p.relative_to(ROOT.parent)): n for p in _fastkit_files()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these files (over {MAX_LINES} lines): {long}"
