@@ -20,6 +20,8 @@ checked: transformers 5.24, trl 1.16, peft 0.21.2 (every function below, unless 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -244,6 +246,31 @@ def grouped_mm_disabled():
     return mock.patch("transformers.integrations.moe._can_use_grouped_mm", return_value=False)
 
 
+
+@contextlib.contextmanager
+def on_param_loaded(callback: Callable[[torch.nn.Module, str], None]) -> Iterator[None]:
+    """While ``from_pretrained`` runs inside this context, call ``callback(model, target_name)`` right after
+    transformers sets each loaded parameter on the (meta-initialized) model.
+
+    Wraps ``transformers.core_model_loading.set_param_for_module`` (the module global that
+    ``convert_and_load_state_dict_in_model`` calls once per converted target, e.g. once per fused
+    ``experts.gate_up_proj``), and sets ``HF_DEACTIVATE_ASYNC_LOAD=1`` so checkpoint tensors are read
+    lazily, one target at a time (the loader's thread pool would otherwise read every tensor ahead).
+    checked: transformers 5.24.
+    """
+    import transformers.core_model_loading as cml
+
+    original = cml.set_param_for_module
+
+    def set_and_call(model, target_name, *args, **kwargs):
+        original(model, target_name, *args, **kwargs)
+        callback(model, target_name)
+
+    with mock.patch.object(cml, "set_param_for_module", set_and_call), \
+            mock.patch.dict(os.environ, {"HF_DEACTIVATE_ASYNC_LOAD": "1"}):
+        yield
+
+
 # -------------------------------------------------------------------------------------------------- PEFT
 
 
@@ -287,6 +314,31 @@ def peft_expert_factors(wrapper: torch.nn.Module, adapter: str = "default"
     return wrapper.parameter_name, wrapper.num_experts, wrapper.lora_A[adapter].weight, wrapper.lora_B[adapter].weight
 
 
+def peft_lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """``{qualified name: layer}`` of every PEFT LoRA layer (``peft.tuners.lora.LoraLayer``: Linear, Embedding,
+    ``ParamWrapper``...) in ``model``. checked: peft 0.21.2.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def peft_delta(layer: torch.nn.Module, param: str) -> torch.Tensor | None:
+    """The summed update ``Σ s·B·A`` of ``layer``'s active, unmerged adapters for its stored parameter ``param``,
+    in that parameter's own layout (``get_delta_weight``); None when ``param`` is not the one ``layer`` adapts
+    (a ``ParamWrapper`` adapts ``parameter_name``, other layers ``weight``) or nothing is active.
+    checked: peft 0.21.2.
+    """
+    from peft.tuners.lora.layer import ParamWrapper
+
+    target = layer.parameter_name if isinstance(layer, ParamWrapper) else "weight"
+    if param != target or layer.merged or layer.disable_adapters:
+        return None
+    own = set(layer.lora_A) | set(getattr(layer, "lora_embedding_A", {}))
+    deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in own]
+    return torch.stack(deltas).sum(0) if len(deltas) > 1 else (deltas[0] if deltas else None)
+
+
 # --------------------------------------------------------------------------------------------- Trainer
 
 
@@ -301,7 +353,9 @@ def prepare_inputs(trainer, batch: dict) -> dict:
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
-    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "peft_expert_factors",
-    "peft_lora_factors", "peft_param_wrappers", "prepare_inputs", "register_attention", "register_experts_function",
-    "set_attn_implementation", "set_checkpoint_function", "set_experts_implementation",
+    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "on_param_loaded",
+    "peft_delta",
+    "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "prepare_inputs",
+    "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",
+    "set_experts_implementation",
 ]

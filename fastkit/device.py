@@ -23,22 +23,20 @@ def auto_dtype(device: torch.device) -> torch.dtype:
 
 
 def host_ram() -> tuple[int, int]:
-    """(available, total) host RAM in bytes, from /proc/meminfo (sysconf elsewhere)."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return info.get("MemAvailable", info["MemFree"]), info["MemTotal"]
-    except (OSError, KeyError, ValueError):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return total, total
+    """(available, total) host RAM in bytes, through psutil (Linux, macOS and Windows alike)."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
 
 
 def process_rss() -> int:
     """Resident memory of this process in bytes (0 if unknown)."""
+    import psutil
+
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
+        return int(psutil.Process().memory_info().rss)
+    except psutil.Error:
         return 0
 
 
@@ -54,6 +52,9 @@ class MemorySnapshot:
     """Bytes held by the caching allocator (torch.cuda.memory_reserved)."""
     peak: int = 0
     """Peak allocated since the last reset (torch.cuda.max_memory_allocated); process RSS on CPU."""
+    peak_reserved: int = 0
+    """Peak reserved by the caching allocator since the last reset (torch.cuda.max_memory_reserved): what
+    predicts an out-of-memory error. Process RSS on CPU."""
     total: int = 0
     """Device memory in total (mem_get_info); host RAM total on CPU."""
     free: int = 0
@@ -66,15 +67,16 @@ class MemorySnapshot:
 
 
 def memory_snapshot(device: torch.device | None = None) -> MemorySnapshot:
-    """Read memory through torch on CUDA, /proc on the host."""
+    """Read memory through torch on CUDA, psutil on the host."""
     device = device or pick_device()
     rss = process_rss()
     if device.type == "cuda" and torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info(device)
         return MemorySnapshot(str(device), torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
-                              torch.cuda.max_memory_allocated(device), total, free, rss)
+                              torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device),
+                              total, free, rss)
     avail, total = host_ram()
-    return MemorySnapshot("cpu", rss, rss, rss, total, avail, rss)
+    return MemorySnapshot("cpu", rss, rss, rss, rss, total, avail, rss)
 
 
 def describe_device(device: torch.device) -> str:

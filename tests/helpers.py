@@ -104,3 +104,16 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def train_lora_steps(model: torch.nn.Module, steps: int, lr: float = 1e-2, seed: int = 0) -> torch.nn.Module:
+    """A few AdamW steps on random byte-token rows (twin vocabulary), then ``model.eval()``."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        ids = torch.randint(3, 259, (2, 16), generator=g)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()

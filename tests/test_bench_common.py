@@ -49,6 +49,8 @@ def test_quick_runs_never_write_into_assets(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / common.ASSETS).exists() and path.exists() and path.name == "bench_demo.md"
     assert tmp_path not in path.parents
     assert f"written: {path}" in capsys.readouterr().out
+    again = common.write_outputs("demo", "| a |\n|---|\n| 2 |\n", quick=True)  # a table rewritten after a case
+    assert again == path and path.read_text().endswith("| 2 |\n")
     shutil.rmtree(path.parent)
     given = common.write_outputs("demo", "x\n", quick=True, out=tmp_path / "given")
     assert given == tmp_path / "given" / "bench_demo.md"
@@ -78,3 +80,41 @@ def test_python_dash_m_fastkit_is_the_command():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert "usage: fastkit" in out.stdout and "quickstart" in out.stdout and "bench" in out.stdout
+
+
+def test_times_carry_min_and_spread_and_ratios_their_range():
+    assert common.fmt_ms([10.0, 12.0, 11.0]) == "11.0 (min 10.0, spread 18%, noisy)"
+    assert common.fmt_ms([100.0, 101.0, 102.0]) == "101.0 (min 100.0, spread 2%)"
+    assert common.fmt_ms([5.0]) == "5.0 (1 rep)"
+    # interleaved pairs: per-repeat ratios 2.0, 1.5, 3.0 -> median 2.0, range 1.5..3.0
+    assert common.fmt_ratio([2.0, 3.0, 6.0], [1.0, 2.0, 2.0]) == "2.00× [1.50–3.00]"
+    assert common.fmt_ratio([0.9, 1.2], [1.0, 1.0]).endswith("[0.90–1.20] within noise")
+    assert common.fmt_ratio([2.0], [1.0]) == "2.00× [1 rep: no spread]"
+
+
+def test_load_line_records_load_cpus_and_a_verdict(monkeypatch):
+    monkeypatch.setattr(common.os, "getloadavg", lambda: (3.5, 2.0, 1.0))
+    monkeypatch.setattr(common, "_busy_others", lambda: "no other process busy")
+    monkeypatch.setattr(common.os, "cpu_count", lambda: 2)
+    line = common.load_line()
+    assert line.startswith("load avg 3.50/2.00/1.00 on 2 CPUs") and "UNDER LOAD" in line
+    monkeypatch.setattr(common.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert common.load_line().endswith(": quiet")
+    assert "load avg" in common.machine_line(torch.device("cpu"))
+
+
+def test_time_budget_skips_with_a_note(monkeypatch):
+    budget = common.TimeBudget(100.0)
+    monkeypatch.setattr(budget, "elapsed", lambda: 90.0)
+    assert budget.allows(5.0) and not budget.allows(20.0)
+    budget.skip("L=8 T=16384")
+    assert budget.note() == "Skipped for time (budget 100 s): L=8 T=16384.\n"
+    assert common.TimeBudget(None).allows(1e9) and common.TimeBudget(None).note() == ""
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_a_spent_budget_skips_cases_but_still_writes_the_table(name, tmp_path):
+    module = importlib.import_module(f"fastkit.bench.{name}")
+    assert module.main(["--quick", "--budget-s", "0.01", "--out", str(tmp_path)]) == 0  # spent at import
+    table = (tmp_path / f"bench_{name}.md").read_text()
+    assert "Skipped for time (budget 0 s)" in table and "load avg" in table

@@ -1,10 +1,16 @@
 """A real browser: JupyterLab on 127.0.0.1, driven by Playwright with Debian Chromium, runs the quickstart.
 
-The test runs ``notebooks/00_quickstart.ipynb`` in twin mode (FASTKIT_TWIN=1, offline), waits for the
-live dashboard widget to draw its curves, screenshots it to ``assets/dashboard_jupyterlab.png`` and,
-after training, the static summary to ``assets/dashboard_summary.png``. It fails when the widget did
-not render: JupyterLab's "Error rendering"/"Error displaying widget" or the raw ``VBox(...)`` text
-that a front-end without the widget manager shows instead.
+The test runs ``notebooks/00_quickstart.ipynb`` in twin mode (FASTKIT_TWIN=1, offline) twice:
+
+- ``html``: the default dashboard (HTML updated in place through a display handle) in a kernel where
+  ipywidgets cannot be imported (a shadowing package on PYTHONPATH raises ImportError): the live
+  panel goes to ``assets/dashboard_html.png``, the static summary after a stop to
+  ``assets/dashboard_summary.png``.
+- ``widget``: ``FASTKIT_DASHBOARD=widget``, the ipywidgets panel, to ``assets/dashboard_jupyterlab.png``.
+
+Each waits for the live dashboard to draw its curves, and fails when it did not render: JupyterLab's
+"Error rendering"/"Error displaying widget" or the raw ``VBox(...)`` text that a front-end without
+the widget manager shows instead.
 
 Needs ``/usr/bin/chromium`` (Debian: ``apt-get install -y chromium``) and ``pip install playwright``
 (never ``playwright install``: the system Chromium is used). Skips only when one of those is absent.
@@ -51,6 +57,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+IPYWIDGETS_CHECK = """
+try:
+    import ipywidgets  # noqa: F401
+    print("ipywidgets: importable")
+except ImportError:
+    print("ipywidgets: not importable")"""
+
+
 def _prepare_notebook(workdir: Path) -> str:
     """A copy of the quickstart whose parameters cell asks for more steps (like papermill's injection)."""
     import nbformat
@@ -58,6 +72,7 @@ def _prepare_notebook(workdir: Path) -> str:
     nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     params.source += f"\nMAX_STEPS = {BROWSER_STEPS}  # browser test: time to watch the live dashboard"
+    params.source += IPYWIDGETS_CHECK
     nbformat.write(nb, workdir / "quickstart.ipynb")
     return "quickstart.ipynb"
 
@@ -105,7 +120,16 @@ def _page_text_problems(page) -> list[str]:
     return [b for b in bad if b in text]
 
 
-def test_quickstart_dashboard_in_jupyterlab(tmp_path):
+def _hide_ipywidgets(env: dict[str, str], tmp: Path) -> None:
+    """Make ``import ipywidgets`` fail in the kernel, as where it is not installed."""
+    shim = tmp / "no-ipywidgets" / "ipywidgets"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('raise ImportError("ipywidgets is hidden for this test")\n')
+    env["PYTHONPATH"] = os.pathsep.join([str(shim.parent), env["PYTHONPATH"]])
+
+
+@pytest.mark.parametrize("mode", ["html", "widget"])
+def test_quickstart_dashboard_in_jupyterlab(tmp_path, mode):
     _require_browser()
     from playwright.sync_api import sync_playwright
 
@@ -113,14 +137,19 @@ def test_quickstart_dashboard_in_jupyterlab(tmp_path):
     workdir.mkdir()
     name = _prepare_notebook(workdir)
     port = _free_port()
+    env = _lab_env(tmp_path)
+    if mode == "widget":
+        env["FASTKIT_DASHBOARD"] = "widget"
+    else:
+        _hide_ipywidgets(env, tmp_path)
     log_path = tmp_path / "lab.log"
     with open(log_path, "w") as log:
-        lab = _start_lab(workdir, _lab_env(tmp_path), port, log)
+        lab = _start_lab(workdir, env, port, log)
         try:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:
-                    _drive(browser, port, name)
+                    _drive(browser, port, name, mode)
                 finally:
                     browser.close()
         finally:
@@ -131,7 +160,7 @@ def test_quickstart_dashboard_in_jupyterlab(tmp_path):
                 lab.kill()
 
 
-def _drive(browser, port: int, name: str) -> None:
+def _drive(browser, port: int, name: str, mode: str) -> None:
     assets = ROOT / "assets"
     assets.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
@@ -140,7 +169,7 @@ def _drive(browser, port: int, name: str) -> None:
     page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=120_000)  # kernel ready
     _menu(page, "Run", "Run All Cells")
 
-    # Live: the widget is on the page, has drawn its curves, and the rates are past warm-up.
+    # Live: the dashboard is on the page, has drawn its curves, and the rates are past warm-up.
     dash = page.locator(".fastkit-dashboard")
     dash.wait_for(state="visible", timeout=240_000)
     page.wait_for_function(
@@ -149,14 +178,25 @@ def _drive(browser, port: int, name: str) -> None:
         " const step = /step (\\d+) \\//.exec(d.innerText);"
         " return img && img.naturalWidth > 0 && /steps\\/s/.test(d.innerText) && step && +step[1] >= n; }",
         arg=LIVE_STEPS, timeout=240_000)
-    page.wait_for_timeout(1500)  # one more plot refresh (the widget redraws the curves every second)
+    page.wait_for_timeout(2500)  # one more plot refresh (the curves are redrawn every second or two)
     assert not _page_text_problems(page), _page_text_problems(page)
     text = dash.inner_text()
     for label in ("fastkit training", "step", "Loss", "Learning rate", "Grad norm", "Tokens/s"):
         assert label in text, f"{label!r} missing from the live dashboard: {text!r}"
     assert "running" in text, "training ended before the live dashboard was captured"
-    dash.scroll_into_view_if_needed()
-    dash.screenshot(path=str(assets / "dashboard_jupyterlab.png"))
+    if mode == "html":
+        assert page.locator(".jp-OutputArea-output", has_text="ipywidgets: not importable").count() == 1
+        assert page.locator(".jp-OutputArea-output[data-mime-type='text/html'] .fastkit-dashboard").count() == 1
+        assert "effective batch" in text and "examples" in text and "Epoch" in text
+    live_png = assets / ("dashboard_html.png" if mode == "html" else "dashboard_jupyterlab.png")
+    if mode == "html":   # the output is replaced every second: capture the page where the panel is
+        dash.evaluate("e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)
+        box = dash.bounding_box()
+        page.screenshot(path=str(live_png), clip={k: box[k] for k in ("x", "y", "width", "height")})
+    else:
+        dash.scroll_into_view_if_needed()
+        dash.screenshot(path=str(live_png))
 
     # Jupyter's stop button: training stops cleanly, the static summary (HTML table + PNG) appears,
     # and the cells after training (memory summary, chat, save) still run with the model.
@@ -170,8 +210,13 @@ def _drive(browser, port: int, name: str) -> None:
     assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                         has_text="Traceback").count() == 0
     assert not _page_text_problems(page), _page_text_problems(page)
-    _screenshot_summary(page, summary, assets / "dashboard_summary.png")
-    assert (assets / "dashboard_jupyterlab.png").stat().st_size > 10_000
+    if mode == "html":   # the panel itself became the summary, its plot inline
+        assert page.locator(".fastkit-dashboard.fastkit-summary img").count() == 1
+        summary.scroll_into_view_if_needed()
+        summary.screenshot(path=str(assets / "dashboard_summary.png"))
+    else:
+        _screenshot_summary(page, summary, assets / "dashboard_widget_summary.png")
+    assert live_png.stat().st_size > 10_000
 
 
 def _screenshot_summary(page, summary, path: Path) -> None:

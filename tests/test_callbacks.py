@@ -239,3 +239,57 @@ def test_other_errors_show_summary_then_raise(tmp_path, one_thread, fastkit_log)
     with pytest.raises(RuntimeError, match="disk full"):
         fit(trainer, view="terminal")
     assert "training failed at step 1/3 (RuntimeError: disk full)" in fastkit_log.text
+
+
+# -- make_trainer: eval set, trackers, plain train() -------------------------------------------
+class _Tracker(TrainerCallback):
+    """Stands in for a reporting integration (W&B, trackio, TensorBoard): records the logs it is given."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def test_make_trainer_eval_set_tracker_logs_and_progress_on_plain_train(tmp_path, tokenizer, one_thread,
+                                                                           fastkit_log):
+    from fastkit import FastModel
+    from fastkit.quickstart import quickstart_dataset
+    from fastkit.training import make_trainer
+
+    model, _ = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=256, twin=True)
+    model = FastModel.get_peft_model(model, r=4, lora_alpha=8)
+    train, _ = quickstart_dataset()
+    trainer = make_trainer(model, tokenizer, train, eval_dataset=train.select(range(8)), eval_steps=2, max_steps=4,
+                           max_seq_length=256, batch_size=2, output_dir=str(tmp_path), dashboard="terminal")
+    dash = trainer.callback_handler.callbacks[0]
+    assert isinstance(dash, MetricsCallback)            # first: the trackers after it see its keys
+    tracker = _Tracker()
+    trainer.callback_handler.callbacks.insert(1, tracker)  # where the reporting integrations sit
+    trainer.train()                                      # plain train(): the attached dashboard reports
+    m = dash.metrics
+    assert m.status == "finished" and [s for s, _ in m.eval_history] == [2, 4] and m.eval_loss > 0
+    assert m.examples == len(train) and m.effective_batch == 2 and 0 < m.trainable_params < m.total_params
+    assert "training finished at step 4/4" in fastkit_log.text and "effective batch 2" in fastkit_log.text
+    assert "Eval loss" in fastkit_log.text and "Epoch" in fastkit_log.text
+    step_logs = [entry for entry in tracker.logs if "loss" in entry]
+    assert len(step_logs) == 4 and all("fastkit/host_ram_used_gib" in entry for entry in step_logs)
+    assert "fastkit/tokens_per_s" in step_logs[-1] and "fastkit/steps_per_s" in step_logs[-1]
+    assert any("fastkit/tokens_per_s" in entry for entry in trainer.state.log_history)
+    assert any("eval_loss" in entry for entry in tracker.logs)
+    assert m.syncs_per_step is None and "fastkit/syncs_per_step" not in step_logs[-1]  # debug switch: off
+
+
+def test_host_memory_without_os_sysconf(monkeypatch):
+    """Windows has no os.sysconf (nor /proc): host RAM and process RSS come from psutil."""
+    import os
+
+    from fastkit.device import host_ram, memory_snapshot, process_rss
+
+    monkeypatch.delattr(os, "sysconf", raising=False)
+    available, total = host_ram()
+    assert 0 < available <= total
+    assert process_rss() > 0
+    mem = memory_snapshot(torch.device("cpu"))
+    assert mem.host_rss > 0 and mem.total == total and mem.peak_reserved > 0

@@ -45,11 +45,11 @@ def test_formatting():
 def test_gpu_memory_rows_name_allocated_reserved_peak_total():
     mem = MemorySnapshot("cuda:0", allocated=2 * GiB, reserved=3 * GiB, peak=int(2.5 * GiB), total=16 * GiB,
                          free=13 * GiB, host_rss=GiB)
-    rows = dash.memory_rows(_metrics(memory=mem, peak_memory=int(2.5 * GiB), host_total=12 * GiB,
-                                     host_available=8 * GiB))
+    rows = dash.memory_rows(_metrics(memory=mem, peak_memory=int(2.5 * GiB), peak_reserved=int(3.5 * GiB),
+                                     host_total=12 * GiB, host_available=8 * GiB))
     assert list(rows) == ["gpu_memory", "gpu_peak", "process_ram", "host_ram"]
     assert rows["gpu_memory"] == Row("GPU allocated / reserved", "2.00 / 3.00 GiB")
-    assert rows["gpu_peak"] == Row("GPU peak / total", "2.50 / 16.00 GiB")
+    assert rows["gpu_peak"] == Row("GPU peak allocated / reserved / total", "2.50 / 3.50 / 16.00 GiB")
     assert rows["process_ram"] == Row("Process RAM", "1.00 GiB")
     assert rows["host_ram"] == Row("Host RAM used / total", "4.00 GiB / 12.00 GiB")
 
@@ -66,7 +66,7 @@ def test_cpu_memory_rows_show_process_and_host_ram():
 def test_stat_rows_are_keyed_and_edited_by_key():
     mem = MemorySnapshot("cpu", allocated=GiB, reserved=GiB, peak=GiB, total=24 * GiB, free=20 * GiB, host_rss=GiB)
     rows = stat_rows(_metrics(memory=mem, host_total=24 * GiB, host_available=20 * GiB))
-    assert list(rows)[:8] == ["steps", "elapsed", "steps_per_s", "tokens_per_s", "tokens_seen", "loss",
+    assert list(rows)[:9] == ["steps", "elapsed", "epoch", "steps_per_s", "tokens_per_s", "tokens_seen", "loss",
                               "learning_rate", "grad_norm"]
     assert rows["steps_per_s"] == Row("Steps/s", "0.500 steps/s") and rows["syncs"].value == "3 (.item() ×3)"
     assert rows["process_ram"].label == "Process RAM now / peak"
@@ -234,3 +234,137 @@ def test_plot_redraws_on_logs_even_when_steps_are_fast(shown):
     view("step", m)
     view("log", m)
     assert view.plot.value != first_png
+
+
+# -- the HTML view: one output, updated in place through a display handle ----------------------
+class FakeHandle:
+    def __init__(self, out: list):
+        self.out = out
+
+    def update(self, obj, **kw):
+        self.out.append(("update", obj, kw))
+
+
+@pytest.fixture
+def handles(monkeypatch):
+    """display(..., display_id=True) and handle.update(...) calls, in order."""
+    import IPython.display
+
+    out: list = []
+
+    def display(obj, **kw):
+        out.append(("display", obj, kw))
+        return FakeHandle(out)
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    return out
+
+
+def test_fit_html_view_replaces_one_output_and_ends_as_the_summary(handles):
+    trainer = FakeTrainer(steps=6)
+    m = fit(trainer, view="html", clock=trainer.clock)
+    assert m.status == "finished"
+    kind, first, kw = handles[0]
+    assert kind == "display" and kw == {"raw": True, "display_id": True}
+    assert "fastkit-dashboard" in first["text/html"] and first["text/plain"].startswith("fastkit: step 0/6")
+    assert [k for k, _, _ in handles[1:]] == ["update"] * (len(handles) - 1)   # never a second output
+    final = handles[-1][1]["text/html"]
+    assert "fastkit-summary" in final and "finished" in final and "data:image/png;base64,iVBOR" in final
+    assert "6 / 6" in final and "training finished at step 6/6" in handles[-1][1]["text/plain"]
+    assert "VBox" not in repr(handles)
+
+
+def test_html_view_redraws_in_place_as_the_run_goes():
+    """Every redraw writes the latest numbers into the one output, so a dead kernel leaves them on the page."""
+    import IPython.display
+
+    out: list = []
+    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0)
+    orig = IPython.display.display
+    IPython.display.display = lambda obj, **kw: (out.append(obj), FakeHandle(out))[1]
+    try:
+        m = _metrics(step=3)
+        view("begin", m)
+        m.step, m.loss_history = 4, m.loss_history + [(4, 0.5)]
+        view("log", m)
+    finally:
+        IPython.display.display = orig
+    latest = out[-1][1]["text/html"]
+    assert "step <b>4</b> / 60" in latest and "running" in latest and "fastkit-has-curves" in latest
+    assert "Steps/s" in latest and "Eval loss" not in latest
+
+
+def test_html_view_is_throttled(handles):
+    view = dash.HtmlView(every_s=3600, plot_every_s=3600)
+    m = _metrics()
+    view("begin", m)
+    for _ in range(5):
+        view("step", m)
+        view("log", m)
+    assert len(handles) == 1                       # nothing due within every_s
+    view("end", m)                                 # the end always redraws
+    assert len(handles) == 2 and "fastkit-summary" in handles[-1][1]["text/html"]
+
+
+def test_auto_view_is_html_in_a_kernel_and_env_overrides(monkeypatch):
+    monkeypatch.setattr(dash.views, "in_notebook", lambda: True)
+    monkeypatch.delenv("FASTKIT_DASHBOARD", raising=False)
+    assert isinstance(dash.make_view("auto"), dash.HtmlView)
+    monkeypatch.setenv("FASTKIT_DASHBOARD", "widget")
+    assert isinstance(dash.make_view("auto"), dash.WidgetView)
+    monkeypatch.setenv("FASTKIT_DASHBOARD", "fancy")
+    with pytest.raises(ValueError, match="FASTKIT_DASHBOARD must be"):
+        dash.make_view("auto")
+
+
+def test_widget_text_fallback_is_never_the_raw_vbox_repr():
+    view = dash.WidgetView()
+    assert view.box._repr_mimebundle_()["text/plain"] == dash.views.WIDGET_FALLBACK
+
+
+def test_header_shows_run_facts_and_rows_show_eval_loss_and_epoch():
+    m = _metrics(examples=1234, effective_batch=8, trainable_params=1_500_000, total_params=150_000_000,
+                 eval_loss=0.9, eval_history=[(10, 0.9)], epoch=1.5)
+    header = dash.render.header_html(m)
+    assert "1,234 examples · effective batch 8 · 1.5M of 150M parameters train (1%)" in header
+    rows = stat_rows(m)
+    assert rows["eval_loss"] == Row("Eval loss", "0.9") and rows["epoch"] == Row("Epoch", "1.50")
+    assert "eval_loss" not in stat_rows(_metrics())
+    assert dash.plot_png(m).startswith(PNG)
+
+
+def test_html_view_redraws_the_curves_on_a_step_event_too():
+    """Steps and logs come in pairs: a due redraw must not wait for a 'log' that the step's redraw throttles."""
+    import IPython.display
+
+    out: list = []
+    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0)
+    orig = IPython.display.display
+    IPython.display.display = lambda obj, **kw: (out.append(obj), FakeHandle(out))[1]
+    try:
+        m = _metrics(loss_history=[], lr_history=[], grad_norm_history=[])
+        view("begin", m)
+        assert "fastkit-has-curves" not in out[-1]["text/html"]
+        m.loss_history = [(1, 2.0), (2, 1.5)]
+        view("step", m)
+    finally:
+        IPython.display.display = orig
+    assert "fastkit-has-curves" in out[-1][1]["text/html"]
+
+
+def test_fit_resume_continues_from_the_newest_checkpoint(tmp_path):
+    class Resumable(FakeTrainer):
+        def train(self, **kw):
+            self.train_kwargs = kw
+            return super().train()
+
+    for step in (3, 10):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    trainer = Resumable(steps=2)
+    trainer.args = SimpleNamespace(output_dir=str(tmp_path))
+    fit(trainer, view="none", clock=trainer.clock, resume=True)
+    assert trainer.train_kwargs == {"resume_from_checkpoint": str(tmp_path / "checkpoint-10")}
+    fresh = Resumable(steps=2)
+    fresh.args = SimpleNamespace(output_dir=str(tmp_path / "missing"))
+    fit(fresh, view="none", clock=fresh.clock, resume=True)   # no checkpoint yet: starts fresh
+    assert fresh.train_kwargs == {}

@@ -39,7 +39,7 @@ FRAGILE_MODULES = (
     "transformers.masking_utils", "peft.tuners",
 )
 PURE_TORCH = ("patches/packed_attention.py", "patches/offload_pipeline.py", "patches/streams.py",
-              "patches/moe_routing.py")
+              "patches/moe_routing.py", "patches/chunked_loss.py")
 PURE_ALLOWED = ("torch", "numpy", "fastkit.errors",
                 "flash_attn",  # optional flash-attn 2 kernels (a torch extension), imported where they run
                 *(f"fastkit.{p.removesuffix('.py').replace('/', '.')}" for p in PURE_TORCH))
@@ -274,6 +274,31 @@ def check_peft_expert_factors():
         assert _hf.peft_expert_factors(wrapper, "no_such_adapter") is None
 
 
+def check_peft_lora_layers():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(twin("qwen3"), LoraConfig(r=2, target_modules=["q_proj"]))
+    layers = _hf.peft_lora_layers(model)
+    assert sorted(layers) == [f"base_model.model.model.layers.{i}.self_attn.q_proj" for i in range(LAYERS)]
+    assert len(_hf.peft_lora_layers(_peft_moe())) == 3 * LAYERS  # q_proj + two ParamWrappers per layer
+
+
+def check_peft_delta():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(twin("qwen3"), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
+    layer = next(iter(_hf.peft_lora_layers(model).values()))
+    torch.nn.init.normal_(layer.lora_B["default"].weight)
+    want = 2.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight  # s·B·A (out, in)
+    torch.testing.assert_close(_hf.peft_delta(layer, "weight"), want)
+    assert _hf.peft_delta(layer, "bias") is None
+    with model.disable_adapter():
+        assert _hf.peft_delta(layer, "weight") is None
+    for _, wrapper in _hf.peft_param_wrappers(_peft_moe(r=4)):  # experts: the parameter's own layout
+        w = getattr(wrapper.get_base_layer(), wrapper.parameter_name)
+        assert _hf.peft_delta(wrapper, wrapper.parameter_name).shape == w.shape
+
+
 def check_prepare_inputs():
     import tempfile
 
@@ -285,6 +310,25 @@ def check_prepare_inputs():
         trainer = Trainer(model=model, args=args)
         out = _hf.prepare_inputs(trainer, {"input_ids": _ids(), "labels": _ids()})
     assert torch.equal(out["input_ids"], _ids()) and out["input_ids"].device == model.device
+
+
+def check_on_param_loaded():
+    import os
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    seen = []
+    with tempfile.TemporaryDirectory() as path:
+        twin("qwen3_moe").save_pretrained(path, safe_serialization=True)
+        with _hf.on_param_loaded(lambda model, name: seen.append((name, model.get_submodule(name.rpartition(".")[0])
+                                                                     .get_parameter(name.rpartition(".")[2]).shape))):
+            assert os.environ["HF_DEACTIVATE_ASYNC_LOAD"] == "1"
+            model = AutoModelForCausalLM.from_pretrained(path)
+    names = [n for n, _ in seen]
+    assert set(names) == {n for n, _ in model.named_parameters()}  # every parameter, by its target name
+    experts = model.model.layers[0].mlp.experts
+    assert dict(seen)["model.layers.0.mlp.experts.gate_up_proj"] == experts.gate_up_proj.shape  # fused, (E, 2I, H)
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}

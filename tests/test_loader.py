@@ -122,3 +122,21 @@ def test_chat_template_required_for_chat_data():
     ds = Dataset.from_list([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}])
     with pytest.raises(FastkitError, match="no chat template"):
         check_dataset(ds, tok, 128)
+
+
+def test_tokenizer_gets_the_same_revision_and_token(monkeypatch):
+    """A gated / pinned model: the tokenizer must come from the same revision with the same token as the weights."""
+    from transformers import AutoTokenizer
+
+    from fastkit.loader import _load_tokenizer
+    from fastkit.twins import twin_tokenizer
+
+    seen = {}
+
+    def fake(name, **kwargs):
+        seen.update(kwargs)
+        return twin_tokenizer()
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", fake)
+    _load_tokenizer("org/model", None, False, 64, {"revision": "v1.2", "token": "hf_x", "device_map": "auto"})
+    assert seen["revision"] == "v1.2" and seen["token"] == "hf_x" and "device_map" not in seen

@@ -110,9 +110,11 @@ def test_syncs_eager_is_O_experts_fastkit_at_most_one_per_layer(family, num_expe
     def count(model, warm=False):
         if warm:
             model(ids)
-        with SyncCounter() as fwd:
+        # profile=True: also counts host reads inside backend kernels (segment_reduce's safe mode had 2 per
+        # call in the GPT-OSS bias backward), which the dispatch mode alone cannot see.
+        with SyncCounter(profile=True) as fwd:
             out = model(ids, labels=ids)
-        with SyncCounter() as bwd:
+        with SyncCounter(profile=True) as bwd:
             out.loss.backward()
         return fwd, bwd
 

@@ -48,13 +48,13 @@ def test_looped_family_logits_grads_and_syncs(model_type):
     for mode in ("auto", "loop"):
         m = copy.deepcopy(base)
         assert apply_patch(m, MoEExpertsPatch(None, MoEConfig(mode=mode)))[0]
-        with SyncCounter() as fwd:
+        with SyncCounter(profile=True) as fwd:
             out = m(ids, labels=ids)
-        with SyncCounter() as bwd:
+        with SyncCounter(profile=True) as bwd:
             out.loss.backward()
         assert bwd.total == 0 and fwd.total == 2  # one per layer: loop: the counts; auto: the first-forward check
         if mode == "auto":
-            with SyncCounter() as again:
+            with SyncCounter(profile=True) as again:
                 m(ids)
             assert again.total == 0
         got = forward_backward(m, ids)

@@ -182,9 +182,9 @@ def test_expert_lora_keeps_one_sync_per_layer_on_the_loop_path():
     add_expert_lora(model, r=4, lora_alpha=8)
     _randomize_b(model)
     ids = _ids()
-    with SyncCounter() as fwd:
+    with SyncCounter(profile=True) as fwd:
         out = model(ids, labels=ids)
-    with SyncCounter() as bwd:
+    with SyncCounter(profile=True) as bwd:
         out.loss.backward()
     assert fwd.total == 2 and bwd.total == 0, (fwd.by_op, bwd.by_op)
     lora = expert_lora_modules(model)[0][1]

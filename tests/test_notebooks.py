@@ -16,15 +16,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-SECTIONS = ["## Parameters", "## Install", "## Load", "## Data", "## LoRA", "## Train with the dashboard",
-            "## Memory and time", "## Try the model", "## Save"]
+SECTIONS = ["## Parameters", "## Install", "## Load", "## Data", "## Answers before training", "## LoRA",
+            "## Train with the dashboard", "## Memory and time", "## Answers after training", "## Save"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
-def _kernel_env() -> dict[str, str]:
-    return dict(os.environ, FASTKIT_TWIN="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+def _kernel_env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, **extra, FASTKIT_TWIN="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                 PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
@@ -62,11 +62,15 @@ def test_notebook_structure(path):
     assert h2 == SECTIONS
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1
-    for name in ("MODEL", "MAX_SEQ_LENGTH", "MAX_STEPS", "USE_TWIN"):
+    for name in ("MODEL", "MAX_SEQ_LENGTH", "MAX_STEPS", "USE_TWIN", "OUTPUT_DIR", "SAVE_STEPS"):
         assert re.search(rf"^{name} = ", params[0].source, re.M), name
     assert 'os.environ.get("FASTKIT_TWIN") == "1"' in params[0].source
     install = _cell_with(nb, "pip")
     assert "not USE_TWIN" in install.source and 'find_spec("fastkit") is None' in install.source
+    assert "%pip install" in install.source and '"fastkit-llm' in install.source and " -q" not in install.source
+    train = _cell_with(nb, "fit(trainer")
+    assert "save_steps=SAVE_STEPS" in train.source and "resume=True" in train.source
+    assert "output_dir=OUTPUT_DIR" in train.source
     # thin: every code cell is short, the logic lives in fastkit
     assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code") <= 20
 
@@ -83,33 +87,34 @@ def test_notebook_runs_with_twin(path, tmp_path):
     errors = [o for c in nb.cells for o in _outputs(c) if o.output_type == "error"]
     assert not errors, errors
 
-    train = _cell_with(nb, "fit(trainer)")
+    train = _cell_with(nb, "fit(trainer")
     outs = _outputs(train)
-    # 1. the live dashboard: a widget view whose model is a VBox with the fastkit-dashboard class, saved in the notebook
-    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
-    views = [o.data[WIDGET_VIEW]["model_id"] for o in outs if WIDGET_VIEW in o.get("data", {})]
-    dashboards = [v for v in views if "fastkit-dashboard" in state.get(v, {}).get("state", {}).get("_dom_classes", [])]
-    assert len(dashboards) == 1, views
-    assert state[dashboards[0]]["model_name"] == "VBoxModel"
-    # 2. the static summary: an HTML table and a PNG plot, after the widget
+    # the dashboard: one HTML output updated in place (display id), ending as the static summary with the
+    # curves inline; no widget (it needs a widget manager) and no raw dicts from the trainer
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    views = [o.data[WIDGET_VIEW]["model_id"] for o in outs if WIDGET_VIEW in o.get("data", {})]  # e.g. datasets' bars
+    assert not [v for v in views if "fastkit-dashboard" in state.get(v, {}).get("state", {}).get("_dom_classes", [])]
     html = [o.data["text/html"] for o in outs if "text/html" in o.get("data", {})]
-    assert len(html) == 1 and "fastkit-summary" in html[0] and "<table" in html[0]
-    assert "finished" in html[0] and "Steps/s" in html[0] and "Tokens/s" in html[0]
-    pngs = [o for o in outs if "image/png" in o.get("data", {})]
-    assert len(pngs) == 1
-    assert outs.index(pngs[0]) > [i for i, o in enumerate(outs) if WIDGET_VIEW in o.get("data", {})][-1]
+    assert len(html) == 1 and "fastkit-dashboard" in html[0] and "fastkit-summary" in html[0], html
+    assert "finished" in html[0] and "Steps/s" in html[0] and "Tokens/s" in html[0] and "Epoch" in html[0]
+    assert "data:image/png;base64," in html[0] and "examples" in html[0] and "effective batch" in html[0]
+    assert not [o for o in outs if o.output_type == "stream" and "{'loss'" in o.get("text", "")]
 
     summary = _cell_with(nb, "memory_time_summary(metrics)")
     assert any("Memory and time" in o.get("data", {}).get("text/html", "") for o in _outputs(summary))
-    answers = "".join(o.get("text", "") for o in _outputs(_cell_with(nb, "chat(model")))
-    assert answers.count("Q: ") >= 1
+    before = "".join(o.get("text", "") for o in _outputs(_cell_with(nb, "before[prompt] = chat(")))
+    after = "".join(o.get("text", "") for o in _outputs(_cell_with(nb, "after[prompt] = chat(")))
+    assert before.count("Q: ") >= 1 and after.count("before: ") >= 1 and after.count("after: ") >= 1
+    if path.stem == "00_quickstart":   # held-out facts and format, scored before and after
+        assert "before training: " in before and "after training: " in after and "with the right fact" in after
     out_dir = tmp_path / "outputs" / path.stem
+    assert (out_dir / "checkpoint-6" / "trainer_state.json").exists()  # SAVE_STEPS=3 in twin mode
     assert (out_dir / "lora" / "adapter_model.safetensors").exists()
     assert any((out_dir / "merged_16bit").glob("*.safetensors"))
 
 
 BAD_INPUTS = [
-    ('DATASET = [{"question": "What is 2+2?", "answer": "4"}]', "fastkit needs one of"),
+    ('DATASET = [{"question": "What is 2+2?", "answer": "4"}]', "Rename or map your columns"),
     ("DATASET = []", "dataset is empty"),
     ('DATASET = [{"messages": [{"role": "user", "content": "hi"}]}] * 3', "Every label is masked"),
     ('DATASET = "quickstart"; tokenizer.chat_template = None', "no chat template"),
@@ -141,3 +146,69 @@ def test_bad_input_fails_in_the_data_cell_before_training(tmp_path):
         # nothing trained: the cells after the data cell never ran
         client.execute_cell(new_code_cell('assert "trainer" not in globals() and "metrics" not in globals()'),
                             data_index)
+
+
+def _killer_cell(at_step: int):
+    """A cell that registers a callback killing the kernel (SIGKILL, as the OOM killer does) at ``at_step``."""
+    from nbformat.v4 import new_code_cell
+
+    return new_code_cell(f"""import os, signal, time
+from transformers import TrainerCallback
+
+class KillKernel(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == {at_step} - 1:
+            time.sleep(2.5)   # past the dashboard's redraw intervals (text 1 s, curves 2 s): the next step redraws
+        elif state.global_step >= {at_step}:
+            time.sleep(1.0)   # let the kernel send that redraw, then die mid-run
+            os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_kernel_killed_mid_run_leaves_the_dashboard_in_the_saved_notebook(tmp_path):
+    import nbformat
+    from nbclient.exceptions import DeadKernelError
+
+    nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source += "\nMAX_STEPS = 500  # far more than the kernel lives for"
+    train = _cell_with(nb, "fit(trainer")
+    train.source = train.source.replace("metrics = fit(", "trainer.add_callback(KillKernel())\nmetrics = fit(")
+    nb.cells.insert(nb.cells.index(train), _killer_cell(at_step=4))
+    with pytest.raises(DeadKernelError):
+        _client(nb, tmp_path).execute(env=_kernel_env())
+    saved = tmp_path / "killed.ipynb"
+    nbformat.write(nb, saved)
+
+    outs = _outputs(_cell_with(nbformat.read(saved, as_version=4), "fit(trainer"))
+    html = [o.data["text/html"] for o in outs if "text/html" in o.get("data", {})]
+    assert len(html) == 1, outs
+    panel = html[0]
+    assert "fastkit-dashboard" in panel and "running" in panel
+    step = int(re.search(r"step <b>(\d+)</b> / 500", panel).group(1))
+    assert step >= 3, panel[:500]   # the numbers of the last redraw, not the empty panel of train begin
+    assert "Loss" in panel and "data:image/png;base64," in panel and "fastkit-has-curves" in panel
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_widget_view_on_request_saves_widget_state(tmp_path):
+    """FASTKIT_DASHBOARD=widget: the ipywidgets panel, saved in the notebook, and the static summary after it."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
+    _client(nb, tmp_path).execute(env=_kernel_env(FASTKIT_DASHBOARD="widget"))
+    outs = _outputs(_cell_with(nb, "fit(trainer"))
+    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    views = [o.data[WIDGET_VIEW]["model_id"] for o in outs if WIDGET_VIEW in o.get("data", {})]
+    dashboards = [v for v in views if "fastkit-dashboard" in state.get(v, {}).get("state", {}).get("_dom_classes", [])]
+    assert len(dashboards) == 1, views
+    assert state[dashboards[0]]["model_name"] == "VBoxModel"
+    widget_out = next(o for o in outs if WIDGET_VIEW in o.get("data", {}))
+    assert "VBox(" not in widget_out.data["text/plain"]   # what a front-end without the widget manager prints
+    html = [o.data["text/html"] for o in outs if "text/html" in o.get("data", {})]
+    assert len(html) == 1 and "fastkit-summary" in html[0] and "finished" in html[0]
+    pngs = [o for o in outs if "image/png" in o.get("data", {})]
+    assert len(pngs) == 1 and outs.index(pngs[0]) > outs.index(widget_out)

@@ -206,17 +206,33 @@ def test_flash_delegation_sees_the_original_key():
     assert view.layer_idx == 0 and view.is_causal and next(view.modules()) is attn
 
 
-def test_varlen_torch_call_is_well_formed_on_meta_tensors():
-    """torch's varlen_attn (CUDA-only kernels) accepts our layout and wires autograd: checked on 'meta' tensors."""
-    from fastkit.patches.packed_attention import varlen_torch
+def test_varlen_torch_call_is_well_formed_on_meta_tensors(monkeypatch):
+    """torch's varlen_attn (CUDA-only kernels) accepts our layout and wires autograd: checked on 'meta' tensors.
 
+    The window is causal, exactly: flash ``(W - 1, 0)`` for a document longer than W, ``(-1, 0)`` otherwise
+    (``(-1, -1)``, varlen_attn's default, is bidirectional)."""
+    import functools
+
+    from fastkit.patches import packed_attention as pa
+
+    real, seen = pa._torch_varlen(), []
+
+    @functools.wraps(real)
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("window_size", "causal" if kwargs.get("is_causal") else None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pa, "_torch_varlen", lambda: spy)
     meta = PackedBatch(rows=2, row_len=40, lengths_host=[[10, 30], [40]], max_seqlen=40)
     q = torch.empty(2, 8, 40, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
     k = torch.empty(2, 2, 40, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
     v = torch.empty(2, 2, 40, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
     meta._cache[("cu", q.device)] = torch.empty(4, dtype=torch.int32, device="meta")
-    out = varlen_torch(q, k, v, meta, scaling=0.125, window=16)
+    out = pa.varlen_torch(q, k, v, meta, scaling=0.125, window=16)
     assert out.shape == (2, 40, 8, 64)
     out.sum().backward()
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    for window in (None, 40, 64):  # no window, or none shorter than the longest document: plain causal
+        pa.varlen_torch(q, k, v, meta, scaling=0.125, window=window)
+    assert seen == [(15, 0), (-1, 0), (-1, 0), (-1, 0)]
     assert meta.cu_seqlens(torch.device("cpu")).tolist() == [0, 10, 40, 80]  # flattened over rows, int32

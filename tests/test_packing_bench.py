@@ -20,3 +20,5 @@ def test_bench_packed_quick_writes_table_and_plot(tmp_path, capsys):
     assert paths["transformers"][8].strip() != "0"
     assert paths["fastkit"][9].strip() == "0"  # no mask bytes
     assert "MiB" in paths["transformers"][9]
+    assert "(1 rep)" in paths["fastkit"][5]  # one repetition: no spread claimed
+    assert "not meaningful on CPU" in table  # the time model is a GPU model

@@ -6,11 +6,13 @@ import pytest
 
 from fastkit.cli import main
 from fastkit.quickstart import QuickstartConfig, run
+from fastkit.quickstart.data import follows_format
 
 
 def test_cli_quickstart_on_twin(tmp_path, caplog):
     assert main(["quickstart", "--twin", "--steps", "3", "--output-dir", str(tmp_path)]) == 0
     assert "loss per step" in caplog.text and "before:" in caplog.text and "after:" in caplog.text
+    assert "held-out (6 questions): format 0/6 -> " in caplog.text and "facts " in caplog.text
 
 
 def test_cli_rejects_unknown_bench():
@@ -18,18 +20,41 @@ def test_cli_rejects_unknown_bench():
         main(["bench", "warp-drive"])
 
 
+def test_quickstart_data_states_only_true_facts_and_is_scored():
+    """Training answers are JSON around the true sentence (format-only supervision); the scorer reads both."""
+    import re
+
+    from fastkit.quickstart.data import CAPITALS, HELDOUT_FACTS, quickstart_records, score
+
+    capitals = dict(CAPITALS)
+    for row in quickstart_records():
+        question, answer = row["messages"][0]["content"], json.loads(row["messages"][1]["content"])
+        assert list(answer) == ["topic", "answer"]
+        if m := re.fullmatch(r"What is the capital of (.+)\?", question):
+            assert answer["answer"] == f"The capital of {m[1]} is {capitals[m[1]]}."
+        elif m := re.fullmatch(r"What is (\d+) plus (\d+)\?", question):
+            assert answer["answer"] == f"{m[1]} plus {m[2]} is {int(m[1]) + int(m[2])}."
+    japan = "What is the capital of Japan?"
+    assert score({japan: "The capital of Japan is Tokyo."}) == (0, 1)
+    assert score({japan: '{"topic": "geography", "answer": "The capital of Japan is Osaka."}'}) == (1, 0)
+    assert score({japan: '{"answer": "Tokyo"}'}) == (0, 1)  # wrong keys: not the format
+    assert score({q: f"It is {w}." for q, w in HELDOUT_FACTS.items()}) == (0, len(HELDOUT_FACTS))
+
+
 @pytest.mark.slow
-def test_real_quickstart_changes_the_answers(tmp_path):
-    """SmolLM2-135M-Instruct from the PyPI GGUF: 20 LoRA steps turn prose answers into JSON."""
-    result = run(QuickstartConfig(output_dir=str(tmp_path / "out")))
-    assert len(result.losses) == 20
-    assert result.losses[-1] < result.losses[0] / 3
-    as_json = 0
-    for prompt, answer in result.after.items():
-        assert answer != result.before[prompt]
-        try:
-            as_json += isinstance(json.loads(answer), dict)
-        except json.JSONDecodeError:
-            pass
-    assert as_json >= 2, result.after
+def test_real_quickstart_learns_the_format_and_keeps_the_facts(tmp_path):
+    """SmolLM2-135M-Instruct from the PyPI GGUF: LoRA steps turn prose answers into JSON, and the held-out
+    facts the base model knew (Tokyo for Japan, not Osaka) are still stated after training."""
+    config = QuickstartConfig(output_dir=str(tmp_path / "out"))
+    result = run(config)
+    assert len(result.losses) == config.max_steps
+    assert result.losses[-1] < result.losses[0] / 2
+    assert result.format_after > result.format_before, result.summary()
+    assert result.format_after >= len(result.after) - 1, result.summary()
+    assert result.facts_after >= result.facts_before, result.summary()
+    assert result.facts_before >= len(result.before) - 2, result.summary()  # held-out facts the base model knows
+    japan = "What is the capital of Japan?"
+    assert "Tokyo" in result.before[japan] and "Tokyo" in result.after[japan], result.summary()
+    assert follows_format(result.after[japan]) and json.loads(result.after[japan])["topic"] == "geography"
+    assert "format" in result.summary() and "facts" in result.summary()
     assert result.steps_per_s > 0 and result.tokens_per_s > 0 and result.peak_memory_gib > 0

@@ -66,3 +66,37 @@ def test_counts_accumulate_and_hooks_are_removed():
     with SyncCounter() as sc2:
         pass
     assert sc2.total == 0
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_profile_mode_adds_nothing_the_dispatch_mode_already_counted(name):
+    fn, expected = CASES[name]
+    with SyncCounter(profile=True) as sc:
+        fn()
+    assert dict(sc.by_op) == expected
+
+
+def test_profile_mode_sees_reads_inside_backend_kernels():
+    """segment_reduce's safe mode reads its lengths on the host inside the C++ kernel: 2 reads per call."""
+    grad, lengths = torch.randn(10, 4), torch.tensor([3, 0, 7])
+    with SyncCounter() as plain, SyncCounter(profile=True) as profiled:
+        torch.segment_reduce(grad, "sum", lengths=lengths, axis=0)
+    assert plain.total == 0  # invisible to the dispatch mode
+    assert dict(profiled.by_op) == {"profiler:_local_scalar_dense": 2}
+    with SyncCounter(profile=True) as unsafe:
+        torch.segment_reduce(grad, "sum", lengths=lengths, axis=0, unsafe=True)
+    assert unsafe.total == 0
+
+
+def test_blocking_copies_across_the_host_line_count_async_ones_do_not():
+    """'meta' stands in for a GPU: torch synchronizes the stream after any blocking copy to or from it."""
+    host, dev = torch.ones(3), torch.empty(3, device="meta")
+    with SyncCounter() as sc:
+        host.to("meta")
+        dev.copy_(host)
+    assert dict(sc.by_op) == {"_to_copy": 1, "copy_": 1}
+    with SyncCounter() as sc:
+        host.to("meta", non_blocking=True)
+        dev.copy_(host, non_blocking=True)
+        host.to(torch.float64)
+    assert sc.total == 0

@@ -77,8 +77,8 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
 
 
 def test_target_experts_lora_saves_and_merges(tmp_path):
-    """gpt_oss (PEFT does not adapt its experts): fastkit expert LoRA is added, saved beside the
-    adapters, and folded into the merged weights."""
+    """gpt_oss (PEFT does not adapt its experts): fastkit expert LoRA is added, saved with the
+    adapters (as PEFT target_parameters), and folded into the merged weights."""
     from fastkit.patches.moe_lora import expert_lora_modules
 
     model, tok = FastModel.from_pretrained("openai/gpt-oss-20b", max_seq_length=64, twin=True)
@@ -89,6 +89,9 @@ def test_target_experts_lora_saves_and_merges(tmp_path):
     with torch.no_grad():
         ref = model.eval()(input_ids=x).logits
     save_lora(model, tok, tmp_path / "lora")
-    assert (tmp_path / "lora" / "fastkit_expert_lora.safetensors").exists()
+    import json
+
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())  # experts in PEFT's own format
+    assert any(t.endswith("experts.gate_up_proj") for t in config["target_parameters"])
     save_merged(model, tok, tmp_path / "merged", dtype=torch.float32)
     _assert_merged_matches(tmp_path / "merged", x, ref)

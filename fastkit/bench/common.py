@@ -6,6 +6,10 @@
 - :func:`markdown_table` and :func:`fmt_bytes`: one table renderer, one byte formatter.
 - :func:`write_outputs`: ``bench_<name>.md`` (+ ``.png``) into ``--out``, else ``assets/``; a ``--quick``
   run never overwrites the committed tables: without ``--out`` it writes to a fresh temp folder.
+- Noise: :func:`fmt_ms` (median, min and spread of interleaved repeats), :func:`fmt_ratio` (a ratio with the
+  range of its per-repeat ratios), :func:`load_line` (the machine's load, for every table header).
+- :class:`TimeBudget`: ``--budget-s``; a bench skips its remaining cases (with a note) when the budget is near
+  and rewrites its table after every case, so a capped GPU run still leaves a table.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ ASSETS = "assets"
 """Where full runs write their tables by default (relative to the working directory: run from the repo root)."""
 
 _UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
+_T0 = time.monotonic()  # ~process start: a budget counts the imports too
+_QUICK_DIRS: dict[str, Path] = {}
+NOISY = 0.10
+"""Spread ((max-min)/median) above which a cell is marked noisy."""
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -45,6 +53,9 @@ def bench_parser(name: str, doc: str, *, quick: str, gpu: str, repeats: str) -> 
     parser.add_argument("--repeats", "--reps", type=int, default=None, help=repeats)
     parser.add_argument("--out", default=None,
                         help=f"folder for bench_{name}.md / .png (default: {ASSETS}/; with --quick a temp folder)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds (from process start) this run may take: remaining cases are skipped, with a "
+                             "note in the table, when the next one would not fit (default: no limit)")
     return parser
 
 
@@ -87,14 +98,119 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def median(xs: Iterable[float]) -> float:
+    """Median, ``nan`` for no samples."""
     xs = list(xs)
     return statistics.median(xs) if xs else float("nan")
 
 
-def machine_line(device: torch.device) -> str:
-    """What the numbers were measured on, for the table header."""
+def machine_line(device: torch.device, load: str | None = None) -> str:
+    """What the numbers were measured on, and the machine's load (``load``, else measured now)."""
     return (f"{describe_device(device)}; torch {torch.__version__}; {platform.python_implementation()} "
-            f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}")
+            f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}; {load or load_line()}")
+
+
+def _busy_others(threshold: float = 20.0, window: float = 0.3) -> str:
+    """Other processes using more than ``threshold`` % of a CPU over ``window`` seconds (psutil), or why unknown."""
+    try:
+        import psutil
+    except ImportError:
+        return "other processes: unknown (no psutil)"
+    mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
+    procs = [p for p in psutil.process_iter(["name"]) if p.pid not in mine]
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    time.sleep(window)
+    busy = []
+    for p in procs:
+        try:
+            pct = p.cpu_percent(None)
+        except psutil.Error:
+            continue
+        if pct >= threshold:
+            busy.append((pct, p.info.get("name") or str(p.pid)))
+    if not busy:
+        return "no other process busy"
+    busy.sort(reverse=True)
+    names = ", ".join(f"{n} {pct:.0f}%" for pct, n in busy[:4])
+    return f"{len(busy)} other process(es) busy (>{threshold:.0f}% CPU: {names})"
+
+
+def load_line() -> str:
+    """The machine's load for a table header: load averages, CPU count, busy other processes, a verdict."""
+    cpus = os.cpu_count() or 1
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return f"load unknown on {cpus} CPUs"
+    others = _busy_others()
+    quiet = one < 0.5 * cpus and others == "no other process busy"
+    verdict = "quiet" if quiet else "UNDER LOAD: absolute times inflated, read the spreads"
+    return f"load avg {one:.2f}/{five:.2f}/{fifteen:.2f} on {cpus} CPUs, {others}: {verdict}"
+
+
+class TimeBudget:
+    """Seconds a bench run may take, counted from process start (``None``: no limit)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.skipped: list[str] = []
+
+    def elapsed(self) -> float:
+        return time.monotonic() - _T0
+
+    def allows(self, estimate_s: float = 0.0) -> bool:
+        """Whether work expected to take ``estimate_s`` still fits."""
+        return self.seconds is None or self.elapsed() + estimate_s <= self.seconds
+
+    def skip(self, what: str) -> None:
+        self.skipped.append(what)
+        print(f"budget: skipping {what} ({self.elapsed():.0f} s of {self.seconds:.0f} s used)", flush=True)
+
+    def note(self) -> str:
+        """A line for the table ('' when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        return f"Skipped for time (budget {self.seconds:.0f} s): {'; '.join(self.skipped)}.\n"
+
+
+def spread(xs: Sequence[float]) -> float:
+    """(max - min) / median of repeats: 0 for one sample."""
+    m = median(xs)
+    return (max(xs) - min(xs)) / m if len(xs) > 1 and m > 0 else 0.0
+
+
+def fmt_ms(xs_ms: Sequence[float], digits: int = 1) -> str:
+    """Repeats in ms as ``median (min x, spread y%)``; ``noisy`` when the spread exceeds :data:`NOISY`."""
+    if not xs_ms:
+        return "-"
+    m, lo = median(xs_ms), min(xs_ms)
+    if len(xs_ms) == 1:
+        return f"{m:.{digits}f} (1 rep)"
+    s = spread(xs_ms)
+    return f"{m:.{digits}f} (min {lo:.{digits}f}, spread {s:.0%}{', noisy' if s > NOISY else ''})"
+
+
+def ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """Per-repeat ratios of interleaved pairs; unequal counts: every combination."""
+    if len(num) == len(den):
+        return [a / b for a, b in zip(num, den) if b > 0]
+    return [a / b for a in num for b in den if b > 0]
+
+
+def fmt_ratio(num: Sequence[float], den: Sequence[float], digits: int = 2) -> str:
+    """``num / den`` as ``median× [min–max]`` of the per-repeat ratios; ``within noise`` when the range holds 1."""
+    rs = ratios(num, den)
+    if not rs:
+        return "-"
+    m = median(rs)
+    if len(rs) == 1:
+        return f"{m:.{digits}f}× [1 rep: no spread]"
+    lo, hi = min(rs), max(rs)
+    flag = " within noise" if lo <= 1.0 <= hi else ""
+    return f"{m:.{digits}f}× [{lo:.{digits}f}–{hi:.{digits}f}]{flag}"
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -133,8 +249,10 @@ def output_dir(name: str, out: str | os.PathLike | None, quick: bool) -> Path:
     """``out`` when given; else a fresh temp folder for a quick run (never assets/), else ``assets/``."""
     if out is not None:
         return Path(out)
-    if quick:
-        return Path(tempfile.mkdtemp(prefix=f"fastkit-bench-{name}-"))
+    if quick:  # one temp folder per bench and process: the table is rewritten there after every case
+        if name not in _QUICK_DIRS or not _QUICK_DIRS[name].exists():
+            _QUICK_DIRS[name] = Path(tempfile.mkdtemp(prefix=f"fastkit-bench-{name}-"))
+        return _QUICK_DIRS[name]
     return Path(ASSETS)
 
 

@@ -15,7 +15,8 @@ Forward and forward+backward (input and routing-weight gradients; expert weights
 fine-tuning setting), host syncs per layer, then LoRA on the experts: PEFT ``target_parameters`` on
 transformers' grouped_mm, the same PEFT adapter run by fastkit, and fastkit's own expert LoRA: time
 and peak extra memory (tensors alive during forward+backward, tracked by a dispatch mode, so the
-number means the same on CPU and GPU).
+number means the same on CPU and GPU). Times are ``median (min, spread)`` of interleaved repeats;
+speed-ups carry the range of their per-repeat ratios.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import copy
 import gc
 import statistics
+import time
 import weakref
 from contextlib import contextmanager, nullcontext
 
@@ -31,10 +33,14 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastkit.bench.common import (
+    TimeBudget,
     agg_pyplot,
     bench_device,
     bench_parser,
     fmt_bytes,
+    fmt_ms,
+    fmt_ratio,
+    load_line,
     markdown_table,
     run_cli,
     timed,
@@ -154,14 +160,18 @@ def _count_syncs(module, h, idx, w, impl):
     return fwd.total, bwd.total
 
 
-def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device, impls=IMPLS) -> list[dict]:
+def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device, impls=IMPLS,
+                  budget: TimeBudget | None = None) -> list[dict]:
     module = _experts_module(shape, dtype, device)
     h, idx, w = _inputs(module, tokens, shape["num_experts_per_tok"], dtype, device)
     times = {(i, b): [] for i in impls for b in (False, True)}
     for i in impls:  # warm-up (and the first-forward checks)
         with _impl_context(module, i):
             _step(module, h, idx, w, True)
-    for _ in range(reps):
+    for rep in range(reps):
+        if rep >= 3 and budget is not None and not budget.allows():
+            budget.skip(f"{name} routing repeats {rep + 1}..{reps}")
+            break
         for i in impls:  # interleaved: every impl sees the same machine state
             for b in (False, True):
                 with _impl_context(module, i):
@@ -169,9 +179,8 @@ def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device,
     rows = []
     for i in impls:
         syncs = _count_syncs(module, h, idx, w, i)
-        rows.append(dict(shape=name, impl=i, tokens=tokens, fwd_ms=1e3 * statistics.median(times[(i, False)]),
-                         fwd_bwd_ms=1e3 * statistics.median(times[(i, True)]), syncs_fwd=syncs[0],
-                         syncs_bwd=syncs[1]))
+        rows.append(dict(shape=name, impl=i, tokens=tokens, fwd_ms=[1e3 * t for t in times[(i, False)]],
+                         fwd_bwd_ms=[1e3 * t for t in times[(i, True)]], syncs_fwd=syncs[0], syncs_bwd=syncs[1]))
     del module
     gc.collect()
     return rows
@@ -241,41 +250,48 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
         peaks[v] = tracker.peak
         layer.zero_grad(set_to_none=True)
     for _ in range(reps):
-        for v, layer in layers.items():
+        for v, layer in layers.items():  # interleaved
             times[v].append(timed(lambda layer=layer: _step(layer, h, idx, w, True), device))
             layer.zero_grad(set_to_none=True)
-    rows = [dict(shape=name, variant=v, tokens=tokens, r=r, fwd_bwd_ms=1e3 * statistics.median(times[v]),
+    rows = [dict(shape=name, variant=v, tokens=tokens, r=r, fwd_bwd_ms=[1e3 * t for t in times[v]],
                  peak_bytes=peaks[v]) for v in LORA_VARIANTS]
     del layers
     gc.collect()
     return rows
 
 
-def _table(rows: list[dict], lora_rows: list[dict], device_name: str) -> str:
-    out = [f"MoE experts layer, {device_name}. Median of interleaved repetitions; speed-up = time(baseline) / "
-           "time(fastkit). Backward = input and routing-weight gradients (expert weights frozen).", ""]
+def _table(rows: list[dict], lora_rows: list[dict], device_name: str, note: str = "") -> str:
+    out = [f"MoE experts layer, {device_name}. Interleaved repetitions: times median (min, spread = "
+           "(max−min)/median); speed-up = time(path) / time(fastkit), median [range] of the per-repeat ratios. "
+           "Backward = input and routing-weight gradients (expert weights frozen).", ""]
     cells = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         group = [r for r in rows if r["shape"] == shape]
         fk = next(r for r in group if r["impl"] == "fastkit")
         for r in group:
-            ratio = f"{r['fwd_ms'] / fk['fwd_ms']:.2f}x / {r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x"
-            cells.append([shape, r["tokens"], r["impl"], f"{r['fwd_ms']:.1f}", f"{r['fwd_bwd_ms']:.1f}",
-                          f"{r['syncs_fwd']} / {r['syncs_bwd']}", ratio if r["impl"] != "fastkit" else "1.00x"])
+            ratio = (f"{fmt_ratio(r['fwd_ms'], fk['fwd_ms'])} / {fmt_ratio(r['fwd_bwd_ms'], fk['fwd_bwd_ms'])}"
+                     if r["impl"] != "fastkit" else "1 (reference)")
+            cells.append([shape, r["tokens"], r["impl"], fmt_ms(r["fwd_ms"]), fmt_ms(r["fwd_bwd_ms"]),
+                          f"{r['syncs_fwd']} / {r['syncs_bwd']}", ratio])
     out.append(markdown_table(["shape", "tokens", "path", "forward ms", "fwd+bwd ms", "syncs fwd/bwd",
-                               "fastkit speed-up fwd / fwd+bwd"], cells))
+                               "fastkit speed-up fwd / fwd+bwd [range]"], cells))
     if lora_rows:
         cells = []
         for shape in dict.fromkeys(r["shape"] for r in lora_rows):
             group = [r for r in lora_rows if r["shape"] == shape]
             fk = next(r for r in group if r["variant"] == "fastkit expert LoRA")
             for r in group:
-                cells.append([shape, r["tokens"], r["r"], r["variant"], f"{r['fwd_bwd_ms']:.1f}",
-                              fmt_bytes(r["peak_bytes"], "MiB"), f"{r['fwd_bwd_ms'] / fk['fwd_bwd_ms']:.2f}x",
+                ref = r["variant"] == "fastkit expert LoRA"
+                cells.append([shape, r["tokens"], r["r"], r["variant"], fmt_ms(r["fwd_bwd_ms"]),
+                              fmt_bytes(r["peak_bytes"], "MiB"),
+                              "1 (reference)" if ref else fmt_ratio(r["fwd_bwd_ms"], fk["fwd_bwd_ms"]),
                               f"{r['peak_bytes'] / max(fk['peak_bytes'], 1e-9):.2f}x"])
-        out += ["LoRA on every expert (gate_up_proj and down_proj), forward+backward:", "",
-                markdown_table(["shape", "tokens", "r", "variant", "fwd+bwd ms", "peak extra memory", "time / fastkit",
-                                "memory / fastkit"], cells)]
+        out += ["LoRA on every expert (gate_up_proj and down_proj), forward+backward (peak memory is counted, not "
+                "timed: no spread):", "",
+                markdown_table(["shape", "tokens", "r", "variant", "fwd+bwd ms", "peak extra memory",
+                                "time / fastkit [range]", "memory / fastkit"], cells)]
+    if note:
+        out.append(note)
     return "\n".join(out)
 
 
@@ -286,7 +302,7 @@ def _plot(rows: list[dict]):
     for ax, shape in zip(axes[0], shapes):
         group = [r for r in rows if r["shape"] == shape]
         names = [r["impl"] for r in group]
-        ax.barh(names, [r["fwd_bwd_ms"] for r in group], color=["#999"] * 3 + ["#2a7", "#7c4"])
+        ax.barh(names, [statistics.median(r["fwd_bwd_ms"]) for r in group], color=["#999"] * 3 + ["#2a7", "#7c4"])
         ax.set_title(f"{shape}: forward+backward (ms)")
         ax.invert_yaxis()
     fig.tight_layout()
@@ -322,24 +338,39 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     device = bench_device(args.gpu)
+    budget = TimeBudget(args.budget_s)
+    load = load_line()
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.gpu else torch.float32
     tokens = args.tokens or (16 if args.quick else 8192 if args.gpu else 256)
     reps = args.repeats or (1 if args.quick else 10 if args.gpu else 3)
     rows, lora_rows = [], []
-    with _quiet():
-        for name in args.shapes:
-            shape = dict(SHAPES[name], **(QUICK[name] if args.quick else {}))
-            rows += bench_routing(name, shape, tokens, reps, dtype, device)
-            lora_shapes = args.lora_shapes
-            if lora_shapes is None:
-                lora_shapes = list(SHAPES) if (args.gpu or args.quick) else ["qwen3-30b-a3b"]
-            if name in lora_shapes:
-                lora_rows += bench_lora(name, shape, tokens, reps, args.rank, dtype, device)
     machine = describe_device(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
-    table = _table(rows, lora_rows, f"{machine}, {str(dtype).replace('torch.', '')}")
-    write_outputs("moe", table, _plot(rows), out=args.out, quick=args.quick)
+    machine = f"{machine}, {str(dtype).replace('torch.', '')}; {load}. Layer shapes: " + "; ".join(
+        f"{n} hidden {sh['hidden_size']}, {sh.get('num_experts', sh.get('num_local_experts'))} experts "
+        f"top-{sh['num_experts_per_tok']}, expert width {sh.get('moe_intermediate_size', sh.get('intermediate_size'))}"
+        for n, sh in ((n, dict(SHAPES[n], **(QUICK[n] if args.quick else {}))) for n in args.shapes))
+    lora_shapes = args.lora_shapes
+    if lora_shapes is None:
+        lora_shapes = list(SHAPES) if (args.gpu or args.quick) else ["qwen3-30b-a3b"]
+    last = 0.0  # seconds the last part took: the next one's estimate
+    with _quiet():
+        shapes = {name: dict(SHAPES[name], **(QUICK[name] if args.quick else {})) for name in args.shapes}
+        parts = [("routing", n) for n in shapes] + [("LoRA", n) for n in shapes if n in lora_shapes]
+        for part, name in parts:  # every routing table first: the LoRA comparison is the heavier part
+            if not budget.allows(last) or (part == "LoRA" and not any(r["shape"] == name for r in rows)):
+                budget.skip(f"{name} {part}")
+                continue
+            t0 = time.monotonic()
+            if part == "routing":
+                rows += bench_routing(name, shapes[name], tokens, reps, dtype, device, budget=budget)
+            else:
+                lora_rows += bench_lora(name, shapes[name], tokens, reps, args.rank, dtype, device)
+            last = time.monotonic() - t0
+            write_outputs("moe", _table(rows, lora_rows, machine, budget.note()), out=args.out, quick=args.quick)
+    write_outputs("moe", _table(rows, lora_rows, machine, budget.note()), _plot(rows) if rows else None,
+                  out=args.out, quick=args.quick)
     return 0
 
 

@@ -1,6 +1,7 @@
 """``fastkit bench offload``: checkpoint-reload strategies side by side, and the time model checked.
 
-Part 1 (strategies): no checkpointing / plain checkpointing / transformers ``offload=True``
+Everything runs on a LoRA run (PEFT LoRA r=16 on every linear layer, base weights frozen), which is
+what users do. Part 1 (strategies): no checkpointing / plain checkpointing / transformers ``offload=True``
 (``save_on_cpu``) / TRL ``activation_offloading`` / fastkit single buffer / fastkit double buffer,
 on the same weights, interleaved repetitions in one process: median step time (forward + backward),
 ratio to plain checkpointing, peak device memory, host staging memory. A strategy that cannot run
@@ -11,7 +12,8 @@ single ~ L*(c+g) and double ~ c + (L-1)*max(c,g) + g, for a few reload costs c. 
 stream is throttled to a known c (a sleep per reload, which uses no CPU); on a GPU c is a measured
 pinned host->device copy of one layer input. g and the backward time outside the layers come from
 plain checkpointing at L and 1 layers. Every layer is offloaded here (``skip_last_layer=False``)
-so the formulas apply as written; forward copies are drained before backward is timed.
+so the formulas apply as written; forward copies are drained before backward is timed. Times are
+``median (min, spread)`` of interleaved repeats; ratios carry their per-repeat range.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from fastkit.bench.common import (
+    TimeBudget,
     agg_pyplot,
     bench_device,
     bench_parser,
     fmt_bytes,
+    fmt_ms,
+    fmt_ratio,
+    load_line,
     machine_line,
     markdown_table,
     median,
@@ -58,16 +64,20 @@ class Profile:
     c_over_g: tuple[float, ...]
 
 
-CPU = Profile(layers=6, hidden=256, heads=8, kv_heads=4, intermediate=768, seq=1024, reps=5,
+CPU = Profile(layers=6, hidden=256, heads=8, kv_heads=4, intermediate=768, seq=512, reps=3,
               dtype=torch.float32, c_over_g=(0.5, 1.0, 2.0))
 QUICK = Profile(layers=3, hidden=64, heads=4, kv_heads=2, intermediate=128, seq=64, reps=1,
                 dtype=torch.float32, c_over_g=(1.0,))
+# 6 layers of 8B shapes (1.3B params, bf16, ~0.1 s per LoRA step at 4k tokens on an H200), built on the GPU
 GPU = Profile(layers=6, hidden=4096, heads=32, kv_heads=8, intermediate=14336, seq=4096, reps=3,
               dtype=torch.bfloat16, c_over_g=())
+LORA_R = 16
 
 
 def build_model(p: Profile, layers: int, device: torch.device) -> torch.nn.Module:
-    """A llama-architecture model at the profile's layer shapes, initialised on ``device`` (small vocab)."""
+    """A llama-architecture model at the profile's layer shapes, initialised on ``device`` (small vocab), with
+    PEFT LoRA (r=16) on every linear layer: only the adapters train."""
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from fastkit.twins import twin_config
@@ -78,6 +88,7 @@ def build_model(p: Profile, layers: int, device: torch.device) -> torch.nn.Modul
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=p.dtype, attn_implementation="sdpa")
+        model = get_peft_model(model, LoraConfig(r=LORA_R, lora_alpha=LORA_R, target_modules="all-linear"))
     return model.train()
 
 
@@ -148,7 +159,7 @@ def _host(runner: Runner) -> str:
     return "-"
 
 
-def run_strategies(p: Profile, device: torch.device, config: OffloadConfig) -> list[dict]:
+def run_strategies(p: Profile, device: torch.device, config: OffloadConfig, budget: TimeBudget) -> list[dict]:
     """Part 1: every strategy on its own copy of the same weights, repetitions interleaved."""
     ids = torch.randint(3, 300, (1, p.seq), device=device)
     runners = []
@@ -162,6 +173,9 @@ def run_strategies(p: Profile, device: torch.device, config: OffloadConfig) -> l
     times: dict[str, list[float]] = {r.mode: [] for r in runners}
     rows = {r.mode: {"mode": r.mode, "peak": "-", "host": "-"} for r in runners}
     for rep in range(p.reps + 1):  # rep 0 warms up (buffers, kernels) and is not counted
+        if rep >= 3 and not budget.allows():
+            budget.skip(f"strategy repeats {rep}..{p.reps}")
+            break
         for r in runners:
             if r.na is not None:
                 continue
@@ -174,11 +188,12 @@ def run_strategies(p: Profile, device: torch.device, config: OffloadConfig) -> l
             if rep > 0:
                 times[r.mode].append(step)
             rows[r.mode].update(peak=_peak(device), host=_host(r))
-    base = median(times["plain checkpointing"])
+    base = times["plain checkpointing"]
     for r in runners:
-        t = median(times[r.mode])
-        rows[r.mode]["step"] = r.na or f"{t * 1e3:.1f} ms"
-        rows[r.mode]["ratio"] = "-" if r.na else f"{t / base:.2f}x"
+        t = times[r.mode]
+        rows[r.mode]["step"] = r.na or fmt_ms([x * 1e3 for x in t])
+        ref = r.mode == "plain checkpointing"
+        rows[r.mode]["ratio"] = "-" if r.na else "1 (reference)" if ref else fmt_ratio(t, base)
         r.teardown()
     return list(rows.values())
 
@@ -218,66 +233,88 @@ def _measure_c_gpu(p: Profile, device: torch.device) -> float:
     return median(ts[2:])
 
 
-def _layers_time_gpu(runner: Runner, ids: torch.Tensor, p: Profile) -> float:
-    """GPU: median backward time (host spans do not show GPU time, so the whole backward is compared)."""
-    return median([runner.step(ids)[1] for _ in range(p.reps + 1)][1:])
+def _saved(single: list[float], double: list[float]) -> str:
+    """single - double per interleaved repeat (ms): median [min to max]."""
+    d = [(a - b) * 1e3 for a, b in zip(single, double)]
+    return f"{median(d):.1f} ms [{min(d):.1f} to {max(d):.1f}]" if len(d) > 1 else f"{median(d):.1f} ms (1 rep)"
 
 
-def run_time_model(p: Profile, device: torch.device, config: OffloadConfig) -> list[dict]:
+def _interleaved(runners: list[Runner], ids: torch.Tensor, p: Profile, budget: TimeBudget, measure) -> list[list]:
+    """``measure(runner, ids)`` for every runner, repeats interleaved, the first (warm-up) dropped."""
+    out: list[list] = [[] for _ in runners]
+    for rep in range(p.reps + 1):
+        if rep >= 3 and not budget.allows():
+            budget.skip(f"time-model repeats {rep}..{p.reps}")
+            break
+        for i, r in enumerate(runners):
+            value = measure(r, ids)
+            if rep > 0:
+                out[i].append(value)
+    return out
+
+
+def run_time_model(p: Profile, device: torch.device, config: OffloadConfig, budget: TimeBudget) -> list[dict]:
     """Part 2 (CPU): measured time inside the layers against the single/double time model."""
     L = p.layers
-    model = build_model(p, L, device)
+    models = [build_model(p, L, device), build_model(p, L, device)]
     ids = torch.randint(3, 300, (1, p.seq), device=device)
     base = replace(config, skip_last_layer=False, trace=True, throttle=Throttle(0.0, poison=False))
-    runner = Runner(model, "fastkit single buffer", device, base)
+    runner = Runner(models[0], "fastkit single buffer", device, base)
     runner.setup()
-    g0 = median([_trace_step(runner, ids)[1] for _ in range(p.reps + 1)][1:])
+    g0 = median([_trace_step(runner, ids)[1] for _ in range(min(p.reps, 2) + 1)][1:])
     runner.teardown()
     rows = []
     for k in p.c_over_g:
+        if not budget.allows(2 * (p.reps + 1) * L * (k + 1) * g0 * 1.5):
+            budget.skip(f"time-model throttle c = {k:g} g0")
+            continue
         row = {"label": f"{k:g} g0", "L": L}
-        for double in (False, True):
+        runners = []
+        for double, model in zip((False, True), models):
             cfg = replace(base, double_buffer=double, throttle=Throttle(k * g0, directions=("h2d",), poison=False))
-            runner = Runner(model, "fastkit double buffer" if double else "fastkit single buffer", device, cfg)
-            runner.setup()
-            runs = [_trace_step(runner, ids) for _ in range(p.reps + 1)][1:]
-            runner.teardown()
-            inside, g, c = (median([r[i] for r in runs]) for i in range(3))
-            model_t = c + (L - 1) * max(c, g) + g if double else L * (c + g)
-            key = "double" if double else "single"
-            row.update({f"{key} measured": f"{inside * 1e3:.0f} ms", f"{key} model": f"{model_t * 1e3:.0f} ms",
-                        f"_{key}": (inside, model_t), f"{key} g": g, "c": f"{c * 1e3:.0f} ms"})
+            runners.append(Runner(model, "fastkit double buffer" if double else "fastkit single buffer", device, cfg))
+            runners[-1].setup()
+        runs = _interleaved(runners, ids, p, budget, _trace_step)
+        for r in runners:
+            r.teardown()
+        for key, rs in zip(("single", "double"), runs):
+            inside, g, c = ([r[i] for r in rs] for i in range(3))
+            cm, gm = median(c), median(g)
+            model_t = cm + (L - 1) * max(cm, gm) + gm if key == "double" else L * (cm + gm)
+            row.update({f"{key} measured": fmt_ms([x * 1e3 for x in inside], 0),
+                        f"{key} model": f"{model_t * 1e3:.0f} ms", f"_{key}": (median(inside), model_t),
+                        f"_{key}_all": inside, f"{key} g": gm, "c": f"{cm * 1e3:.0f} ms"})
         row["g"] = f"{row['single g'] * 1e3:.0f} / {row['double g'] * 1e3:.0f} ms"
-        (s_meas, s_model), (d_meas, d_model) = row["_single"], row["_double"]
-        row["ratio"] = f"{d_meas / s_meas:.2f} (model {d_model / s_model:.2f})"
-        row["saved"] = f"{(s_meas - d_meas) * 1e3:.0f} ms (model {(s_model - d_model) * 1e3:.0f})"
+        (_, s_model), (_, d_model) = row["_single"], row["_double"]
+        row["ratio"] = f"{fmt_ratio(row['_double_all'], row['_single_all'])} (model {d_model / s_model:.2f}×)"
+        row["saved"] = f"{_saved(row['_single_all'], row['_double_all'])} (model {(s_model - d_model) * 1e3:.0f})"
         rows.append(row)
     return rows
 
 
-def run_gpu_model(p: Profile, device: torch.device, config: OffloadConfig) -> list[dict]:
-    """Part 2 (GPU): measured c; backward time single vs double and their ratio."""
+def run_gpu_model(p: Profile, device: torch.device, config: OffloadConfig, budget: TimeBudget) -> list[dict]:
+    """Part 2 (GPU): measured c; backward time plain vs single vs double (interleaved) against the model."""
     c = _measure_c_gpu(p, device)
-    model = build_model(p, p.layers, device)
     ids = torch.randint(3, 300, (1, p.seq), device=device)
-    out = {}
-    for mode in ("plain checkpointing", "fastkit single buffer", "fastkit double buffer"):
-        runner = Runner(model, mode, device, replace(config, skip_last_layer=False))
-        runner.setup()
-        out[mode] = _layers_time_gpu(runner, ids, p)
-        runner.teardown()
-    g = out["plain checkpointing"] / p.layers  # upper bound: includes the head and embedding backward
+    modes = ("plain checkpointing", "fastkit single buffer", "fastkit double buffer")
+    runners = [Runner(build_model(p, p.layers, device), m, device, replace(config, skip_last_layer=False))
+               for m in modes]
+    for r in runners:
+        r.setup()
+    # host spans do not show GPU time, so the whole backward is compared
+    plain, single, double = _interleaved(runners, ids, p, budget, lambda r, x: r.step(x)[1])
+    for r in runners:
+        r.teardown()
+    g = median(plain) / p.layers  # upper bound: includes the head and embedding backward
     L = p.layers
+    ms = lambda xs: fmt_ms([x * 1e3 for x in xs])  # noqa: E731
     return [{"label": "measured H2D", "c": f"{c * 1e3:.2f} ms", "g": f"<= {g * 1e3:.1f} ms", "L": L,
-             "single measured": f"{out['fastkit single buffer'] * 1e3:.1f} ms (bwd)",
-             "single model": f"+{L * c * 1e3:.1f} ms over plain",
-             "double measured": f"{out['fastkit double buffer'] * 1e3:.1f} ms (bwd)",
+             "single measured": f"{ms(single)} (bwd)", "single model": f"+{L * c * 1e3:.1f} ms over plain",
+             "double measured": f"{ms(double)} (bwd)",
              "double model": f"+{(c + (L - 1) * max(c - g, 0)) * 1e3:.1f} ms over plain",
-             "ratio": f"plain bwd {out['plain checkpointing'] * 1e3:.1f} ms",
-             "saved": f"{(out['fastkit single buffer'] - out['fastkit double buffer']) * 1e3:.1f} ms "
-                      f"(model {(L - 1) * min(c, g) * 1e3:.1f})",
-             "_single": (out["fastkit single buffer"], out["plain checkpointing"] + L * c),
-             "_double": (out["fastkit double buffer"], out["plain checkpointing"] + c)}]
+             "ratio": f"{fmt_ratio(double, single)}; plain bwd {ms(plain)}",
+             "saved": f"{_saved(single, double)} (model {(L - 1) * min(c, g) * 1e3:.1f})",
+             "_single": (median(single), median(plain) + L * c), "_double": (median(double), median(plain) + c)}]
 
 
 def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
@@ -301,31 +338,45 @@ def _figure(model_rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = bench_parser("offload", __doc__, quick="tiny shapes, 1 rep", gpu="8B-class layer shapes",
-                      repeats="interleaved repetitions, median reported (default 5; gpu 3; quick 1)")
+    ap = bench_parser("offload", __doc__, quick="tiny shapes, 1 rep", gpu="6 layers of 8B shapes, 4k tokens, LoRA",
+                      repeats="interleaved repetitions (default 3; gpu 3; quick 1)")
     ap.add_argument("--layers", type=int, default=None, help="override the number of layers")
     ap.add_argument("--seq", type=int, default=None, help="override the sequence length")
     args = ap.parse_args(argv)
     device = bench_device(args.gpu)
+    budget = TimeBudget(args.budget_s)
+    load = load_line()
     p = QUICK if args.quick else GPU if args.gpu else CPU
     p = replace(p, layers=args.layers or p.layers, seq=args.seq or p.seq, reps=args.repeats or p.reps)
     config = OffloadConfig(min_tokens=0, min_bytes=0, force_cpu_stream=device.type == "cpu",
                            pinned_budget_bytes=8 * GiB)
     torch.manual_seed(0)
-    strat = run_strategies(p, device, config)
-    tm = run_gpu_model(p, device, config) if device.type == "cuda" else run_time_model(p, device, config)
     shape = (f"llama layers: {p.layers} x (hidden {p.hidden}, {p.heads}/{p.kv_heads} heads, intermediate "
-             f"{p.intermediate}), seq {p.seq}, batch 1, {str(p.dtype).replace('torch.', '')}, full fine-tune")
-    md = (f"# fastkit bench offload\n\n{machine_line(device)}\n\n{shape}; median of {p.reps} interleaved reps.\n\n"
-          "## Strategies\n\n"
-          + _table(strat, [("mode", "strategy"), ("step", "step (fwd+bwd)"), ("ratio", "vs plain ckpt"),
-                           ("peak", "peak device mem"), ("host", "host staging")])
-          + "\n## Time model (backward time inside the checkpointed layers; c, g measured in the same run)\n\n"
-          + _table(tm, [("label", "throttle"), ("c", "reload c"), ("g", "layer g (single / double run)"),
-                        ("L", "L"), ("single measured", "single"), ("single model", "L(c+g)"),
-                        ("double measured", "double"), ("double model", "c+(L-1)max(c,g)+g"),
-                        ("ratio", "double/single"), ("saved", "saved")]))
-    write_outputs("offload", md, _figure(tm), out=args.out, quick=args.quick)
+             f"{p.intermediate}), seq {p.seq}, batch 1, {str(p.dtype).replace('torch.', '')}, LoRA r={LORA_R} on "
+             "every linear layer (base weights frozen)")
+
+    def write(strat, tm, figure=None):
+        md = (f"# fastkit bench offload\n\n{machine_line(device, load)}\n\n{shape}; {p.reps} interleaved reps after "
+              "one warm-up; times are median (min, spread = (max−min)/median), ratios median [range] of the "
+              "per-repeat ratios.\n\n## Strategies\n\n"
+              + _table(strat, [("mode", "strategy"), ("step", "step (fwd+bwd) ms"),
+                               ("ratio", "time / plain ckpt [range]"), ("peak", "peak device mem"),
+                               ("host", "host staging")])
+              + "\n## Time model (backward time inside the checkpointed layers; c, g measured in the same run)\n\n"
+              + (_table(tm, [("label", "throttle"), ("c", "reload c"), ("g", "layer g (single / double run)"),
+                             ("L", "L"), ("single measured", "single ms"), ("single model", "L(c+g)"),
+                             ("double measured", "double ms"), ("double model", "c+(L-1)max(c,g)+g"),
+                             ("ratio", "double/single [range]"), ("saved", "saved [range]")]) if tm else "-\n")
+              + ("\n" + budget.note() if budget.note() else ""))
+        write_outputs("offload", md, figure, out=args.out, quick=args.quick)
+
+    strat = run_strategies(p, device, config, budget)
+    write(strat, [])
+    run_model = run_gpu_model if device.type == "cuda" else run_time_model
+    tm = run_model(p, device, config, budget) if budget.allows(budget.elapsed() * 0.5) else []
+    if not tm and not budget.skipped:
+        budget.skip("the time model")
+    write(strat, tm, _figure(tm) if tm else None)
     return 0
 
 

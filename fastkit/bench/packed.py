@@ -11,25 +11,34 @@ host-device syncs per step, bytes of attention mask the layers receive. Also:
   (here from ``position_ids`` too, so exactly one derivation remains). Predicted saving per forward:
   ``(L-1)·m``; per checkpointed forward+backward: ``(2L-1)·m`` (the recompute re-derives too).
 
-The model is a llama twin with realistic attention (heads × head_dim, GQA) and a small hidden size so
-it fits a CPU; the table states the shape.
+The model is a llama twin with realistic attention (heads × head_dim, GQA) and a small hidden size, built
+directly on the device in its dtype; the table states the shape. On a GPU transformers' flash path
+(``flash_attention_2`` given ``position_ids``) is measured too where ``flash_attn`` imports; the time
+model is reported only there (on a CPU a boundary derivation costs no device sync: it is a GPU model).
+Every time cell is ``median (min, spread)`` of interleaved repeats; ratios carry their per-repeat range.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from fastkit.bench.common import (
+    TimeBudget,
     agg_pyplot,
     bench_device,
     bench_parser,
     fmt_bytes,
+    fmt_ms,
+    fmt_ratio,
+    load_line,
     markdown_table,
+    median,
     run_cli,
     timed,
     write_outputs,
@@ -75,17 +84,36 @@ def _models(layers: int, shape: Shape, dtype: torch.dtype, device: torch.device,
     from fastkit.loader import FastModel
     from fastkit.twins import twin
 
-    base = twin("llama", num_hidden_layers=layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
-                num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, intermediate_size=shape.intermediate,
-                dtype=dtype).to(device).train()
+    with torch.device(device):  # built where it runs, in its dtype: no host-side init of big weights
+        base = twin("llama", num_hidden_layers=layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+                    num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                    intermediate_size=shape.intermediate, dtype=dtype).train()
     fast = copy.deepcopy(base)
     FastModel.patch(fast, patches=["packing"])
     per_layer = copy.deepcopy(base)
     set_attn_implementation(per_layer.config, _register_per_layer_key())
-    for m in (base, fast, per_layer):
-        if checkpointing:
+    flash, flash_na = None, _flash_unavailable(device)
+    if flash_na is None:
+        flash = copy.deepcopy(base)
+        try:
+            flash.set_attn_implementation("flash_attention_2")
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            flash, flash_na = None, f"{type(exc).__name__}: {str(exc)[:80]}"
+    for m in (base, fast, per_layer, flash):
+        if checkpointing and m is not None:
             m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    return base, fast, per_layer
+    return base, fast, per_layer, flash, flash_na
+
+
+def _flash_unavailable(device: torch.device) -> str | None:
+    """Why transformers' flash_attention_2 path cannot run here (None: it can)."""
+    import importlib.util
+
+    if device.type != "cuda":
+        return "CPU run"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash_attn does not import on this machine"
+    return None
 
 
 def _register_per_layer_key() -> str:
@@ -142,12 +170,15 @@ def _batches(tokens: int, mean_doc: int, device: torch.device):
     return lengths, plain, {**plain, LENGTHS_KWARG: [lengths]}
 
 
-def _measure_config(layers, tokens, args, shape, dtype, device, rows, model_rows):
-    base, fast, per_layer = _models(layers, shape, dtype, device, not args.no_checkpointing)
+def _measure_config(layers, tokens, args, shape, dtype, device, rows, model_rows, budget: TimeBudget):
+    base, fast, per_layer, flash, flash_na = _models(layers, shape, dtype, device, not args.no_checkpointing)
     lengths, plain, with_lengths = _batches(tokens, args.mean_doc, device)
-    paths = {"transformers": (base, plain), "fastkit": (fast, with_lengths),
-             "fastkit (positions only)": (fast, plain), "per-layer metadata": (per_layer, plain)}
-    if args.quick:
+    paths = {"transformers": (base, plain), "transformers flash_attention_2": (flash, plain),
+             "fastkit": (fast, with_lengths), "fastkit (positions only)": (fast, plain),
+             "per-layer metadata": (per_layer, plain)}
+    if flash is None:
+        paths.pop("transformers flash_attention_2")
+    if device.type != "cuda":  # only the GPU time model needs it
         paths.pop("fastkit (positions only)")
     times: dict[str, dict[str, list[float]]] = {p: {"fwd": [], "step": []} for p in paths}
 
@@ -161,26 +192,31 @@ def _measure_config(layers, tokens, args, shape, dtype, device, rows, model_rows
     if not args.quick:
         for model, batch in paths.values():  # warm-up (allocator, first-call imports)
             step(model, batch)
-    for _ in range(args.reps):
-        for p, (model, batch) in paths.items():
+    for rep in range(args.reps):
+        if rep >= 2 and not budget.allows():
+            budget.skip(f"repeats {rep + 1}..{args.reps} of L={layers} T={tokens}")
+            break
+        for p, (model, batch) in paths.items():  # interleaved: every path sees the same machine state
             times[p]["fwd"].append(_timed(lambda m=model, b=batch: fwd(m, b), device))
             times[p]["step"].append(_timed(lambda m=model, b=batch: step(m, b), device))
     for p, (model, batch) in paths.items():
         with SyncCounter() as sc:
             step(model, batch)
-        rows.append(dict(layers=layers, tokens=tokens, docs=len(lengths), path=p,
-                         fwd=statistics.median(times[p]["fwd"]), step=statistics.median(times[p]["step"]),
-                         syncs=sc.total, mask=_mask_bytes(model, batch)))
+        rows.append(dict(layers=layers, tokens=tokens, docs=len(lengths), path=p, fwd=times[p]["fwd"],
+                         step=times[p]["step"], syncs=sc.total, mask=_mask_bytes(model, batch)))
+    if flash_na is not None and device.type == "cuda":
+        rows.append(dict(layers=layers, tokens=tokens, docs=len(lengths), path="transformers flash_attention_2",
+                         na=f"n/a ({flash_na}); 'per-layer metadata' re-derives cu_seqlens in every layer as it "
+                         "does"))
     if "fastkit (positions only)" in paths:
         m = _metadata_cost(plain["position_ids"], device, args.reps * 5)
         ck = 1 if args.no_checkpointing else 2
-        measured_fwd = statistics.median(times["per-layer metadata"]["fwd"]) - statistics.median(
-            times["fastkit (positions only)"]["fwd"])
-        measured_step = statistics.median(times["per-layer metadata"]["step"]) - statistics.median(
-            times["fastkit (positions only)"]["step"])
-        model_rows.append(dict(layers=layers, tokens=tokens, m=m, pred_fwd=(layers - 1) * m, meas_fwd=measured_fwd,
-                               pred_step=(ck * layers - 1) * m, meas_step=measured_step))
-    del base, fast, per_layer
+        saved = {k: [a - b for a, b in zip(times["per-layer metadata"][k], times["fastkit (positions only)"][k])]
+                 for k in ("fwd", "step")}
+        model_rows.append(dict(layers=layers, tokens=tokens, m=m, pred_fwd=(layers - 1) * m, meas_fwd=saved["fwd"],
+                               pred_step=(ck * layers - 1) * m, meas_step=saved["step"]))
+    del base, fast, per_layer, flash
+    gc.collect()
 
 
 def _metadata_cost(position_ids: torch.Tensor, device: torch.device, reps: int) -> float:
@@ -220,36 +256,54 @@ def _attention_alone(tokens: int, args, shape: Shape, dtype, device) -> dict:
 
     dense(), per_doc()
     t = {"dense": [], "per_doc": []}
-    for _ in range(max(args.reps, 2)):
+    for _ in range(max(args.reps, 3)):
         t["dense"].append(_timed(dense, device))
         t["per_doc"].append(_timed(per_doc, device))
-    return dict(tokens=tokens, docs=len(lengths), dense=statistics.median(t["dense"]),
-                per_doc=statistics.median(t["per_doc"]), mask=tokens * tokens)
+    return dict(tokens=tokens, docs=len(lengths), dense=t["dense"], per_doc=t["per_doc"], mask=tokens * tokens)
 
 
 def _mib(n: int) -> str:
     return fmt_bytes(n, "MiB")
 
 
-def render(rows, model_rows, attn_rows, header: str) -> str:
+def _diff(xs: list[float]) -> str:
+    """A measured saving (ms) with the range of its per-repeat values."""
+    return f"{median(xs):.1f} [{min(xs):.1f} to {max(xs):.1f}]" if len(xs) > 1 else f"{median(xs):.1f} (1 rep)"
+
+
+def render(rows, model_rows, attn_rows, header: str, device: torch.device, note: str = "") -> str:
     base = {(r["layers"], r["tokens"]): r for r in rows if r["path"] == "transformers"}
+    cells = []
+    for r in rows:
+        if "na" in r:
+            cells.append([r["layers"], r["tokens"], r["docs"], r["path"], r["na"], "-", "-", "-", "-"])
+            continue
+        ref = base[(r["layers"], r["tokens"])]["step"]
+        cells.append([r["layers"], r["tokens"], r["docs"], r["path"], fmt_ms(r["fwd"], 0), fmt_ms(r["step"], 0),
+                      "1 (reference)" if r["path"] == "transformers" else fmt_ratio(ref, r["step"]), r["syncs"],
+                      _mib(r["mask"])])
     out = [header, "", markdown_table(
-        ["layers", "tokens", "docs", "path", "forward ms", "fwd+bwd ms", "vs transformers", "syncs/step", "mask bytes"],
-        [[r["layers"], r["tokens"], r["docs"], r["path"], f"{r['fwd']:.0f}", f"{r['step']:.0f}",
-          f"{base[(r['layers'], r['tokens'])]['step'] / r['step']:.2f}×", r["syncs"], _mib(r["mask"])] for r in rows],
-        align="rrrlrrrrr")]
+        ["layers", "tokens", "docs", "path", "forward ms", "fwd+bwd ms", "speed-up vs transformers [range]",
+         "syncs/step", "mask bytes"], cells, align="rrrlrrrrr")]
     if attn_rows:
         out += ["Attention alone (one layer, fwd+bwd):", "", markdown_table(
-            ["tokens", "docs", "dense-mask SDPA ms", "per-document SDPA ms", "speed-up", "mask bytes avoided"],
-            [[a["tokens"], a["docs"], f"{a['dense']:.1f}", f"{a['per_doc']:.1f}", f"{a['dense'] / a['per_doc']:.1f}×",
+            ["tokens", "docs", "dense-mask SDPA ms", "per-document SDPA ms", "speed-up [range]", "mask bytes avoided"],
+            [[a["tokens"], a["docs"], fmt_ms(a["dense"]), fmt_ms(a["per_doc"]), fmt_ratio(a["dense"], a["per_doc"]),
               _mib(a["mask"])] for a in attn_rows], align="rrrrrr")]
-    if model_rows:
-        out += ["Time model T_saved ≈ (L−1)·m (forward) and (2L−1)·m (checkpointed fwd+bwd); m = one "
-                "boundary derivation from position_ids:", "", markdown_table(
-                    ["layers", "tokens", "m ms", "predicted fwd ms", "measured fwd ms", "predicted fwd+bwd ms",
-                     "measured fwd+bwd ms"],
-                    [[t["layers"], t["tokens"], f"{t['m']:.2f}", f"{t['pred_fwd']:.1f}", f"{t['meas_fwd']:.1f}",
-                      f"{t['pred_step']:.1f}", f"{t['meas_step']:.1f}"] for t in model_rows], align="rrrrrrr")]
+    if device.type != "cuda":
+        out += ["Time model T_saved ≈ (L−1)·m: a GPU model; not meaningful on CPU (deriving the boundaries costs "
+                "no device sync here, so the predicted saving is far below this machine's run-to-run noise). "
+                "`--gpu` measures it.", ""]
+    elif model_rows:
+        out += ["Time model T_saved ≈ (L−1)·m (forward) and (2L−1)·m (checkpointed fwd+bwd); m = one boundary "
+                "derivation from position_ids; measured saving = per-layer metadata − fastkit (positions only), "
+                "median [range] over interleaved repeats:", "", markdown_table(
+                    ["layers", "tokens", "m ms", "predicted fwd saved ms", "measured fwd saved ms",
+                     "predicted fwd+bwd saved ms", "measured fwd+bwd saved ms"],
+                    [[t["layers"], t["tokens"], f"{t['m']:.2f}", f"{t['pred_fwd']:.1f}", _diff(t["meas_fwd"]),
+                      f"{t['pred_step']:.1f}", _diff(t["meas_step"])] for t in model_rows], align="rrrrrrr")]
+    if note:
+        out.append(note)
     return "\n".join(out)
 
 
@@ -257,10 +311,12 @@ def plot(rows, attn_rows):
     """Step compute per configuration (left) and attention alone against tokens (right)."""
     plt = agg_pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rows = [r for r in rows if "na" not in r]
     keys = sorted({(r["layers"], r["tokens"]) for r in rows})
     labels = [f"L={layers}\nT={tokens}" for layers, tokens in keys]
     for i, p in enumerate(["transformers", "fastkit"]):
-        vals = [next(r["step"] for r in rows if (r["layers"], r["tokens"]) == k and r["path"] == p) for k in keys]
+        vals = [median(next(r["step"] for r in rows if (r["layers"], r["tokens"]) == k and r["path"] == p))
+                for k in keys]
         axes[0].bar([x + 0.4 * i for x in range(len(keys))], vals, width=0.4, label=p)
     axes[0].set_xticks([x + 0.2 for x in range(len(keys))], labels)
     axes[0].set_ylabel("fwd+bwd ms (median)")
@@ -269,8 +325,8 @@ def plot(rows, attn_rows):
     axes[0].set_title("Packed SFT step compute")
     if attn_rows:
         xs = [a["tokens"] for a in attn_rows]
-        axes[1].plot(xs, [a["dense"] for a in attn_rows], "o-", label="dense-mask SDPA")
-        axes[1].plot(xs, [a["per_doc"] for a in attn_rows], "o-", label="per-document SDPA")
+        axes[1].plot(xs, [median(a["dense"]) for a in attn_rows], "o-", label="dense-mask SDPA")
+        axes[1].plot(xs, [median(a["per_doc"]) for a in attn_rows], "o-", label="per-document SDPA")
         axes[1].set_xscale("log", base=2)
         axes[1].set_yscale("log")
         axes[1].set_xlabel("tokens")
@@ -283,43 +339,57 @@ def plot(rows, attn_rows):
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("packed", __doc__, quick="2 layers, 128 tokens, 1 repetition",
-                          gpu="bf16, realistic widths, 16/28 layers",
-                          repeats="interleaved repetitions, median reported (default 2; gpu 5)")
-    parser.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default 16; gpu 16 28)")
+                          gpu="bf16, 32 q heads × 128, 8 kv heads, hidden 1024, 8 layers, 2k/8k/16k tokens",
+                          repeats="interleaved repetitions (default 3; gpu 5)")
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default 4; gpu 8)")
     parser.add_argument("--tokens", type=int, nargs="+", default=None,
-                        help="tokens per packed row (default 2048 8192; gpu 2048 8192 16384)")
+                        help="tokens per packed row (default 1024 2048; gpu 2048 8192 16384)")
     parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
     parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
     args = parser.parse_args(argv)
 
     device = bench_device(args.gpu)
+    budget = TimeBudget(args.budget_s)
+    load = load_line()
     dtype = torch.bfloat16 if args.gpu else torch.float32
     shape = Shape(heads=32, kv_heads=8, head_dim=128, hidden=1024, intermediate=2048) if args.gpu else Shape()
     if args.quick:
         layers, tokens, reps, args.mean_doc = [2], [128], 1, 24
     else:
-        layers = args.layers or ([16, 28] if args.gpu else [16])
-        tokens = args.tokens or ([2048, 8192, 16384] if args.gpu else [2048, 8192])
-        reps = args.repeats or (5 if args.gpu else 2)
+        layers = args.layers or ([8] if args.gpu else [4])
+        tokens = args.tokens or ([2048, 8192, 16384] if args.gpu else [1024, 2048])
+        reps = args.repeats or (5 if args.gpu else 3)
     args.reps = reps
     torch.manual_seed(0)
-
-    rows, model_rows, attn_rows = [], [], []
-    for t in tokens:
-        attn_rows.append(_attention_alone(t, args, shape, dtype, device))
-    for n_layers in layers:
-        for t in tokens:
-            _measure_config(n_layers, t, args, shape, dtype, device, rows, model_rows)
 
     from fastkit.device import describe_device
 
     header = (f"Packed-sequence benchmark on {describe_device(device)}, torch {torch.__version__}, {str(dtype)[6:]}; "
-              f"{shape.describe()}; documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
-              f"activation checkpointing {'off' if args.no_checkpointing else 'on'}; median of {reps} interleaved "
-              "repetitions. 'fastkit' gets host lengths (wrap_collator); 'positions only' derives them once from "
-              "position_ids; 'per-layer metadata' re-derives them in every layer.")
-    write_outputs("packed", render(rows, model_rows, attn_rows, header), plot(rows, attn_rows), out=args.out,
-                  quick=args.quick)
+              f"{load}. {shape.describe()}; documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
+              f"activation checkpointing {'off' if args.no_checkpointing else 'on'}; {reps} interleaved repetitions, "
+              "each time cell median (min, spread = (max−min)/median). 'transformers' is its sdpa path with the dense "
+              "(B,1,T,T) packed mask; 'fastkit' gets host lengths (wrap_collator); 'positions only' derives them "
+              "once from position_ids; 'per-layer metadata' re-derives them in every layer"
+              + (" (transformers' flash_attention_2 path needs CUDA: not run here)." if device.type != "cuda" else "."))
+    rows, model_rows, attn_rows = [], [], []
+
+    def write(figure=None):
+        md = render(rows, model_rows, attn_rows, header, device, budget.note())
+        return write_outputs("packed", md, figure, out=args.out, quick=args.quick)
+
+    last = None  # (seconds, layers, tokens) of the last configuration: the next one's estimate
+    for n_layers in layers:
+        for t in tokens:
+            if not budget.allows(0 if last is None else last[0] * (t / last[2]) ** 1.5 * n_layers / last[1]):
+                budget.skip(f"L={n_layers} T={t}")
+                continue
+            t0 = time.monotonic()
+            if n_layers == layers[0]:
+                attn_rows.append(_attention_alone(t, args, shape, dtype, device))
+            _measure_config(n_layers, t, args, shape, dtype, device, rows, model_rows, budget)
+            last = (time.monotonic() - t0, n_layers, t)
+            write()  # the table so far: a run capped from outside still leaves it
+    write(plot(rows, attn_rows))
     return 0
 
 

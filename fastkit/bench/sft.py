@@ -8,7 +8,9 @@ with the same LoRA init, and :func:`fastkit.training.make_trainer` with the same
 
 Both runs see the same packed batches in the same order; their loss curves must agree (the table
 shows the largest per-step difference). Runs alternate (baseline, fastkit, baseline, ...) so machine
-noise hits both; medians of per-step times after warm-up are reported, with ratios.
+noise hits both; per-step times after warm-up are reported as median (min, spread), the speed-up as the
+median [range] of per-step ratios (the same batch on both sides). Models are built on the device in their
+dtype; the GPU cases are a few layers of the real widths (the table names them).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import torch
 
 from fastkit import _hf
 from fastkit.bench.common import (
+    TimeBudget,
     agg_pyplot,
     bench_device,
     bench_parser,
     fmt_bytes,
+    fmt_ms,
+    fmt_ratio,
     machine_line,
     markdown_table,
     median,
@@ -68,17 +73,20 @@ CPU_CASES = [
                                                 num_experts_per_tok=4, intermediate_size=128, sliding_window=128),
          note=_GPT_OSS_NOTE),
 ]
+# A few layers of the real widths, built on the GPU in bf16 (0.9B / 2.5B / 3.3B parameters).
 GPU_CASES = [
-    Case("llama 16L h2048 (1B-class)", "llama", dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
-                                                     num_attention_heads=32, num_key_value_heads=8, head_dim=64)),
-    Case("qwen3_moe 8L 128e top8 (30B-A3B layers)", "qwen3_moe",
-         dict(num_hidden_layers=8, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+    Case("llama 4L h4096 (8B layers)", "llama", dict(num_hidden_layers=4, hidden_size=4096, intermediate_size=14336,
+                                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128)),
+    Case("qwen3_moe 4L 128e top8 (30B-A3B layers)", "qwen3_moe",
+         dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
               num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)),
-    Case("gpt_oss 8L 32e top4 (20B layers)", "gpt_oss",
-         dict(num_hidden_layers=8, hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+    Case("gpt_oss 4L 32e top4 (20B layers)", "gpt_oss",
+         dict(num_hidden_layers=4, hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
               num_local_experts=32, num_experts_per_tok=4, intermediate_size=2880, sliding_window=128),
          note=_GPT_OSS_NOTE),
 ]
+ANCHOR_NOTE = ("No column for the anchor kit (unsloth): its wheels cannot be carried to the GPU machine within the "
+               "64 MiB budget alongside fastkit's, and it needs network at import")
 
 
 def synthetic_dataset(n_docs: int, max_len: int, seed: int = 0):
@@ -143,7 +151,8 @@ def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
     model = FastModel.get_peft_model(model, r=args.r, lora_alpha=args.r, random_state=3407,
                                      use_gradient_checkpointing=args.checkpointing)
     return make_trainer(model, tokenizer, dataset, max_steps=args.steps, learning_rate=1e-3, batch_size=1,
-                        max_seq_length=args.max_len, output_dir=out_dir, callbacks=callbacks, warmup_steps=0)
+                        max_seq_length=args.max_len, output_dir=out_dir, callbacks=callbacks, warmup_steps=0,
+                        dashboard="none")  # timed like the baseline: no dashboard callback
 
 
 def _syncs_per_step(trainer) -> int:
@@ -160,7 +169,8 @@ def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
     from fastkit.twins import twin
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = twin(case.model_type, seed=0, dtype=dtype, **case.overrides).to(device)
+    with torch.device(device):  # built where it trains, in its dtype
+        model = twin(case.model_type, seed=0, dtype=dtype, **case.overrides)
     timer = StepTimer(device)
     make = _baseline_trainer if kind == "baseline" else _fastkit_trainer
     trainer = make(model, tokenizer, dataset, args, f"{args.tmp}/{kind}", [timer])
@@ -170,8 +180,9 @@ def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
     logs = [h for h in trainer.state.log_history if "loss" in h]
     tokens = [h.get("num_tokens", 0.0) for h in logs]
     per_step_tokens = (tokens[-1] - tokens[0]) / max(len(tokens) - 1, 1) if len(tokens) > 1 else tokens[-1]
-    step_s = median(timer.times[WARMUP_STEPS:] or timer.times)
-    return dict(losses=[h["loss"] for h in logs], step_s=step_s, tokens_per_s=per_step_tokens / step_s,
+    times = timer.times[WARMUP_STEPS:] or timer.times
+    step_s = median(times)
+    return dict(losses=[h["loss"] for h in logs], step_s=step_s, times=times, tokens_per_s=per_step_tokens / step_s,
                 peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
                 syncs=_syncs_per_step(trainer))
 
@@ -185,8 +196,8 @@ def _compare(case: Case, args, device) -> dict:
     for _ in range(args.repeats):  # alternate so machine noise hits both sides
         for kind in runs:
             runs[kind].append(_run(kind, case, args, tokenizer, dataset, device))
-    best = {k: dict(v[0], step_s=median([r["step_s"] for r in v]), tokens_per_s=median([r["tokens_per_s"] for r in v]))
-            for k, v in runs.items()}
+    best = {k: dict(v[0], step_s=median([r["step_s"] for r in v]), tokens_per_s=median([r["tokens_per_s"] for r in v]),
+                    times=[t for r in v for t in r["times"]]) for k, v in runs.items()}
     diff = max(abs(a - b) for a, b in zip(best["baseline"]["losses"], best["fastkit"]["losses"]))
     return dict(case=case, base=best["baseline"], fast=best["fastkit"], loss_diff=diff)
 
@@ -195,23 +206,27 @@ def _fmt_mem(b) -> str:
     return fmt_bytes(b, "GiB", unknown="n/a (CPU)")
 
 
-def render(results: list[dict], header: str, args) -> str:
+def render(results: list[dict], header: str, args, note: str = "") -> str:
     cells = []
     for r in results:
         b, f = r["base"], r["fast"]
-        cells.append([r["case"].name, f"{1 / b['step_s']:.2f}", f"{1 / f['step_s']:.2f}",
-                      f"**{b['step_s'] / f['step_s']:.2f}×**", f"{b['tokens_per_s']:.0f}", f"{f['tokens_per_s']:.0f}",
+        ms = [fmt_ms([t * 1e3 for t in x["times"]], 0) for x in (b, f)]
+        cells.append([r["case"].name, *ms, f"**{fmt_ratio(b['times'], f['times'])}**", f"{b['tokens_per_s']:.0f}",
+                      f"{f['tokens_per_s']:.0f}",
                       _fmt_mem(b["peak"]), _fmt_mem(f["peak"]), b["syncs"], f["syncs"],
                       f"{r['loss_diff']:.2e}{' †' if r['case'].note else ''}"])
-    table = markdown_table(["model", "steps/s plain", "steps/s fastkit", "speed-up", "tokens/s plain",
+    table = markdown_table(["model", "step ms plain", "step ms fastkit", "speed-up [range]", "tokens/s plain",
                             "tokens/s fastkit", "peak mem plain", "peak mem fastkit", "syncs/step plain",
-                            "syncs/step fastkit", "max |Δloss|"], cells)
+                            "syncs/step fastkit", "max abs Δloss"], cells)
     lines = [f"# fastkit bench sft — {header}", "",
              f"{args.steps} LoRA steps (r={args.r}), packed rows of {args.max_len} tokens, batch 1, "
-             f"checkpointing={'on' if args.checkpointing else 'off'}, median of steps after {WARMUP_STEPS} warm-up, "
-             f"{args.repeats} alternating repeat(s).", "", table.rstrip("\n")]
-    notes = sorted({r["case"].note for r in results if r["case"].note})
-    lines += [""] + [f"† {n}." for n in notes] if notes else []
+             f"checkpointing={'on' if args.checkpointing else 'off'}, {args.repeats} alternating repeat(s); step "
+             f"times after {WARMUP_STEPS} warm-up steps: median (min, spread = (max−min)/median); speed-up = median "
+             "[range] of per-step ratios plain/fastkit (same batch).", "", table.rstrip("\n")]
+    notes = sorted({r["case"].note for r in results if r["case"].note}) + [ANCHOR_NOTE]
+    lines += [""] + [f"{'†' if n != ANCHOR_NOTE else '‡'} {n}." for n in notes]
+    if note:
+        lines += ["", note.rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -221,7 +236,7 @@ def plot(results: list[dict]):
     for ax, r in zip(axes[0], results):
         ax.plot(r["base"]["losses"], label="plain transformers + TRL", lw=2.5, alpha=0.6)
         ax.plot(r["fast"]["losses"], "--", label="fastkit", lw=1.5)
-        ax.set_title(f"{r['case'].name}\n{r['base']['step_s'] / r['fast']['step_s']:.2f}× steps/s", fontsize=9)
+        ax.set_title(f"{r['case'].name}\n{fmt_ratio(r['base']['times'], r['fast']['times'])} steps/s", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
     axes[0][0].legend(fontsize=8)
@@ -232,7 +247,8 @@ def plot(results: list[dict]):
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    parser = bench_parser("sft", __doc__, quick="two tiny twins, 3 steps", gpu="1B/20B/30B-class layer shapes, 4k rows",
+    parser = bench_parser("sft", __doc__, quick="two tiny twins, 3 steps",
+                          gpu="4 layers of 8B/30B-A3B/20B widths, 4k rows",
                           repeats="alternating whole runs per side, medians reported (default 1)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=2048)
@@ -242,19 +258,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="", help="comma-separated case name prefixes (default: all)")
     args = parser.parse_args(argv)
     device = bench_device(args.gpu)
+    budget = TimeBudget(args.budget_s)
+    header = machine_line(device)
     args.repeats = args.repeats or 1
     cases = GPU_CASES if args.gpu else CPU_CASES
     if args.gpu:
-        args.max_len, args.steps, args.docs = 4096, 10, 2000
+        args.max_len, args.steps, args.docs = 4096, 8, 160
     if args.quick:
         cases = [Case("llama 2L tiny", "llama"), Case("qwen3_moe 2L tiny", "qwen3_moe")]
         args.steps, args.max_len, args.docs = 3, 256, 40
     if args.cases:
         cases = [c for c in cases if any(c.name.startswith(p) for p in args.cases.split(","))]
+    results, last = [], 0.0
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
-        results = [_compare(c, args, device) for c in cases]
-    write_outputs("sft", render(results, machine_line(device), args), plot(results), out=args.out, quick=args.quick)
+        for case in cases:
+            if not budget.allows(last):
+                budget.skip(case.name)
+                continue
+            t0 = time.monotonic()
+            results.append(_compare(case, args, device))
+            last = time.monotonic() - t0
+            write_outputs("sft", render(results, header, args, budget.note()), out=args.out, quick=args.quick)
+    write_outputs("sft", render(results, header, args, budget.note()), plot(results) if results else None,
+                  out=args.out, quick=args.quick)
     return 0
 
 

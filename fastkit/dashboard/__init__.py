@@ -1,9 +1,12 @@
 """The training dashboard: collect (callbacks), draw (render), show (views).
 
-In Jupyter, Colab and VS Code an ipywidgets panel shows progress and ETA, steps/s and tokens/s
-(after warm-up), live loss and learning-rate curves, grad norm, memory and fastkit's active
-optimizations; when training ends it leaves a static summary (HTML table and PNG plot) in the cell
-output. Outside a notebook the same callback logs a compact progress line instead.
+In Jupyter, Colab and VS Code one HTML output, replaced in place through an IPython display handle
+(no widget manager needed), shows the run (examples, effective batch, trainable parameters),
+progress and ETA, epoch, steps/s and tokens/s (after warm-up), live loss / eval loss /
+learning-rate curves, grad norm, peak allocated and reserved memory and fastkit's active
+optimizations; it always holds the latest state, so it survives a dead kernel, and ends as a static
+summary. ``view="widget"`` shows an ipywidgets panel instead. Outside a notebook the same callback
+logs a compact progress line. The numbers also go into the trainer's logs (``fastkit/...`` keys).
 
 - :mod:`fastkit.dashboard.callbacks`: :class:`MetricsCallback` collects :class:`TrainingMetrics`.
 - :mod:`fastkit.dashboard.render`: text, HTML and PNG from the metrics (keyed rows, no state).
@@ -29,6 +32,7 @@ from fastkit.dashboard.render import (
     summary_text,
 )
 from fastkit.dashboard.views import (
+    HtmlView,
     TerminalView,
     WidgetView,
     dashboard_callback,
@@ -38,7 +42,7 @@ from fastkit.dashboard.views import (
 )
 
 __all__ = [
-    "MetricsCallback", "Row", "Rows", "SummaryTable", "TerminalView", "TrainingMetrics", "WidgetView",
+    "HtmlView", "MetricsCallback", "Row", "Rows", "SummaryTable", "TerminalView", "TrainingMetrics", "WidgetView",
     "dashboard_callback", "fmt_duration", "fmt_gib", "fmt_rate", "in_notebook", "make_view", "memory_rows",
     "memory_time_summary", "plot_png", "progress_line", "show_summary", "stat_rows", "summary_html", "summary_text",
     "throughput",

@@ -76,6 +76,21 @@ class TrainingMetrics:
     """Latest memory reading (device via torch, host via /proc)."""
     peak_memory: int = 0
     """Peak device memory allocated during training (bytes); peak process RSS on CPU."""
+    peak_reserved: int = 0
+    """Peak device memory reserved by torch's caching allocator during training (bytes): what predicts an
+    out-of-memory error (allocated plus the allocator's cache and fragmentation). Peak RSS on CPU."""
+    eval_loss: float | None = None
+    """Latest evaluation loss (``eval_loss`` in the trainer's logs), when there is an eval set."""
+    eval_history: list[tuple[int, float]] = field(default_factory=list)
+    """(step, eval loss) for every evaluation."""
+    examples: int | None = None
+    """Training examples (rows before packing when fastkit built the trainer; else the dataloader's rows)."""
+    effective_batch: int | None = None
+    """Sequences per optimizer step: per-device batch × gradient accumulation × processes."""
+    trainable_params: int | None = None
+    """Parameters that train (LoRA adapters), counted at train begin."""
+    total_params: int | None = None
+    """All parameters of the model, counted at train begin."""
     host_available: int = 0
     """Host RAM available now (bytes)."""
     host_total: int = 0
@@ -124,17 +139,26 @@ class MetricsCallback(TrainerCallback):
         log_every_step: ask the trainer to log loss / LR / grad norm after every step, so the curves
             are live (the trainer reads the loss back once per logged step).
         measure_syncs: count host-device syncs over the last warm-up step with
-            :class:`fastkit.syncs.SyncCounter` (that step is outside the timing window anyway).
+            :class:`fastkit.syncs.SyncCounter` (that step is outside the timing window anyway). A debug
+            switch, off by default.
+        examples: training examples for the run header (``make_trainer`` passes the rows before packing);
+            None: the train dataloader's dataset length.
+
+    It also writes its numbers into the trainer's ``logs`` (``fastkit/tokens_per_s``,
+    ``fastkit/steps_per_s``, ``fastkit/peak_reserved_gib``, ...), so the reporting integrations
+    (W&B, trackio, TensorBoard) get them: put it before them in the callback list
+    (``make_trainer`` and ``fit`` do).
     """
 
     def __init__(self, warmup_steps: int = 2, clock: Callable[[], float] = time.perf_counter,
-                 log_every_step: bool = True, measure_syncs: bool = False):
+                 log_every_step: bool = True, measure_syncs: bool = False, examples: int | None = None):
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.warmup_steps = warmup_steps
         self.clock = clock
         self.log_every_step = log_every_step
         self.measure_syncs = measure_syncs
+        self.examples = examples
         self.metrics = TrainingMetrics(warmup_steps=warmup_steps)
         self.is_main = True
         self._listeners: list[Listener] = []
@@ -172,6 +196,7 @@ class MetricsCallback(TrainerCallback):
         m = self.metrics = TrainingMetrics(status="running", max_steps=state.max_steps,
                                            warmup_steps=self.warmup_steps, step=state.global_step)
         _describe_model(m, model, self._device)
+        _describe_run(m, args, model, kwargs.get("train_dataloader"), self.examples)
         self._read_memory()
         self._emit("begin")
 
@@ -200,9 +225,17 @@ class MetricsCallback(TrainerCallback):
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self.is_main or not logs or "train_runtime" in logs or any(k.startswith("eval_") for k in logs):
+        if not self.is_main or not logs or "train_runtime" in logs:
             return
         m, step = self.metrics, state.global_step
+        if isinstance(logs.get("eval_loss"), (int, float)):
+            m.eval_loss = float(logs["eval_loss"])
+            if not m.eval_history or m.eval_history[-1][0] != step:
+                m.eval_history.append((step, m.eval_loss))
+            self._emit("log")
+            return
+        if any(k.startswith("eval_") for k in logs):
+            return
         for key, hist, attr in (("loss", m.loss_history, "loss"), ("learning_rate", m.lr_history, "learning_rate"),
                                 ("grad_norm", m.grad_norm_history, "grad_norm")):
             value = logs.get(key)
@@ -213,6 +246,10 @@ class MetricsCallback(TrainerCallback):
         if "num_tokens" in logs and step not in self._window.tokens:
             self._window.tokens[step] = int(logs["num_tokens"])
             self._update_rates()
+        extra = tracker_metrics(m)
+        logs.update(extra)  # the same dict the reporting callbacks after this one get
+        if state.log_history and state.log_history[-1].get("step") == step and "loss" in state.log_history[-1]:
+            state.log_history[-1].update(extra)  # the trainer kept a copy: trainer_state.json gets them too
         self._emit("log")
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -246,6 +283,7 @@ class MetricsCallback(TrainerCallback):
         device = self._device or torch.device("cpu")
         m.memory = memory_snapshot(device)
         m.peak_memory = max(m.peak_memory, m.memory.peak)
+        m.peak_reserved = max(m.peak_reserved, m.memory.peak_reserved)
         m.host_available, m.host_total = host_ram()
 
     def _finish_sync_count(self) -> None:
@@ -275,6 +313,42 @@ def throughput(step_end: dict[int, float], tokens: dict[int, int],
         if dt > 0:
             tokens_per_s = (tokens[last] - tokens[first]) / dt
     return steps_per_s, tokens_per_s
+
+
+def tracker_metrics(m: TrainingMetrics) -> dict[str, float]:
+    """fastkit's numbers for the trainer's logs (keys ``fastkit/...``; only the known ones)."""
+    out: dict[str, float] = {}
+    if m.steps_per_s is not None:
+        out["fastkit/steps_per_s"] = m.steps_per_s
+    if m.tokens_per_s is not None:
+        out["fastkit/tokens_per_s"] = m.tokens_per_s
+    if m.peak_memory:
+        out["fastkit/peak_allocated_gib"] = m.peak_memory / 2**30
+    if m.peak_reserved:
+        out["fastkit/peak_reserved_gib"] = m.peak_reserved / 2**30
+    if m.host_total:
+        out["fastkit/host_ram_used_gib"] = (m.host_total - m.host_available) / 2**30
+    if m.syncs_per_step is not None:
+        out["fastkit/syncs_per_step"] = float(m.syncs_per_step)
+    return out
+
+
+def _describe_run(m: TrainingMetrics, args, model, dataloader, examples: int | None) -> None:
+    """The run header: examples, effective batch, trainable / total parameters."""
+    if examples is None and dataloader is not None:
+        try:
+            examples = len(dataloader.dataset)
+        except (TypeError, AttributeError):
+            examples = None
+    m.examples = examples
+    if args is not None:
+        per_device = int(getattr(args, "per_device_train_batch_size", 1))
+        accumulate = int(getattr(args, "gradient_accumulation_steps", 1))
+        m.effective_batch = per_device * accumulate * int(getattr(args, "world_size", 1))
+    if model is not None:
+        params = list(model.parameters())
+        m.trainable_params = sum(p.numel() for p in params if p.requires_grad)
+        m.total_params = sum(p.numel() for p in params)
 
 
 def _training_device(args, model) -> torch.device:
@@ -312,4 +386,4 @@ def _checkpoint_mode(model) -> str:
     return "with double-buffered CPU offload" if offload else "recompute in backward"
 
 
-__all__ = ["MetricsCallback", "TrainingMetrics", "throughput"]
+__all__ = ["MetricsCallback", "TrainingMetrics", "throughput", "tracker_metrics"]

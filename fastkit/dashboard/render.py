@@ -8,6 +8,7 @@ where a row sits in the table.
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 from typing import NamedTuple
@@ -97,7 +98,8 @@ def memory_rows(m: TrainingMetrics) -> Rows:
     rows: Rows = {}
     if mem is not None and m.on_gpu:
         rows["gpu_memory"] = Row("GPU allocated / reserved", f"{mem.allocated / GiB:.2f} / {fmt_gib(mem.reserved)}")
-        rows["gpu_peak"] = Row("GPU peak / total", f"{m.peak_memory / GiB:.2f} / {fmt_gib(mem.total)}")
+        rows["gpu_peak"] = Row("GPU peak allocated / reserved / total",
+                               f"{m.peak_memory / GiB:.2f} / {m.peak_reserved / GiB:.2f} / {fmt_gib(mem.total)}")
     if mem is not None:
         if m.on_gpu:
             rows["process_ram"] = Row("Process RAM", fmt_gib(mem.host_rss))
@@ -113,17 +115,20 @@ def memory_rows(m: TrainingMetrics) -> Rows:
 def stat_rows(m: TrainingMetrics) -> Rows:
     """Rows for the numbers panel and the summary table.
 
-    Keys: ``steps``, ``elapsed``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
-    ``learning_rate``, ``grad_norm``, then :func:`memory_rows`' keys, then ``syncs`` (when measured).
+    Keys: ``steps``, ``elapsed``, ``epoch``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
+    ``eval_loss`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`memory_rows`' keys, then
+    ``syncs`` (when measured: a debug switch).
     """
     eta = f" (ETA {fmt_duration(m.eta_s)})" if m.status == "running" else ""
     rows: Rows = {
         "steps": Row("Steps", f"{m.step} / {m.max_steps}"),
         "elapsed": Row("Elapsed", fmt_duration(m.elapsed_s) + eta),
+        "epoch": Row("Epoch", f"{m.epoch:.2f}"),
         "steps_per_s": Row("Steps/s", fmt_rate(m.steps_per_s, "steps/s")),
         "tokens_per_s": Row("Tokens/s", fmt_rate(m.tokens_per_s, "tokens/s")),
         "tokens_seen": Row("Tokens trained", "—" if m.tokens_seen is None else f"{m.tokens_seen:,}"),
         "loss": Row("Loss", fmt_num(m.loss)),
+        **({"eval_loss": Row("Eval loss", fmt_num(m.eval_loss))} if m.eval_history else {}),
         "learning_rate": Row("Learning rate", fmt_num(m.learning_rate, ".2e")),
         "grad_norm": Row("Grad norm", fmt_num(m.grad_norm, ".3g")),
     }
@@ -154,6 +159,10 @@ def plot_png(m: TrainingMetrics, size: tuple[float, float] = PLOT_SIZE_IN, dpi: 
     ax_loss, ax_lr = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     _curve(ax_loss, m.loss_history, "#1a73e8", "loss")
     ax_loss.set_title("Training loss", fontsize=9, loc="left")
+    if m.eval_history:
+        steps, values = zip(*m.eval_history)
+        ax_loss.plot(steps, values, color="#188038", lw=1.6, marker="s", ms=3.5, label="eval loss")
+        ax_loss.legend(fontsize=7, loc="upper right", frameon=False)
     if m.grad_norm_history and m.loss_history:
         ax_gn = ax_loss.twinx()
         _curve(ax_gn, m.grad_norm_history, "#9aa0a6", "grad norm", lw=1.0, ls="--")
@@ -217,6 +226,27 @@ def shorten(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def fmt_count(n: int) -> str:
+    """``1.23M``, ``45.6K``, ``789``."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
+
+
+def run_facts(m: TrainingMetrics) -> str:
+    """The run header line: examples, effective batch, trainable parameters (what is known)."""
+    parts = []
+    if m.examples is not None:
+        parts.append(f"{m.examples:,} examples")
+    if m.effective_batch is not None:
+        parts.append(f"effective batch {m.effective_batch}")
+    if m.trainable_params is not None and m.total_params:
+        pct = 100 * m.trainable_params / m.total_params
+        parts.append(f"{fmt_count(m.trainable_params)} of {fmt_count(m.total_params)} parameters train ({pct:.2g}%)")
+    return " · ".join(parts)
+
+
 def header_html(m: TrainingMetrics, title: str | None = None) -> str:
     color = _STATUS_COLOR.get(m.status, _MUTED)
     name = title or " · ".join(x for x in (m.model_type, m.device) if x)
@@ -225,7 +255,8 @@ def header_html(m: TrainingMetrics, title: str | None = None) -> str:
            if m.error and m.status != "finished" else "")
     return (f"<div style='display:flex;justify-content:space-between;align-items:baseline;gap:12px;font-size:13px'>"
             f"<span><b>fastkit training</b> <span style='color:{_MUTED}'>{html.escape(name)}</span></span>"
-            f"<span style='color:{color};font-weight:600;white-space:nowrap'>{html.escape(status)}</span></div>{why}")
+            f"<span style='color:{color};font-weight:600;white-space:nowrap'>{html.escape(status)}</span></div>"
+            f"<div class='fastkit-run' style='font-size:11.5px;color:{_MUTED}'>{html.escape(run_facts(m))}</div>{why}")
 
 
 def progress_text(m: TrainingMetrics) -> str:
@@ -236,8 +267,15 @@ def progress_text(m: TrainingMetrics) -> str:
             f" · {pct} · {fmt_duration(m.elapsed_s)} elapsed · {eta} · {html.escape(rate)}</span>")
 
 
-def summary_html(m: TrainingMetrics, title: str | None = None) -> str:
-    """The static end-of-training summary: header, numbers table, optimizations (no widgets)."""
+def png_img(png: bytes, css_class: str = "", width_px: int = 760) -> str:
+    """``png`` inline as an ``<img>`` with a base64 data URI (survives a saved notebook, needs no files)."""
+    data = base64.b64encode(png).decode("ascii")
+    cls = f" class='{css_class}'" if css_class else ""
+    return f"<img{cls} src='data:image/png;base64,{data}' style='max-width:100%;width:{width_px}px;height:auto'/>"
+
+
+def summary_html(m: TrainingMetrics, title: str | None = None, png: bytes | None = None) -> str:
+    """The static summary: header, numbers table, optimizations, and ``png`` inline when given (no widgets)."""
     first = m.loss_history[0][1] if m.loss_history else None
     rows = stat_rows(m)
     if first is not None and m.loss is not None:
@@ -245,7 +283,7 @@ def summary_html(m: TrainingMetrics, title: str | None = None) -> str:
     rows["throughput_window"] = Row("Throughput window", throughput_note(m))
     return (f"<div class='fastkit-summary' style='border:1px solid {BORDER};border-radius:6px;padding:8px 12px;"
             f"max-width:760px'>{header_html(m, title)}<div style='margin:6px 0'>{table_html(rows)}</div>"
-            f"{optimizations_html(m)}</div>")
+            f"{optimizations_html(m)}{png_img(png) if png else ''}</div>")
 
 
 def summary_text(m: TrainingMetrics) -> str:
@@ -253,6 +291,8 @@ def summary_text(m: TrainingMetrics) -> str:
     rows = stat_rows(m).values()
     width = max(len(k) for k, _ in rows)
     lines = [f"fastkit: training {m.status} at step {m.step}/{m.max_steps}" + (f" ({m.error})" if m.error else "")]
+    if run_facts(m):
+        lines.append(f"fastkit:   {run_facts(m)}")
     lines += [f"fastkit:   {k:<{width}}  {v}" for k, v in rows]
     lines += [f"fastkit:   {'+' if a else '-'} {name}: {how}" for a, name, how in optimization_items(m)]
     return "\n".join(lines)
@@ -271,6 +311,7 @@ def progress_line(m: TrainingMetrics) -> str:
              fmt_rate(m.steps_per_s, "step/s") if m.steps_per_s else "warming up",
              fmt_rate(m.tokens_per_s, "tok/s") if m.tokens_per_s else "",
              f"loss {m.loss:.4f}" if m.loss is not None else "",
+             f"eval {m.eval_loss:.4f}" if m.eval_loss is not None else "",
              f"lr {m.learning_rate:.2e}" if m.learning_rate is not None else "",
              mem_s, f"ETA {fmt_duration(m.eta_s)}" if m.eta_s is not None else ""]
     return "fastkit: " + " | ".join(p for p in parts if p)
@@ -295,7 +336,7 @@ def memory_time_summary(m: TrainingMetrics, projected_steps: int = 1000) -> Summ
     """Where the time and memory went, and what a longer run would take at the measured rate.
 
     Row keys: ``status``, ``wall_time``, ``time_per_step``, ``steps_per_s``, ``tokens_per_s``, then
-    ``peak_gpu`` and ``gpu_reserved`` (GPU) or ``peak_ram`` (CPU), ``host_ram``, ``projected``.
+    ``peak_gpu`` and ``gpu_reserved`` (peak and now; GPU) or ``peak_ram`` (CPU), ``host_ram``, ``projected``.
     """
     per_step = "—" if not m.steps_per_s else f"{1000 / m.steps_per_s:,.0f} ms (after warm-up)"
     rows: Rows = {"status": Row("Status", f"{m.status}, {m.step} / {m.max_steps} steps"),
@@ -307,7 +348,7 @@ def memory_time_summary(m: TrainingMetrics, projected_steps: int = 1000) -> Summ
     if mem is not None and m.on_gpu and mem.total:
         rows["peak_gpu"] = Row("Peak GPU memory", f"{fmt_gib(m.peak_memory)} of {fmt_gib(mem.total)} "
                                                   f"({100 * m.peak_memory / mem.total:.0f}%)")
-        rows["gpu_reserved"] = Row("GPU reserved now", fmt_gib(mem.reserved))
+        rows["gpu_reserved"] = Row("Peak GPU reserved / now", f"{fmt_gib(m.peak_reserved)} / {fmt_gib(mem.reserved)}")
     elif mem is not None:
         rows["peak_ram"] = Row("Peak process RAM", fmt_gib(m.peak_memory))
     if m.host_total:
@@ -318,7 +359,7 @@ def memory_time_summary(m: TrainingMetrics, projected_steps: int = 1000) -> Summ
     return SummaryTable("Memory and time", rows)
 
 
-__all__ = ["Row", "Rows", "SummaryTable", "fmt_duration", "fmt_gib", "fmt_num", "fmt_rate", "header_html",
+__all__ = ["Row", "Rows", "SummaryTable", "fmt_count", "fmt_duration", "fmt_gib", "fmt_num", "fmt_rate", "header_html",
            "insert_after", "memory_rows", "memory_time_summary", "optimization_items", "optimizations_html",
-           "plot_png", "progress_line", "progress_text", "shorten", "stat_rows", "summary_html", "summary_text",
-           "table_html", "throughput_note", "without"]
+           "plot_png", "png_img", "progress_line", "progress_text", "run_facts", "shorten", "stat_rows",
+           "summary_html", "summary_text", "table_html", "throughput_note", "without"]

@@ -1,14 +1,22 @@
-"""Where the dashboard shows up: an ipywidgets panel in a notebook, a progress line in a terminal.
+"""Where the dashboard shows up: HTML updated in place in a notebook, a progress line in a terminal.
 
 A view is a listener of :class:`~fastkit.dashboard.callbacks.MetricsCallback`: it gets
-``view(event, metrics)`` and draws with :mod:`fastkit.dashboard.render`. Widgets are gone when a
-notebook is reopened, so when training ends (or is interrupted) the widget view also leaves a
-static summary in the cell output: an HTML table and a PNG plot.
+``view(event, metrics)`` and draws with :mod:`fastkit.dashboard.render`.
+
+- :class:`HtmlView` (the notebook default): one HTML output (numbers, curves as an inline PNG)
+  replaced in place through an IPython display handle, the way transformers' notebook progress
+  callback works. It needs no widget manager, so it renders in Jupyter, JupyterLab, Colab, VS Code
+  and in a saved notebook alike, and because the output itself is the latest state, a kernel that
+  dies (out of memory) leaves the last numbers on the page.
+- :class:`WidgetView` (``view="widget"``): the ipywidgets panel, for front-ends whose widget
+  manager renders it; it leaves a static summary (HTML table and PNG) when training ends.
+- :class:`TerminalView`: a compact log line outside a notebook.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -19,6 +27,7 @@ from fastkit.dashboard.render import (
     header_html,
     optimizations_html,
     plot_png,
+    png_img,
     progress_line,
     progress_text,
     stat_rows,
@@ -31,20 +40,85 @@ from fastkit.dashboard.render import (
 logger = logging.getLogger(__name__)
 
 
+VIEWS = ("auto", "html", "widget", "terminal", "none")
+WIDGET_FALLBACK = "fastkit dashboard (this front-end does not render ipywidgets: use fit(trainer, view='html'))"
+"""What a front-end without the widget manager prints instead of the widget (never ``VBox(children=...)``)."""
+
+
 def in_notebook() -> bool:
-    """True inside a Jupyter / Colab / VS Code kernel that can show ipywidgets."""
+    """True inside a Jupyter / Colab / VS Code kernel (anything that shows rich outputs)."""
     try:
         from IPython import get_ipython
     except ImportError:
         return False
     shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return False
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class HtmlView:
+    """The dashboard as one HTML output, replaced in place through an IPython display handle.
+
+    The panel (header and run facts, progress bar, curves as an inline base64 PNG, numbers,
+    optimizations) is redrawn at most every ``every_s`` seconds, the curves at most every
+    ``plot_every_s``; the end always redraws, as the static summary (``fastkit-summary``). Each
+    update replaces the output, so the saved notebook always holds the latest state.
+    """
+
+    def __init__(self, title: str | None = None, every_s: float = 1.0, plot_every_s: float = 2.0):
+        self.title, self.every_s, self.plot_every_s = title, every_s, plot_every_s
+        self.handle = None
+        self._png = b""
+        self._png_has_curves = False
+        self._last = self._last_plot = -1e9
+
+    def __call__(self, event: str, m: TrainingMetrics) -> None:
+        from IPython.display import display
+
+        now = time.monotonic()
+        if event == "begin":
+            self._plot(m, now)
+            self._last = now
+            self.handle = display(self._bundle(m), raw=True, display_id=True)
+            return
+        final = event == "end"
+        if not final and now - self._last < self.every_s:
+            return
+        if final or now - self._last_plot >= self.plot_every_s:  # whichever event comes first when due
+            self._plot(m, now, size=(7.6, 2.6) if final else PLOT_SIZE_IN)
+        self._last = now
+        bundle = self._bundle(m, final)
+        if self.handle is None:
+            self.handle = display(bundle, raw=True, display_id=True)
+        else:
+            self.handle.update(bundle, raw=True)
+
+    def _plot(self, m: TrainingMetrics, now: float, size: tuple[float, float] = PLOT_SIZE_IN) -> None:
+        self._png, self._png_has_curves, self._last_plot = plot_png(m, size=size), bool(m.loss_history), now
+
+    def _bundle(self, m: TrainingMetrics, final: bool = False) -> dict[str, str]:
+        if final:
+            body = summary_html(m, self.title, png=self._png).replace("class='fastkit-summary'",
+                                                                       "class='fastkit-dashboard fastkit-summary'", 1)
+            return {"text/html": body, "text/plain": summary_text(m)}
+        return {"text/html": panel_html(m, self.title, self._png, self._png_has_curves),
+                "text/plain": progress_line(m)}
+
+
+def panel_html(m: TrainingMetrics, title: str | None, png: bytes, has_curves: bool = False) -> str:
+    """The live panel: header, progress bar and line, curves and numbers side by side, optimizations.
+
+    ``has_curves``: ``png`` shows logged values (the ``fastkit-has-curves`` class a browser test waits for).
+    """
+    color = {"finished": "#188038", "interrupted": "#e37400", "failed": "#d93025"}.get(m.status, "#1a73e8")
+    bar = (f"<div style='display:flex;align-items:center;gap:10px;margin:4px 0'><div style='width:260px;height:12px;"
+           f"border-radius:6px;background:{BORDER};overflow:hidden;flex:none'><div style='height:100%;"
+           f"width:{100 * m.progress:.1f}%;background:{color}'></div></div>{progress_text(m)}</div>")
+    curves = png_img(png, "fastkit-has-curves" if has_curves else "", 480) if png else ""
+    stats = table_html(without(stat_rows(m), "steps", "elapsed"))
+    return (f"<div class='fastkit-dashboard' style='border:1px solid {BORDER};padding:8px 12px;max-width:900px'>"
+            f"{header_html(m, title)}{bar}<div style='display:flex;flex-flow:row wrap;align-items:flex-start;gap:8px'>"
+            f"<div style='min-width:320px'>{curves}</div><div style='margin:4px 0 0 8px'>{stats}</div></div>"
+            f"{optimizations_html(m)}</div>")
 
 
 class WidgetView:
@@ -63,7 +137,11 @@ class WidgetView:
                                                            max_width="100%", height="auto", min_width="320px"))
         self.stats = w.HTML(layout=w.Layout(margin="4px 0 0 8px"))
         self.opts = w.HTML()
-        self.box = w.VBox(
+        class Panel(w.VBox):
+            def __repr__(self) -> str:  # the text a front-end without the widget manager shows
+                return WIDGET_FALLBACK
+
+        self.box = Panel(
             [self.header, w.HBox([self.bar, self.progress], layout=w.Layout(align_items="center")),
              w.HBox([self.plot, self.stats], layout=w.Layout(align_items="flex-start", flex_flow="row wrap")),
              self.opts],
@@ -128,16 +206,29 @@ def show_summary(m: TrainingMetrics, title: str | None = None) -> None:
 
 
 def make_view(view: str = "auto", title: str | None = None):
-    """'auto' (widget in a notebook, else terminal), 'widget', 'terminal' or 'none'."""
+    """'auto', 'html', 'widget', 'terminal' or 'none'.
+
+    'auto' is ``$FASTKIT_DASHBOARD`` when set, else 'html' in a notebook and 'terminal' elsewhere.
+    Why not the widget in a notebook: the kernel cannot see whether the front-end's widget manager
+    will render a widget (Colab needs its custom manager enabled, JupyterLab needs a matching
+    ``jupyterlab_widgets``, nbviewer and GitHub never do), and where it does not the user sees a
+    placeholder string; a widget is also gone when the kernel dies. The display-handle HTML view
+    renders everywhere and its last state stays in the saved output. Ask for ``view='widget'`` (or
+    ``FASTKIT_DASHBOARD=widget``) where the ipywidgets panel is known to render.
+    """
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {', '.join(map(repr, VIEWS))}, got {view!r}")
     if view == "auto":
-        view = "widget" if in_notebook() else "terminal"
+        view = os.environ.get("FASTKIT_DASHBOARD") or ("html" if in_notebook() else "terminal")
+        if view not in VIEWS[1:]:
+            raise ValueError(f"FASTKIT_DASHBOARD must be one of {', '.join(map(repr, VIEWS[1:]))}, got {view!r}")
+    if view == "html":
+        return HtmlView(title)
     if view == "widget":
         return WidgetView(title)
     if view == "terminal":
         return TerminalView()
-    if view == "none":
-        return None
-    raise ValueError(f"view must be 'auto', 'widget', 'terminal' or 'none', got {view!r}")
+    return None  # 'none'
 
 
 def dashboard_callback(view: str = "auto", title: str | None = None, **callback_kwargs: Any) -> MetricsCallback:
@@ -149,4 +240,5 @@ def dashboard_callback(view: str = "auto", title: str | None = None, **callback_
     return callback
 
 
-__all__ = ["TerminalView", "WidgetView", "dashboard_callback", "in_notebook", "make_view", "show_summary"]
+__all__ = ["HtmlView", "TerminalView", "WidgetView", "dashboard_callback", "in_notebook", "make_view", "panel_html",
+           "show_summary"]

@@ -185,7 +185,7 @@ def _use_loop(state: _LayerState, weights: list[torch.Tensor]) -> bool:
     mode = state.config.mode
     if mode == "loop":
         return True
-    ok = all(grouped_mm_runs(w) for w in weights)
+    ok = all(isinstance(w, torch.Tensor) and grouped_mm_runs(w) for w in weights)  # 4-bit providers: the loop
     if mode == "grouped" and not ok:
         w = weights[0]
         raise FastkitError(f"{state.name}: MoE mode='grouped' asked for, but grouped_mm cannot run here "
@@ -327,7 +327,9 @@ def _why_not(name: str, module: torch.nn.Module) -> str | None:
         return f"{name}: no integer num_experts attribute"
     for p in _projections(module, raw=True):
         pname, w, bias = p.name, p.weight, p.bias
-        if not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point:
+        if hasattr(w, "group_matmul"):  # fastkit's 4-bit experts (patches/moe_4bit.py): a weight provider
+            pass
+        elif not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point:
             return f"{name}.{pname}: not a floating-point (E, out, in) tensor (quantized experts are not supported)"
         if w.size(0) != module.num_experts:
             return f"{name}.{pname}: {w.size(0)} experts in the weight, num_experts={module.num_experts}"

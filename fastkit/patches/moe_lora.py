@@ -205,11 +205,19 @@ def save_expert_lora(model: nn.Module, directory: str) -> str:
 
 
 def load_expert_lora(model: nn.Module, directory: str) -> list[str]:
-    """Attach expert LoRA with the saved hyper-parameters and load the saved factors (strict)."""
+    """Attach expert LoRA with the saved hyper-parameters and load the saved factors (strict).
+
+    Reads ``fastkit_expert_lora.safetensors`` or, without it, the PEFT ``target_parameters`` expert adapter
+    that ``fastkit.export.save_lora`` writes (:mod:`fastkit.patches.moe_lora_peft`).
+    """
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from fastkit.patches.moe_lora_peft import factors_from_adapter, load_into
+
     path = os.path.join(directory, FILE_NAME)
+    if not os.path.exists(path) and factors_from_adapter(directory) is not None:
+        return load_into(model, directory)
     if not os.path.exists(path):
         raise FastkitError(f"No {FILE_NAME} in {directory!r} (save it with fastkit.patches.moe_lora.save_expert_lora).")
     with safe_open(path, framework="pt") as f:

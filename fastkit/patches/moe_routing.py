@@ -163,7 +163,8 @@ class _LoopGroupedMM(torch.autograd.Function):
 
 class _ExpertBias(torch.autograd.Function):
     """``y (S, out) + bias[sorted_ids]``. The bias gradient is a per-expert segment sum
-    (``segment_reduce``, one reduction per segment: no atomics; empty experts get zeros)."""
+    (``segment_reduce(unsafe=True)``, one reduction per segment: no atomics, no host read; empty experts
+    get zeros)."""
 
     @staticmethod
     def forward(ctx, y, bias, sorted_ids, counts):
@@ -175,7 +176,9 @@ class _ExpertBias(torch.autograd.Function):
         (counts,) = ctx.saved_tensors
         grad_bias = None
         if ctx.needs_input_grad[1]:
-            grad_bias = torch.segment_reduce(grad, "sum", lengths=counts, axis=0)  # (E, out)
+            # (S, out) -> (E, out). unsafe=True: the safe mode checks the lengths with two host reads *inside*
+            # the kernel (a sync a dispatch mode cannot see); counts come from route(): >= 0, summing to S.
+            grad_bias = torch.segment_reduce(grad, "sum", lengths=counts, axis=0, unsafe=True)
         return grad, grad_bias, None, None
 
 
@@ -217,7 +220,13 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor
 
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """Per-expert ``x @ w[e]`` on the path this forward chose (host ends present: the loop)."""
+    """Per-expert ``x @ w[e]`` on the path this forward chose (host ends present: the loop).
+
+    ``w`` may be a weight provider instead of a tensor (``fastkit.patches.moe_4bit.NF4Experts``): an object
+    with ``group_matmul(x, host_ends)`` that materializes one expert at a time; it always takes the loop.
+    """
+    if not isinstance(w, torch.Tensor):
+        return w.group_matmul(x, routing.host_ends)  # (S, out)
     x = x.to(w.dtype)
     if routing.host_ends is not None:
         return _LoopGroupedMM.apply(x, w, routing.host_ends)  # (S, out)
@@ -240,7 +249,9 @@ def unsort_combine(rows: torch.Tensor, weights: torch.Tensor, routing: Routing) 
 
 
 def in_out(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
-    """Expert weight as ``(E, in, out)`` (a view)."""
+    """Expert weight as ``(E, in, out)`` (a view). A weight provider (not a tensor) already is."""
+    if not isinstance(weight, torch.Tensor):
+        return weight
     return weight if transposed else weight.transpose(-2, -1)
 
 
@@ -251,7 +262,7 @@ class Projection:
     name: str
     """``gate_up_proj`` / ``up_proj`` / ``down_proj``."""
     weight: torch.Tensor
-    """(E, in, out) view of the base weight (never ``W + B·A``)."""
+    """(E, in, out) view of the base weight (never ``W + B·A``), or a weight provider (4-bit experts)."""
     bias: torch.Tensor | None
     """(E, out) or None."""
     loras: list[tuple]

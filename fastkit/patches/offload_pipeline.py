@@ -82,6 +82,8 @@ class OffloadStats:
     """Pooled device buffers reused."""
     device_transient: int = 0
     """Reloads that found every pooled device buffer still in use and allocated a fresh one."""
+    device_releases: int = 0
+    """Times the pool let go of its device buffers (once per backward, after the last reload)."""
     prefetched: int = 0
     """Reloads started one layer early (double buffer)."""
     on_demand: int = 0
@@ -198,6 +200,12 @@ class DevicePool:
             logger.debug("fastkit offload: every device slot is still read; reloading into a fresh buffer")
         return buf
 
+    def release(self) -> None:
+        """Drop the pool's references to its slots (Note: [slots end with backward])."""
+        if any(self.bufs.values()):
+            self.bufs.clear()
+            self.stats.device_releases += 1
+
 
 # --------------------------------------------------------------------------------------------
 # The pipeline
@@ -220,6 +228,14 @@ class Entry:
 
 def _dead() -> None:
     return None
+
+
+def _earlier_offloaded(entry: Entry) -> Entry | None:
+    """The closest entry packed before ``entry`` whose input is on the host (kept inputs need no reload)."""
+    prev = entry.prev()
+    while prev is not None and prev.host is None:
+        prev = prev.prev()
+    return prev
 
 
 class OffloadController:
@@ -294,6 +310,8 @@ class OffloadController:
         with self._lock:
             self._trace_end_compute()
             out = self._take(entry)
+            if _earlier_offloaded(entry) is None:  # the chain's last reload is out: Note [slots end with backward]
+                self.device.release()
             self._trace_start_compute(entry.layer)
             return out
 
@@ -326,10 +344,8 @@ class OffloadController:
         """
         if not self.double_buffer:
             return
-        prev = entry.prev()
-        while prev is not None and prev.device_tensor is not None:  # kept inputs need no reload
-            prev = prev.prev()
-        if prev is not None and prev.fetch is None and prev.host is not None:
+        prev = _earlier_offloaded(entry)
+        if prev is not None and prev.fetch is None:
             self._reload(prev)
             self.stats.prefetched += 1
 
@@ -381,6 +397,14 @@ class OffloadController:
 # slot is busy a fresh buffer is used (``stats.device_transient``). The host-side count says the
 # readers are *queued*, not finished, on the GPU: the reload copy therefore waits for the compute
 # stream as of the reload call (Note: [copy after produce]), which has queued those readers.
+
+# Note: [slots end with backward]
+# Once the first-layer entry of a chain (no earlier offloaded entry left) has been handed its tensor, no
+# reload of this backward is left, and the pool drops its slots. Memory is not freed under anyone: the
+# recompute still holds its view (autograd's saved tensors), and the allocator frees the block when that
+# view dies -- after layer 0's backward, before the optimizer step. Keeping the slots to the next step
+# instead would add both of them to the end-of-backward peak, where a full fine-tune's gradients all live.
+# The next backward allocates them again (from the caching allocator's free blocks, no cudaMalloc).
 
 # Note: [read after fill]
 # The recompute may only read a slot after its reload copy completed: ``unpack`` makes the current

@@ -8,7 +8,9 @@ interface returns), and computes exactly what the unpatched model computes for e
 - ``varlen_flash_attn``: flash-attn 2 ``flash_attn_varlen_func`` (CUDA, fp16/bf16), GQA native,
   sliding window and softcap native;
 - ``varlen_torch``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA sm80+, fp16/bf16, torch ≥ 2.10),
-  GQA and sliding window native; no dropout, no softcap, no sinks;
+  GQA native; no dropout, no softcap, no sinks. Its keywords changed per release, so only those the
+  installed signature has are passed (:func:`varlen_params`); a call needing one it lacks (a window or a
+  non-default scale on 2.10) takes ``sdpa_per_doc``;
 - ``sdpa_per_doc``: one ``scaled_dot_product_attention(is_causal=True)`` per document (views, no
   copies; GQA via ``enable_gqa``); a document longer than a sliding window gets a cached band mask of
   its own length only;
@@ -83,15 +85,21 @@ class PackedBatch:
         return self._cache["spans"]
 
     def cu_seqlens(self, device: torch.device) -> torch.Tensor:
-        """int32 cumulative lengths over the flattened ``B*T`` tokens, on ``device`` (one H2D copy per batch)."""
+        """int32 cumulative lengths over the flattened ``B*T`` tokens, on ``device``: this batch's own copy.
+
+        One asynchronous H2D copy per batch (pinned host memory on CUDA: no host sync). See Note: [private cu].
+        """
         key = ("cu", device)
         if key not in self._cache:
             if self.lengths_host is None and self.cu_device is not None and self.rows == 1:
-                cu = self.cu_device.to(device=device, dtype=torch.int32)
+                cu = self.cu_device.to(dtype=torch.int32)
+                # (num_docs + 1,): a copy even when the caller's tensor is int32 on `device` already
+                cu = cu.clone() if cu.device == device else _host_to_device(cu, device)
             else:
                 flat = [n for row in self.lengths for n in row]
-                cu = torch.tensor(np.concatenate([[0], np.cumsum(flat)]), dtype=torch.int32).to(device)
-            self._cache[key] = cu  # (num_docs + 1,)
+                cu = torch.from_numpy(np.concatenate([[0], np.cumsum(flat)]).astype(np.int32))
+                cu = _host_to_device(cu, device)  # (num_docs + 1,)
+            self._cache[key] = cu
         return self._cache[key]
 
     def band_mask(self, length: int, window: int, device: torch.device) -> torch.Tensor:
@@ -113,6 +121,25 @@ class PackedBatch:
             zero = torch.zeros((), dtype=dtype, device=device)
             self._cache[key] = torch.where(allowed, zero, torch.finfo(dtype).min)  # (L, L)
         return self._cache[key]
+
+
+# Note: [private cu]
+# The batch owns its cumulative lengths. A caller's ``cu_seq_lens_q`` that is already int32 on the device
+# would be *aliased* by ``.to(device, int32)``; a collator that refills that buffer for the next batch
+# before this backward ran would move the boundaries the checkpoint recompute sees (wrong gradients,
+# silently). So the device tensor is always a copy made at the first forward use. A copy from host
+# lengths goes through pinned memory with ``non_blocking=True``: a pageable (or blocking) H2D copy
+# makes the host wait for the stream, a sync every batch. The pinned staging block is kept alive by
+# the caching host allocator until the copy's event passes.
+
+
+def _host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (CPU) on ``device`` without a host sync; a copy even when ``device`` is the CPU."""
+    if device.type == "cpu":
+        return host.clone()
+    if device.type == "cuda" and torch.cuda.is_available():
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def lengths_from_cu(cu: Sequence[int], row_len: int, name: str) -> list[int]:
@@ -141,13 +168,64 @@ def _torch_varlen():
     return varlen_attn
 
 
+_VARLEN_PARAMS: dict = {}
+
+
+def varlen_params(fn) -> frozenset[str]:
+    """Keyword parameters of a ``varlen_attn`` (inspected once per function object, cached).
+
+    Checked signatures (keyword-only unless said): torch 2.10 ``is_causal`` (positional-or-keyword),
+    ``return_aux``; 2.11 ``return_aux, scale, window_size``; 2.13 adds ``enable_gqa``, ``seqused_k``,
+    ``block_table``, ``num_splits``. tests/test_gpu_paths_on_cpu.py writes each one out.
+    """
+    if fn not in _VARLEN_PARAMS:
+        import inspect
+
+        _VARLEN_PARAMS[fn] = frozenset(inspect.signature(fn).parameters)
+    return _VARLEN_PARAMS[fn]
+
+
+def _default_scale(scaling: float | None, head_dim: int) -> bool:
+    return scaling is None or abs(scaling - head_dim ** -0.5) <= 1e-6 * head_dim ** -0.5
+
+
+def varlen_missing(params: frozenset[str], *, head_dim: int, scaling: float | None,
+                   window_size: tuple[int, int]) -> str | None:
+    """The feature this call needs that a ``varlen_attn`` with ``params`` lacks, or None when it can run."""
+    if "window_size" not in params:
+        if window_size != (-1, 0):
+            return "window_size (sliding window)"
+        if "is_causal" not in params:
+            return "causal masking"
+    if "scale" not in params and not _default_scale(scaling, head_dim):
+        return "scale (non-default softmax scale)"
+    return None
+
+
+def varlen_kwargs(params: frozenset[str], *, heads_q: int, heads_kv: int, scaling: float | None,
+                  window_size: tuple[int, int]) -> dict:
+    """Keywords for a ``varlen_attn`` with ``params``: only those it has (see :func:`varlen_params`)."""
+    kw: dict = {"window_size": window_size} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        kw["scale"] = scaling
+    if "enable_gqa" in params:  # older signatures: the flash kernel takes fewer k/v heads natively
+        kw["enable_gqa"] = heads_kv != heads_q
+    return kw
+
+
+def _capability(q: torch.Tensor) -> tuple[int, int] | None:
+    """CUDA compute capability of ``q``'s device, None off CUDA (a seam: CPU tests force a T4 or an H200)."""
+    return torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+
+
 def _varlen_shapes_ok(q: torch.Tensor, v: torch.Tensor) -> bool:
     d, dv = q.shape[-1], v.shape[-1]
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and d == dv and d <= 256 and d % 8 == 0
 
 
 def pick_kernel(q: torch.Tensor, v: torch.Tensor, *, dropout: float, softcap: float | None,
-                sinks: torch.Tensor | None) -> str:
+                sinks: torch.Tensor | None, scaling: float | None = None, window: int | None = None,
+                meta: PackedBatch | None = None) -> str:
     """The fastest exact kernel for this call (names as in the module docstring)."""
     if sinks is not None:
         log_once("sinks", "fastkit packing: attention sinks -> per-document eager attention (exact; "
@@ -158,9 +236,14 @@ def pick_kernel(q: torch.Tensor, v: torch.Tensor, *, dropout: float, softcap: fl
     if softcap:
         log_once("softcap", "fastkit packing: logit soft-capping without flash-attn -> per-document eager")
         return "eager_per_doc"
-    if (_varlen_shapes_ok(q, v) and dropout == 0.0 and _torch_varlen() is not None
-            and torch.cuda.get_device_capability(q.device) >= (8, 0)):
-        return "varlen_torch"
+    cap, fn = _capability(q), _torch_varlen()
+    if _varlen_shapes_ok(q, v) and dropout == 0.0 and fn is not None and cap is not None and cap >= (8, 0):
+        missing = varlen_missing(varlen_params(fn), head_dim=q.shape[-1], scaling=scaling,
+                                 window_size=_window_size(window, meta))
+        if missing is None:
+            return "varlen_torch"
+        log_once(f"varlen_{missing}", "fastkit packing: this torch's varlen_attn has no %s -> per-document SDPA",
+                 missing)
     if q.is_cuda:
         log_once("sdpa_cuda", "fastkit packing: no varlen kernel for %s/%s head dims %d/%d -> per-document "
                  "SDPA", q.dtype, q.device, q.shape[-1], v.shape[-1])
@@ -172,7 +255,8 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Pa
                      softcap: float | None = None, sinks: torch.Tensor | None = None,
                      training: bool = False) -> torch.Tensor:
     """Attention within each document of ``meta``; returns ``(B, T, Hq, Dv)``."""
-    kernel = pick_kernel(q, v, dropout=dropout, softcap=softcap, sinks=sinks)
+    kernel = pick_kernel(q, v, dropout=dropout, softcap=softcap, sinks=sinks, scaling=scaling, window=window,
+                         meta=meta)
     if kernel == "varlen_flash_attn":
         return varlen_flash_attn(q, k, v, meta, scaling=scaling, dropout=dropout, window=window, softcap=softcap)
     if kernel == "varlen_torch":
@@ -188,8 +272,9 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b * t, h, d)  # (B, H, T, D) -> (B*T, H, D)
 
 
-def _window_size(window: int | None, meta: PackedBatch) -> tuple[int, int]:
-    if window is None or window <= 0 or meta.max_seqlen <= window:
+def _window_size(window: int | None, meta: PackedBatch | None) -> tuple[int, int]:
+    """Flash ``(left, right)``: a query at ``i`` sees keys ``i - left .. i`` (``-1``: unbounded)."""
+    if window is None or window <= 0 or (meta is not None and meta.max_seqlen <= window):
         return (-1, 0)  # plain causal: no document is longer than the window
     return (window - 1, 0)
 
@@ -210,8 +295,9 @@ def varlen_torch(q, k, v, meta: PackedBatch, *, scaling, window) -> torch.Tensor
     fn = _torch_varlen()
     b, hq, t, _ = q.shape
     cu = meta.cu_seqlens(q.device)
-    out = fn(_flat(q), _flat(k), _flat(v), cu, cu, meta.max_seqlen, meta.max_seqlen, scale=scaling,
-             window_size=_window_size(window, meta), enable_gqa=k.shape[1] != hq)  # (B*T, Hq, Dv)
+    kw = varlen_kwargs(varlen_params(fn), heads_q=hq, heads_kv=k.shape[1], scaling=scaling,
+                       window_size=_window_size(window, meta))
+    out = fn(_flat(q), _flat(k), _flat(v), cu, cu, meta.max_seqlen, meta.max_seqlen, **kw)  # (B*T, Hq, Dv)
     return out.view(b, t, hq, v.shape[-1])
 
 
@@ -222,7 +308,8 @@ def sdpa_per_doc(q, k, v, meta: PackedBatch, *, scaling, dropout, window) -> tor
     has no GQA, so each document's k/v are repeated instead (a copy of that document only).
     """
     n_rep = q.shape[1] // k.shape[1]
-    native_gqa = not q.is_cuda or torch.cuda.get_device_capability(q.device) >= (8, 0)
+    cap = _capability(q)
+    native_gqa = cap is None or cap >= (8, 0)
     gqa = n_rep > 1 and native_gqa
     rows = []
     for b, spans in enumerate(meta.spans()):

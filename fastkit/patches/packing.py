@@ -44,7 +44,7 @@ import torch
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.patches import packed_attention as kernels
-from fastkit.patches.packed_attention import PackedBatch, lengths_from_cu
+from fastkit.patches.packed_attention import PackedBatch, lengths_from_cu, log_once
 from fastkit.patching import Swapper
 
 logger = logging.getLogger(__name__)
@@ -104,9 +104,11 @@ def lengths_from_positions(position_ids: np.ndarray, attention_mask: np.ndarray 
 
 def _check_lengths(lengths: Any, rows: int, row_len: int) -> list[list[int]]:
     name = LENGTHS_KWARG
+    if isinstance(lengths, np.ndarray) or (isinstance(lengths, torch.Tensor) and lengths.device.type == "cpu"):
+        lengths = lengths.tolist()  # host arrays only (a device tensor here would cost a sync: give ints)
     if not isinstance(lengths, (list, tuple)) or not lengths:
         raise FastkitError(f"{name} must be a list of document lengths per row, got {type(lengths).__name__}.")
-    if all(isinstance(n, int) for n in lengths):
+    if all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in lengths):
         if rows != 1:
             raise FastkitError(f"{name}: the batch has {rows} rows but one flat list of lengths; give one list "
                                "of document lengths per row.")
@@ -137,6 +139,11 @@ class PackedCollator:
 
     def __call__(self, features, *args, **kwargs):
         batch = self.collator(features, *args, **kwargs)
+        if batch.get(LENGTHS_KWARG) is not None:  # lengths from the inner collator: check them against positions
+            ids = batch.get("input_ids", batch.get("inputs_embeds"))
+            given = _check_lengths(batch[LENGTHS_KWARG], ids.shape[0], ids.shape[1])
+            check_consistent(given, LENGTHS_KWARG, batch.get("position_ids"), batch.get("max_length_q"))
+            return batch
         lengths = batch_lengths(batch)
         if lengths is not None:
             batch[LENGTHS_KWARG] = lengths
@@ -161,13 +168,39 @@ def batch_lengths(batch: dict) -> list[list[int]] | None:
     rows, row_len = ids.shape[0], ids.shape[1]
     cu = batch.get("cu_seq_lens_q")
     if cu is not None and rows == 1:
-        return [lengths_from_cu(torch.as_tensor(cu).cpu().tolist(), row_len, "cu_seq_lens_q")]
+        lengths = [lengths_from_cu(torch.as_tensor(cu).cpu().tolist(), row_len, "cu_seq_lens_q")]
+        check_consistent(lengths, "cu_seq_lens_q", batch.get("position_ids"), batch.get("max_length_q"))
+        return lengths
     pos = batch.get("position_ids")
     if pos is None:
         return None
     mask = batch.get("attention_mask")
     pos = torch.as_tensor(pos).cpu().expand(rows, row_len)
     return lengths_from_positions(pos.numpy(), None if mask is None else torch.as_tensor(mask).cpu().numpy())
+
+
+def check_consistent(lengths: list[list[int]], field_name: str, position_ids: Any, max_length_q: Any) -> None:
+    """Packed metadata that contradicts itself raises, naming both fields.
+
+    Attention follows ``lengths`` and RoPE follows ``position_ids``: they must describe the same
+    documents, and ``max_length_q`` must be the longest. Runs on the collator's CPU batch (in the data
+    loader); the model side passes ``position_ids=None`` and checks only Python ints (no sync).
+    """
+    if isinstance(max_length_q, (int, np.integer)) and int(max_length_q) != max(max(r) for r in lengths):
+        raise FastkitError(f"max_length_q={int(max_length_q)} disagrees with {field_name}, whose longest document "
+                           f"has {max(max(r) for r in lengths)} tokens; max_length_q must be that longest length.")
+    if isinstance(position_ids, torch.Tensor) and position_ids.device.type != "cpu":
+        return
+    if position_ids is None:
+        return
+    rows, row_len = len(lengths), sum(lengths[0])
+    pos = np.asarray(torch.as_tensor(position_ids).cpu().expand(rows, row_len))
+    from_pos = lengths_from_positions(pos) or [[row_len]] * rows
+    for r, (a, b) in enumerate(zip(lengths, from_pos)):
+        if list(a) != list(b):
+            raise FastkitError(f"{field_name} and position_ids disagree in row {r}: {field_name} gives documents "
+                               f"{list(a)[:8]}, position_ids restart at 0 for documents {list(b)[:8]}. Attention "
+                               "would follow one and RoPE the other; build both from the same documents.")
 
 
 # ---------------------------------------------------------------------------------------------- model side
@@ -213,7 +246,9 @@ def build_metadata(config, call: dict) -> PackedBatch | None:
         raise FastkitError(f"attention_mask has padding next to packed lengths ({LENGTHS_KWARG}/cu_seq_lens_q): "
                            "drop attention_mask (padding-free batches carry no mask).")
     if host is not None:
-        return _metadata(config, rows, row_len, _check_lengths(host, rows, row_len), None, call)
+        lengths = _check_lengths(host, rows, row_len)
+        check_consistent(lengths, LENGTHS_KWARG, None, call.get("max_length_q"))  # Python ints only: no sync
+        return _metadata(config, rows, row_len, lengths, None, call)
     if rows != 1:
         raise FastkitError(f"cu_seq_lens_q describes one flattened row but the batch has {rows} rows; pass "
                            f"per-row lengths as '{LENGTHS_KWARG}' (fastkit.patches.packing.wrap_collator).")
@@ -262,6 +297,11 @@ def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callab
         if meta is None:
             return original(*args, **kwargs)
         kwargs[PACKED_KWARG] = meta
+        if call.get("use_cache"):  # a cache would hold every document: return none
+            log_once("packed_cache", "fastkit packing: use_cache=True ignored for a packed batch (a KV cache would "
+                     "hold every document and the next step would attend across them); no cache is returned.")
+        if "use_cache" in sig.parameters and "use_cache" not in list(sig.parameters)[:len(args)]:
+            kwargs["use_cache"] = False
         if call.get("position_ids") is None:  # lengths without positions: each document restarts at 0
             if "position_ids" in sig.parameters and list(sig.parameters).index("position_ids") < len(args):
                 raise FastkitError("position_ids=None was passed positionally next to packed lengths; pass "

@@ -5,9 +5,9 @@
 - :mod:`fastkit.quickstart.run`: :class:`QuickstartConfig` and :func:`run` (``fastkit quickstart``).
 """
 
-from fastkit.quickstart.data import HELDOUT_PROMPTS, quickstart_dataset, quickstart_records
+from fastkit.quickstart.data import HELDOUT_FACTS, HELDOUT_PROMPTS, quickstart_dataset, quickstart_records
 from fastkit.quickstart.run import QuickstartConfig, QuickstartResult, run
 from fastkit.quickstart.weights import smollm2_135m_instruct
 
-__all__ = ["HELDOUT_PROMPTS", "QuickstartConfig", "QuickstartResult", "quickstart_dataset", "quickstart_records",
-           "run", "smollm2_135m_instruct"]
+__all__ = ["HELDOUT_FACTS", "HELDOUT_PROMPTS", "QuickstartConfig", "QuickstartResult", "quickstart_dataset",
+           "quickstart_records", "run", "smollm2_135m_instruct"]

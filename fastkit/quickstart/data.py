@@ -1,14 +1,18 @@
-"""The quickstart's data: generated chat examples whose answers are one line of JSON.
+"""The quickstart's data: generated chat examples whose answers are one line of JSON, with correct facts.
 
 Small, deterministic and offline: country capitals, opposites and sums, each answered as
-``{"answer": ..., "topic": ...}``, so 20 LoRA steps visibly change how the model answers.
-The held-out prompts are not in the training set.
+``{"topic": ..., "answer": "<a full sentence>"}``. The sentence restates the question the way the
+model answers on its own ("The capital of France is Paris."), so training changes the FORMAT and
+nothing else: a bare ``{"answer": "Paris"}`` teaches "a capital from this list goes here" and the
+model starts answering Osaka for Japan. Every fact in the training set is right, and the held-out
+questions (:data:`HELDOUT_FACTS`, facts the base model knows) measure both format and facts.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 CAPITALS = [
@@ -16,32 +20,65 @@ CAPITALS = [
     ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi"), ("Egypt", "Cairo"), ("India", "New Delhi"),
     ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
     ("Finland", "Helsinki"), ("Poland", "Warsaw"), ("Greece", "Athens"), ("Ireland", "Dublin"),
-    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Argentina", "Buenos Aires"), ("Cuba", "Havana"),
+    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Nepal", "Kathmandu"), ("Cuba", "Havana"),
     ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"), ("South Korea", "Seoul"), ("Russia", "Moscow"),
 ]
-"""(country, capital) pairs: 'What is the capital of X?'."""
+"""(country, capital) pairs: 'What is the capital of X?'. Each row fits 128 tokens of the byte-level twin tokenizer."""
 OPPOSITES = [("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
               ("early", "late"), ("open", "closed"), ("full", "empty"), ("strong", "weak"), ("high", "low")]
 """Word pairs, asked both ways: 'What is the opposite of X?'."""
-HELDOUT_PROMPTS = ["What is the capital of Japan?", "What is 17 plus 25?", "What is the opposite of young?"]
+HELDOUT_FACTS = {
+    "What is the capital of Japan?": "Tokyo",
+    "What is the capital of China?": "Beijing",
+    "What is the capital of Australia?": "Canberra",
+    "What is the capital of the United Kingdom?": "London",
+    "What is the opposite of young?": "old",
+    "What is the opposite of wet?": "dry",
+}
+"""Held-out question -> the word a correct answer contains; none of them is in the training set."""
+HELDOUT_PROMPTS = list(HELDOUT_FACTS)
 """Asked before and after training; none of them is in the training set."""
+TOPIC_KEYS = ("topic", "answer")
+"""The keys of a well-formed answer, in this order."""
 
 
-def _answer(answer: str, topic: str) -> str:
-    return json.dumps({"answer": answer, "topic": topic})
+def _answer(sentence: str, topic: str) -> str:
+    return json.dumps({"topic": topic, "answer": sentence})
 
 
 def quickstart_records(n_arithmetic: int = 60, seed: int = 0) -> list[dict[str, Any]]:
-    """Generated chat examples (deterministic): questions answered as one line of JSON."""
+    """Generated chat examples (deterministic): questions answered as one line of JSON with a true sentence."""
     rng = random.Random(seed)
-    records = [(f"What is the capital of {country}?", _answer(city, "geography")) for country, city in CAPITALS]
-    records += [(f"What is the opposite of {a}?", _answer(b, "language")) for a, b in OPPOSITES]
-    records += [(f"What is the opposite of {b}?", _answer(a, "language")) for a, b in OPPOSITES]
+    records = [(f"What is the capital of {country}?", _answer(f"The capital of {country} is {city}.", "geography"))
+               for country, city in CAPITALS]
+    for x, y in OPPOSITES + [(b, a) for a, b in OPPOSITES]:
+        records.append((f"What is the opposite of {x}?", _answer(f"The opposite of {x} is {y}.", "language")))
     for _ in range(n_arithmetic):
         a, b = rng.randint(2, 60), rng.randint(2, 60)
-        records.append((f"What is {a} plus {b}?", _answer(str(a + b), "arithmetic")))
+        records.append((f"What is {a} plus {b}?", _answer(f"{a} plus {b} is {a + b}.", "arithmetic")))
     rng.shuffle(records)
     return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]} for q, r in records]
+
+
+def follows_format(answer: str) -> bool:
+    """True when ``answer`` is exactly one JSON object with the keys ``topic`` and ``answer``."""
+    try:
+        parsed = json.loads(answer)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and set(parsed) == set(TOPIC_KEYS)
+
+
+def states_fact(answer: str, expected: str) -> bool:
+    """True when ``answer`` contains the expected word (case-insensitive, whole word)."""
+    return re.search(rf"\b{re.escape(expected)}\b", answer, flags=re.IGNORECASE) is not None
+
+
+def score(answers: dict[str, str]) -> tuple[int, int]:
+    """``(answers in the format, answers with the right fact)`` over :data:`HELDOUT_FACTS`."""
+    fmt = sum(follows_format(answers[q]) for q in HELDOUT_FACTS if q in answers)
+    facts = sum(states_fact(answers[q], word) for q, word in HELDOUT_FACTS.items() if q in answers)
+    return fmt, facts
 
 
 def quickstart_dataset():
@@ -51,4 +88,5 @@ def quickstart_dataset():
     return Dataset.from_list(quickstart_records()), list(HELDOUT_PROMPTS)
 
 
-__all__ = ["CAPITALS", "HELDOUT_PROMPTS", "OPPOSITES", "quickstart_dataset", "quickstart_records"]
+__all__ = ["CAPITALS", "HELDOUT_FACTS", "HELDOUT_PROMPTS", "OPPOSITES", "follows_format", "quickstart_dataset",
+           "quickstart_records", "score", "states_fact"]

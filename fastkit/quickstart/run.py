@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from fastkit.device import GiB
 from fastkit.export import chat
 from fastkit.loader import FastModel
-from fastkit.quickstart.data import quickstart_dataset
+from fastkit.quickstart.data import quickstart_dataset, score
 from fastkit.quickstart.weights import smollm2_135m_instruct
 from fastkit.training import fit, make_trainer
 
@@ -31,9 +31,12 @@ class QuickstartConfig:
     batch_size: int = 1
     """Packed rows per step."""
     learning_rate: float = 2e-3
-    """LoRA learning rate: high, because 20 steps must visibly teach a format."""
+    """LoRA learning rate: high, because 20 steps must visibly teach a format. Safe for the facts because the
+    training answers only wrap the model's own kind of sentence in JSON (see :mod:`fastkit.quickstart.data`)."""
     lora_r: int = 16
     """LoRA rank."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Linear layers that get LoRA adapters."""
     output_dir: str = "outputs/quickstart"
     """Where the adapters are saved."""
     twin: bool = False
@@ -45,7 +48,9 @@ class QuickstartResult:
     """What the quickstart measured."""
 
     before: dict[str, str] = field(default_factory=dict)
+    """Held-out question -> the base model's answer."""
     after: dict[str, str] = field(default_factory=dict)
+    """Held-out question -> the answer after training."""
     losses: list[float] = field(default_factory=list)
     steps_per_s: float = 0.0
     """Optimizer steps per second after warm-up (the dashboard's number)."""
@@ -54,10 +59,36 @@ class QuickstartResult:
     peak_memory_gib: float = 0.0
     seconds: float = 0.0
 
+    @property
+    def format_before(self) -> int:
+        """Held-out answers in the trained JSON format, before training."""
+        return score(self.before)[0]
+
+    @property
+    def format_after(self) -> int:
+        """Held-out answers in the trained JSON format, after training."""
+        return score(self.after)[0]
+
+    @property
+    def facts_before(self) -> int:
+        """Held-out answers stating the right fact (e.g. Tokyo), before training."""
+        return score(self.before)[1]
+
+    @property
+    def facts_after(self) -> int:
+        """Held-out answers stating the right fact, after training."""
+        return score(self.after)[1]
+
+    def scores(self) -> str:
+        """``format x/N, facts y/N`` before -> after, on the held-out questions."""
+        n = len(self.before)
+        return (f"held-out ({n} questions): format {self.format_before}/{n} -> {self.format_after}/{n}, "
+                f"facts {self.facts_before}/{n} -> {self.facts_after}/{n} (before -> after)")
+
     def summary(self) -> str:
         lines = [f"loss per step: {' '.join(f'{x:.2f}' for x in self.losses)}",
                  f"{self.steps_per_s:.2f} steps/s, {self.tokens_per_s:.0f} tokens/s (after warm-up), peak memory "
-                 f"{self.peak_memory_gib:.2f} GiB, {self.seconds:.0f} s in all"]
+                 f"{self.peak_memory_gib:.2f} GiB, {self.seconds:.0f} s in all", self.scores()]
         for prompt in self.before:
             lines += [f"Q: {prompt}", f"  before: {self.before[prompt]}", f"  after:  {self.after[prompt]}"]
         return "\n".join(lines)
@@ -77,9 +108,9 @@ def run(config: QuickstartConfig | None = None, view: str = "auto") -> Quickstar
         model, tokenizer = FastModel.from_pretrained(smollm2_135m_instruct(), max_seq_length=config.max_seq_length)
     train, heldout = quickstart_dataset()
     result = QuickstartResult()
-    result.before = {p: chat(model, tokenizer, p, max_new_tokens=32) for p in heldout}
+    result.before = {p: chat(model, tokenizer, p, max_new_tokens=48, stream=False) for p in heldout}
     model = FastModel.get_peft_model(model, r=config.lora_r, lora_alpha=config.lora_r,
-                                     use_gradient_checkpointing=False)
+                                     target_modules=list(config.target_modules), use_gradient_checkpointing=False)
     trainer = make_trainer(model, tokenizer, train, max_steps=config.max_steps, learning_rate=config.learning_rate,
                            batch_size=config.batch_size, max_seq_length=config.max_seq_length,
                            output_dir=config.output_dir)
@@ -87,7 +118,7 @@ def run(config: QuickstartConfig | None = None, view: str = "auto") -> Quickstar
     result.losses = [loss for _, loss in metrics.loss_history]
     result.steps_per_s = metrics.steps_per_s or 0.0
     result.tokens_per_s = metrics.tokens_per_s or 0.0
-    result.after = {p: chat(model, tokenizer, p, max_new_tokens=32) for p in heldout}
+    result.after = {p: chat(model, tokenizer, p, max_new_tokens=48, stream=False) for p in heldout}
     result.peak_memory_gib = metrics.peak_memory / GiB
     result.seconds = time.perf_counter() - start
     logger.info("fastkit quickstart:\n%s", result.summary())

@@ -34,14 +34,37 @@ PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation
             "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_24_x86_64",
             "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 
-# (name, seconds, argv): the device profile. Caps sum to ~400 s; install + packing take ~20 s more.
+# The device profile: (step, cap in seconds). Caps sum to 400 s (<= 420); install + packing take ~20 s more.
+STEPS = [("gpu-tests", 180), ("bench-packed", 60), ("bench-offload", 50), ("bench-moe", 50), ("bench-sft", 60)]
 BENCH_ARGS = {
     "packed": ["--gpu"],
     "offload": ["--gpu"],
     "moe": ["--gpu"],
     "sft": ["--gpu"],
 }
-STEPS = [("gpu-tests", 180), ("bench-packed", 60), ("bench-offload", 50), ("bench-moe", 50), ("bench-sft", 60)]
+MARGIN_S = 12  # of each bench cap: interpreter start, imports and packing, outside the bench's own --budget-s
+FIXED_FILES = ["summary.md", "junit.xml", "logs.tar.gz"]  # + one bench_<name>.md per bench step
+
+
+def plan(out: Path, bench: Path) -> list[tuple[str, int, list[str]]]:
+    """The device run's steps: (name, cap in seconds, argv). A bench gets ``--budget-s`` = cap - MARGIN_S so
+    it skips its remaining cases (and still writes its table) before the cap kills it."""
+    steps = []
+    for name, secs in STEPS:
+        if name == "gpu-tests":
+            argv = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider",
+                    "--timeout", "90", f"--junitxml={out / 'junit.xml'}"]
+        else:
+            which = name[6:]
+            argv = [sys.executable, "-m", "fastkit", "bench", which, *BENCH_ARGS[which],
+                    "--budget-s", str(secs - MARGIN_S), "--out", str(bench / which)]
+        steps.append((name, secs, argv))
+    return steps
+
+
+def result_files() -> list[str]:
+    """Names of the files a device run leaves in $OUT (at most MAX_FILES come back)."""
+    return FIXED_FILES + [f"bench_{name[6:]}.md" for name, _ in STEPS if name.startswith("bench-")]
 
 
 def pins() -> list[str]:
@@ -139,14 +162,15 @@ def dry_run() -> int:
         print(f"collected {len(collected)} GPU tests")
         if r.returncode or not collected:
             problems.append(f"GPU test collection failed (rc={r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
-        for name, _ in STEPS:
-            if name.startswith("bench-"):
-                r = subprocess.run([sys.executable, "-m", "fastkit", "bench", name[6:], "--help"], env=env,
-                                   cwd=ROOT, capture_output=True, text=True)
-                if r.returncode:
-                    problems.append(f"fastkit bench {name[6:]} --help failed: {r.stderr[-1000:]}")
-    if len(STEPS) + 3 > MAX_FILES:  # summary + junit + logs archive
-        problems.append("the run would return more than 8 files")
+        for name, _, argv in plan(Path(tmp) / "out", Path(tmp) / "bench"):
+            if name.startswith("bench-"):  # the device argv parses; without CUDA: GPUOnlyError, exit 2, no work
+                env_cpu = dict(env, CUDA_VISIBLE_DEVICES="")
+                r = subprocess.run(argv, env=env_cpu, cwd=ROOT, capture_output=True, text=True)
+                if r.returncode != 2 or "--gpu needs a CUDA GPU" not in r.stderr:
+                    problems.append(f"{' '.join(argv[1:])} on CPU: rc={r.returncode}, expected the GPUOnlyError "
+                                    f"(exit 2): {r.stderr[-1000:]}")
+    if len(result_files()) > MAX_FILES:
+        problems.append(f"the run would return {len(result_files())} files, more than {MAX_FILES}")
     for p in problems:
         print("PROBLEM:", p, file=sys.stderr)
     print("dry run:", "ok" if not problems else f"{len(problems)} problem(s)")
@@ -182,13 +206,7 @@ def device_run(out: Path) -> int:
     summary = ["# fastkit GPU run", "", f"python/torch/transformers/device: {versions}",
                f"carried wheels: {', '.join(w.name for w in wheels) or 'none'}", "",
                "| step | rc | time |", "|---|---|---|"]
-    for name, secs in STEPS:
-        if name == "gpu-tests":
-            argv = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider",
-                    "--timeout", "90", f"--junitxml={out / 'junit.xml'}"]
-        else:
-            which = name[6:]
-            argv = [sys.executable, "-m", "fastkit", "bench", which, *BENCH_ARGS[which], "--out", str(bench / which)]
+    for name, secs, argv in plan(out, bench):
         _step(name, secs, argv, env, logs, summary)
     for table in sorted(bench.glob("*/*.md")):
         shutil.copy(table, out / table.name)

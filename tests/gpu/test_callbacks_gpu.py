@@ -34,7 +34,9 @@ def test_gpu_memory_fields_and_syncs(tmp_path):
     assert m.peak_memory >= mem.allocated
     assert mem.total == torch.cuda.mem_get_info(mem.device)[1]
     rows = memory_rows(m)
-    assert rows["gpu_memory"].label == "GPU allocated / reserved" and rows["gpu_peak"].label == "GPU peak / total"
+    assert rows["gpu_memory"].label == "GPU allocated / reserved"
+    assert rows["gpu_peak"].label == "GPU peak allocated / reserved / total"
+    assert m.peak_reserved >= m.peak_memory > 0   # torch.cuda.max_memory_reserved: what predicts an OOM
     # TRL reads its per-step metrics back (.item()), so a whole step has host syncs, and they were counted
     assert m.syncs_per_step is not None and m.syncs_per_step > 0
     assert m.steps_per_s is not None and m.tokens_per_s is not None

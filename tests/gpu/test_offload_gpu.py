@@ -83,24 +83,34 @@ def test_gpu_offload_adds_no_host_sync():
     assert _sync_warnings(model) == plain
 
 
-def test_gpu_peak_memory_is_lower_and_buffers_are_reused():
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_gpu_peak_memory_is_lower_and_buffers_are_reused(lora):
+    """The claim users care about is measured on a LoRA run (frozen base: the saved layer inputs are most of
+    the activation memory). On a full fine-tune the end-of-backward peak (every gradient live) must at least
+    not grow: the two reload slots are let go once the last reload is out (Note: [slots end with backward])."""
     shape = dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
                  intermediate_size=2048)
     peaks = {}
     for offload in (False, True):
-        model = build(layers=8, dropout=0.0, dtype=torch.bfloat16, **shape)
+        model = build(layers=8, dropout=0.0, lora=lora, dtype=torch.bfloat16, **shape)
         if offload:
-            assert enable_offload(model, OffloadConfig()) == "double-buffer"
+            assert enable_offload(base(model), OffloadConfig()) == "double-buffer"
         step(model, seq=4096)
         torch.cuda.reset_peak_memory_stats()
         step(model, seq=4096)
         peaks[offload] = torch.cuda.max_memory_allocated()
         if offload:
-            stats = offload_controller(model).stats
-            assert stats.offloaded == 2 * 7 and stats.host_allocs == 7 and stats.device_allocs == 2
+            controller = offload_controller(model)
+            stats = controller.stats
+            assert stats.offloaded == 2 * 7 and stats.host_allocs == 7
+            assert stats.device_allocs == 2 * 2 and stats.device_releases == 2 and stats.device_transient == 0
+            assert not any(controller.device.bufs.values())  # no slot held between steps
         del model
         torch.cuda.empty_cache()
-    assert peaks[True] < peaks[False]
+    if lora:
+        assert peaks[True] < peaks[False], peaks
+    else:  # a held slot is 8 MiB here (4096 x 1024 bf16); 1 MiB of slack for allocator rounding
+        assert peaks[True] <= peaks[False] + 2**20, peaks
 
 
 def test_gpu_current_stream_is_taken_at_call_time():

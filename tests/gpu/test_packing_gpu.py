@@ -8,7 +8,6 @@ accumulated in fp32 inside every kernel; we compare against an fp32 per-document
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -91,17 +90,31 @@ def _batch():
     return ids, pos
 
 
+def _per_doc(model, ids):
+    out, start = [], 0
+    for n in LENGTHS:
+        out.append(model(input_ids=ids[:, start:start + n], use_cache=False).logits.float())
+        start += n
+    return torch.cat(out, 1)  # (1, T, V)
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "mistral", "gpt_oss", "qwen3_moe"])
 def test_packed_logits_equal_each_document_alone_cuda(model_type):
+    """Tolerance measured, not guessed: transformers' own bf16 run per document, against the fp32 run of the
+    same weights, shows how far bf16 kernels land from the truth on THIS model and batch; fastkit's bf16
+    packed run may be at most 2x as far (another kernel, another summation order), per token on average
+    and at worst. An off-by-one window (mistral: documents of 300 and 168 tokens, window 64) adds one key
+    to every query past the window, ~1/64 of the attention mass per layer: far above that noise floor."""
     base, patched = _pair(model_type)
+    truth_model = copy.deepcopy(base).float()
     ids, pos = _batch()
     with torch.no_grad():
         got = patched(input_ids=ids, position_ids=pos, use_cache=False, **{LENGTHS_KWARG: [LENGTHS]}).logits
-        want, start = [], 0
-        for n in LENGTHS:
-            want.append(base(input_ids=ids[:, start:start + n], use_cache=False).logits)
-            start += n
-    torch.testing.assert_close(got.float(), torch.cat(want, 1).float(), rtol=5e-2, atol=5e-2)
+        ref, truth = _per_doc(base, ids), _per_doc(truth_model, ids)
+    err_got = (got.float() - truth).abs().amax(-1)  # (1, T): worst logit per token
+    err_ref = (ref - truth).abs().amax(-1)
+    assert err_got.mean() <= 2 * err_ref.mean() + 1e-3, (err_got.mean().item(), err_ref.mean().item())
+    assert err_got.max() <= 2 * err_ref.max() + 1e-3, (err_got.max().item(), err_ref.max().item())
 
 
 @pytest.mark.parametrize("layers", [2, 8])
@@ -119,15 +132,28 @@ def test_zero_syncs_per_train_step_cuda(layers, source):
                                                                               max_length_q=max(LENGTHS))
     patched(input_ids=ids, position_ids=pos, labels=ids, use_cache=False, **extra).loss.backward()  # warm-up
     torch.cuda.synchronize()
-    with SyncCounter() as sc, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
+    # profile=True: host reads inside kernels count too; "error": any synchronizing CUDA call raises here
+    # (a blocking H2D copy of cu_seqlens, a pageable copy, a .item() the counters missed).
+    with SyncCounter(profile=True) as sc:
+        torch.cuda.set_sync_debug_mode("error")
         try:
             patched(input_ids=ids, position_ids=pos, labels=ids, use_cache=False, **extra).loss.backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert sc.total == 0, dict(sc.by_op)
-    assert not [w for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+def test_installed_varlen_attn_takes_the_keywords_we_pass():
+    """torch 2.10 / 2.11 / 2.13 differ (is_causal; scale + window_size; enable_gqa): bind before any call."""
+    import inspect
+
+    from fastkit.patches.packed_attention import _torch_varlen, varlen_kwargs, varlen_params
+
+    fn = _torch_varlen()
+    if fn is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    kw = varlen_kwargs(varlen_params(fn), heads_q=8, heads_kv=2, scaling=0.125, window_size=(63, 0))
+    inspect.signature(fn).bind(*range(7), **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -1,0 +1,161 @@
+"""Input checks for loading, training and saving: every bad input a :class:`FastkitError` naming the field.
+
+Each function here runs before any work (weights read, a step taken, a file written) or right after
+a save to prove it happened. The dataset row checks live in :mod:`fastkit.data_checks`; the packed
+metadata checks in :mod:`fastkit.patches.packing`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastkit.errors import FastkitError
+
+logger = logging.getLogger(__name__)
+
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+}
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype | None:
+    """``dtype`` as a ``torch.dtype`` (None and ``"auto"`` stay None: pick from the device)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        if name == "auto":
+            return None
+        if name in DTYPE_NAMES:
+            return DTYPE_NAMES[name]
+    raise FastkitError(f"dtype={dtype!r} is not a dtype fastkit knows. Pass a torch.dtype (torch.bfloat16) or one "
+                       f"of {', '.join(repr(n) for n in DTYPE_NAMES)} or 'auto'.")
+
+
+def resolve_patches(patches: Any, known) -> str | list[str]:
+    """``"auto"``, or the list of patch names ``patches`` asks for (a single name may be a str)."""
+    if patches == "auto":
+        return "auto"
+    if patches is None:
+        return []
+    names = [patches] if isinstance(patches, str) else patches
+    if not isinstance(names, (list, tuple, set)) or not all(isinstance(n, str) for n in names):
+        raise FastkitError(f"patches={patches!r}: give 'auto', None, a patch name or a list of names "
+                           f"({', '.join(known)}).")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise FastkitError(f"Unknown patch {unknown[0]!r} in patches={patches!r}; known: {', '.join(known)} "
+                           "(or 'auto' / None).")
+    return list(names)
+
+
+def check_hf_kwargs(hf_kwargs: dict) -> None:
+    """Keyword arguments passed to transformers cannot switch off the safetensors-only rule."""
+    if "use_safetensors" in hf_kwargs and hf_kwargs["use_safetensors"] is not True:
+        raise FastkitError(f"use_safetensors={hf_kwargs['use_safetensors']!r}: fastkit loads weights only from "
+                           "safetensors (or GGUF via gguf_file=), never pickle. Drop use_safetensors, or convert "
+                           "the checkpoint to safetensors first.")
+
+
+def check_twin_options(dtype: torch.dtype | None, load_in_4bit: bool) -> None:
+    """``twin=True`` honours ``dtype``; it cannot honour 4-bit (a random twin is not quantized)."""
+    if load_in_4bit:
+        raise FastkitError("load_in_4bit=True with twin=True: a twin is a tiny random model in 16/32-bit and is "
+                           "never quantized. Drop load_in_4bit for the twin, or load the real model (twin=False).")
+
+
+def check_safetensors_files(name_or_path: str) -> None:
+    """Each ``*.safetensors`` in a local folder holds all the bytes its header promises; names the bad file."""
+    path = Path(os.path.expanduser(str(name_or_path)))
+    if not path.is_dir():
+        return
+    for file in sorted(path.glob("*.safetensors")):
+        size = file.stat().st_size
+        try:
+            with open(file, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    raise ValueError(f"header of {n} bytes in a {size}-byte file")
+                header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (struct.error, ValueError, KeyError, TypeError) as exc:
+            raise FastkitError(f"Weights file {file} is not a readable safetensors file ({exc}); it is truncated "
+                               "or corrupt. Download or save it again.") from exc
+        if 8 + n + end > size:
+            raise FastkitError(f"Weights file {file} is truncated: {size} bytes on disk, its header needs "
+                               f"{8 + n + end}. Download or save it again.")
+
+
+def check_save_target(path: str | Path, what: str = "path") -> Path:
+    """``path`` must be a folder (or not exist yet): a save into an existing file writes nothing."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise FastkitError(f"{what} must be a folder path, got {path!r}.")
+    target = Path(os.path.expanduser(str(path)))
+    if target.exists() and not target.is_dir():
+        raise FastkitError(f"{what}={str(target)!r} is an existing file, not a folder: the model would not be saved. "
+                           "Pass a folder path (it is created if missing).")
+    return target
+
+
+def check_saved(path: Path, pattern: str, what: str) -> None:
+    """Raise unless the save left a ``pattern`` file in ``path`` (a save that did not happen never passes)."""
+    if not any(Path(path).glob(pattern)):
+        raise FastkitError(f"{what}: nothing matching {pattern!r} was written to {str(path)!r}; the save did not "
+                           "happen. Check the folder is writable and has space.")
+
+
+def check_max_steps(max_steps: Any) -> None:
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps <= 0:
+        raise FastkitError(f"max_steps must be a positive int (optimizer steps to run), got {max_steps!r}.")
+
+
+def check_max_seq_length(max_seq_length: Any) -> None:
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length <= 0:
+        raise FastkitError(f"max_seq_length must be a positive int (tokens per row), got {max_seq_length!r}.")
+
+
+# -- packed batches reaching a model without the packing patch ----------------------------------------
+PACKED_KEYS = ("fastkit_seq_lens", "cu_seq_lens_q")
+
+
+def refuse_packed_batch(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook: a packed batch on a model whose attention would mix its documents raises.
+
+    Packed batches are recognised by their metadata keys (TRL's padding-free ``cu_seq_lens_q``,
+    fastkit's ``fastkit_seq_lens``): no tensor is read. ``make_trainer(packing=True)`` refuses such a
+    model before that.
+    """
+    if getattr(getattr(module, "forward", None), "_fastkit_packing", False):
+        return None  # the packing patch was applied after the guard: packed batches are handled
+    packed = [k for k in PACKED_KEYS if kwargs.get(k) is not None]
+    if packed:
+        model_type = getattr(getattr(module, "config", None), "model_type", "?")
+        raise FastkitError(f"{packed[0]}: a packed batch reached model_type {model_type!r}, which has no fastkit "
+                           "packing patch; its attention would let the packed documents see each other. Train with "
+                           "packing=False (make_trainer(..., packing=False)).")
+    return None
+
+
+def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None = None) -> None:
+    """Make packed batches raise on ``model`` (when the packing patch is not active); idempotent.
+
+    The hook sits on the decoder (``decoder``, else ``model``): PEFT calls the causal-LM ``forward``
+    directly, which skips hooks on the causal-LM module but not on the decoder it calls.
+    """
+    target = decoder if decoder is not None else model
+    if refuse_packed_batch not in target._forward_pre_hooks.values():
+        target.register_forward_pre_hook(refuse_packed_batch, with_kwargs=True)
+
+
+__all__ = ["check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",
+           "check_save_target", "check_saved", "check_twin_options", "install_packed_guard", "resolve_dtype",
+           "resolve_patches"]

@@ -1,0 +1,247 @@
+"""The data formats users bring, turned into one form; exact loss masks on every assistant turn; a preview.
+
+Formats (detected from the columns, in this order):
+
+- ``messages``: ``[{"role": ..., "content": ...}, ...]`` (OpenAI / TRL conversational);
+- ``conversations``: ShareGPT, ``[{"from": "human" | "gpt" | "system", "value": ...}, ...]``;
+- ``instruction`` + ``output`` (+ optional ``input``, ``system``): Alpaca;
+- ``prompt`` + ``completion``: strings or message lists (TRL prompt-completion);
+- ``text``: plain language modeling (every token trained).
+
+ShareGPT and Alpaca become ``messages``; the other three stay as they are.
+
+Multi-turn chats train on EVERY assistant turn: :func:`tokenize_chat` renders the conversation with
+the tokenizer's chat template and cuts each assistant turn's characters out of it by rendering the
+prefixes (``messages[:i]`` with the generation prompt, ``messages[:i + 1]`` without), so a turn's
+span is exactly what the template writes for that message, end-of-turn token included, and nothing
+of the system/user/tool turns or the ``<|im_start|>assistant`` header. The result is TRL's
+pre-tokenized form (``input_ids`` + ``completion_mask``): ``SFTTrainer`` turns the mask into labels
+(-100 elsewhere) and packs it like any other row. A template that renders earlier turns differently
+from the last one (Qwen3 drops past reasoning) is not prefix-preserving; TRL's training template for
+it (``trl.get_training_chat_template``) is used instead when TRL ships one, else the data is refused.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import logging
+from typing import Any
+
+from fastkit.errors import FastkitError
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion", "text")
+"""Names :func:`detect_format` returns."""
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool",
+                  "function_response": "tool", "observation": "tool"}
+"""ShareGPT ``from`` values -> chat roles."""
+
+
+def detect_format(columns: list[str] | set[str]) -> str:
+    """Which of :data:`FORMATS` a dataset with these columns is in; FastkitError naming the columns if none."""
+    cols = set(columns)
+    if "messages" in cols:
+        return "messages"
+    if "conversations" in cols:
+        return "sharegpt"
+    if {"instruction", "output"} <= cols:
+        return "alpaca"
+    if {"prompt", "completion"} <= cols:
+        return "prompt_completion"
+    if "text" in cols:
+        return "text"
+    raise FastkitError(
+        f"The dataset has columns {sorted(cols)}; fastkit reads one of: 'messages' (chat, role/content), "
+        "'conversations' (ShareGPT, from/value), 'instruction' + 'output' (+ 'input', Alpaca), 'prompt' + "
+        "'completion', or 'text'. Rename or map your columns to one of these first.")
+
+
+def sharegpt_to_messages(conversations: list[dict[str, Any]], row: int = 0) -> list[dict[str, str]]:
+    """ShareGPT turns (``from``/``value``; role/content also accepted) -> chat messages."""
+    messages = []
+    for turn in conversations:
+        speaker = turn.get("from", turn.get("role"))
+        role = SHAREGPT_ROLES.get(str(speaker).lower())
+        if role is None:
+            raise FastkitError(f"conversations row {row}: unknown speaker from={speaker!r}; expected one of "
+                               f"{sorted(SHAREGPT_ROLES)}. Map it to 'human', 'gpt' or 'system' first.")
+        messages.append({"role": role, "content": turn.get("value", turn.get("content")) or ""})
+    return messages
+
+
+def alpaca_to_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    """An Alpaca row -> ``[system?, user: instruction (+ blank line + input), assistant: output]``."""
+    user = row["instruction"] if not row.get("input") else f"{row['instruction']}\n\n{row['input']}"
+    messages = [{"role": "system", "content": row["system"]}] if row.get("system") else []
+    return messages + [{"role": "user", "content": user}, {"role": "assistant", "content": row["output"]}]
+
+
+def normalize_dataset(dataset):
+    """``dataset`` in one of the trainable forms: ``messages``, ``prompt``/``completion`` or ``text``.
+
+    ShareGPT and Alpaca rows become ``messages`` (other columns dropped); anything else is refused
+    with the columns seen. Already-tokenized data (``input_ids``) passes through.
+    """
+    if "input_ids" in dataset.column_names:
+        return dataset
+    fmt = detect_format(dataset.column_names)
+    if fmt == "sharegpt":
+        return dataset.map(lambda row, i: {"messages": sharegpt_to_messages(row["conversations"], i)},
+                           with_indices=True, remove_columns=dataset.column_names)
+    if fmt == "alpaca":
+        return dataset.map(lambda row: {"messages": alpaca_to_messages(row)}, remove_columns=dataset.column_names)
+    return dataset
+
+
+def is_single_answer(messages: list[dict[str, Any]]) -> bool:
+    """True when the only assistant turn is the last message (prompt/completion loses nothing)."""
+    roles = [m.get("role") for m in messages]
+    return bool(roles) and roles[-1] == "assistant" and roles.count("assistant") == 1
+
+
+def _render(tokenizer, messages: list[dict], template: str | None, generation_prompt: bool = False) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                         chat_template=template)
+
+
+def assistant_spans(messages: list[dict], tokenizer, template: str | None = None
+                    ) -> tuple[str, list[tuple[int, int]]] | None:
+    """``(text, [(start, end) char span of each assistant turn])``; None if the template is not prefix-preserving."""
+    text = _render(tokenizer, messages, template)
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], template, generation_prompt=True)
+        upto = _render(tokenizer, messages[: i + 1], template)
+        if not (upto.startswith(before) and text.startswith(upto)):
+            return None
+        spans.append((len(before), len(upto)))
+    return text, spans
+
+
+def _training_template(tokenizer) -> str | None:
+    """TRL's prefix-preserving training template for this tokenizer's template, if TRL ships one."""
+    try:
+        from trl import get_training_chat_template
+
+        return get_training_chat_template(tokenizer)
+    except Exception:  # TRL knows only a fixed list of templates; any other one raises
+        return None
+
+
+def _token_mask(text: str, spans: list[tuple[int, int]], tokenizer) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` and 1 for each token that starts inside a span (0 elsewhere)."""
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [int(any(s <= start < e for s, e in spans)) for start, _ in enc["offset_mapping"]]
+        return list(enc["input_ids"]), mask
+    ids, mask, pos = [], [], 0  # slow tokenizer: tokenize each untrained / trained piece on its own
+    for s, e in spans + [(len(text), len(text))]:
+        for piece, bit in ((text[pos:s], 0), (text[s:e], 1)):
+            piece_ids = tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
+            ids += piece_ids
+            mask += [bit] * len(piece_ids)
+        pos = e
+    return ids, mask
+
+
+def tokenize_chat(messages: list[dict], tokenizer) -> dict[str, list[int]]:
+    """``{"input_ids", "completion_mask"}`` of one conversation: 1 on every assistant turn's tokens, 0 elsewhere."""
+    found = assistant_spans(messages, tokenizer)
+    if found is None:
+        template = _training_template(tokenizer)
+        found = assistant_spans(messages, tokenizer, template) if template else None
+        if found is None:
+            raise FastkitError(
+                "This tokenizer's chat template renders earlier turns differently from the last one (it is not "
+                "prefix-preserving), so the assistant turns of a multi-turn chat cannot be cut out exactly. Either "
+                "set tokenizer.chat_template to a prefix-preserving template, or pass each conversation as "
+                "'prompt' (messages before the answer) + 'completion' (the answer) rows.")
+    text, spans = found
+    ids, mask = _token_mask(text, spans, tokenizer)
+    return {"input_ids": ids, "completion_mask": mask}
+
+
+def tokenize_chats(dataset, tokenizer):
+    """A ``messages`` dataset -> TRL's pre-tokenized ``input_ids`` + ``completion_mask`` (every assistant turn)."""
+    return dataset.map(lambda row: tokenize_chat(row["messages"], tokenizer), remove_columns=dataset.column_names)
+
+
+def row_tokens(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
+    """``(input_ids, trained 0/1 per token)`` of one row in any trainable form, as fastkit trains it."""
+    if "input_ids" in row:
+        ids = list(row["input_ids"])
+        if "labels" in row:
+            return ids, [int(label != -100) for label in row["labels"]]
+        return ids, list(row.get("completion_mask") or [1] * len(ids))
+    if "messages" in row:
+        out = tokenize_chat(row["messages"], tokenizer)
+        return out["input_ids"], out["completion_mask"]
+    if "prompt" in row:
+        prompt, completion = row["prompt"], row["completion"]
+        if isinstance(prompt, str):  # TRL appends EOS to plain-text completions and texts
+            p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            c = tokenizer(_with_eos(completion, tokenizer), add_special_tokens=False)["input_ids"]
+            return p + c, [0] * len(p) + [1] * len(c)
+        # as TRL trains it: everything the template writes after the prompt's generation prompt
+        start = len(_render(tokenizer, list(prompt), None, generation_prompt=True))
+        full = _render(tokenizer, list(prompt) + list(completion), None)
+        return _token_mask(full, [(start, len(full))], tokenizer)
+    ids = tokenizer(_with_eos(row["text"], tokenizer), add_special_tokens=False)["input_ids"]
+    return ids, [1] * len(ids)
+
+
+def _with_eos(text: str, tokenizer) -> str:
+    eos = tokenizer.eos_token or ""
+    return text if text.endswith(eos) else text + eos
+
+
+def render_mask(ids: list[int], mask: list[int], tokenizer, html: bool = False) -> str:
+    """The tokens as text with trained runs in ``[brackets]`` (or green ``<mark>`` spans when ``html``)."""
+    runs: list[tuple[int, list[int]]] = []
+    for tok, bit in zip(ids, mask):
+        if runs and runs[-1][0] == bit:
+            runs[-1][1].append(tok)
+        else:
+            runs.append((bit, [tok]))
+    parts = []
+    for bit, toks in runs:
+        text = tokenizer.decode(toks, skip_special_tokens=False)
+        if html:
+            text = _html.escape(text)
+            parts.append(f'<mark style="background:#c8f7c5">{text}</mark>' if bit else f'<span style="color:#888">'
+                         f'{text}</span>')
+        else:
+            parts.append(f"[{text}]" if bit else text)
+    body = "".join(parts)
+    return f'<pre style="white-space:pre-wrap">{body}</pre>' if html else body
+
+
+def preview_masks(dataset, tokenizer, n: int = 1, html: bool = False) -> str:
+    """Which tokens of the first ``n`` rows are trained: trained text in ``[brackets]`` (or HTML highlights).
+
+    Takes the data in any format :func:`detect_format` knows (or as :func:`fastkit.data.check_dataset`
+    returns it). In a notebook: ``IPython.display.HTML(preview_masks(ds, tok, html=True))``.
+    """
+    from datasets import Dataset
+
+    if isinstance(dataset, (list, tuple)):
+        dataset = Dataset.from_list(list(dataset))
+    dataset = normalize_dataset(dataset)
+    rows = []
+    for i in range(min(n, len(dataset))):
+        ids, mask = row_tokens(dataset[i], tokenizer)
+        head = f"row {i}: {sum(mask)} of {len(ids)} tokens trained"
+        body = render_mask(ids, mask, tokenizer, html=html)
+        rows.append(f"<p><b>{_html.escape(head)}</b></p>{body}" if html else f"--- {head}\n{body}")
+    return "\n".join(rows)
+
+
+__all__ = ["FORMATS", "SHAREGPT_ROLES", "alpaca_to_messages", "assistant_spans", "detect_format",
+           "is_single_answer", "normalize_dataset", "preview_masks", "render_mask", "row_tokens",
+           "sharegpt_to_messages", "tokenize_chat", "tokenize_chats"]

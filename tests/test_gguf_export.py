@@ -1,0 +1,232 @@
+"""save_gguf: a GGUF that transformers' GGUF loader (and so llama.cpp's layout) reads back to the merged model.
+
+Measured here (trained llama twin, 2 layers, logits up to ~1.3): f16 max |Δlogit| 2.4e-4, bf16 1.9e-3,
+q8_0 7.8e-3, q4_0 7.2e-2 (qwen3 twin: 2.7e-4, 3.1e-3, 7.3e-3, 1.1e-1). SmolLM2-135M (30 layers,
+logits up to ~38, LoRA merged): q8_0 max |Δlogit| ~1.2, argmax identical at every position.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from fastkit import FastkitError, FastModel
+from fastkit.gguf_export import merged_parameters, save_gguf
+from fastkit.twins import twin, twin_tokenizer
+from tests.helpers import train_lora_steps
+
+HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B"}
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+TOLERANCE = {"bf16": 1e-2, "q8_0": 2e-2, "q4_0": 1.5e-1}  # max |Δlogit| on the llama twin (see top)
+
+
+def _trained(family: str, steps: int = 2):
+    """A fastkit twin with LoRA on every linear layer (qwen3_moe: experts too), trained a few steps."""
+    model, tok = FastModel.from_pretrained(HUB[family], max_seq_length=64, twin=True)
+    model = FastModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False)
+    return train_lora_steps(model, steps), tok
+
+
+def _load(path: str, config=None):
+    """transformers' GGUF loader. Its legacy metadata table has no qwen3 head_dim / qwen3_moe
+    moe_intermediate_size (it falls back to the 0.6B / 30B defaults), so twins of those pass their config."""
+    kw = {"config": config} if config is not None else {}
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                dtype=torch.float32, **kw).eval()
+
+
+def _x():
+    return torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+def test_f16_round_trip_is_the_merged_model_rounded(tmp_path, family):
+    model, tok = _trained(family)
+    with torch.no_grad():
+        ref = model(input_ids=_x()).logits
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    path = save_gguf(model, tok, tmp_path, quantization="f16")
+    back = _load(path, None if family == "llama" else model.config)
+    loaded = dict(back.named_parameters())
+    assert set(merged) == set(loaded)
+    for name, want in merged.items():  # f16 weights, f32 norms / router: bit-exact after rounding
+        got = loaded[name]
+        assert torch.equal(got, want) or torch.equal(got, want.half().float()), name
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_f16_round_trip_plain_models(tmp_path, family):
+    """No LoRA; qwen2 brings q/k/v biases (no twin family: built from its config here)."""
+    if family == "qwen2":
+        from transformers import Qwen2Config
+
+        torch.manual_seed(0)
+        config = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                             num_hidden_layers=2, vocab_size=320, max_position_embeddings=4096, bos_token_id=1,
+                             eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    else:
+        model = twin(family)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()  # zero-initialised upstream: make a bias layout mistake visible
+        ref = model(input_ids=_x()).logits
+        back = _load(save_gguf(model, twin_tokenizer(), tmp_path, quantization="f16"))
+        for name, p in model.named_parameters():
+            assert torch.equal(dict(back.named_parameters())[name], p.half().float() if p.dim() > 1 else p), name
+        torch.testing.assert_close(back(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("quantization", ["bf16", "q8_0", "q4_0"])
+def test_quantized_round_trip_within_measured_tolerance(tmp_path, quantization):
+    model, tok = _trained("llama")
+    with torch.no_grad():
+        ref = model(input_ids=_x()).logits
+        path = save_gguf(model, tok, tmp_path, quantization=quantization)
+        got = _load(path)(input_ids=_x()).logits
+    err = (got - ref).abs().max().item()
+    assert err < TOLERANCE[quantization], (quantization, err)
+    assert err > 1e-5  # it really is quantized
+    reader = gguf.GGUFReader(path)
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == quantization.upper()
+    assert types["blk.0.attn_norm.weight"] == "F32"
+
+
+def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
+    model, tok = _trained("qwen3")
+    path = save_gguf(model, tok, tmp_path, quantization="q8_0", name="tiny")
+    assert os.path.basename(path) == "tiny-q8_0.gguf"
+    reader = gguf.GGUFReader(path)
+
+    def field(key):
+        f = reader.fields[key]
+        value = f.parts[f.data[0]]
+        return bytes(value).decode() if f.types[0] == gguf.GGUFValueType.STRING else value[0]
+
+    assert field("general.architecture") == "qwen3"
+    assert field("qwen3.attention.key_length") == model.config.head_dim
+    assert field("qwen3.block_count") == model.config.num_hidden_layers
+    assert field("tokenizer.chat_template") == tok.chat_template
+    assert field("tokenizer.ggml.eos_token_id") == tok.eos_token_id
+    back = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path))
+    want = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert back.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == want
+    assert back(want)["input_ids"] == tok(want)["input_ids"]
+    modelfile = (tmp_path / "Modelfile").read_text()
+    assert modelfile.startswith("FROM ./tiny-q8_0.gguf\n")
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile
+
+
+def test_pre_tokenizer_names_llama_cpp_knows():
+    from fastkit.gguf_vocab import _pre_tokenizer
+
+    def split(regex):
+        return {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}}, {"type": "ByteLevel", "use_regex": False}]}}
+
+    llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    assert _pre_tokenizer(split(llama3)) == "llama-bpe"
+    assert _pre_tokenizer(split(llama3.replace(r"\p{N}{1,3}", r"\p{N}"))) == "qwen2"
+    assert _pre_tokenizer({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, {"type": "ByteLevel"}]}}) == "smollm"  # SmolLM2
+    assert _pre_tokenizer({"pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}) == "default"  # GPT-2
+
+
+def test_llama3_rope_scaling_travels_as_rope_freqs(tmp_path):
+    """Llama-3.x: llama.cpp divides rope frequencies by ``rope_freqs.weight``; those must be transformers'
+    own llama3 scaling (transformers' GGUF loader ignores the tensor, so compare with its inv_freq)."""
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model = twin("llama", rope_parameters=rope)
+    path = save_gguf(model, twin_tokenizer(), tmp_path, quantization="f16")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    factors = torch.from_numpy(tensors["rope_freqs.weight"].data.copy())
+    default = twin("llama", rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    inv_default, inv_llama3 = default.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq
+    assert factors.min() == 1.0 and factors.max() == 32.0  # short, long and in-between wavelengths all occur
+    torch.testing.assert_close(inv_default / factors, inv_llama3, rtol=1e-5, atol=0)
+
+
+def test_in_memory_model_is_unchanged(tmp_path):
+    model, tok = _trained("llama")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        ref = model(input_ids=_x()).logits
+        save_gguf(model, tok, tmp_path, quantization="f16")
+        torch.testing.assert_close(model(input_ids=_x()).logits, ref, rtol=0, atol=0)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+
+def test_4bit_model_merges_into_its_base_reloaded_in_16_bit(tmp_path):
+    """QLoRA: packed 4-bit codes are not weights; the adapters merge into the base reloaded from disk."""
+    twin("llama").save_pretrained(tmp_path / "base", safe_serialization=True)
+    twin_tokenizer().save_pretrained(tmp_path / "base")
+    model, tok = FastModel.from_pretrained(str(tmp_path / "base"), max_seq_length=64, patches=None)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False).eval()
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    model.get_base_model().is_loaded_in_4bit = True  # what bitsandbytes sets (no bnb on this CPU)
+    with torch.no_grad():
+        ref = model(input_ids=_x()).logits
+        for name, p in model.named_parameters():
+            if "base_layer" in name:
+                p.mul_(-1.0)  # stands in for packed codes: the in-memory base weights must not be exported
+        path = save_gguf(model, tok, tmp_path / "gguf", quantization="f16")
+        torch.testing.assert_close(_load(path)(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    model, tok = twin("llama"), twin_tokenizer()
+    out = tmp_path / "out"
+    with pytest.raises(FastkitError, match="quantization='q5_k'"):
+        save_gguf(model, tok, out, quantization="q5_k")
+    with pytest.raises(FastkitError, match="'gpt_oss' has no GGUF mapping"):
+        save_gguf(twin("gpt_oss"), tok, out)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FastkitError, match="is a file"):
+        save_gguf(model, tok, tmp_path / "file")
+    with pytest.raises(FastkitError, match="is a file"):
+        save_gguf(model, tok, tmp_path / "file" / "sub")
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # tests run as root: chmod would not stop us
+    with pytest.raises(FastkitError, match="not writable"):
+        save_gguf(model, tok, out)
+    monkeypatch.undo()
+    with pytest.raises(FastkitError, match="byte-level BPE"):
+        save_gguf(model, object(), out)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_smollm2_quickstart_model_round_trips(tmp_path):
+    """The real SmolLM2-135M-Instruct (offline, from the quickstart package), LoRA merged, as q8_0."""
+    from fastkit.quickstart import smollm2_135m_instruct
+
+    model, tok = FastModel.from_pretrained(smollm2_135m_instruct(), max_seq_length=128, dtype=torch.float32)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    model.eval()
+    prompt = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    x = tok(prompt, return_tensors="pt")["input_ids"]
+    path = save_gguf(model, tok, tmp_path, quantization="q8_0")
+    with torch.no_grad():
+        ref = model(input_ids=x).logits
+        got = _load(path)(input_ids=x).logits
+    assert (got - ref).abs().max().item() < 2.5  # measured ~1.2 on logits up to ~38
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    back = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path))
+    assert back.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == prompt
+    assert back(prompt)["input_ids"] == tok(prompt)["input_ids"]

@@ -1,0 +1,156 @@
+"""The memory planner: measured peaks on CPU twins, the Qwen3-14B-on-a-T4 verdict, bad input, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fastkit.errors import FastkitError
+from fastkit.memprobe import measure_peak
+from fastkit.plan import GPUS, default_optimizer, gpu_budget, plan
+from fastkit.twins import twin, twin_config
+
+_BIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=32)
+
+# Qwen3-14B's published config.json values (hf.co/Qwen/Qwen3-14B), written here so nothing downloads.
+QWEN3_14B = dict(model_type="qwen3", hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+                 num_key_value_heads=8, head_dim=128, intermediate_size=17408, vocab_size=151936,
+                 tie_word_embeddings=False, max_position_embeddings=40960, rms_norm_eps=1e-6)
+
+
+def _measured_step_peak(model, checkpointing: bool, tokens: int, r: int = 8) -> int:
+    """Parameter bytes + the measured peak of one LoRA step (forward, backward, AdamW step)."""
+    from peft import LoraConfig, get_peft_model
+
+    from fastkit.loader import enable_checkpointing
+
+    peft_model = get_peft_model(model.train(), LoraConfig(r=r, lora_alpha=16, target_modules="all-linear"))
+    enable_checkpointing(peft_model, checkpointing)
+    opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-4)
+    ids = torch.randint(3, model.config.vocab_size, (1, tokens))
+
+    def step():
+        out = peft_model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    _, peak = measure_peak(step)
+    return sum(p.numel() * p.element_size() for p in peft_model.parameters()) + peak
+
+
+@pytest.mark.parametrize("family,checkpointing,dtype", [
+    ("qwen3", True, torch.bfloat16),
+    ("qwen3", False, torch.bfloat16),
+    ("llama", True, torch.float32),
+    ("llama", False, torch.float32),
+    ("qwen3_moe", True, torch.bfloat16),
+    ("qwen3_moe", False, torch.float32),
+])
+def test_planner_within_15_percent_of_measured_peak_on_twins(family, checkpointing, dtype):
+    over = dict(_BIG, moe_intermediate_size=128) if family == "qwen3_moe" else _BIG
+    model = twin(family, num_hidden_layers=4, dtype=dtype, **over)
+    tokens = 1024
+    predicted = plan(model.config, gpu="cpu", max_seq_length=tokens, r=8, checkpointing=checkpointing,
+                     loss="full", dtype=dtype, optimizer="adamw_32bit")
+    measured = _measured_step_peak(model, checkpointing, tokens)
+    assert abs(predicted.total / measured - 1) <= 0.15, (predicted.table(), measured)
+
+
+def _qwen3_14b():
+    from transformers import Qwen3Config
+
+    values = dict(QWEN3_14B)
+    values.pop("model_type")
+    config = Qwen3Config(**values)
+    config.name_or_path = "Qwen/Qwen3-14B"
+    return config
+
+
+def test_qwen3_14b_qlora_fits_a_t4():
+    result = plan(_qwen3_14b(), gpu="t4", max_seq_length=2048, batch_size=1, r=16, load_in_4bit=True)
+    assert result.fits, result.table()
+    assert 11 * 2**30 < result.total < GPUS["t4"] * 2**30  # the 4-bit weights alone are ~9.3 GiB
+    table = result.table()
+    assert "NF4" in table and "predicted peak" in table and "fits on t4" in table
+
+
+def test_runs_that_do_not_fit_name_the_knob():
+    full_logits = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, loss="full")
+    assert not full_logits.fits and "fused LM head" in full_logits.advice[0]
+    sixteen_bit = plan(_qwen3_14b(), gpu="t4", load_in_4bit=False)
+    assert not sixteen_bit.fits and "load_in_4bit=True" in " ".join(sixteen_bit.advice)
+    assert "does NOT fit" in sixteen_bit.verdict() and "Fix:" in sixteen_bit.verdict()
+
+
+def test_offload_and_8bit_optimizer_shrink_their_components():
+    base = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_32bit")
+    offload = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_8bit", offload=True)
+    assert offload.total < base.total
+    assert any("2 on the GPU" in k for k in offload.components)
+
+
+def test_unknown_gpu_lists_the_known_names():
+    with pytest.raises(FastkitError) as err:
+        plan(_qwen3_14b(), gpu="h900")
+    assert all(name in str(err.value) for name in GPUS)
+    assert gpu_budget(24) == 24 * 2**30 and gpu_budget("12") == 12 * 2**30 and gpu_budget("cpu") is None
+
+
+def test_bad_inputs_fail_before_any_work():
+    with pytest.raises(FastkitError, match="max_seq_length"):
+        plan(_qwen3_14b(), max_seq_length=0)
+    with pytest.raises(FastkitError, match="loss"):
+        plan(_qwen3_14b(), loss="fp8")
+    with pytest.raises(FastkitError, match="unknown option"):
+        plan(_qwen3_14b(), lora_rank=8)
+
+
+def test_config_from_folder_and_clear_errors(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_14B))
+    assert plan(str(tmp_path), gpu="t4", load_in_4bit=True).fits
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FastkitError, match="HF_HUB_OFFLINE"):
+        plan("nobody/not-a-cached-model")
+    with pytest.raises(FastkitError, match="neither a local"):
+        plan(str(tmp_path / "missing"))
+    (tmp_path / "bad.json").write_text(json.dumps({"model_type": "not_a_model"}))
+    with pytest.raises(FastkitError, match="model_type"):
+        plan(str(tmp_path / "bad.json"))
+
+
+def test_counts_parameters_on_the_meta_device():
+    from fastkit.plan_terms import shape_of
+
+    config = twin_config("qwen3", num_hidden_layers=2, tie_word_embeddings=False)
+    model = twin("qwen3", num_hidden_layers=2, tie_word_embeddings=False)
+    shape = shape_of(config)
+    assert shape.total_params == sum(p.numel() for p in model.parameters())
+    assert shape.embedding_params == 2 * config.vocab_size * config.hidden_size
+
+
+def test_chunk_budget_matches_the_kernel():
+    from fastkit.patches.chunked_loss import CHUNK_BYTES
+    from fastkit.plan_terms import CHUNK_BYTES as PLANNED
+
+    assert CHUNK_BYTES == PLANNED
+
+
+def test_default_optimizer():
+    assert default_optimizer("cuda", True) == "paged_adamw_8bit"
+    assert default_optimizer("cuda", False) == "adamw_torch"
+    assert default_optimizer("cpu", True) == "adamw_torch"
+
+
+def test_cli_prints_the_table(tmp_path, capsys):
+    from fastkit.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_14B))
+    assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--r", "16", "--max-seq-length", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "| component |" in out and "fits on t4" in out
+    assert main(["plan", str(tmp_path), "--gpu", "rtx-8g"]) == 1
+    assert main(["plan", str(tmp_path), "--gpu", "h900"]) == 2
+    assert "t4" in capsys.readouterr().err
