@@ -1,8 +1,9 @@
 """After training: chat through the chat template (streamed, greedy or sampled), and saving (LoRA or merged).
 
 :func:`save_lora` writes PEFT's adapter file (fastkit's expert-LoRA factors included, in PEFT's
-``target_parameters`` format); :func:`save_gguf` a GGUF for llama.cpp / Ollama; :func:`save_merged`
-writes a plain transformers model with the adapters folded in, which runs without fastkit.
+``target_parameters`` format) and :func:`load_lora` reads it back onto a fastkit model; :func:`save_gguf`
+writes a GGUF for llama.cpp / Ollama; :func:`save_merged` a plain transformers model with the adapters
+folded in, which runs without fastkit.
 """
 
 from __future__ import annotations
@@ -88,6 +89,40 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path) -> str:
     add_to_peft_adapter(model, str(path))  # expert factors, if any, as PEFT target_parameters
     tokenizer.save_pretrained(str(path))
     return str(path)
+
+
+def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = True) -> torch.nn.Module:
+    """Load what :func:`save_lora` wrote onto a fastkit model of the same base (4-bit experts included).
+
+    PEFT loads the adapters of the linear layers; the expert adapters (PEFT ``target_parameters``) go into
+    fastkit's per-group factors, converted exactly (:func:`fastkit.patches.moe_lora_peft.load_into`), since
+    4-bit experts have no parameter for PEFT to wrap. ``is_trainable=True`` continues training. Returns the
+    PEFT model.
+    """
+    import json
+
+    from peft import LoraConfig, PeftModel
+
+    from fastkit.errors import FastkitError
+    from fastkit.patches.moe_lora_peft import expert_targets, load_into
+
+    config_file = Path(path) / "adapter_config.json"
+    if not config_file.is_file():
+        raise FastkitError(f"{path}: no adapter_config.json; give the folder save_lora wrote.")
+    values = json.loads(config_file.read_text())
+    targets = list(values.get("target_parameters") or ())
+    experts = expert_targets(model, targets)  # into fastkit's factors; the rest (a router) stays PEFT's
+    for key in ("rank_pattern", "alpha_pattern"):  # fastkit writes expert patterns only for expert targets
+        values[key] = {k: v for k, v in (values.get(key) or {}).items() if k not in experts}
+    values["target_parameters"] = [t for t in targets if t not in experts] or None
+    config = LoraConfig.from_peft_type(**{k: v for k, v in values.items() if k != "peft_version"})
+    peft_model = PeftModel.from_pretrained(model, str(path), config=config, is_trainable=is_trainable)
+    if experts:
+        load_into(peft_model, str(path), targets=experts)
+        if not is_trainable:
+            for p in peft_model.parameters():
+                p.requires_grad_(False)
+    return peft_model
 
 
 def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
@@ -186,4 +221,4 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     return _save_gguf(model, tokenizer, path, quantization=quantization, name=name)
 
 
-__all__ = ["chat", "save_gguf", "save_lora", "save_merged"]
+__all__ = ["chat", "load_lora", "save_gguf", "save_lora", "save_merged"]

@@ -106,15 +106,15 @@ SPECS = [
          "QLoRA (4-bit NF4) with double-buffered checkpoint offload", 2048, 60,
          load_args=", load_in_4bit=not USE_TWIN", checkpointing='"offload"', chat_args=", enable_thinking=False"),
     Spec("04_gpt_oss_20b_moe_lora.ipynb", "GPT-OSS-20B: MoE LoRA", "openai/gpt-oss-20b",
-         "LoRA on a mixture-of-experts model with 4-bit experts: fastkit stores every expert in NF4 and "
-         "dequantizes only the experts that received tokens, one at a time, in forward and backward. Tokens "
-         "are routed with one sort (no per-expert `nonzero` loop).",
-         "Targets a 16 GB GPU: the planner (`fastkit.patches.moe_4bit_plan`) predicts 15.5 GiB at 1,024 "
-         "tokens, r=8, LoRA on the linear layers (16 GB RTX ✓, a free T4's 15 GiB is just short); 2,048 "
-         "tokens with LoRA on every expert needs ~17 GiB (a 24 GB L4). Loading still expands the MXFP4 "
-         "experts to bf16 before quantizing them (~42 GB of host RAM); quantizing as the checkpoint is "
-         "read is the next step. Not yet measured on a GPU.",
-         "~15.5 GiB predicted at 1k tokens (16 GB GPU)",
+         "LoRA on a mixture-of-experts model with 4-bit experts: GPT-OSS ships its experts in MXFP4 and fastkit "
+         "keeps those exact values 4-bit (stored as the checkpoint is read, one projection at a time, so the "
+         "load never holds the 16-bit experts), dequantizing only the experts that received tokens, one at a "
+         "time, in forward and backward. Tokens are routed with one sort (no per-expert `nonzero` loop).",
+         "Targets a 16 GB GPU: the planner (`fastkit.patches.moe_4bit_plan`) predicts 14.8 GiB at 1,024 "
+         "tokens, r=8, LoRA on the linear layers (16 GB RTX ✓; a free T4's 15 GiB leaves almost no margin) and "
+         "15.3 GiB at 2,048 tokens; LoRA on every expert too (r=16, 2,048 tokens) needs ~16.4 GiB (a 24 GB L4). "
+         "Not yet measured on a GPU.",
+         "~14.8 GiB predicted at 1k tokens (16 GB GPU)",
          "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 1024, 60,
          colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
          lora_r=8),

@@ -117,3 +117,12 @@ def train_lora_steps(model: torch.nn.Module, steps: int, lr: float = 1e-2, seed:
         opt.step()
         opt.zero_grad()
     return model.eval()
+
+
+def save_twin(model: torch.nn.Module, path) -> str:
+    """Write ``model`` as a local checkpoint (safetensors + the in-process twin tokenizer); returns the path."""
+    from fastkit.twins import twin_tokenizer
+
+    model.save_pretrained(path, safe_serialization=True)
+    twin_tokenizer().save_pretrained(path)
+    return str(path)

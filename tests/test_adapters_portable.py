@@ -9,7 +9,7 @@ import torch
 from peft import PeftModel
 
 from fastkit import FastkitError, FastModel
-from fastkit.export import save_lora
+from fastkit.export import load_lora, save_lora
 from fastkit.patches.moe_lora import add_expert_lora, expert_lora_modules, load_expert_lora
 from fastkit.patches.moe_lora_peft import add_to_peft_adapter
 from fastkit.twins import twin
@@ -26,13 +26,19 @@ def _trained(family: str, steps: int = 3):
     return train_lora_steps(model, steps), tok
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gpt_oss"])
-def test_plain_peft_reproduces_fastkit_logits(tmp_path, family):
-    model, tok = _trained(family)
+def _saved(model, tok, path):
+    """``(x, fastkit's logits on x)`` after ``save_lora(model, tok, path)``."""
     x = torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(input_ids=x).logits
-    save_lora(model, tok, tmp_path)
+    save_lora(model, tok, path)
+    return x, ref
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gpt_oss"])
+def test_plain_peft_reproduces_fastkit_logits(tmp_path, family):
+    model, tok = _trained(family)
+    x, ref = _saved(model, tok, tmp_path)
     assert not (tmp_path / "fastkit_expert_lora.safetensors").exists()  # nothing only fastkit reads
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     if family != "qwen3":
@@ -49,14 +55,9 @@ def test_expert_factors_convert_exactly_and_load_back_into_fastkit(tmp_path):
     """gpt_oss experts: fastkit factors -> PEFT tensors -> fastkit factors, bit for bit; the reloaded
     fastkit model (fast path: fastkit's own factors) gives the original logits."""
     model, tok = _trained("gpt_oss")
-    x = torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = model(input_ids=x).logits
-    save_lora(model, tok, tmp_path)
+    x, ref = _saved(model, tok, tmp_path)
     fresh, _ = FastModel.from_pretrained(HUB["gpt_oss"], max_seq_length=64, twin=True)
-    fresh = PeftModel.from_pretrained(
-        fresh, str(tmp_path), config=_without_experts(tmp_path)).eval()  # attention adapters only
-    load_expert_lora(fresh, str(tmp_path))  # experts into fastkit's per-group factors
+    fresh = load_lora(fresh, tmp_path, is_trainable=False).eval()  # PEFT: attention; experts: fastkit's factors
     want, got = dict(expert_lora_modules(model)), dict(expert_lora_modules(fresh))
     assert set(want) == set(got)
     for name, lora in want.items():
@@ -64,14 +65,6 @@ def test_expert_factors_convert_exactly_and_load_back_into_fastkit(tmp_path):
             assert torch.equal(got[name].state_dict()[key], value), (name, key)
     with torch.no_grad():
         torch.testing.assert_close(fresh(input_ids=x).logits, ref, rtol=1e-5, atol=1e-5)
-
-
-def _without_experts(directory):
-    from peft import LoraConfig
-
-    config = json.loads((directory / "adapter_config.json").read_text())
-    config.update(target_parameters=None, rank_pattern={}, alpha_pattern={})
-    return LoraConfig.from_peft_type(**{k: v for k, v in config.items() if k != "peft_version"})
 
 
 def test_expert_rank_and_scaling_different_from_the_adapter_travel_as_patterns(tmp_path):
@@ -106,10 +99,7 @@ def test_peft_own_expert_adapter_is_refused_by_the_factor_loader_but_loads_in_pe
     the router's update, so load_expert_lora refuses before attaching anything; PEFT loads it on a fastkit
     model, whose moe patch runs it per expert group, and gives the same logits."""
     model, tok = _trained("qwen3_moe")
-    x = torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = model(input_ids=x).logits
-    save_lora(model, tok, tmp_path)
+    x, ref = _saved(model, tok, tmp_path)
     fresh, _ = FastModel.from_pretrained(HUB["qwen3_moe"], max_seq_length=64, twin=True)
     with pytest.raises(FastkitError, match="not an expert projection"):
         load_expert_lora(fresh, str(tmp_path))

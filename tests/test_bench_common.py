@@ -98,8 +98,10 @@ def test_load_line_records_load_cpus_and_a_verdict(monkeypatch):
     monkeypatch.setattr(common.os, "cpu_count", lambda: 2)
     line = common.load_line()
     assert line.startswith("load avg 3.50/2.00/1.00 on 2 CPUs") and "UNDER LOAD" in line
-    monkeypatch.setattr(common.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    monkeypatch.setattr(common.os, "getloadavg", lambda: (1.0, 1.3, 1.0))  # the previous bench run, decaying
     assert common.load_line().endswith(": quiet")
+    monkeypatch.setattr(common, "_busy_others", lambda: "1 other process(es) busy (>20% CPU: python 99%)")
+    assert "UNDER LOAD" in common.load_line()
     assert "load avg" in common.machine_line(torch.device("cpu"))
 
 

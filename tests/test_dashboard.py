@@ -274,22 +274,14 @@ def test_fit_html_view_replaces_one_output_and_ends_as_the_summary(handles):
     assert "VBox" not in repr(handles)
 
 
-def test_html_view_redraws_in_place_as_the_run_goes():
+def test_html_view_redraws_in_place_as_the_run_goes(handles):
     """Every redraw writes the latest numbers into the one output, so a dead kernel leaves them on the page."""
-    import IPython.display
-
-    out: list = []
     view = dash.HtmlView(every_s=0.0, plot_every_s=0.0)
-    orig = IPython.display.display
-    IPython.display.display = lambda obj, **kw: (out.append(obj), FakeHandle(out))[1]
-    try:
-        m = _metrics(step=3)
-        view("begin", m)
-        m.step, m.loss_history = 4, m.loss_history + [(4, 0.5)]
-        view("log", m)
-    finally:
-        IPython.display.display = orig
-    latest = out[-1][1]["text/html"]
+    m = _metrics(step=3)
+    view("begin", m)
+    m.step, m.loss_history = 4, m.loss_history + [(4, 0.5)]
+    view("log", m)
+    latest = handles[-1][1]["text/html"]
     assert "step <b>4</b> / 60" in latest and "running" in latest and "fastkit-has-curves" in latest
     assert "Steps/s" in latest and "Eval loss" not in latest
 
@@ -333,23 +325,15 @@ def test_header_shows_run_facts_and_rows_show_eval_loss_and_epoch():
     assert dash.plot_png(m).startswith(PNG)
 
 
-def test_html_view_redraws_the_curves_on_a_step_event_too():
+def test_html_view_redraws_the_curves_on_a_step_event_too(handles):
     """Steps and logs come in pairs: a due redraw must not wait for a 'log' that the step's redraw throttles."""
-    import IPython.display
-
-    out: list = []
     view = dash.HtmlView(every_s=0.0, plot_every_s=0.0)
-    orig = IPython.display.display
-    IPython.display.display = lambda obj, **kw: (out.append(obj), FakeHandle(out))[1]
-    try:
-        m = _metrics(loss_history=[], lr_history=[], grad_norm_history=[])
-        view("begin", m)
-        assert "fastkit-has-curves" not in out[-1]["text/html"]
-        m.loss_history = [(1, 2.0), (2, 1.5)]
-        view("step", m)
-    finally:
-        IPython.display.display = orig
-    assert "fastkit-has-curves" in out[-1][1]["text/html"]
+    m = _metrics(loss_history=[], lr_history=[], grad_norm_history=[])
+    view("begin", m)
+    assert "fastkit-has-curves" not in handles[-1][1]["text/html"]
+    m.loss_history = [(1, 2.0), (2, 1.5)]
+    view("step", m)
+    assert "fastkit-has-curves" in handles[-1][1]["text/html"]
 
 
 def test_fit_resume_continues_from_the_newest_checkpoint(tmp_path):

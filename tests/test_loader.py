@@ -9,15 +9,13 @@ from transformers import ViTConfig
 import fastkit
 from fastkit import FastkitError, FastModel, GPUOnlyError
 from fastkit.twins import twin, twin_tokenizer
+from tests.helpers import save_twin
 
 
 @pytest.fixture(scope="module")
 def saved_llama(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama")
     model = twin("llama")
-    model.save_pretrained(path, safe_serialization=True)
-    twin_tokenizer().save_pretrained(path)
-    return path, model
+    return save_twin(model, tmp_path_factory.mktemp("llama")), model
 
 
 def test_loads_saved_twin_with_report(saved_llama, caplog):

@@ -16,7 +16,7 @@ from fastkit.patches.moe_4bit import NF4Experts, expert_storage_bytes, quantize_
 from fastkit.patches.moe_lora import add_expert_lora
 from fastkit.patching import apply_patch
 from fastkit.twins import twin, twin_tokenizer
-from tests.helpers import assert_tensors_close, forward_backward
+from tests.helpers import assert_tensors_close, forward_backward, save_twin
 
 FAMILIES = ["gpt_oss", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]
 
@@ -211,11 +211,8 @@ def test_unsupported_combinations_fail_clearly():
 
 @pytest.fixture(scope="module")
 def saved_moe(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen3_moe")
     model = twin("qwen3_moe")
-    model.save_pretrained(path, safe_serialization=True)
-    twin_tokenizer().save_pretrained(path)
-    return path, model
+    return save_twin(model, tmp_path_factory.mktemp("qwen3_moe")), model
 
 
 def test_load_in_4bit_on_cpu_stores_moe_experts_4bit(saved_moe):
@@ -262,19 +259,17 @@ def test_plan_for_real_configs_counts_experts_4bit_and_one_expert_dequantized():
     assert gpt.fits and gpt.total < 24 * 2**30  # docs/moe.md has the table by GPU
 
 
-def test_bench_rows_4bit_runs_on_cpu():
-    from fastkit.patches.moe_4bit_plan import bench_rows_4bit
+def test_bench_4bit_rows_on_cpu_time_both_paths_and_count_storage():
+    from fastkit.bench.moe import QUICK, SHAPES
+    from fastkit.bench.moe_4bit import REFERENCE, bench_4bit, table_4bit
 
-    model = twin("qwen3_moe", num_hidden_layers=1)
-    experts = model.model.layers[0].mlp.experts
-    before = experts.gate_up_proj.detach().clone()
-    t = 8
-    h = torch.randn(t, 64, requires_grad=True)
-    idx = torch.arange(2 * t).view(t, 2) % experts.num_experts
-    rows = bench_rows_4bit(experts, h, idx, torch.rand(t, 2, requires_grad=True), reps=2)
-    assert [r["impl"] for r in rows] == ["fastkit 16-bit experts", "fastkit 4-bit experts"]  # no Linear4bit on CPU
-    assert all(len(r["fwd_bwd_ms"]) == 2 for r in rows)
-    assert torch.equal(experts.gate_up_proj, before)  # the 16-bit module is left as it was
+    shape = dict(SHAPES["qwen3-30b-a3b"], **QUICK["qwen3-30b-a3b"])
+    rows = bench_4bit("qwen3-30b-a3b", shape, 16, 2, torch.float32, torch.device("cpu"))
+    assert [r["impl"] for r in rows] == [REFERENCE, "fastkit 4-bit experts"]  # no Linear4bit on CPU
+    ref, four = rows
+    assert all(len(r["fwd_bwd_ms"]) == 2 and min(r["fwd_bwd_ms"]) > 0 and r["peak_bytes"] > 0 for r in rows)
+    assert 0.1 * ref["storage_bytes"] < four["storage_bytes"] <= 0.15 * ref["storage_bytes"]  # NF4 vs fp32
+    assert "fastkit 4-bit experts" in table_4bit(rows)
 
 
 def _mxfp4(w: torch.Tensor) -> torch.Tensor:

@@ -13,18 +13,12 @@ from fastkit import FastModel, _hf, loader
 from fastkit.patches.moe import experts_modules
 from fastkit.patches.moe_4bit import MXFP4Experts, NF4Experts, quantize_experts
 from fastkit.patches.moe_4bit_load import QuantizeWhileLoading, mxfp4_from_values
-from fastkit.twins import twin, twin_tokenizer
-from tests.helpers import forward_backward
+from fastkit.twins import twin
+from tests.helpers import forward_backward, save_twin
 
 
 def _ids(t=16):
     return torch.randint(3, 300, (2, t), generator=torch.Generator().manual_seed(1))
-
-
-def _save(model, path):
-    model.save_pretrained(path, safe_serialization=True)
-    twin_tokenizer().save_pretrained(path)
-    return path
 
 
 def _projection_bytes(model) -> list[int]:
@@ -38,7 +32,7 @@ def _no_16bit_experts_left(model) -> bool:
 
 def test_quantize_as_read_holds_one_16bit_projection_and_stores_the_same_bytes(tmp_path):
     original = twin("qwen3_moe", num_hidden_layers=4)  # checkpoint: one tensor per expert, fused at load
-    path = _save(original, tmp_path)
+    path = save_twin(original, tmp_path)
     sizes = _projection_bytes(original)
     hook = QuantizeWhileLoading()
     with _hf.on_param_loaded(hook):
@@ -53,7 +47,7 @@ def test_quantize_as_read_holds_one_16bit_projection_and_stores_the_same_bytes(t
 
 
 def test_from_pretrained_4bit_quantizes_during_the_load_not_after(tmp_path, monkeypatch):
-    path = _save(twin("qwen3_moe"), tmp_path)
+    path = save_twin(twin("qwen3_moe"), tmp_path)
     seen = []
 
     def spy(model, *a, **k):  # what the loader finds once from_pretrained returns
@@ -69,7 +63,7 @@ def test_from_pretrained_4bit_quantizes_during_the_load_not_after(tmp_path, monk
 
 def _mxfp4_checkpoint(path, seed=0):
     """A GPT-OSS twin saved the way GPT-OSS ships: experts as MXFP4 ``_blocks``/``_scales`` + quantization_config."""
-    _save(twin("gpt_oss"), path)
+    save_twin(twin("gpt_oss"), path)
     g = torch.Generator().manual_seed(seed)
     sd = load_file(f"{path}/model.safetensors")
     for k in [k for k in sd if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
@@ -114,3 +108,33 @@ def test_mxfp4_from_values_round_trips_blocks_and_refuses_other_values():
     assert torch.equal(torch.stack([kept.in_out(i) for i in range(3)]), w)
     assert mxfp4_from_values(w + 1e-3) is None  # not MXFP4 values: NF4 instead
     assert mxfp4_from_values(torch.randn(2, 48, 8)) is None  # in not a multiple of 32
+
+
+def test_adapter_trained_on_4bit_experts_loads_in_plain_peft_on_the_dequantized_model(tmp_path):
+    from peft import PeftModel
+
+    from fastkit.export import load_lora, save_lora
+    from tests.helpers import train_lora_steps
+
+    original = twin("qwen3_moe")
+    path = save_twin(original, tmp_path / "base")
+    model, tok = FastModel.from_pretrained(str(path), load_in_4bit=True, max_seq_length=64)
+    ref = original  # the same twin with its expert weights replaced by the NF4 values fastkit trained on
+    mods = dict(ref.named_modules())
+    for name, m in experts_modules(model):
+        for p in ("gate_up_proj", "down_proj"):
+            getattr(mods[name], p).data.copy_(getattr(m, p).dequantize())
+    model = train_lora_steps(FastModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False), 3)
+    with torch.no_grad():
+        want = model(input_ids=_ids()).logits
+    save_lora(model, tok, tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["target_parameters"]
+    plain = PeftModel.from_pretrained(ref, str(tmp_path / "adapter")).eval()  # unpatched transformers + PEFT
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=_ids()).logits, want, atol=1e-4, rtol=1e-4)
+    fresh, _ = FastModel.from_pretrained(str(path), load_in_4bit=True, max_seq_length=64)
+    again = load_lora(fresh, tmp_path / "adapter")  # and back onto 4-bit experts, to continue training
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=_ids()).logits, want, atol=1e-5, rtol=1e-5)
+    assert any("fastkit_lora" in n for n, p in again.named_parameters() if p.requires_grad)
+    forward_backward(again, _ids())

@@ -146,7 +146,9 @@ def load_line() -> str:
     except OSError:
         return f"load unknown on {cpus} CPUs"
     others = _busy_others()
-    quiet = one < 0.5 * cpus and others == "no other process busy"
+    # the 1-minute average lags (a bench run just before this one still counts): busy processes decide,
+    # a load above the CPU count means something this sampling missed
+    quiet = one < cpus and others == "no other process busy"
     verdict = "quiet" if quiet else "UNDER LOAD: absolute times inflated, read the spreads"
     return f"load avg {one:.2f}/{five:.2f}/{fifteen:.2f} on {cpus} CPUs, {others}: {verdict}"
 

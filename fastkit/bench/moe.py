@@ -46,6 +46,7 @@ from fastkit.bench.common import (
     timed,
     write_outputs,
 )
+from fastkit.bench.moe_4bit import bench_4bit, table_4bit
 
 SHAPES = {
     "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_local_experts=32,
@@ -260,7 +261,8 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
     return rows
 
 
-def _table(rows: list[dict], lora_rows: list[dict], device_name: str, note: str = "") -> str:
+def _table(rows: list[dict], lora_rows: list[dict], device_name: str, note: str = "",
+           four_rows: list[dict] | None = None) -> str:
     out = [f"MoE experts layer, {device_name}. Interleaved repetitions: times median (min, spread = "
            "(max−min)/median); speed-up = time(path) / time(fastkit), median [range] of the per-repeat ratios. "
            "Backward = input and routing-weight gradients (expert weights frozen).", ""]
@@ -290,6 +292,8 @@ def _table(rows: list[dict], lora_rows: list[dict], device_name: str, note: str 
                 "timed: no spread):", "",
                 markdown_table(["shape", "tokens", "r", "variant", "fwd+bwd ms", "peak extra memory",
                                 "time / fastkit [range]", "memory / fastkit"], cells)]
+    if four_rows:
+        out += ["", table_4bit(four_rows)]
     if note:
         out.append(note)
     return "\n".join(out)
@@ -332,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-shapes", nargs="*", default=None, choices=list(SHAPES),
                    help="shapes for the LoRA comparison (default: all with --gpu/--quick, qwen3-30b-a3b on CPU: "
                         "PEFT's W + B·A of the GPT-OSS stack needs ~13 GB more in fp32)")
+    p.add_argument("--no-4bit", dest="four_bit", action="store_false",
+                   help="skip the 4-bit experts rows (fastkit NF4 vs 16-bit vs a per-expert Linear4bit loop)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads (default 1: on a shared 2-core machine OpenMP spin-waits make tiny ops "
                         "take milliseconds and the medians meaningless)")
@@ -345,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.gpu else torch.float32
     tokens = args.tokens or (16 if args.quick else 8192 if args.gpu else 256)
     reps = args.repeats or (1 if args.quick else 10 if args.gpu else 3)
-    rows, lora_rows = [], []
+    rows, lora_rows, four_rows = [], [], []
     machine = describe_device(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
     machine = f"{machine}, {str(dtype).replace('torch.', '')}; {load}. Layer shapes: " + "; ".join(
         f"{n} hidden {sh['hidden_size']}, {sh.get('num_experts', sh.get('num_local_experts'))} experts "
@@ -357,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     last = 0.0  # seconds the last part took: the next one's estimate
     with _quiet():
         shapes = {name: dict(SHAPES[name], **(QUICK[name] if args.quick else {})) for name in args.shapes}
-        parts = [("routing", n) for n in shapes] + [("LoRA", n) for n in shapes if n in lora_shapes]
+        parts = [("routing", n) for n in shapes] + [("LoRA", n) for n in shapes if n in lora_shapes] + \
+            [("4-bit", n) for n in shapes if args.four_bit]
         for part, name in parts:  # every routing table first: the LoRA comparison is the heavier part
             if not budget.allows(last) or (part == "LoRA" and not any(r["shape"] == name for r in rows)):
                 budget.skip(f"{name} {part}")
@@ -365,11 +372,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             if part == "routing":
                 rows += bench_routing(name, shapes[name], tokens, reps, dtype, device, budget=budget)
+            elif part == "4-bit":
+                four_rows += bench_4bit(name, shapes[name], tokens, reps, dtype, device)
             else:
                 lora_rows += bench_lora(name, shapes[name], tokens, reps, args.rank, dtype, device)
             last = time.monotonic() - t0
-            write_outputs("moe", _table(rows, lora_rows, machine, budget.note()), out=args.out, quick=args.quick)
-    write_outputs("moe", _table(rows, lora_rows, machine, budget.note()), _plot(rows) if rows else None,
+            write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows), out=args.out,
+                          quick=args.quick)
+    write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows), _plot(rows) if rows else None,
                   out=args.out, quick=args.quick)
     return 0
 

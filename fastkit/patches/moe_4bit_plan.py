@@ -7,13 +7,11 @@ through an int32 index and fp32 values, then cast: ~8 bytes per weight of ONE ex
 is built from its config on the meta device (no download, no memory).
 
 :data:`GPT_OSS_20B` and :data:`QWEN3_30B_A3B` are the published ``config.json`` values that matter here.
-:func:`bench_rows_4bit` times one layer's forward + backward with 4-bit experts next to 16-bit experts and
-next to the anchor-style per-expert ``Linear4bit`` ModuleList loop (bitsandbytes, CUDA only).
+``fastkit bench moe`` (:mod:`fastkit.bench.moe_4bit`) times the 4-bit experts layer against 16-bit experts and
+the anchor-style per-expert ``Linear4bit`` loop.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -78,78 +76,4 @@ def plan_4bit_experts(model_or_config, gpu: str | float = "t4", max_seq_length: 
     return result
 
 
-def _loop_linear4bit(module, compute_dtype):
-    """The anchor-style baseline: one bitsandbytes ``Linear4bit`` per expert projection, looped."""
-    import bitsandbytes as bnb
-
-    layers = torch.nn.ModuleList()
-    for e in range(module.num_experts):
-        for name in ("gate_up_proj", "down_proj"):
-            w = getattr(module, name)[e]  # (a, b)
-            w = w if not module.is_transposed else w.t()  # Linear stores (out, in)
-            lin = bnb.nn.Linear4bit(w.size(1), w.size(0), bias=False, compute_dtype=compute_dtype, quant_type="nf4")
-            lin.weight = bnb.nn.Params4bit(w.detach().cpu().contiguous(), requires_grad=False, quant_type="nf4")
-            layers.append(lin)
-    return layers.to(module.gate_up_proj.device)
-
-
-def bench_rows_4bit(module: torch.nn.Module, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                    reps: int = 5) -> list[dict]:
-    """Time one experts layer's forward + backward: fastkit 16-bit, fastkit 4-bit, per-expert Linear4bit loop.
-
-    ``module`` is a decorated experts module with 16-bit weights (left unchanged), ``h (T, H)`` with
-    ``requires_grad``, ``idx``/``w (T, K)``. Rows: ``impl``, ``fwd_bwd_ms`` (list), ``peak_mib`` (CUDA only).
-    The ``Linear4bit`` row needs CUDA and bitsandbytes (its CPU path is never timed: see moe_4bit).
-    """
-    import copy
-
-    from fastkit.patches.moe import MoEConfig, attach_experts
-    from fastkit.patches.moe_4bit import quantize_experts
-
-    cuda = h.device.type == "cuda"
-    sixteen = module
-    attach_experts(sixteen, MoEConfig(validate="off"), name="bench.experts")
-    four = copy.deepcopy(module)
-    holder = torch.nn.Module()
-    holder.experts = four
-    quantize_experts(holder)
-    runs = {"fastkit 16-bit experts": lambda: sixteen(h, idx, w), "fastkit 4-bit experts": lambda: four(h, idx, w)}
-    if cuda:
-        try:
-            loop = _loop_linear4bit(module, h.dtype)
-            runs["Linear4bit ModuleList loop (anchor)"] = lambda: _loop_forward(loop, h, idx, w)
-        except ImportError:
-            pass
-    rows = []
-    for impl, fn in runs.items():
-        times = []
-        for rep in range(reps + 1):
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            start = time.perf_counter()
-            fn().float().square().mean().backward()
-            if cuda:
-                torch.cuda.synchronize()
-            if rep:  # the first is the warm-up
-                times.append(1e3 * (time.perf_counter() - start))
-            h.grad = w.grad = None
-        peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-        rows.append(dict(impl=impl, tokens=h.size(0), fwd_bwd_ms=times, peak_mib=peak))
-    return rows
-
-
-def _loop_forward(layers, h, idx, w):
-    """Anchor-style loop: per expert, ``nonzero`` its tokens, gate_up -> SwiGLU -> down, ``index_add_``."""
-    out = torch.zeros_like(h)
-    for e in range(len(layers) // 2):
-        tok, k = torch.nonzero(idx == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        gate, up = layers[2 * e](h[tok]).chunk(2, dim=-1)  # (n_e, I) each
-        y = layers[2 * e + 1](torch.nn.functional.silu(gate) * up)  # (n_e, H)
-        out = out.index_add(0, tok, y * w[tok, k, None].to(y.dtype))
-    return out
-
-
-__all__ = ["GPT_OSS_20B", "QWEN3_30B_A3B", "bench_rows_4bit", "plan_4bit_experts"]
+__all__ = ["GPT_OSS_20B", "QWEN3_30B_A3B", "plan_4bit_experts"]

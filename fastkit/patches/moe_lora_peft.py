@@ -74,13 +74,22 @@ def add_to_peft_adapter(model: torch.nn.Module, directory: str) -> list[str]:
                            "(save the PEFT model there first).")
     with open(config_path) as f:
         config = json.load(f)
-    if config.get("target_parameters"):
-        raise FastkitError(f"{config_path} already adapts parameters {config['target_parameters'][:2]}; "
+    from fastkit.patches.moe_lora import peft_adapts_experts
+
+    if peft_adapts_experts(model):
+        raise FastkitError(f"{config_path} already adapts expert parameters {config['target_parameters'][:2]}; "
                            "fastkit expert LoRA cannot be added on top of PEFT's own expert adapter.")
     targets = [f"{name}.{proj}" for name, lora in mods for proj in lora.targets]
-    paths = peft_wrapper_paths(model, targets)
+    # PEFT's own parameter targets that wrap something else (e.g. the router's gate.weight next to 4-bit
+    # experts) stay; names that would match the experts are ours now
+    others = [t for t in config.get("target_parameters") or [] if not any(x.endswith(t) for x in targets)]
+    final = sorted(targets) + others
+    paths = peft_wrapper_paths(model, final)  # the nesting PEFT will build from the config written below
     tensors = load_file(weights_path)
-    rank, alpha = config.setdefault("rank_pattern", {}), config.setdefault("alpha_pattern", {})
+    for key in ("rank_pattern", "alpha_pattern"):  # PEFT's own patterns for the experts no longer apply: ours do
+        config[key] = {k: v for k, v in (config.get(key) or {}).items()
+                       if not any(re.match(rf"(.*\.)?({k})$", t) for t in targets)}
+    rank, alpha = config["rank_pattern"], config["alpha_pattern"]
     rslora = bool(config.get("use_rslora", False))
     for name, lora in mods:
         for proj in lora.targets:
@@ -94,7 +103,7 @@ def add_to_peft_adapter(model: torch.nn.Module, directory: str) -> list[str]:
                 rank[key] = r
             if not math.isclose(_peft_alpha(lora.scaling, r, rslora), config["lora_alpha"], rel_tol=1e-12):
                 alpha[key] = _peft_alpha(lora.scaling, r, rslora)
-    config["target_parameters"] = sorted(targets)
+    config["target_parameters"] = final
     save_file(tensors, weights_path, metadata={"format": "pt"})
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
@@ -124,9 +133,20 @@ def _pattern(patterns: dict, key: str, default):
     return next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", key)), default)
 
 
-def load_into(model: torch.nn.Module, directory: str) -> list[str]:
+def expert_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
+    """The entries of a ``target_parameters`` list that name an expert projection fastkit's expert LoRA adapts
+    (the rest, e.g. a router's ``gate.weight``, are PEFT's to load)."""
+    from fastkit.patches.moe import experts_modules
+    from fastkit.patches.moe_lora import _targets
+
+    projections = [f"{name}.{proj}" for name, m in experts_modules(unwrap(model)) for proj in _targets(m)]
+    return [t for t in targets if any(p == t or p.endswith(f".{t}") for p in projections)]
+
+
+def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None = None) -> list[str]:
     """Attach fastkit expert LoRA to ``model`` and fill it from the PEFT ``target_parameters`` adapter in
     ``directory`` (the inverse of :func:`add_to_peft_adapter`). Returns the experts module names.
+    ``targets``: load only these expert projections (see :func:`expert_targets`); default all of the adapter's.
 
     Everything is checked before the factors are attached. An adapter fastkit's factors cannot hold
     (a router target, ranks differing per projection) raises; ``PeftModel.from_pretrained`` loads it,
@@ -141,6 +161,8 @@ def load_into(model: torch.nn.Module, directory: str) -> list[str]:
                            "target_parameters).")
     config, tensors = found
     paths = peft_wrapper_paths(model, list(config["target_parameters"]))
+    if targets is not None:  # only these (the caller loads the other parameter adapters through PEFT)
+        paths = {k: v for k, v in paths.items() if k in expert_targets(model, targets)}
     experts = {name: _targets(m) for name, m in experts_modules(unwrap(model))}
     if not paths:
         raise FastkitError(f"{directory}: target_parameters {config['target_parameters'][:3]} match no parameter "
@@ -171,4 +193,4 @@ def load_into(model: torch.nn.Module, directory: str) -> list[str]:
     return names
 
 
-__all__ = ["add_to_peft_adapter", "factors_from_adapter", "load_into", "peft_wrapper_paths"]
+__all__ = ["add_to_peft_adapter", "expert_targets", "factors_from_adapter", "load_into", "peft_wrapper_paths"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-import statistics
 
 import pytest
 import torch
 
 from fastkit.patches.moe import MoEConfig, attach_experts
 from fastkit.patches.moe_4bit import NF4Experts, quantize_experts
-from fastkit.patches.moe_4bit_plan import DEQUANT_BYTES_PER_WEIGHT, GPT_OSS_20B, bench_rows_4bit
+from fastkit.patches.moe_4bit_plan import DEQUANT_BYTES_PER_WEIGHT, GPT_OSS_20B
 
 pytestmark = pytest.mark.gpu
 
@@ -65,9 +64,13 @@ def test_gpt_oss_layer_4bit_peak_is_one_expert_and_matches_dequantized():
     torch.testing.assert_close(h.grad, grad_want, atol=2e-2, rtol=2e-2)
 
 
-def test_bench_rows_4bit_on_gpu_prints_the_side_by_side():
-    experts, h, idx, w = _gpt_oss_layer(tokens=1024)
-    rows = bench_rows_4bit(experts, h, idx, w.requires_grad_(True), reps=3)
-    for r in rows:
-        print(f"{r['impl']}: {statistics.median(r['fwd_bwd_ms']):.1f} ms fwd+bwd, peak {r['peak_mib']:.0f} MiB")
-    assert rows[0]["impl"] == "fastkit 16-bit experts"
+def test_bench_4bit_on_gpu_runs_the_three_paths_side_by_side():
+    from fastkit.bench.moe import SHAPES
+    from fastkit.bench.moe_4bit import LOOP, REFERENCE, bench_4bit, table_4bit
+
+    rows = bench_4bit("gpt-oss-20b", SHAPES["gpt-oss-20b"], 1024, 3, torch.bfloat16, torch.device("cuda"))
+    print(table_4bit(rows))
+    assert [r["impl"] for r in rows] == [REFERENCE, "fastkit 4-bit experts", LOOP]
+    ref, four, loop = rows
+    assert four["storage_bytes"] <= 0.3 * ref["storage_bytes"] and loop["storage_bytes"] <= 0.3 * ref["storage_bytes"]
+    assert all(len(r["fwd_bwd_ms"]) == 3 and min(r["fwd_bwd_ms"]) > 0 for r in rows)
