@@ -145,15 +145,36 @@ def refuse_packed_batch(module: torch.nn.Module, args: tuple, kwargs: dict):
     return None
 
 
-def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None = None) -> None:
+def refuse_packed_positions(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """:func:`refuse_packed_batch`, plus padding-free packed rows given by ``position_ids`` alone.
+
+    For a model family fastkit does not know (its upstream attention may ignore ``position_ids``, as
+    phi3's does): in training, without an attention mask, a row whose positions restart at 0 holds
+    several documents. Reading that costs one host read per forward, only on such models.
+    """
+    refuse_packed_batch(module, args, kwargs)
+    pos = kwargs.get("position_ids")
+    if (module.training and kwargs.get("attention_mask") is None and isinstance(pos, torch.Tensor)
+            and pos.dim() == 2 and pos.size(1) > 1 and bool((pos[:, 1:] == 0).any())):  # (B, T): a restart
+        model_type = getattr(getattr(module, "config", None), "model_type", "?")
+        raise FastkitError(f"position_ids restart inside a row: a padding-free packed batch reached model_type "
+                           f"{model_type!r}, which has no fastkit packing patch; its attention would let the packed "
+                           "documents see each other. Train with packing=False (make_trainer(..., packing=False)).")
+    return None
+
+
+def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None = None,
+                         check_positions: bool = False) -> None:
     """Make packed batches raise on ``model`` (when the packing patch is not active); idempotent.
 
     The hook sits on the decoder (``decoder``, else ``model``): PEFT calls the causal-LM ``forward``
     directly, which skips hooks on the causal-LM module but not on the decoder it calls.
+    ``check_positions`` (families not in fastkit's table) also refuses rows packed by ``position_ids`` alone.
     """
     target = decoder if decoder is not None else model
-    if refuse_packed_batch not in target._forward_pre_hooks.values():
-        target.register_forward_pre_hook(refuse_packed_batch, with_kwargs=True)
+    hook = refuse_packed_positions if check_positions else refuse_packed_batch
+    if not any(h in target._forward_pre_hooks.values() for h in (refuse_packed_batch, refuse_packed_positions)):
+        target.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 __all__ = ["check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",

@@ -305,7 +305,7 @@ class FastModel:
         if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
             from fastkit.patches.packing import _decoder
 
-            checks.install_packed_guard(model, _decoder(model))
+            checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
         set_report(model, rep)
         logger.info(rep.banner())
         return model
