@@ -13,9 +13,11 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 4/8-bit (QLoRA) model is the exception: its packed codes are not weights, so, as ``save_merged`` does,
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
-Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3, qwen2_moe
-(no layout transformers' GGUF loader reads back here, so none verified), rope scaling other than
-Llama-3's, non-byte-level tokenizers (SentencePiece).
+Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
+too). Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3 (no
+layout transformers' GGUF loader reads back here, so none verified), qwen2_moe with dense layers or
+renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's,
+non-byte-level tokenizers (SentencePiece).
 
 What must not change. transformers' GGUF loader (``from_pretrained(dir, gguf_file=...)``) reads the
 file back to the merged model's logits (tests/test_gguf_export.py): f16/bf16 within rounding, q8_0 /
@@ -44,7 +46,8 @@ from fastkit.patching import unwrap
 logger = logging.getLogger(__name__)
 
 # transformers model_type -> llama.cpp architecture (only those whose round trip is tested).
-GGUF_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+GGUF_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2_moe": "qwen2moe",
+              "qwen3_moe": "qwen3moe"}
 QUANTIZATIONS = ("f16", "bf16", "q8_0", "q4_0")
 _PERMUTED_ROPE = ("llama",)  # llama.cpp stores q/k rows of these archs in interleaved-pair rope order
 _F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
@@ -87,6 +90,13 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", True):
         raise FastkitError("save_gguf: llama.cpp's qwen3moe always renormalizes the top-k router weights, but "
                            "config.norm_topk_prob is False; this model cannot be expressed in GGUF as is.")
+    if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
+        raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
+                           "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
+    if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
+                                      getattr(config, "decoder_sparse_step", 1) != 1):
+        raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
+                           "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
     if spec.get("model", {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
@@ -173,6 +183,10 @@ class _Entry:
     """``gguf.GGMLQuantizationType`` it is stored as."""
 
 
+def _flat(w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(-1)  # (1, H) -> (H,)
+
+
 def _permute(n_head: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """llama.cpp's q/k row order for rope on interleaved pairs; transformers' GGUF loader undoes it."""
     def fn(w: torch.Tensor) -> torch.Tensor:
@@ -204,6 +218,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             if arch in _PERMUTED_ROPE and gname.endswith(("attn_q", "attn_k")):
                 heads = config.num_attention_heads if gname.endswith("attn_q") else config.num_key_value_heads
                 fn = _permute(heads)
+            elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
+                fn = _flat
             pieces = [(full, fn)]
         for gguf_name, fn in pieces:
             out_shape = tuple(fn(torch.empty(shape, device="meta")).shape if fn else shape)
@@ -296,10 +312,12 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config.vocab_size)
-    if model_type == "qwen3_moe":
+    if model_type in ("qwen2_moe", "qwen3_moe"):
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if model_type == "qwen2_moe":
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     writer.add_file_type(_file_type(quantization))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 

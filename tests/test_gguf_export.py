@@ -19,7 +19,8 @@ from fastkit.gguf_export import merged_parameters, save_gguf
 from fastkit.twins import twin, twin_tokenizer
 from tests.helpers import train_lora_steps
 
-HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B"}
+HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B",
+       "qwen2_moe": "qwen2_moe"}
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 TOLERANCE = {"bf16": 1e-2, "q8_0": 2e-2, "q4_0": 1.5e-1}  # max |Δlogit| on the llama twin (see top)
 
@@ -43,7 +44,7 @@ def _x():
     return torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen2_moe"])
 def test_f16_round_trip_is_the_merged_model_rounded(tmp_path, family):
     model, tok = _trained(family)
     with torch.no_grad():
@@ -193,6 +194,10 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
         save_gguf(model, tok, out, quantization="q5_k")
     with pytest.raises(FastkitError, match="'gpt_oss' has no GGUF mapping"):
         save_gguf(twin("gpt_oss"), tok, out)
+    with pytest.raises(FastkitError, match="never renormalizes"):  # llama.cpp's qwen2moe routing differs
+        save_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
+    with pytest.raises(FastkitError, match="dense layers"):
+        save_gguf(twin("qwen2_moe", mlp_only_layers=[0]), tok, out)
     (tmp_path / "file").write_text("x")
     with pytest.raises(FastkitError, match="is a file"):
         save_gguf(model, tok, tmp_path / "file")
