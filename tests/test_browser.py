@@ -190,9 +190,14 @@ def _drive(browser, port: int, name: str, mode: str) -> None:
         assert "effective batch" in text and "examples" in text and "Epoch" in text
     live_png = assets / ("dashboard_html.png" if mode == "html" else "dashboard_jupyterlab.png")
     if mode == "html":   # the output is replaced every second: capture the page where the panel is
-        dash.evaluate("e => e.scrollIntoView({block: 'start'})")
-        page.wait_for_timeout(300)
-        box = dash.bounding_box()
+        box = None
+        for _ in range(20):  # the redraw may swap the element between locating and measuring it: retry
+            dash.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(300)
+            box = dash.bounding_box()
+            if box is not None:
+                break
+        assert box is not None, "the live dashboard never stayed on the page long enough to be measured"
         page.screenshot(path=str(live_png), clip={k: box[k] for k in ("x", "y", "width", "height")})
     else:
         dash.scroll_into_view_if_needed()
