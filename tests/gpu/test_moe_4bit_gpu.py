@@ -74,3 +74,40 @@ def test_bench_4bit_on_gpu_runs_the_three_paths_side_by_side():
     ref, four, loop = rows
     assert four["storage_bytes"] <= 0.3 * ref["storage_bytes"] and loop["storage_bytes"] <= 0.3 * ref["storage_bytes"]
     assert all(len(r["fwd_bwd_ms"]) == 3 and min(r["fwd_bwd_ms"]) > 0 for r in rows)
+
+
+def test_load_in_4bit_on_cuda_stores_experts_as_read(tmp_path):
+    """qwen3_moe through bitsandbytes' device_map load: experts NF4 on the GPU, quantized as they arrive."""
+    from fastkit import FastModel
+    from fastkit.patches.moe import experts_modules
+    from fastkit.twins import twin
+    from tests.helpers import forward_backward, save_twin
+
+    path = save_twin(twin("qwen3_moe", num_hidden_layers=4).to(torch.bfloat16), tmp_path)
+    torch.cuda.reset_peak_memory_stats()
+    model, _ = FastModel.from_pretrained(path, load_in_4bit=True, max_seq_length=64)
+    assert all(isinstance(m.gate_up_proj, NF4Experts) and m.gate_up_proj.device.type == "cuda"
+               for _, m in experts_modules(model))
+    peft = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+    step = forward_backward(peft, torch.randint(3, 300, (2, 32), device="cuda"))
+    assert torch.isfinite(step.loss) and any("fastkit_lora" in n for n in step.grads)
+
+
+def test_gpt_oss_mxfp4_checkpoint_on_cuda_keeps_exact_values(tmp_path):
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    from fastkit import FastModel
+    from fastkit.patches.moe import experts_modules
+    from fastkit.patches.moe_4bit import MXFP4Experts
+    from tests.test_moe_4bit_load import _mxfp4_checkpoint
+
+    path = _mxfp4_checkpoint(tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map={"": 0},
+                                               quantization_config=Mxfp4Config(dequantize=True))
+    model, _ = FastModel.from_pretrained(str(path), load_in_4bit=True, max_seq_length=64, dtype=torch.bfloat16)
+    mods = dict(ref.named_modules())
+    for name, m in experts_modules(model):
+        q = m.gate_up_proj
+        assert isinstance(q, MXFP4Experts) and q.device.type == "cuda", name
+        want = mods[name].gate_up_proj
+        assert torch.equal(torch.stack([q.in_out(i) for i in range(q.num_experts)]), want.to(q.device))
