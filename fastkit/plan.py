@@ -60,6 +60,9 @@ NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 """Bytes per 4-bit weight with double quantization (NF4 + 8-bit absmax per 64 + fp32 per 256 blocks)."""
 NF4_BYTES_NO_DOUBLE = 0.5 + 4 / 64
 """Bytes per 4-bit weight without double quantization (one fp32 absmax per 64 weights)."""
+DEQUANT_BYTES_PER_WEIGHT = 8
+"""Transient bytes per weight of the ONE 4-bit expert being dequantized (patches/moe_4bit.py): int32 byte
+index (2) + fp32 values (4) + the 16-bit result (2)."""
 
 
 @dataclass
@@ -88,6 +91,9 @@ class PlanInputs:
     """Compute / weight dtype; default 16-bit on a GPU, fp32 for ``gpu="cpu"``."""
     attn: str = "sdpa"
     """Attention backend: ``"sdpa"`` / ``"flash_attention_2"`` (no T x T scores kept) or ``"eager"``."""
+    expert_lora: bool = True
+    """4-bit MoE: fastkit's per-group LoRA on the experts too (what ``get_peft_model`` adds for
+    ``"all-linear"``); False: LoRA on the linear layers only."""
 
 
 @dataclass
@@ -270,7 +276,17 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     optimizer = inputs.optimizer
     if optimizer == "auto":
         optimizer = "adamw_8bit" if cuda and inputs.load_in_4bit else "adamw_32bit"
-    if inputs.r is not None:  # PEFT keeps adapters (and so their gradients) in fp32
+    four_bit_experts = bool(inputs.load_in_4bit and experts and inputs.r is not None)
+    if four_bit_experts:  # PEFT adapts the linear layers (fp32); fastkit's factors the 4-bit experts (compute dtype)
+        on_experts = sum(inputs.r * (i + o) * n for i, o, n in shape.lora_dims if n > 1)
+        trainable -= on_experts
+        out[f"LoRA r={inputs.r} on linear layers (PEFT): parameters + gradients (fp32)"] = trainable * 8
+        if inputs.expert_lora:
+            out[f"LoRA r={inputs.r} on experts (fastkit): parameters + gradients"] = on_experts * 2 * size
+            trainable += on_experts
+        largest = max((i * o for i, o, n in shape.lora_dims if n > 1), default=0)  # one expert matrix
+        out["one expert dequantized at a time (fastkit, fwd and bwd)"] = largest * DEQUANT_BYTES_PER_WEIGHT
+    elif inputs.r is not None:  # PEFT keeps adapters (and so their gradients) in fp32
         out[f"LoRA r={inputs.r}: parameters + gradients (fp32)"] = trainable * 8
     else:  # the parameters are the weights above
         out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
@@ -312,6 +328,9 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
                       dict(offload=True, checkpointing=True)))
     if not inputs.load_in_4bit and inputs.r is not None:
         tries.append(("load_in_4bit=True (QLoRA)", dict(load_in_4bit=True)))
+    if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
+        tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
+                      dict(expert_lora=False)))
     seq = inputs.max_seq_length
     while seq > 256:
         seq //= 2

@@ -185,7 +185,8 @@ def activation_bytes(s: ModelShape, inputs, tokens: int, size: int, adapter: int
     temporaries = (2 * s.hidden + 2 * widest) * 4 * tokens  # gradients in flight inside one layer
     kept: dict[str, int] = {}
     transient: dict[str, int] = {}
-    merged = s.expert_params_per_layer * size if inputs.r is not None and moe_layers else 0
+    # PEFT's target_parameters LoRA builds W + B·A for a whole MoE layer; fastkit's 4-bit experts never do
+    merged = s.expert_params_per_layer * size if inputs.r is not None and moe_layers and not inputs.load_in_4bit else 0
     if merged and not inputs.checkpointing:  # PEFT adds B @ A to the expert weights in each forward
         kept["expert weights merged with LoRA, every MoE layer (PEFT)"] = int(moe_layers * merged)
     if inputs.checkpointing:

@@ -110,11 +110,11 @@ SPECS = [
          "keeps those exact values 4-bit (stored as the checkpoint is read, one projection at a time, so the "
          "load never holds the 16-bit experts), dequantizing only the experts that received tokens, one at a "
          "time, in forward and backward. Tokens are routed with one sort (no per-expert `nonzero` loop).",
-         "Targets a 16 GB GPU: the planner (`fastkit.patches.moe_4bit_plan`) predicts 14.8 GiB at 1,024 "
-         "tokens, r=8, LoRA on the linear layers (16 GB RTX ✓; a free T4's 15 GiB leaves almost no margin) and "
-         "15.3 GiB at 2,048 tokens; LoRA on every expert too (r=16, 2,048 tokens) needs ~16.4 GiB (a 24 GB L4). "
-         "Not yet measured on a GPU.",
-         "~14.8 GiB predicted at 1k tokens (16 GB GPU)",
+         "Targets a 16 GB GPU: the planner (`fastkit plan openai/gpt-oss-20b --4bit`) predicts 15.4 GiB at "
+         "1,024 tokens, r=8, LoRA on the linear layers and every expert (what this notebook trains; 16 GB RTX ✓), "
+         "14.9 GiB with LoRA on the linear layers only (a free T4's 15 GiB, no margin), and 16.5 GiB at 2,048 "
+         "tokens with r=16 (a 24 GB L4). Not yet measured on a GPU.",
+         "~15.4 GiB predicted at 1k tokens (16 GB GPU)",
          "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 1024, 60,
          colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
          lora_r=8),

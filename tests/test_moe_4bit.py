@@ -259,6 +259,25 @@ def test_plan_for_real_configs_counts_experts_4bit_and_one_expert_dequantized():
     assert gpt.fits and gpt.total < 24 * 2**30  # docs/moe.md has the table by GPU
 
 
+def test_plan_counts_no_peft_merge_and_expert_lora_in_compute_dtype_for_4bit_experts():
+    from fastkit.patches.moe_4bit_plan import QWEN3_30B_A3B
+    from fastkit.plan import plan, read_config
+    from fastkit.plan_terms import shape_of
+
+    shape = shape_of(read_config(dict(QWEN3_30B_A3B)))
+    kw = dict(gpu="l4", max_seq_length=1024, r=8)
+    four, sixteen = plan(dict(QWEN3_30B_A3B), load_in_4bit=True, **kw), plan(dict(QWEN3_30B_A3B), **kw)
+    def recompute(p):
+        return next(v for k, v in p.components.items() if "one layer's recompute" in k)
+
+    merged_layer = shape.expert_params_per_layer * 2  # PEFT's W + B·A of one MoE layer, bf16
+    assert recompute(sixteen) - recompute(four) == merged_layer  # fastkit's 4-bit experts never build it
+    on_experts = sum(8 * (i + o) * n for i, o, n in shape.lora_dims if n > 1)
+    assert four.components["LoRA r=8 on experts (fastkit): parameters + gradients"] == on_experts * 2 * 2
+    linear_only = plan(dict(QWEN3_30B_A3B), load_in_4bit=True, expert_lora=False, **kw)
+    assert not any("on experts" in k for k in linear_only.components) and linear_only.total < four.total
+
+
 def test_bench_4bit_rows_on_cpu_time_both_paths_and_count_storage():
     from fastkit.bench.moe import QUICK, SHAPES
     from fastkit.bench.moe_4bit import REFERENCE, bench_4bit, table_4bit
