@@ -42,7 +42,7 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
         result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
-                      load_in_4bit=args.load_in_4bit, offload=args.offload)
+                      load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora)
     except FastkitError as exc:
         print(f"fastkit plan: {exc}", file=sys.stderr)
         return 2
@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--r", type=_positive_int, default=16, help="LoRA rank (default 16)")
     pl.add_argument("--4bit", dest="load_in_4bit", action="store_true", help="QLoRA: NF4 base weights")
     pl.add_argument("--offload", action="store_true", help="fastkit's checkpoint offload")
+    pl.add_argument("--no-expert-lora", dest="expert_lora", action="store_false",
+                    help="4-bit MoE: LoRA on the linear layers only (default: the experts too, as get_peft_model)")
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")

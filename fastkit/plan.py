@@ -270,8 +270,8 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         experts_16 = 0
     else:
         experts_16 = experts
-    out[f"weights: norms, router, experts, other, {_dtype_name(dtype)}"] = (shape.other_params - experts
-                                                                             + experts_16) * size
+    what = "norms, router, experts, other" if experts_16 else "norms, router, other"
+    out[f"weights: {what}, {_dtype_name(dtype)}"] = (shape.other_params - experts + experts_16) * size
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer
     if optimizer == "auto":

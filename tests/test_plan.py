@@ -154,3 +154,16 @@ def test_cli_prints_the_table(tmp_path, capsys):
     assert main(["plan", str(tmp_path), "--gpu", "rtx-8g"]) == 1
     assert main(["plan", str(tmp_path), "--gpu", "h900"]) == 2
     assert "t4" in capsys.readouterr().err
+
+
+def test_cli_4bit_moe_counts_expert_lora_unless_switched_off(tmp_path, capsys):
+    from fastkit.cli import main
+    from fastkit.patches.moe_4bit_plan import GPT_OSS_20B
+
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    args = ["plan", str(tmp_path), "--gpu", "rtx-16g", "--4bit", "--r", "8", "--max-seq-length", "1024"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=8 on experts (fastkit)" in out and "MoE experts, NF4" in out and "merged" not in out
+    assert main(args + ["--no-expert-lora"]) == 0
+    assert "on experts" not in capsys.readouterr().out
