@@ -146,12 +146,16 @@ def _raw(module: torch.nn.Module, name: str) -> torch.Tensor:
     return plist.original if plist is not None else getattr(module, name)
 
 
+def projection_names(module: torch.nn.Module) -> tuple[str, str]:
+    """The experts module's two weight names: ``("gate_up_proj" | "up_proj", "down_proj")``."""
+    return ("gate_up_proj" if module.has_gate else "up_proj", "down_proj")
+
+
 def _projections(module: torch.nn.Module, raw: bool = False) -> list[Projection]:
     """The up and down projections with their bias and LoRA update (PEFT's or fastkit's)."""
-    up = "gate_up_proj" if module.has_gate else "up_proj"
     fk_lora = getattr(module, LORA_ATTR, None)
     out = []
-    for name in (up, "down_proj"):
+    for name in projection_names(module):
         bias = getattr(module, f"{name}_bias", None) if module.has_bias else None
         peft = None if raw else _peft_factors(module, name)
         if peft is not None:
@@ -327,9 +331,8 @@ def _why_not(name: str, module: torch.nn.Module) -> str | None:
         return f"{name}: no integer num_experts attribute"
     for p in _projections(module, raw=True):
         pname, w, bias = p.name, p.weight, p.bias
-        if hasattr(w, "group_matmul"):  # fastkit's 4-bit experts (patches/moe_4bit.py): a weight provider
-            pass
-        elif not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point:
+        provider = hasattr(w, "group_matmul")  # fastkit's 4-bit experts (patches/moe_4bit.py)
+        if not provider and (not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point):
             return f"{name}.{pname}: not a floating-point (E, out, in) tensor (quantized experts are not supported)"
         if w.size(0) != module.num_experts:
             return f"{name}.{pname}: {w.size(0)} experts in the weight, num_experts={module.num_experts}"
@@ -444,4 +447,4 @@ def detach_experts(module: torch.nn.Module, implementation: str = "eager") -> No
 
 __all__ = ["EXPERTS_KEY", "LORA_ATTR", "MoEConfig", "MoEExpertsPatch", "Routing", "attach_experts",
            "dbrx_experts_forward", "detach_experts", "experts_modules", "fastkit_experts_forward", "grouped_mm_runs",
-           "is_decorated_experts", "llama4_moe_forward", "register", "route"]
+           "is_decorated_experts", "llama4_moe_forward", "projection_names", "register", "route"]

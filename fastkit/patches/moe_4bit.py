@@ -341,10 +341,6 @@ class _NF4GroupMM(torch.autograd.Function):
 _NO_4BIT_LAYOUT = ("DbrxExperts", "Llama4TextExperts", "JetMoeMoE", "JetMoeMoA")
 
 
-def _targets(module: nn.Module) -> tuple[str, ...]:
-    return ("gate_up_proj" if module.has_gate else "up_proj", "down_proj")
-
-
 def _quantize_param(m: nn.Module, pname: str, blocksize: int, double_quant: bool) -> int:
     """Replace the 16-bit ``(E, a, b)`` parameter ``m.<pname>`` by :class:`NF4Experts`; 1 if it did."""
     w = m._parameters.get(pname)
@@ -364,7 +360,7 @@ def quantize_experts(model: nn.Module, blocksize: int = BLOCKSIZE, double_quant:
     :class:`FastkitError` before changing anything for expert parallelism, or a MoE whose experts have no
     4-bit layout here (DBRX, Llama-4, JetMoE, already-quantized experts such as GPT-OSS' ``Mxfp4`` modules).
     """
-    from fastkit.patches.moe import experts_modules  # glue: moe imports nothing from here
+    from fastkit.patches.moe import experts_modules, projection_names  # glue: moe imports nothing from here
 
     found = experts_modules(model)
     for name, m in model.named_modules():
@@ -376,14 +372,14 @@ def quantize_experts(model: nn.Module, blocksize: int = BLOCKSIZE, double_quant:
         if _hf.is_expert_parallel(m):
             raise FastkitError(f"{name}: 4-bit experts with expert parallelism are not supported; turn expert "
                                "parallelism off (no distributed_config / tp_plan) or load_in_4bit=False.")
-        for pname in _targets(m):
+        for pname in projection_names(m):
             w = m._parameters.get(pname)
             if not isinstance(getattr(m, pname, None), NF4Experts) and (w is None or w.dim() != 3):
                 raise FastkitError(f"{name}.{pname}: expected an (E, a, b) parameter to quantize, got "
                                    f"{type(getattr(m, pname, None)).__name__}.")
     count = 0
     for _name, m in found:
-        for pname in _targets(m):
+        for pname in projection_names(m):
             count += _quantize_param(m, pname, blocksize, double_quant)  # 0 when already NF4Experts (idempotent)
         for pname, p in m.named_parameters(recurse=False):
             if pname.endswith("_bias"):

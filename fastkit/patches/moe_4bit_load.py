@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from fastkit import _hf
-from fastkit.patches.moe_4bit import BLOCKSIZE, E2M1, MXFP4Experts, _quantize_param, _targets
+from fastkit.patches.moe import experts_modules, projection_names
+from fastkit.patches.moe_4bit import BLOCKSIZE, E2M1, MXFP4Experts, _quantize_param
 
 
 def mxfp4_from_values(w: torch.Tensor) -> MXFP4Experts | None:
@@ -83,17 +84,15 @@ class QuantizeWhileLoading:
         self._experts: list[nn.Module] | None = None
 
     def _alive_16bit(self) -> int:
-        return sum(p.numel() * p.element_size() for m in self._experts for pname in _targets(m)
+        return sum(p.numel() * p.element_size() for m in self._experts for pname in projection_names(m)
                    if isinstance(p := m._parameters.get(pname), torch.Tensor) and not p.is_meta)
 
     def __call__(self, model: nn.Module, target_name: str) -> None:
         module_path, _, pname = target_name.rpartition(".")
         m = model.get_submodule(module_path) if module_path else model
-        if not _hf.is_decorated_experts(m) or pname not in _targets(m) or _hf.is_expert_parallel(m):
+        if not _hf.is_decorated_experts(m) or pname not in projection_names(m) or _hf.is_expert_parallel(m):
             return  # expert parallelism: quantize_experts refuses it with a message after the load
         if self._experts is None:
-            from fastkit.patches.moe import experts_modules
-
             self._experts = [e for _, e in experts_modules(model)]
         self.peak_16bit_bytes = max(self.peak_16bit_bytes, self._alive_16bit())
         w = m._parameters.get(pname)

@@ -43,7 +43,7 @@ from torch import nn
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.patches.moe import LORA_ATTR, MoEExpertsPatch, experts_modules
+from fastkit.patches.moe import LORA_ATTR, MoEExpertsPatch, experts_modules, projection_names
 from fastkit.patches.moe_routing import in_out
 from fastkit.patching import active_patches, apply_patch, revert, unwrap
 
@@ -51,10 +51,6 @@ logger = logging.getLogger(__name__)
 
 PATCH_NAME = registry.MOE_LORA
 FILE_NAME = "fastkit_expert_lora.safetensors"
-
-
-def _targets(module: nn.Module) -> tuple[str, ...]:
-    return ("gate_up_proj" if module.has_gate else "up_proj", "down_proj")
 
 
 class ExpertLoRA(nn.Module):
@@ -74,7 +70,7 @@ class ExpertLoRA(nn.Module):
         self.use_rslora = use_rslora
         self.dropout = nn.Dropout(lora_dropout) if lora_dropout > 0 else nn.Identity()
         self.enabled = True
-        self.targets = _targets(experts)
+        self.targets = projection_names(experts)
         for name in self.targets:
             w = in_out(getattr(experts, name), experts.is_transposed)  # (E, in, out)
             e, d_in, d_out = w.shape

@@ -136,10 +136,9 @@ def _pattern(patterns: dict, key: str, default):
 def expert_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
     """The entries of a ``target_parameters`` list that name an expert projection fastkit's expert LoRA adapts
     (the rest, e.g. a router's ``gate.weight``, are PEFT's to load)."""
-    from fastkit.patches.moe import experts_modules
-    from fastkit.patches.moe_lora import _targets
+    from fastkit.patches.moe import experts_modules, projection_names
 
-    projections = [f"{name}.{proj}" for name, m in experts_modules(unwrap(model)) for proj in _targets(m)]
+    projections = [f"{name}.{proj}" for name, m in experts_modules(unwrap(model)) for proj in projection_names(m)]
     return [t for t in targets if any(p == t or p.endswith(f".{t}") for p in projections)]
 
 
@@ -152,8 +151,8 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
     (a router target, ranks differing per projection) raises; ``PeftModel.from_pretrained`` loads it,
     and fastkit's ``moe`` patch runs PEFT's expert adapters per expert group as well.
     """
-    from fastkit.patches.moe import experts_modules
-    from fastkit.patches.moe_lora import _targets, add_expert_lora, expert_lora_modules
+    from fastkit.patches.moe import experts_modules, projection_names
+    from fastkit.patches.moe_lora import add_expert_lora, expert_lora_modules
 
     found = factors_from_adapter(directory)
     if found is None:
@@ -163,7 +162,7 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
     paths = peft_wrapper_paths(model, list(config["target_parameters"]))
     if targets is not None:  # only these (the caller loads the other parameter adapters through PEFT)
         paths = {k: v for k, v in paths.items() if k in expert_targets(model, targets)}
-    experts = {name: _targets(m) for name, m in experts_modules(unwrap(model))}
+    experts = {name: projection_names(m) for name, m in experts_modules(unwrap(model))}
     if not paths:
         raise FastkitError(f"{directory}: target_parameters {config['target_parameters'][:3]} match no parameter "
                            "of this model.")
