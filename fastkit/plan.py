@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from fastkit.errors import FastkitError
-from fastkit.plan_terms import ModelShape, activation_bytes, loss_bytes, shape_of
+from fastkit.plan_terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 
 GiB = 2**30
 logger = logging.getLogger("fastkit")
@@ -355,11 +355,8 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
 
 def prequantized_4bit(config) -> bool:
     """True when ``config.json`` carries a bitsandbytes 4-bit ``quantization_config`` (a pre-quantized checkpoint)."""
-    quant = getattr(config, "quantization_config", None)
-    if quant is None:
-        return False
-    values = quant if isinstance(quant, dict) else quant.to_dict() if hasattr(quant, "to_dict") else vars(quant)
-    return str(values.get("quant_method", "")).endswith("bitsandbytes") and bool(values.get("load_in_4bit"))
+    values = quantization_values(config)
+    return values.get("quant_method", "").endswith("bitsandbytes") and bool(values.get("load_in_4bit"))
 
 
 def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_length: int,

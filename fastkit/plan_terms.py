@@ -114,11 +114,23 @@ def shape_of(config) -> ModelShape:
     return shape
 
 
+def quantization_values(config) -> dict:
+    """``config.quantization_config`` as a plain dict (``{}`` when there is none), its ``quant_method`` a string.
+
+    config.json gives a dict; a loaded model's config holds a transformers config object whose method is an
+    enum (``str()`` of it is ``"QuantizationMethod.BITS_AND_BYTES"``, not ``"bitsandbytes"``).
+    """
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return {}
+    values = dict(quant) if isinstance(quant, dict) else quant.to_dict() if hasattr(quant, "to_dict") else vars(quant)
+    method = values.get("quant_method", "")
+    return {**values, "quant_method": str(getattr(method, "value", method))}
+
+
 def mxfp4_checkpoint(config) -> bool:
     """True for a checkpoint shipped in MXFP4 (GPT-OSS): its ``quantization_config`` says ``quant_method: mxfp4``."""
-    quant = getattr(config, "quantization_config", None)
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    return str(getattr(method, "value", method)) == "mxfp4"
+    return quantization_values(config).get("quant_method") == "mxfp4"
 
 
 def _with_sizes(config, model, linear, embedding, other, lora_dims, largest) -> ModelShape:

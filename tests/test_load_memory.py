@@ -72,6 +72,18 @@ def test_prequantized_is_read_from_the_config():
     assert prequantized_4bit(twin_config("qwen3", quantization_config=BNB_4BIT))
     assert not prequantized_4bit(twin_config("qwen3"))
     assert not prequantized_4bit(twin_config("qwen3", quantization_config={"quant_method": "gptq", "bits": 4}))
+    from types import SimpleNamespace
+
+    from transformers import BitsAndBytesConfig, Mxfp4Config
+
+    from fastkit.plan_terms import mxfp4_checkpoint
+
+    # a loaded model's config holds config OBJECTS whose quant_method is an enum
+    assert prequantized_4bit(SimpleNamespace(quantization_config=BitsAndBytesConfig(load_in_4bit=True)))
+    assert not prequantized_4bit(SimpleNamespace(quantization_config=BitsAndBytesConfig(load_in_8bit=True)))
+    assert mxfp4_checkpoint(SimpleNamespace(quantization_config=Mxfp4Config(dequantize=True)))
+    assert mxfp4_checkpoint(twin_config("gpt_oss", quantization_config={"quant_method": "mxfp4"}))
+    assert not mxfp4_checkpoint(twin_config("qwen3", quantization_config=BNB_4BIT))
 
 
 def test_a_run_that_cannot_fit_stops_before_weights_with_the_knob(tmp_path, fake_cuda_load):
