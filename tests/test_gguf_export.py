@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastkit import FastkitError, FastModel
 from fastkit.gguf_export import merged_parameters, save_gguf
 from fastkit.twins import twin, twin_tokenizer
-from tests.helpers import train_lora_steps
+from tests.helpers import save_twin, train_lora_steps
 
 HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B",
        "qwen2_moe": "qwen2_moe"}
@@ -170,8 +170,7 @@ def test_in_memory_model_is_unchanged(tmp_path):
 
 def test_4bit_model_merges_into_its_base_reloaded_in_16_bit(tmp_path):
     """QLoRA: packed 4-bit codes are not weights; the adapters merge into the base reloaded from disk."""
-    twin("llama").save_pretrained(tmp_path / "base", safe_serialization=True)
-    twin_tokenizer().save_pretrained(tmp_path / "base")
+    save_twin(twin("llama"), tmp_path / "base")
     model, tok = FastModel.from_pretrained(str(tmp_path / "base"), max_seq_length=64, patches=None)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False).eval()
     for name, p in model.named_parameters():

@@ -22,7 +22,8 @@ from datasets import Dataset
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.data import check_dataset, load_chat_dataset
 from fastkit.patches.packing import LENGTHS_KWARG, PackedCollator, batch_lengths
-from fastkit.twins import twin, twin_tokenizer
+from fastkit.twins import twin
+from tests.helpers import save_twin
 
 TWIN = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -65,10 +66,7 @@ def _twin_model(**kwargs):
 
 
 def _saved_llama(ctx: Ctx) -> Path:
-    path = ctx.tmp / "llama"
-    twin("llama", num_hidden_layers=1).save_pretrained(path, safe_serialization=True)
-    twin_tokenizer().save_pretrained(path)
-    return path
+    return Path(save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "llama"))
 
 
 def _phi3():

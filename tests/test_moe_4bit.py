@@ -15,7 +15,7 @@ from fastkit.patches.moe import MoEConfig, MoEExpertsPatch, attach_experts, expe
 from fastkit.patches.moe_4bit import NF4Experts, expert_storage_bytes, quantize_experts, quantize_nf4
 from fastkit.patches.moe_lora import add_expert_lora
 from fastkit.patching import apply_patch
-from fastkit.twins import twin, twin_tokenizer
+from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, forward_backward, save_twin
 
 FAMILIES = ["gpt_oss", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]
@@ -232,8 +232,7 @@ def test_load_in_4bit_on_cpu_stores_moe_experts_4bit(saved_moe):
 
 
 def test_load_in_4bit_on_cpu_still_refuses_dense_models(tmp_path):
-    twin("llama").save_pretrained(tmp_path, safe_serialization=True)
-    twin_tokenizer().save_pretrained(tmp_path)
+    save_twin(twin("llama"), tmp_path)
     with pytest.raises(GPUOnlyError, match="needs a CUDA GPU"):
         FastModel.from_pretrained(str(tmp_path), load_in_4bit=True)
 

@@ -61,10 +61,10 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from fastkit.export import _merged_from_disk
-    from fastkit.twins import twin, twin_tokenizer
+    from fastkit.twins import twin
+    from tests.helpers import save_twin
 
-    twin("llama").save_pretrained(tmp_path / "base", safe_serialization=True)
-    twin_tokenizer().save_pretrained(tmp_path / "base")
+    save_twin(twin("llama"), tmp_path / "base")
     model, _ = FastModel.from_pretrained(str(tmp_path / "base"), max_seq_length=64, patches=None)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
     _nonzero_adapters(model)
