@@ -82,7 +82,7 @@ def add_to_peft_adapter(model: torch.nn.Module, directory: str) -> list[str]:
     targets = [f"{name}.{proj}" for name, lora in mods for proj in lora.targets]
     # PEFT's own parameter targets that wrap something else (e.g. the router's gate.weight next to 4-bit
     # experts) stay; names that would match the experts are ours now
-    others = [t for t in config.get("target_parameters") or [] if not any(x.endswith(t) for x in targets)]
+    others = [t for t in config.get("target_parameters") or [] if not any(_names(x, t) for x in targets)]
     final = sorted(targets) + others
     paths = peft_wrapper_paths(model, final)  # the nesting PEFT will build from the config written below
     tensors = load_file(weights_path)
@@ -133,13 +133,18 @@ def _pattern(patterns: dict, key: str, default):
     return next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", key)), default)
 
 
+def _names(param: str, target: str) -> bool:
+    """Whether ``target_parameters`` entry ``target`` names the full parameter name ``param`` (dotted suffix)."""
+    return param == target or param.endswith(f".{target}")
+
+
 def expert_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
     """The entries of a ``target_parameters`` list that name an expert projection fastkit's expert LoRA adapts
     (the rest, e.g. a router's ``gate.weight``, are PEFT's to load)."""
     from fastkit.patches.moe import experts_modules, projection_names
 
     projections = [f"{name}.{proj}" for name, m in experts_modules(unwrap(model)) for proj in projection_names(m)]
-    return [t for t in targets if any(p == t or p.endswith(f".{t}") for p in projections)]
+    return [t for t in targets if any(_names(p, t) for p in projections)]
 
 
 def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None = None) -> list[str]:
@@ -161,7 +166,7 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
     config, tensors = found
     paths = peft_wrapper_paths(model, list(config["target_parameters"]))
     if targets is not None:  # only these (the caller loads the other parameter adapters through PEFT)
-        paths = {k: v for k, v in paths.items() if k in expert_targets(model, targets)}
+        paths = {k: v for k, v in paths.items() if any(_names(k, t) for t in targets)}
     experts = {name: projection_names(m) for name, m in experts_modules(unwrap(model))}
     if not paths:
         raise FastkitError(f"{directory}: target_parameters {config['target_parameters'][:3]} match no parameter "
