@@ -213,6 +213,32 @@ def merged_parameters(model: torch.nn.Module) -> list[tuple[str, Callable[[], to
                 return w.cpu()
 
         out.append((_clean(raw), load, p.shape))
+    return out + _dequantized_experts(base)
+
+
+def _dequantized_experts(base: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tensor], torch.Size]]:
+    """fastkit's 4-bit experts (NF4 / MXFP4 modules standing where the ``(E, a, b)`` parameters were; their codes
+    are buffers, not parameters): dequantized into the stored layout, expert LoRA added, one tensor at a time."""
+    from fastkit.patches.moe import LORA_ATTR
+    from fastkit.patches.moe_4bit import NF4Experts
+
+    out = []
+    for raw, q in base.named_modules():
+        if not isinstance(q, NF4Experts):
+            continue
+        stem, _, leaf = raw.rpartition(".")
+        module = base.get_submodule(stem)
+        expert = getattr(module, LORA_ATTR, None)
+
+        def load(q=q, leaf=leaf, module=module, expert=expert) -> torch.Tensor:
+            with torch.no_grad():
+                w = q.dequantize().float()  # (E, a, b), the layout of the parameter it replaced
+                if expert is not None and leaf in getattr(expert, "targets", ()):
+                    d = expert.delta(leaf).float()  # (E, out, in)
+                    w = w + (d.transpose(-2, -1) if module.is_transposed else d)
+                return w.cpu()
+
+        out.append((_clean(raw), load, torch.Size(q.stored_shape)))
     return out
 
 
@@ -285,7 +311,20 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     if unmapped:
         raise FastkitError(f"save_gguf: no llama.cpp name for {unmapped[:4]} ({len(unmapped)} tensors) in "
                            f"architecture {arch!r}; this checkpoint layout is not supported.")
+    _check_experts(entries, config)
     return entries
+
+
+def _check_experts(entries: list[_Entry], config) -> None:
+    """A MoE file must carry every layer's experts: llama.cpp would refuse it, or (one missing kind) run garbage."""
+    if not getattr(config, "num_experts", None):
+        return
+    names = {e.name for e in entries}
+    missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
+               for kind in ("gate", "up", "down") if f"blk.{i}.ffn_{kind}_exps.weight" not in names]
+    if missing:
+        raise FastkitError(f"save_gguf: expert tensors {missing[:3]} ({len(missing)} in all) were not found in the "
+                           "model (a storage fastkit cannot dequantize?); nothing was written.")
 
 
 def llama3_rope_factors(config) -> torch.Tensor:
@@ -375,12 +414,11 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
 # ------------------------------------------------------------------------------------------- entry
 
 
-def _write(model, tokenizer, spec: dict, config, quantization: str, name: str, out: Path) -> int:
-    """The GGUF at ``out`` in one of the WRITTEN quantizations; returns the tensor count (``out`` is removed
-    if anything fails)."""
+def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: str, name: str, out: Path) -> int:
+    """The planned ``entries`` as a GGUF at ``out`` in one of the WRITTEN quantizations; returns the tensor
+    count (``out`` is removed if anything fails)."""
     import gguf
 
-    entries = _plan(model, config, GGUF_ARCHS[config.model_type], quantization)  # raises before writing
     writer = gguf.GGUFWriter(str(out), GGUF_ARCHS[config.model_type])
     try:
         _add_model_kv(writer, config, config.model_type, name, quantization)
@@ -420,15 +458,17 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
 
         logger.info("fastkit: %s is 4/8-bit; merging LoRA into its fp16 base reloaded on the CPU", model_type)
         model = _merged_from_disk(model, config.name_or_path, torch.float16)
+    wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
+    written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
+    entries = _plan(model, config, GGUF_ARCHS[model_type], written)  # raises on unmapped tensors, before writing
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}-{quantization}.gguf"
     tmp = target.with_name(target.name + ".partial")
     if quantization in WRITTEN:
-        count = _write(model, tokenizer, spec, config, quantization, name, tmp)
-    else:  # llama.cpp's quantizer reads a 16-bit GGUF fastkit wrote
-        wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
+        count = _write(entries, tokenizer, spec, config, quantization, name, tmp)
+    else:
         source = target.with_name(f"{target.name}.{wide}.partial")
-        count = _write(model, tokenizer, spec, config, wide, name, source)
+        count = _write(entries, tokenizer, spec, config, wide, name, source)
         try:
             quantize_with_llama_cpp(source, tmp, quantization)
         finally:

@@ -268,7 +268,7 @@ def quickstart_texts(tokenizer) -> list[str]:
 
 
 def all_rows(tmp: Path) -> list[Row]:
-    """Every family twin in f16 / q8_0, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
+    """Every family twin in f16 / q8_0, the 4-bit-expert MoE, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
     from fastkit.gguf_export import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
 
     rows = []
@@ -277,6 +277,10 @@ def all_rows(tmp: Path) -> list[Row]:
         for quantization in ("f16", "q8_0"):
             path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
             rows.append(check(path, model, tokenizer, label, quantization))
+    quantized, reference, tokenizer = moe_4bit_model()
+    for quantization in ("f16", "q8_0"):
+        path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)
+        rows.append(check(path, reference, tokenizer, "qwen3_moe, NF4 experts (qwen2)", quantization))
     model, tokenizer = smollm2_model()
     extra = quickstart_texts(tokenizer)
     label = "SmolLM2-135M-Instruct (smollm), LoRA"
@@ -299,3 +303,22 @@ if __name__ == "__main__":  # python -m tests.gguf_round_trip: rerun every row a
     for r in result:
         print(r.cells(), r.notes)
     write_table(result, Path(__file__).resolve().parents[1] / "docs" / "export.md")
+
+
+def moe_4bit_model():
+    """A qwen3_moe twin with fastkit's NF4 experts, and the 16-bit model computing the same function (its
+    expert weights set to the dequantized NF4 values): the reference the GGUF must reproduce."""
+    import copy
+
+    from fastkit.patches.moe_4bit import NF4Experts, quantize_experts
+    from fastkit.twins import twin, twin_bpe_tokenizer
+
+    tokenizer = twin_bpe_tokenizer("qwen2", corpus=tuple(texts_raw()))
+    reference = train_on_chats(twin("qwen3_moe"), tokenizer, steps=30, lr=1e-2)
+    quantized = copy.deepcopy(reference)
+    quantize_experts(quantized)
+    with torch.no_grad():
+        for name, q in quantized.named_modules():
+            if isinstance(q, NF4Experts):
+                reference.get_parameter(name).copy_(q.dequantize())
+    return quantized, reference, tokenizer

@@ -300,3 +300,30 @@ def test_smollm2_quickstart_model_round_trips(tmp_path):
     assert back(prompt)["input_ids"] == tok(prompt)["input_ids"]
     field = gguf.GGUFReader(path).fields["tokenizer.ggml.pre"]
     assert bytes(field.parts[field.data[0]]).decode() == "smollm"  # the name llama.cpp gives SmolLM2's split
+
+
+def test_4bit_experts_are_dequantized_into_the_file(tmp_path):
+    """fastkit's NF4 experts hold their codes in buffers: the file must carry them dequantized (it had no expert
+    tensors at all), equal to the 16-bit model with the dequantized expert weights."""
+    from tests.gguf_round_trip import moe_4bit_model
+
+    quantized, reference, tok = moe_4bit_model()
+    path = save_gguf(quantized, tok, tmp_path, quantization="f16")
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert {f"blk.{i}.ffn_{k}_exps.weight" for i in range(2) for k in ("gate", "up", "down")} <= names
+    back = _load(path, reference.config)
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=_x()).logits, reference(input_ids=_x()).logits, rtol=0, atol=2e-3)
+
+
+def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
+    import fastkit.gguf_export as ge
+
+    model = twin("qwen3_moe")
+    monkeypatch.setattr(ge, "_dequantized_experts", lambda base: [])  # a storage fastkit cannot read
+    from fastkit.patches.moe_4bit import quantize_experts
+
+    quantize_experts(model)
+    with pytest.raises(FastkitError, match="expert tensors"):
+        save_gguf(model, twin_bpe_tokenizer("qwen2"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -96,3 +96,11 @@ def test_smollm2_reproduces_in_llama_cpp(tmp_path):
     _assert_reproduced(rows[-1], exact=False)
     if os.environ.get("FASTKIT_EXPORT_TABLE"):
         rt.dump(rows, os.environ["FASTKIT_EXPORT_TABLE"])
+
+
+def test_4bit_moe_reproduces_in_llama_cpp(tmp_path):
+    """fastkit's NF4 experts, dequantized into the file: llama.cpp reproduces the 16-bit model with those weights."""
+    quantized, reference, tok = rt.moe_4bit_model()
+    for quantization in ("f16", "q8_0"):
+        path = save_gguf(quantized, tok, tmp_path / quantization, quantization=quantization)
+        _assert_reproduced(rt.check(path, reference, tok, "qwen3_moe, NF4 experts", quantization))
