@@ -16,12 +16,19 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
 too). Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3 (no
 layout transformers' GGUF loader reads back here, so none verified), qwen2_moe with dense layers or
-renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's,
-non-byte-level tokenizers (SentencePiece).
+renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's, a sliding
+window shorter than the context (llama.cpp's graphs for these archs have none), non-byte-level
+tokenizers (SentencePiece), and tokenizers llama.cpp would split differently or cannot load
+(:mod:`fastkit.gguf_vocab`).
+
+4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
+file, one tensor at a time; a MoE file missing any layer's experts is refused. ``q4_k_m`` / ``q5_k_m`` /
+``q6_k`` come from llama.cpp's own quantizer (llama-cpp-python) run on an f16 file written first.
 
 What must not change. transformers' GGUF loader (``from_pretrained(dir, gguf_file=...)``) reads the
 file back to the merged model's logits (tests/test_gguf_export.py): f16/bf16 within rounding, q8_0 /
-q4_0 within the tolerances measured there.
+q4_0 within the tolerances measured there; and the real llama.cpp reproduces tokens, chat prompt,
+greedy text and first-token logits (tests/test_llamacpp_round_trip.py, table in docs/export.md).
 """
 
 from __future__ import annotations

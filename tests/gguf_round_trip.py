@@ -192,7 +192,7 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
 }
 
 
-def twin_model(label: str):
+def twin_model(label: str, steps: int = 30):
     """A fastkit twin of ``label`` with LoRA (experts too) trained on the chat corpus, and its BPE tokenizer."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -210,7 +210,7 @@ def twin_model(label: str):
     else:
         base = twin(model_type, **overrides)
     model = FastModel.get_peft_model(base, r=8, lora_alpha=16, use_gradient_checkpointing=False)
-    return train_on_chats(model, tokenizer, steps=30, lr=1e-2), tokenizer
+    return train_on_chats(model, tokenizer, steps=steps, lr=1e-2), tokenizer
 
 
 def texts_raw() -> list[str]:
