@@ -295,16 +295,6 @@ def all_rows(tmp: Path) -> list[Row]:
     return rows
 
 
-if __name__ == "__main__":  # python -m tests.gguf_round_trip: rerun every row and rewrite docs/export.md's table
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        result = all_rows(Path(tmp))
-    for r in result:
-        print(r.cells(), r.notes)
-    write_table(result, Path(__file__).resolve().parents[1] / "docs" / "export.md")
-
-
 def moe_4bit_model():
     """A qwen3_moe twin with fastkit's NF4 experts, and the 16-bit model computing the same function (its
     expert weights set to the dequantized NF4 values): the reference the GGUF must reproduce."""
@@ -322,3 +312,13 @@ def moe_4bit_model():
             if isinstance(q, NF4Experts):
                 reference.get_parameter(name).copy_(q.dequantize())
     return quantized, reference, tokenizer
+
+
+if __name__ == "__main__":  # python -m tests.gguf_round_trip: rerun every row and rewrite docs/export.md's table
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = all_rows(Path(tmp))
+    for r in result:
+        print(r.cells(), r.notes)
+    write_table(result, Path(__file__).resolve().parents[1] / "docs" / "export.md")
