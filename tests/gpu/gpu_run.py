@@ -56,7 +56,7 @@ def plan(out: Path, bench: Path) -> list[tuple[str, int, list[str]]]:
                     "--timeout", "90", f"--junitxml={out / 'junit.xml'}"]
         else:
             which = name[6:]
-            argv = [sys.executable, "-m", "fastkit", "bench", which, *BENCH_ARGS[which],
+            argv = [sys.executable, "-m", "benchmarks", which, *BENCH_ARGS[which],
                     "--budget-s", str(secs - MARGIN_S), "--out", str(bench / which)]
         steps.append((name, secs, argv))
     return steps
