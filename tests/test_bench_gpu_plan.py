@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastkit.cli import main as cli_main
+from benchmarks.__main__ import main as bench_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,8 @@ def test_each_planned_bench_parses_its_argv_and_fails_cleanly_without_cuda(name,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     step = next(s for s in gpu_run.STEPS if s.name == f"bench-{name}")
     argv = gpu_run.step_argv(step, tmp_path / "out", tmp_path / "bench", cuda=True)
-    assert argv[1:5] == ["-m", "fastkit", "bench", name]
-    assert cli_main(argv[3:]) == 2  # argparse errors exit 2 as well: the message below tells them apart
+    assert argv[1:4] == ["-m", "benchmarks", name]
+    assert bench_main(argv[3:]) == 2  # argparse errors exit 2 as well: the message below tells them apart
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fastkit bench: --gpu needs a CUDA GPU"), err
+    assert len(err) == 1 and err[0].startswith("benchmarks: --gpu needs a CUDA GPU"), err
     assert not (tmp_path / "bench").exists()  # stopped before any work

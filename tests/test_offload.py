@@ -14,7 +14,7 @@ import torch
 
 from fastkit.errors import FastkitError
 from fastkit.loader import enable_checkpointing
-from fastkit.patches.offload import (
+from fastkit.patches.offload.patch import (
     OffloadConfig,
     OffloadedCheckpoint,
     OffloadPatch,
@@ -25,8 +25,8 @@ from fastkit.patches.offload import (
     offload_active,
     offload_controller,
 )
-from fastkit.patches.offload_pipeline import HostPool
-from fastkit.patches.streams import CpuStreams, Throttle
+from fastkit.patches.offload.pipeline import HostPool
+from fastkit.patches.offload.streams import CpuStreams, Throttle
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.twins import twin
 
@@ -312,14 +312,14 @@ def test_host_pool_runtime_ram_check_and_pin_fallback(monkeypatch, caplog):
                 raise RuntimeError("cudaHostAlloc failed")
             return super().empty_host(numel, dtype, pin)
 
-    from fastkit.patches.offload_pipeline import OffloadStats
+    from fastkit.patches.offload.pipeline import OffloadStats
 
     pool = HostPool(PinFails(), OffloadConfig(), budget=10**11)
     pool.stats = OffloadStats()
     with caplog.at_level(logging.WARNING, logger="fastkit"):
         buf = pool.acquire(1000, torch.float32)
     assert pool.pin is False and buf.numel() >= 1000 and "pageable" in caplog.text
-    monkeypatch.setattr("fastkit.patches.offload.host_ram", lambda: (3 * 1024**3, 16 * 1024**3))
+    monkeypatch.setattr("fastkit.patches.offload.patch.host_ram", lambda: (3 * 1024**3, 16 * 1024**3))
     with pytest.raises(FastkitError, match="another .* MiB of host RAM"):
         pool.acquire(300 * 1024**2, torch.float32)  # 1.2 GiB > 3 GiB available - 2 GiB reserve
 
@@ -328,7 +328,7 @@ def test_decide_on_gpus(monkeypatch):
     from types import SimpleNamespace
 
     model = build()
-    monkeypatch.setattr("fastkit.patches.offload._model_device", lambda m: torch.device("cuda", 0))
+    monkeypatch.setattr("fastkit.patches.offload.patch._model_device", lambda m: torch.device("cuda", 0))
     props = SimpleNamespace(name="NVIDIA GB10", is_integrated=True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (100 * 1024**3, 128 * 1024**3))
@@ -365,7 +365,7 @@ def test_refuses_without_checkpointing_or_with_reentrant_checkpointing():
 
 
 def test_bench_offload_quick(tmp_path, capsys):
-    from fastkit.bench.offload import main
+    from benchmarks.offload import main
 
     assert main(["--quick", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "bench_offload.md").read_text()

@@ -221,7 +221,7 @@ def step_argv(step: Step, out: Path, bench: Path, cuda: bool) -> list[str]:
                 "--timeout", str(TEST_TIMEOUT_S), "--durations=10", f"--junitxml={out / 'junit.xml'}"]
     which = step.name.removeprefix("bench-")
     profile = ["--gpu", "--budget-s", str(step.cap_s - MARGIN_S)] if cuda else ["--quick"]
-    return [sys.executable, "-m", "fastkit", "bench", which, *profile, "--out", str(bench / which)]
+    return [sys.executable, "-m", "benchmarks", which, *profile, "--out", str(bench / which)]
 
 
 class TableSync:
