@@ -368,14 +368,14 @@ def test_bench_offload_quick(tmp_path, capsys):
     from benchmarks.offload import main
 
     assert main(["--quick", "--out", str(tmp_path)]) == 0
-    md = (tmp_path / "bench_offload.md").read_text()
+    md, printed = (tmp_path / "bench_offload.md").read_text(), capsys.readouterr().out
     import importlib.util
 
     has_plot = importlib.util.find_spec("matplotlib") is not None  # absent in the GPU rehearsal's env
     assert (tmp_path / "bench_offload.png").exists() == has_plot
-    assert has_plot or "plot skipped" in capsys.readouterr().out
+    assert has_plot or "plot skipped" in printed
     for row in ("no checkpointing", "plain checkpointing", "transformers offload=True", "TRL activation_offloading",
                 "fastkit single buffer", "fastkit double buffer", "c+(L-1)max(c,g)+g"):
         assert row in md
     assert "| fastkit double buffer | n/a" not in md and "| fastkit single buffer | n/a" not in md
-    assert md in capsys.readouterr().out
+    assert md in printed
