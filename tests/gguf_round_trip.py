@@ -269,7 +269,7 @@ def quickstart_texts(tokenizer) -> list[str]:
 
 def all_rows(tmp: Path) -> list[Row]:
     """Every family twin in f16 / q8_0, the 4-bit-expert MoE, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
-    from fastkit.gguf_export import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
+    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
 
     rows = []
     for label in TWINS:
@@ -300,7 +300,7 @@ def moe_4bit_model():
     expert weights set to the dequantized NF4 values): the reference the GGUF must reproduce."""
     import copy
 
-    from fastkit.patches.moe_4bit import NF4Experts, quantize_experts
+    from fastkit.patches.moe.nf4 import NF4Experts, quantize_experts
     from fastkit.twins import twin, twin_bpe_tokenizer
 
     tokenizer = twin_bpe_tokenizer("qwen2", corpus=tuple(texts_raw()))

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fastkit import FastkitError, FastModel
-from fastkit.gguf_export import merged_parameters, save_gguf
-from fastkit.gguf_vocab import pre_tokenizer_name
+from fastkit.export.gguf import merged_parameters, save_gguf
+from fastkit.export.gguf_vocab import pre_tokenizer_name
 from fastkit.twins import twin, twin_bpe_tokenizer, twin_tokenizer
 from tests.helpers import save_twin, train_lora_steps
 
@@ -168,7 +168,7 @@ def test_tokenizer_llama_cpp_cannot_load_is_refused(tmp_path):
 
 
 def test_stop_tokens_come_from_the_template():
-    from fastkit.gguf_vocab import modelfile, stop_tokens
+    from fastkit.export.gguf_vocab import modelfile, stop_tokens
 
     tok = twin_bpe_tokenizer()
     assert stop_tokens(tok) == ["<|im_end|>"]
@@ -317,11 +317,11 @@ def test_4bit_experts_are_dequantized_into_the_file(tmp_path):
 
 
 def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
-    import fastkit.gguf_export as ge
+    import fastkit.export.gguf as ge
 
     model = twin("qwen3_moe")
     monkeypatch.setattr(ge, "_dequantized_experts", lambda base: [])  # a storage fastkit cannot read
-    from fastkit.patches.moe_4bit import quantize_experts
+    from fastkit.patches.moe.nf4 import quantize_experts
 
     quantize_experts(model)
     with pytest.raises(FastkitError, match="expert tensors"):

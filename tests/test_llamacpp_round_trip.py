@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fastkit.gguf_export import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
+from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
 from tests import gguf_round_trip as rt
 
 TOLERANCE = {"f16": 5e-3, "q8_0": 8e-2}

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 from fastkit.errors import FastkitError
-from fastkit.gguf_vocab import restore_pre_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +53,8 @@ def smollm2_135m_instruct() -> str:
     logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from fastkit.export.gguf_vocab import restore_pre_tokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     restore_pre_tokenizer(tokenizer, SMOLLM2_PRE)  # transformers' GGUF reader drops tokenizer.ggml.pre
@@ -73,7 +74,7 @@ def _repair_tokenizer(target: Path) -> None:
     """A folder cached before the pre-tokenizer was restored splits like GPT-2: give it SmolLM2's split."""
     import json
 
-    from fastkit.gguf_vocab import pre_tokenizer_name
+    from fastkit.export.gguf_vocab import pre_tokenizer_name, restore_pre_tokenizer
 
     spec = json.loads((target / "tokenizer.json").read_text())
     try:
