@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from fastkit import checks
+from fastkit import _hf, checks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
 from fastkit.data import check_dataset
 from fastkit.errors import FastkitError
-from fastkit.patching import active_patches, unwrap
+from fastkit.patching import active_patches, change, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,8 @@ def make_trainer(
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                                      drop_invalid=drop_invalid)
     dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
-    unwrap(model).config.use_cache = False  # never mix documents through a KV cache while training
+    # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     config = dict(
         output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
@@ -162,7 +163,6 @@ def _attach_packed_metadata(trainer) -> None:
 
 
 # -- running a trainer under the dashboard -----------------------------------------------------
-_PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterCallback")
 
 
 def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
@@ -186,7 +186,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     kwargs["examples"] = getattr(attached, "examples", None)
     callback = dashboard_callback(view, title, **kwargs)
     set_aside = [cb for cb in list(trainer.callback_handler.callbacks)
-                 if type(cb).__name__ in _PROGRESS_CALLBACKS or isinstance(cb, MetricsCallback)]
+                 if _hf.is_progress_callback(cb) or isinstance(cb, MetricsCallback)]
     for cb in set_aside:
         trainer.remove_callback(cb)
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys

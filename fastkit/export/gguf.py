@@ -99,7 +99,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
                            "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
-    if spec.get("model", {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
+    if not _hf.byte_level_bpe(spec):
         raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
                            "Qwen / SmolLM style); pass the model's own AutoTokenizer.")
     if path.exists() and not path.is_dir():

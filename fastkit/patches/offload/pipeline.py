@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from fastkit import _torch
 from fastkit.patches.offload.streams import CopyStreams, Span
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def _capacity(numel: int) -> int:
 def _other_readers(buf: torch.Tensor) -> int:
     """References to ``buf``'s storage besides ``buf`` itself (views held by autograd, copies in flight)."""
     storage = buf.untyped_storage()  # this temporary Python object holds one reference too
-    return torch._C._storage_Use_Count(storage._cdata) - 2
+    return _torch.storage_use_count(storage) - 2
 
 
 class HostPool:
@@ -362,7 +363,7 @@ class OffloadController:
             return
         now = time.perf_counter()
         self._open_compute = Span("compute", layer, now, now)
-        torch.autograd.Variable._execution_engine.queue_callback(self._trace_end_compute)
+        _torch.queue_backward_callback(self._trace_end_compute)
 
 
 # Note: [copy after produce]
