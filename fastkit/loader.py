@@ -65,10 +65,6 @@ class LoadReport:
         return "\n".join(lines)
 
 
-base_model = unwrap
-"""Alias of :func:`fastkit.patching.unwrap` (the transformers model under a PEFT wrapper); use that."""
-
-
 def _check_source(name_or_path: str, gguf_file: str | None) -> None:
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise FastkitError("name_or_path must be a local folder or a Hugging Face model id, got "
@@ -448,5 +444,5 @@ def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offloa
     return "checkpoint"
 
 
-__all__ = ["FastModel", "LoadReport", "active_patches", "base_model", "enable_checkpointing", "report",
+__all__ = ["FastModel", "LoadReport", "active_patches", "enable_checkpointing", "report",
            "require_chat_template", "unwrap"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from fastkit import _hf
+from fastkit.patches.loss.chunked import CHUNK_BYTES  # the chunk the loss uses is the chunk planned
 
-CHUNK_BYTES = 128 * 2**20  # fastkit.patches.loss.chunked.CHUNK_BYTES (kept equal by a test)
 TRL_TILE = (4096, 32768)  # tokens x vocabulary per tile of TRL's fused LM head (trl.kernels.chunked_logprob)
 
 

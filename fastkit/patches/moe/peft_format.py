@@ -159,7 +159,8 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
     ``directory`` (the inverse of :func:`add_to_peft_adapter`). Returns the experts module names.
     ``targets``: load only these expert projections (see :func:`expert_targets`); default all of the adapter's.
 
-    Everything is checked before the factors are attached. An adapter fastkit's factors cannot hold
+    Names, ranks and tensor keys are checked before the factors are attached; a shape that does not fit
+    detaches them again (the model is left as it was) and raises. An adapter fastkit's factors cannot hold
     (a router target, ranks differing per projection) raises; ``PeftModel.from_pretrained`` loads it,
     and fastkit's ``moe`` patch runs PEFT's expert adapters per expert group as well.
     """
@@ -189,8 +190,20 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
         raise FastkitError(f"{directory}: expert projections use several (rank, alpha) pairs {sorted(hyper)}; "
                            "fastkit's expert LoRA has one; load it with peft.PeftModel.from_pretrained instead.")
     (r, alpha), = hyper
+    missing = [f"{w}.lora_{ab}.weight" for w in paths.values() for ab in "AB" if f"{w}.lora_{ab}.weight" not in tensors]
+    if missing:
+        raise FastkitError(f"{directory}: the adapter file lacks {missing[:3]} (a truncated or foreign adapter).")
     names = add_expert_lora(model, r=r, lora_alpha=alpha, use_rslora=bool(config.get("use_rslora", False)))
-    own = dict(expert_lora_modules(model))
+    try:
+        _fill(dict(expert_lora_modules(model)), paths, tensors)
+    except Exception:  # shapes that do not fit this model: detach again, the model is as it was
+        revert(model, [PATCH_NAME])
+        raise
+    return names
+
+
+def _fill(own: dict, paths: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
+    """Copy PEFT's ``(r·E, in)`` / ``(out, r·E)`` factors into fastkit's ``(E, r, in)`` / ``(E, out, r)``."""
     for key, wrapper in paths.items():
         name, _, proj = key.rpartition(".")
         a_peft = tensors[f"{wrapper}.lora_A.weight"]  # (r·E, in)
@@ -200,7 +213,6 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
         with torch.no_grad():
             a_ours.copy_(a_peft.reshape(e, -1, a_peft.shape[-1]))  # (E, r, in)
             b_ours.copy_(b_peft.reshape(b_peft.shape[0], -1, e).permute(2, 0, 1))  # (E, out, r)
-    return names
 
 
 __all__ = ["add_to_peft_adapter", "expert_targets", "factors_from_adapter", "load_expert_lora", "load_into",

@@ -40,17 +40,12 @@ from typing import Any
 import torch
 
 from fastkit import _hf, registry
-from fastkit.device import GiB, host_ram
+from fastkit.device import host_ram
 from fastkit.errors import FastkitError
-from fastkit.patches.offload.pipeline import (
-    MiB,
-    OffloadController,
-    OffloadedCheckpoint,
-    OffloadStats,
-    fmt_bytes,
-)
+from fastkit.patches.offload.pipeline import OffloadController, OffloadedCheckpoint, OffloadStats
 from fastkit.patches.offload.streams import CopyStreams, CpuStreams, CudaStreams, Throttle
 from fastkit.patching import Swapper, apply_patch, report, unwrap
+from fastkit.units import GiB, MiB, fmt_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -42,11 +42,10 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from fastkit import _torch
 from fastkit.patches.offload.streams import CopyStreams, Span
+from fastkit.units import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
-MiB = 1024**2
-GiB = 1024**3
 
 
 class PipelineConfig(Protocol):
@@ -89,14 +88,6 @@ class OffloadStats:
     """Reloads started one layer early (double buffer)."""
     on_demand: int = 0
     """Reloads started only when the layer was unpacked (single buffer, or an unpredicted order)."""
-
-
-def fmt_bytes(n: float) -> str:
-    """``1.50 GiB``, ``12.0 MiB``, ``24.0 KiB``: the unit that keeps the number readable."""
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 # --------------------------------------------------------------------------------------------
