@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -262,24 +263,36 @@ def output_dir(name: str, out: str | os.PathLike | None, quick: bool) -> Path:
     return _QUICK_DIRS[name]
 
 
-def write_outputs(name: str, markdown: str, figure=None, *, out: str | os.PathLike | None = None,
-                  quick: bool = False) -> Path:
-    """Write ``bench_<name>.md`` (and ``.png`` from a matplotlib figure, then closed) and print the table.
+def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = None, *,
+                  out: str | os.PathLike | None = None, quick: bool = False) -> Path:
+    """Write ``bench_<name>.md``, print it, then draw ``bench_<name>.png`` from ``plot()`` (a matplotlib figure).
 
+    The table is written before the plot is even built, so a plot that fails (matplotlib absent, as on
+    the GPU machine) never costs the table: the failure is logged and the bench still succeeds.
     Returns the markdown file's path; see :func:`output_dir` for where it goes.
     """
     folder = output_dir(name, out, quick)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench_{name}.md"
     path.write_text(markdown)
-    if figure is not None:
-        figure.savefig(folder / f"bench_{name}.png", dpi=110, bbox_inches="tight")
-        import matplotlib.pyplot as plt
-
-        plt.close(figure)
     print(markdown)
     print(f"written: {path}")
+    if plot is not None:
+        _save_plot(plot, folder / f"bench_{name}.png")
     return path
+
+
+def _save_plot(plot: Callable[[], Any], path: Path) -> None:
+    try:
+        figure = plot()
+    except ImportError as exc:  # matplotlib is optional (the `notebook` extra); the table is what counts
+        print(f"plot skipped ({exc}); the table above is complete", flush=True)
+        return
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    print(f"written: {path}")
 
 
 def agg_pyplot():

@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             last = time.monotonic() - t0
             write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows), out=args.out,
                           quick=args.quick)
-    write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows), _plot(rows) if rows else None,
-                  out=args.out, quick=args.quick)
+    write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows),
+                  (lambda: _plot(rows)) if rows else None, out=args.out, quick=args.quick)
     return 0
 
 

@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     tm = run_model(p, device, config, budget) if budget.allows(budget.elapsed() * 0.5) else []
     if not tm and not budget.skipped:
         budget.skip("the time model")
-    write(strat, tm, _figure(tm) if tm else None)
+    write(strat, tm, (lambda: _figure(tm)) if tm else None)
     return 0
 
 

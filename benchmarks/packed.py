@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             _measure_config(n_layers, t, args, shape, dtype, device, rows, model_rows, budget)
             last = (time.monotonic() - t0, n_layers, t)
             write()  # the table so far: a run capped from outside still leaves it
-    write(plot(rows, attn_rows))
+    write(lambda: plot(rows, attn_rows))
     return 0
 
 

@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(_compare(case, args, device))
             last = time.monotonic() - t0
             write_outputs("sft", render(results, header, args, budget.note()), out=args.out, quick=args.quick)
-    write_outputs("sft", render(results, header, args, budget.note()), plot(results) if results else None,
+    write_outputs("sft", render(results, header, args, budget.note()), (lambda: plot(results)) if results else None,
                   out=args.out, quick=args.quick)
     return 0
 

@@ -59,6 +59,17 @@ def test_quick_runs_never_write_into_assets(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / common.ASSETS).exists()
 
 
+def test_table_is_written_before_the_plot_and_survives_a_missing_matplotlib(tmp_path, capsys):
+    # The GPU machine has no matplotlib: the plot fails, the table must already be there and the bench succeed.
+    def plot():
+        assert (tmp_path / "bench_demo.md").read_text() == "| a |\n"  # table first
+        raise ImportError("No module named 'matplotlib'")
+
+    path = common.write_outputs("demo", "| a |\n", plot, out=tmp_path)
+    assert path.read_text() == "| a |\n" and not (tmp_path / "bench_demo.png").exists()
+    assert "plot skipped (No module named 'matplotlib')" in capsys.readouterr().out
+
+
 def test_one_byte_formatter_and_one_table_renderer():
     assert common.fmt_bytes(3 * 2**29) == "1.50 GiB" and common.fmt_bytes(12 * 2**20) == "12.0 MiB"
     assert common.fmt_bytes(24 * 1024) == "24.0 KiB" and common.fmt_bytes(512) == "512 B"

@@ -254,7 +254,9 @@ class OffloadController:
         """A new forward pass starts at the first checkpointed layer."""
         self._last = _dead
 
-    def pack(self, layer: int, x: torch.Tensor) -> Entry:
+    def pack(self, layer: int, x: torch.Tensor) -> Entry | torch.Tensor:
+        if x.numel() == 0:  # See Note: [empty saved tensors]
+            return x
         with self._lock:
             entry = Entry(layer, x, self._last)
             self._last = weakref.ref(entry)
@@ -282,7 +284,7 @@ class OffloadController:
             return "not a dense contiguous tensor"
         if x.numel() * x.element_size() < cfg.min_bytes:
             return f"below min_bytes={cfg.min_bytes}"
-        if x.numel() // x.shape[-1] < cfg.min_tokens:
+        if x.numel() // max(x.shape[-1], 1) < cfg.min_tokens:
             return f"below min_tokens={cfg.min_tokens}"
         return None
 
@@ -298,7 +300,9 @@ class OffloadController:
 
     # -- backward --------------------------------------------------------------------------
 
-    def unpack(self, entry: Entry) -> torch.Tensor:
+    def unpack(self, entry: Entry | torch.Tensor) -> torch.Tensor:
+        if not isinstance(entry, Entry):  # an empty tensor packed as itself: Note [empty saved tensors]
+            return entry
         with self._lock:
             self._trace_end_compute()
             out = self._take(entry)
@@ -409,6 +413,13 @@ class OffloadController:
 # forward (chains restart at layer 0), so when layer i is unpacked the reload of layer i-1 starts
 # and overlaps layer i's recompute + backward. If autograd ever asks in another order the unpack
 # simply reloads on demand: the prediction affects speed, never values.
+
+
+# Note: [empty saved tensors]
+# torch 2.11's checkpoint saves an empty ``(0,)`` dummy tensor beside the layer input (2.13 does
+# not). It holds no data, so it is packed as itself: no Entry, no host buffer, no place in the
+# reload chain (it must not count as a layer input, or the one-layer-early prefetch would pair
+# the wrong tensors and the kept/offloaded counts would double), and unpack hands it back as is.
 
 
 class OffloadedCheckpoint:
