@@ -29,7 +29,6 @@ from benchmarks.common import (
     agg_pyplot,
     bench_device,
     bench_parser,
-    fmt_bytes,
     fmt_ms,
     fmt_ratio,
     load_line,
@@ -46,6 +45,7 @@ from fastkit.patches.offload.patch import OffloadConfig, enable_offload, offload
 from fastkit.patches.offload.streams import Throttle
 from fastkit.patching import revert
 from fastkit.testing import OffloadTestConfig
+from fastkit.units import fmt_bytes
 
 MODES = ["no checkpointing", "plain checkpointing", "transformers offload=True", "TRL activation_offloading",
          "fastkit single buffer", "fastkit double buffer"]

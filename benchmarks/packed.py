@@ -33,7 +33,6 @@ from benchmarks.common import (
     agg_pyplot,
     bench_device,
     bench_parser,
-    fmt_bytes,
     fmt_ms,
     fmt_ratio,
     load_line,
@@ -45,6 +44,7 @@ from benchmarks.common import (
     write_outputs,
 )
 from fastkit.syncs import SyncCounter
+from fastkit.units import fmt_bytes
 
 
 @dataclass
