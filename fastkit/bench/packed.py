@@ -324,14 +324,17 @@ def _hybrid(tokens: int, args, dtype, device, gpu: bool) -> list[dict]:
     for model, batch in paths.values():  # warm-up: first calls (allocator, lazy imports) off the clock
         step(model, batch)
     times: dict[str, list[float]] = {p: [] for p in paths}
+    cpu: dict[str, list[float]] = {p: [] for p in paths}  # this process's CPU ms: robust to other processes' load
     for _ in range(max(args.reps, 3)):  # at least 3 interleaved repeats: the row is small
         for p, (model, batch) in paths.items():
+            c0 = time.process_time()
             times[p].append(_timed(lambda m=model, b=batch: step(m, b), device))
+            cpu[p].append((time.process_time() - c0) * 1e3)
     rows = []
     for p, (model, batch) in paths.items():
         with SyncCounter() as sc:
             step(model, batch)
-        rows.append(dict(tokens=tokens, docs=len(lengths), path=p, step=times[p], syncs=sc.total,
+        rows.append(dict(tokens=tokens, docs=len(lengths), path=p, step=times[p], cpu=cpu[p], syncs=sc.total,
                          slots=batch["input_ids"].numel(), loss=losses[p]))
     return rows
 
@@ -340,14 +343,18 @@ def _render_hybrid(rows: list[dict], gpu: bool) -> list[str]:
     shape = HYBRID_GPU if gpu else HYBRID_CPU
     ref = next(r for r in rows if r["path"].endswith("padded batches"))
     cells = [[r["tokens"], r["docs"], r["path"], fmt_ms(r["step"], 0),
-              "1 (reference)" if r is ref else fmt_ratio(ref["step"], r["step"]), r["syncs"], r["slots"],
+              "1 (reference)" if r is ref else fmt_ratio(ref["step"], r["step"]), fmt_ms(r["cpu"], 0),
+              "1 (reference)" if r is ref else fmt_ratio(ref["cpu"], r["cpu"]), r["syncs"], r["slots"],
               f"{r['loss']:.5f}"] for r in rows]
     return [f"Hybrid (qwen3_5 twin, 4 layers: 3 gated DeltaNet + 1 attention, hidden {shape['hidden_size']}, "
             f"{shape['linear_num_value_heads']} value heads × {shape['linear_value_head_dim']}), fwd+bwd per step; "
             "'padded batches' is the best correct alternative without fastkit (one document per row). The loss "
-            "column is the same documents' mean loss: equal for the two correct paths.", "",
-            markdown_table(["tokens", "docs", "path", "fwd+bwd ms", "speed-up vs padded [range]", "syncs/step",
-                            "token slots", "loss"], cells, align="rrlrrrrr")]
+            "column is the same documents' mean loss: equal for the two correct paths. 'process CPU ms' is this "
+            "process's CPU time per step (on a shared CPU it is far less noisy than wall time; on a GPU it is host "
+            "time only).", "",
+            markdown_table(["tokens", "docs", "path", "fwd+bwd ms", "speed-up vs padded [range]",
+                            "process CPU ms", "CPU ratio vs padded [range]", "syncs/step", "token slots", "loss"],
+                           cells, align="rrlrrrrrrr")]
 
 
 def _mib(n: int) -> str:
@@ -437,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens per packed row (default 1024 2048; gpu 2048 8192 16384)")
     parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
     parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 keeps a shared CPU's timings stable; default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = bench_device(args.gpu)
     budget = TimeBudget(args.budget_s)
@@ -456,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     from fastkit.device import describe_device
 
     header = (f"Packed-sequence benchmark on {describe_device(device)}, torch {torch.__version__}, {str(dtype)[6:]}; "
-              f"{load}. {shape.describe()}; documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
+              f"{load}, {torch.get_num_threads()} torch threads. {shape.describe()};"
+              f" documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
               f"activation checkpointing {'off' if args.no_checkpointing else 'on'}; {reps} interleaved repetitions, "
               "each time cell median (min, spread = (max−min)/median). 'transformers' is its sdpa path with the dense "
               "(B,1,T,T) packed mask; 'fastkit' gets host lengths (wrap_collator); 'positions only' derives them "
