@@ -49,7 +49,7 @@ class ModelFacts:
     """Anything a user should know, shown in the load banner."""
     stateful: tuple[str, ...] = ()
     """Class names of the layers that carry state along the sequence (linear attention, causal conv, SSM);
-    the packing patch restarts each at every document start (:mod:`fastkit.patches.packing_state`)."""
+    the packing patch restarts each at every document start (:mod:`fastkit.patches.packing.state`)."""
 
 
 MODEL_TABLE: dict[str, ModelFacts] = {
@@ -72,7 +72,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
 }
 
 # ---- Hybrid (stateful) families: packing exact because their stateful layers restart per document
-# (fastkit/patches/packing_state.py; proof: tests/test_packing_state.py, table: docs/packing.md). ----
+# (fastkit/patches/packing/state.py; proof: tests/test_packing_state.py, table: docs/packing.md). ----
 _GDN = "gated DeltaNet (causal conv1d + chunked delta-rule state) restarts per document"
 _MAMBA = "Mamba mixer (causal conv1d + SSM scan state) restarts per document"
 MODEL_TABLE.update({f.model_type: f for f in [

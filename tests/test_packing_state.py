@@ -18,8 +18,8 @@ import torch
 
 from fastkit.errors import FastkitError
 from fastkit.loader import FastModel
-from fastkit.patches import packing_state
 from fastkit.patches.packing import LENGTHS_KWARG, PackedAttentionPatch
+from fastkit.patches.packing import state as packing_state
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.registry import ModelFacts, facts_for
 from fastkit.syncs import SyncCounter
