@@ -62,6 +62,15 @@ def has_causal_lm_head(model_type: str) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+def is_stateful_model(model: torch.nn.Module) -> bool:
+    """True when the model class declares recurrent / SSM state along the sequence.
+
+    Reads ``PreTrainedModel._is_stateful`` (set by mamba, jamba, qwen3_next, qwen3_5, falcon_h1, ... in 5.24;
+    not by lfm2, whose ``ShortConv`` is caught as a ``Conv1d``). checked: transformers 5.24.
+    """
+    return bool(getattr(type(model), "_is_stateful", False))
+
+
 def attn_implementation(config) -> str | None:
     """The attention key transformers dispatches to: reads ``config._attn_implementation`` (a property).
 
@@ -411,7 +420,8 @@ __all__ = [
     "byte_level_bpe", "has_no_4bit_layout", "is_bnb_linear", "is_fused_experts_class", "is_progress_callback",
     "looped_experts_kind",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
-    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "on_param_loaded",
+    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
+    "on_param_loaded",
     "peft_delta",
     "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",

@@ -63,6 +63,11 @@ def _peft_moe(r=4, alpha=8):
 # --------------------------------------------------------------------------------------------- accessors
 
 
+def check_is_stateful_model():
+    assert _hf.is_stateful_model(twin("qwen3_5_text")) and _hf.is_stateful_model(twin("jamba"))
+    assert not _hf.is_stateful_model(twin("llama"))
+
+
 def check_has_causal_lm_head():
     assert _hf.has_causal_lm_head("qwen3") and _hf.has_causal_lm_head("gpt_oss")
     assert not _hf.has_causal_lm_head("vit")
