@@ -149,3 +149,39 @@ def twin_tokenizer() -> PreTrainedTokenizerFast:
     tok.chat_template = CHATML_TEMPLATE
     tok.model_max_length = 32768
     return tok
+
+
+# A small corpus the BPE twin tokenizer learns its merges from (prose, quotes, code, numbers).
+TWIN_BPE_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. It's 12:30, isn't it? \"Yes,\" she said.",
+    "def add(a, b):\n    return a + b  # sum of 2 numbers\n\nprint(add(3, 4))",
+    "Total: $1,234.56 (approx.) -- that's 3.5% more than in 2023!",
+    "<div class='note'>a <= b && c >= d | e ~ f</div>",
+    "the theme of the thesis: there, then, these, those, other, another, mother, brother",
+)
+
+
+def twin_bpe_tokenizer(pre: str = "gpt-2", corpus: tuple[str, ...] = TWIN_BPE_CORPUS) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer WITH merges (what llama.cpp needs; :func:`twin_tokenizer` has none) that
+    splits text like llama.cpp's pre-tokenizer ``pre`` ("gpt-2", "smollm", "llama-bpe", "qwen2", ...),
+    ChatML specials at ids 0-2, trained on ``corpus`` up to ``TWIN_VOCAB_SIZE`` entries."""
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from tokenizers import pre_tokenizers as pt
+
+    from fastkit.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_object
+
+    facts = next(p for p in PRE_TOKENIZERS if p.name == pre)
+    backend = Tokenizer(models.BPE(ignore_merges=facts.ignore_merges))
+    backend.pre_tokenizer = pre_tokenizer_object(pre)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TWIN_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pt.ByteLevel.alphabet())
+    backend.train_from_iterator(list(corpus) * 4, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    tok.model_max_length = 32768
+    return tok

@@ -215,8 +215,9 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
 def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
               name: str | None = None) -> str:
     """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
-    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"``. Returns the .gguf
-    path. See :mod:`fastkit.export.gguf`."""
+    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
+    ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
+    .gguf path. See :mod:`fastkit.export.gguf` and docs/export.md."""
     from fastkit.export.gguf import save_gguf as _save_gguf
 
     return _save_gguf(model, tokenizer, path, quantization=quantization, name=name)
