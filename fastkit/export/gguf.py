@@ -113,7 +113,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     _check_window(config, model_type)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
-    if spec.get("model", {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
+    if not _hf.byte_level_bpe(spec):
         raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
                            "Qwen / SmolLM style); pass the model's own AutoTokenizer.")
     check_tokenizer(spec)  # merges present, a pre-tokenizer llama.cpp splits the same way
