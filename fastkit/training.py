@@ -99,7 +99,7 @@ def make_trainer(
         raise FastkitError(f"save_steps must be a positive number of steps or None (no checkpoints), got {save_steps}.")
     if eval_dataset is not None:
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
-                                     drop_invalid=drop_invalid)
+                                     drop_invalid=drop_invalid, where="eval_dataset")
     dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
     unwrap(model).config.use_cache = False  # never mix documents through a KV cache while training
     config = dict(
