@@ -110,8 +110,11 @@ def modelfile(tokenizer, gguf_name: str) -> str:
     if rendered == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n":
         lines.append(f'TEMPLATE """{_CHATML_GO}"""')
         lines.append('PARAMETER stop "<|im_end|>"')
-    elif tokenizer.eos_token:
+    elif tokenizer.eos_token and not any(c in tokenizer.eos_token for c in '"\n\r\\'):
         lines.append(f'PARAMETER stop "{tokenizer.eos_token}"')
+    elif tokenizer.eos_token:  # a quote or newline would end the line early and inject Modelfile commands
+        logger.warning("fastkit: Modelfile written without a stop line: eos_token %r holds a quote, backslash or "
+                       "newline; Ollama reads the stop token from the GGUF instead.", tokenizer.eos_token)
     return "\n".join(lines) + "\n"
 
 
