@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from fastkit import checks, saving
+from fastkit.adapter_checks import write_info
 from fastkit.errors import FastkitError
 from fastkit.patching import revert, unwrap
 
@@ -95,6 +96,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
         from fastkit.patches.moe_lora_peft import add_to_peft_adapter
 
         add_to_peft_adapter(model, str(tmp))  # expert factors, if any, as PEFT target_parameters
+        write_info(model, tmp)  # the family and sizes, so load_lora can name another model's adapter
         tokenizer.save_pretrained(str(tmp))
         if check_verify:
             _verify_adapter(model, tmp)
@@ -143,12 +145,22 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
 
     from peft import LoraConfig, PeftModel
 
+    from fastkit.adapter_checks import check_adapter_fits
     from fastkit.patches.moe_lora_peft import expert_targets, load_into
 
-    config_file = Path(path) / "adapter_config.json"
+    if not isinstance(is_trainable, bool):
+        raise FastkitError(f"load_lora(is_trainable={is_trainable!r}): give True or False.")
+    config_file = Path(checks.check_save_target(path, "load_lora path")) / "adapter_config.json"
     if not config_file.is_file():
-        raise FastkitError(f"{path}: no adapter_config.json; give the folder save_lora wrote.")
-    values = json.loads(config_file.read_text())
+        raise FastkitError(f"load_lora({str(path)!r}): no adapter_config.json there; give the folder save_lora wrote.")
+    try:
+        values = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise FastkitError(f"load_lora: {config_file} is not valid JSON ({exc}); save the adapter again.") from exc
+    if values.get("peft_type", "LORA") != "LORA":
+        raise FastkitError(f"load_lora: {config_file} is a {values.get('peft_type')} adapter; fastkit loads LoRA.")
+    model = _without_adapter(model)  # a model that already has an adapter: this one replaces it, never nests
+    check_adapter_fits(model, path, values)
     targets = list(values.get("target_parameters") or ())
     experts = expert_targets(model, targets)  # into fastkit's factors; the rest (a router) stays PEFT's
     for key in ("rank_pattern", "alpha_pattern"):  # fastkit writes expert patterns only for expert targets
@@ -162,6 +174,19 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
             for p in peft_model.parameters():
                 p.requires_grad_(False)
     return peft_model
+
+
+def _without_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """The base model under any PEFT adapter (removed, not merged), so a loaded adapter never nests."""
+    if not hasattr(model, "peft_config"):
+        return model
+    from fastkit.patches.moe_lora import expert_lora_modules
+
+    if expert_lora_modules(model):
+        raise FastkitError("load_lora: this model already carries fastkit expert LoRA; load the adapter onto a "
+                           "freshly loaded model (FastModel.from_pretrained) instead.")
+    logger.info("fastkit: load_lora: the model's adapter %s is replaced by the one loaded", list(model.peft_config))
+    return model.unload()
 
 
 def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
