@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from fastkit.device import describe_device
-from fastkit.errors import GPUOnlyError
+from fastkit.errors import FastkitError, GPUOnlyError
 
 ASSETS = "assets"
 """Where full runs write their tables by default (relative to the working directory: run from the repo root)."""
@@ -73,10 +73,11 @@ def bench_device(gpu: bool) -> torch.device:
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a bench's ``main``; a :class:`GPUOnlyError` is printed (no traceback) and gives exit status 2."""
+    """Run a bench's ``main``; a :class:`FastkitError` (``--gpu`` without CUDA, nothing measured) is printed
+    as one line (no traceback) and gives exit status 2."""
     try:
         return int(main(argv) or 0)
-    except GPUOnlyError as exc:
+    except FastkitError as exc:
         print(f"fastkit bench: {exc}", file=sys.stderr)
         return 2
 
@@ -258,12 +259,24 @@ def output_dir(name: str, out: str | os.PathLike | None, quick: bool) -> Path:
     return Path(ASSETS)
 
 
+def check_measured(name: str, markdown: str) -> None:
+    """Raise unless the bench's markdown holds at least one table row of measurements."""
+    import re
+
+    rows = [line for line in markdown.splitlines() if line.lstrip().startswith("|")]
+    separators = [line for line in rows if re.fullmatch(r"\s*\|[\s:|-]+\|\s*", line)]
+    if len(rows) - 2 * len(separators) <= 0:  # each table: a header and a separator line, then data
+        raise FastkitError(f"fastkit bench {name}: nothing was measured (no table rows; check the case / model names "
+                           "given), so no table was written.")
+
+
 def write_outputs(name: str, markdown: str, figure=None, *, out: str | os.PathLike | None = None,
                   quick: bool = False) -> Path:
     """Write ``bench_<name>.md`` (and ``.png`` from a matplotlib figure, then closed) and print the table.
 
     Returns the markdown file's path; see :func:`output_dir` for where it goes.
     """
+    check_measured(name, markdown)  # a typo that selects no case never replaces a committed table
     folder = output_dir(name, out, quick)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench_{name}.md"
