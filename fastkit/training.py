@@ -22,6 +22,7 @@ import torch
 from fastkit import checks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
+from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, unwrap
@@ -93,12 +94,11 @@ def make_trainer(
     checks.check_max_steps(max_steps)
     if max_seq_length is not None:
         checks.check_max_seq_length(max_seq_length)
+    _check_trainer_options(locals(), sft_overrides, SFTConfig)
     max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
     _check_packing_supported(model, packing)
     dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                             drop_invalid=drop_invalid)
-    if save_steps is not None and save_steps < 1:
-        raise FastkitError(f"save_steps must be a positive number of steps or None (no checkpoints), got {save_steps}.")
     if eval_dataset is not None:
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                                      drop_invalid=drop_invalid, where="eval_dataset")
@@ -131,6 +131,28 @@ def make_trainer(
         if not ok:
             logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
     return trainer
+
+
+def _check_trainer_options(given: dict[str, Any], sft_overrides: dict[str, Any], sft_config) -> None:
+    """make_trainer's options, each refused with its name before any work (typos in overrides included)."""
+    import dataclasses
+
+    checks.check_positive("learning_rate", given["learning_rate"], integer=False)
+    for name in ("batch_size", "gradient_accumulation_steps"):
+        checks.check_positive(name, given[name])
+    for name in ("eval_steps", "save_steps"):
+        checks.check_positive(name, given[name], allow_none=True)
+    for name in ("packing", "completion_only_loss", "drop_long", "drop_invalid", "measure_syncs"):
+        checks.check_bool(name, given[name])
+    if given["chunked_loss"] is not None:
+        checks.check_bool("chunked_loss", given["chunked_loss"])
+    if isinstance(given["seed"], bool) or not isinstance(given["seed"], int) or given["seed"] < 0:
+        raise FastkitError(f"seed must be a non-negative int, got {given['seed']!r}.")
+    checks.check_choice("dashboard", given["dashboard"], VIEWS)
+    checks.check_save_target(given["output_dir"], "output_dir")
+    if given["eval_steps"] is not None and given["eval_dataset"] is None:
+        raise FastkitError("eval_steps is set but eval_dataset is None: give eval_dataset (or drop eval_steps).")
+    checks.check_known_options("make_trainer", sft_overrides, {f.name for f in dataclasses.fields(sft_config)})
 
 
 def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> None:
@@ -188,6 +210,11 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     and stays usable (gradients dropped, memory released), and the cell does not fail. Any other
     error also shows the summary, then propagates.
     """
+    checks.check_choice("view", view, VIEWS)
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise FastkitError(f"warmup_steps must be a non-negative int, got {warmup_steps!r}.")
+    checks.check_bool("measure_syncs", measure_syncs)
+    checks.check_known_options("fit", train_kwargs, ("resume_from_checkpoint", "trial", "ignore_keys_for_eval"))
     kwargs = dict(warmup_steps=warmup_steps, measure_syncs=measure_syncs)
     if clock is not None:
         kwargs["clock"] = clock
