@@ -179,6 +179,7 @@ def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
     try:
         return Dataset.from_list(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        _refuse_nested(rows, where)  # a nested field of the wrong type: name its row and field
         raise FastkitError(f"{where}: the rows do not form one table ({exc}); give every row the same fields with "
                            "the same types.") from exc
 
@@ -271,6 +272,21 @@ def _from_folder(path: Path, split: str, where: str):
     preferred = [p for p in files if p.name.lower().startswith(split)] or files
     rows = [row for p in preferred for row in read_rows(p)]
     return rows_to_dataset(rows, where=str(path))
+
+
+def _refuse_nested(rows: list[dict], where: str) -> None:
+    """Arrow could not build one table: when a row check explains why, raise with its rows and field."""
+    from fastkit.formats import detect_format
+
+    try:
+        fmt = detect_format({k for r in rows for k in r})
+    except FastkitError:
+        return
+    problems = [(i, why) for i, row in enumerate(rows) if (why := row_problem(fmt, row))]
+    if problems:
+        bad = [i for i, _ in problems]
+        raise FastkitError(f"{where}: {len(bad)} of {len(rows)} rows cannot be trained (rows {_rows_named(bad)}); "
+                           f"row {bad[0]}: {problems[0][1]}. Fix those rows.")
 
 
 def message_problem(messages: Any) -> str | None:
