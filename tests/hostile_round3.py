@@ -466,6 +466,7 @@ def saves():
         Case("r3_save_lora_foreign_files_refused",
              lambda ctx: (_write(ctx, "lora/notes.docx", b"x"), _lora(ctx))[1], Raises(err, "notes.docx")),
         Case("r3_save_merged_resized_vocab", lambda ctx: _resized(ctx), _resized_ok),
+        Case("r3_save_merged_by_shard_interrupted_keeps_previous", _shard_interrupted, _shard_old_still_good),
     ]
     return [("saves", c) for c in out]
 
@@ -475,6 +476,37 @@ def _save_to(ctx, path):
 
     model, tok = _trained()
     return save_merged(model, tok, path)
+
+
+def _shard_interrupted(ctx):
+    """The shard-by-shard merge (a local base checkpoint) interrupted halfway through its second save."""
+    from fastkit.export import save_merged
+    from fastkit.merge import can_merge_shards
+    from fastkit.twins import twin
+    from tests.helpers import save_twin, train_lora_steps
+
+    src = save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "base")
+    model, tok = FastModel.from_pretrained(src, max_seq_length=64)
+    model = train_lora_steps(FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False), 2)
+    assert can_merge_shards(model, src) is None
+    first = save_merged(model, tok, ctx.tmp / "merged", dtype=torch.float32)
+    want = _probe_logits(model.eval())
+    _break_writer_halfway(ctx, "merged")
+    train_lora_steps(model, 1)  # the second save would hold other weights
+    try:
+        save_merged(model, tok, ctx.tmp / "merged", dtype=torch.float32)
+    except _Crash:
+        pass
+    else:
+        raise AssertionError("the broken writer did not raise")
+    ctx.monkeypatch.undo()
+    return first, want
+
+
+def _shard_old_still_good(result, ctx):
+    first, want = result
+    assert not list(ctx.tmp.glob(".*partial*"))
+    torch.testing.assert_close(_probe_logits(_reload_merged(first)), want, rtol=0, atol=1e-4)  # the first save
 
 
 def _lora_plain(ctx):
