@@ -398,12 +398,12 @@ def _corrupt_written(ctx, kind):
     """The writer writes wrong numbers (a perturbed tensor): the save must refuse, the old output untouched."""
     {"merged": _merged, "gguf": _gguf, "lora": _lora}[kind](ctx)  # an earlier, good output
     if kind == "gguf":
-        import fastkit.gguf_export as ge
+        import fastkit.export.gguf as ge
 
         real = ge._encode
         ctx.monkeypatch.setattr(ge, "_encode", lambda w, q: real(w * 1.5, q))
     elif kind == "merged":
-        import fastkit.export as ex
+        import fastkit.export.save as ex
 
         real_copy = ex._merged_copy
 
@@ -416,7 +416,7 @@ def _corrupt_written(ctx, kind):
     else:
         from safetensors.torch import load_file, save_file
 
-        import fastkit.patches.moe_lora_peft as mlp
+        import fastkit.patches.moe.peft_format as mlp
 
         def zero_b(model, folder):
             f = Path(folder) / "adapter_model.safetensors"
@@ -481,7 +481,7 @@ def _save_to(ctx, path):
 def _shard_interrupted(ctx):
     """The shard-by-shard merge (a local base checkpoint) interrupted halfway through its second save."""
     from fastkit.export import save_merged
-    from fastkit.merge import can_merge_shards
+    from fastkit.export.merge import can_merge_shards
     from fastkit.twins import twin
     from tests.helpers import save_twin, train_lora_steps
 
@@ -982,7 +982,7 @@ def _crash(ctx, exc):
 
 
 def _bench_empty(ctx):
-    from fastkit.bench.common import write_outputs
+    from benchmarks.common import write_outputs
 
     table = ctx.tmp / "bench_moe.md"
     table.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
@@ -1035,9 +1035,9 @@ def cli():
              Raises(RuntimeError, "deep")),
         Case("r3_cli_bench_nothing_measured", _bench_empty, Raises(FastkitError, "nothing was measured")),
         Case("r3_cli_bench_error_exit_2", lambda ctx: (lambda rc: (rc, ctx.capsys.readouterr()))(
-            __import__("fastkit.bench.common", fromlist=["run_cli"]).run_cli(
+            __import__("benchmarks.common", fromlist=["run_cli"]).run_cli(
                 lambda argv: (_ for _ in ()).throw(FastkitError("nothing was measured")), [])),
-             _exit(2, "fastkit bench: nothing was measured")),
+             _exit(2, "benchmarks: nothing was measured")),
     ]
     return [("cli", c) for c in out]
 

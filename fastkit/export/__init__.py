@@ -1,0 +1,15 @@
+"""After training: chat, and every way a model leaves fastkit.
+
+    save.py         ``chat``, ``save_lora`` / ``load_lora`` (PEFT's format), ``save_merged``, ``save_gguf``
+    merge.py        shard-by-shard merge of the adapters into the base's safetensors files
+    gguf.py         the GGUF writer (tensor names, rope order, quantization per tensor)
+    gguf_vocab.py   the GGUF tokenizer keys and the Ollama Modelfile
+    verified.py     every save verified and atomic: written beside, reloaded, logits compared, swapped in
+    adapter_checks.py  load_lora's check of an adapter against the model (family, layers, shapes, ranks)
+
+``from fastkit.export import chat, save_lora, save_gguf`` is the public path.
+"""
+
+from fastkit.export.save import chat, load_lora, save_gguf, save_lora, save_merged
+
+__all__ = ["chat", "load_lora", "save_gguf", "save_lora", "save_merged"]
