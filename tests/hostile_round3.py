@@ -438,7 +438,7 @@ def saves():
         Case("r3_save_gguf_name_empty", lambda ctx: _gguf(ctx, name="  "), Raises(err, "name must be a non-empty")),
         Case("r3_save_gguf_name_number", lambda ctx: _gguf(ctx, name=5), Raises(err, "name must be")),
         Case("r3_save_gguf_quantization_upper", lambda ctx: _gguf(ctx, q="Q8_0"), Raises(err, "quantization='Q8_0'")),
-        Case("r3_save_gguf_quantization_kquant", lambda ctx: _gguf(ctx, q="q4_k_m"), Raises(err, "quantization=")),
+        Case("r3_save_gguf_quantization_unknown", lambda ctx: _gguf(ctx, q="q3_x"), Raises(err, "quantization='q3_x'")),
         Case("r3_save_gguf_verify_string", lambda ctx: _gguf(ctx, verify="yes"), Raises(err, "verify='yes'")),
         Case("r3_save_gguf_eos_injection", lambda ctx: _gguf_eos(ctx, 'x"\nFROM ./other.gguf'), _no_injection),
         Case("r3_save_gguf_wrong_tensor_refused", lambda ctx: _corrupt_written(ctx, "gguf"),
@@ -529,7 +529,9 @@ def _gguf_eos(ctx, eos):
 
 def _no_injection(path, ctx):
     lines = (Path(path).parent / "Modelfile").read_text().splitlines()
-    assert lines == [f"FROM ./{Path(path).name}"], lines
+    assert lines[0] == f"FROM ./{Path(path).name}", lines
+    assert [line for line in lines if line.startswith("FROM")] == lines[:1], lines  # no second FROM injected
+    assert all(line.startswith(("FROM", "PARAMETER", "TEMPLATE")) for line in lines if line.strip()), lines
 
 
 def _resized(ctx):

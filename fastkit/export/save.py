@@ -82,7 +82,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
 
     fastkit's expert LoRA factors are written as PEFT ``target_parameters`` adapters (converted exactly),
     so ``PeftModel.from_pretrained`` on a plain transformers model, vLLM and TGI load the whole adapter;
-    ``fastkit.patches.moe.lora.load_expert_lora`` reads them back into fastkit's per-group factors.
+    ``fastkit.patches.moe.load_expert_lora`` reads them back into fastkit's per-group factors.
     The save is verified and atomic (:mod:`fastkit.export.verified`): PEFT reads the adapter back onto this model
     and must give its logits before the folder replaces an earlier save (``verify=False`` skips the check).
     """
@@ -289,7 +289,8 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from fastkit.patches.moe.lora import load_expert_lora, merge_expert_lora
+    from fastkit.patches.moe.lora import merge_expert_lora
+    from fastkit.patches.moe.peft_format import load_expert_lora
 
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -306,21 +307,18 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
 def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
               name: str | None = None, verify: bool | None = None) -> str:
     """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
-    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"``. Returns the .gguf
-    path. See :mod:`fastkit.export.gguf`.
+    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
+    ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
+    .gguf path. See :mod:`fastkit.export.gguf` and docs/export.md.
 
     Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
     transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
     quantization's tolerance), then each file replaces its earlier version with ``os.replace``. ``name``
     is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
     """
-    from fastkit.export.gguf import QUANTIZATIONS
     from fastkit.export.gguf import save_gguf as _save_gguf
 
     path = checks.check_save_target(path)
-    if quantization not in QUANTIZATIONS:
-        raise FastkitError(f"save_gguf(quantization={quantization!r}) is not supported; use one of "
-                           f"{', '.join(QUANTIZATIONS)} (4-bit: 'q4_0').")
     config = unwrap(model).config
     check_verify = saving.should_verify(model, torch.float16, verify, "save_gguf")
     reference = None
@@ -331,7 +329,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
         if check_verify:
             quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
                                                                                       "is_loaded_in_8bit", False)
-            tol = float("inf") if quantized else saving.TOLERANCE[quantization]
+            tol = float("inf") if quantized else saving.TOLERANCE.get(quantization, saving.TOLERANCE["q4_0"])
             saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf", reference=reference)
         path.mkdir(parents=True, exist_ok=True)
         for file in (written, tmp / "Modelfile"):  # each file replaces its earlier version atomically
