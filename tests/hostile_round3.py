@@ -276,11 +276,19 @@ def _probe_logits(model):
         return model(input_ids=ids).logits
 
 
+@lru_cache(maxsize=1)
+def _bpe_tokenizer():
+    """The twin's byte-level BPE tokenizer with merges (llama.cpp, so save_gguf, needs them), SmolLM2's split."""
+    from fastkit.twins import twin_bpe_tokenizer
+
+    return twin_bpe_tokenizer("smollm")
+
+
 def _gguf(ctx, name=None, q="f16", **kw):
     from fastkit.export import save_gguf
 
-    model, tok = _trained()
-    return save_gguf(model, tok, ctx.tmp / "gguf", quantization=q, name=name, **kw)
+    model, _ = _trained()
+    return save_gguf(model, _bpe_tokenizer(), ctx.tmp / "gguf", quantization=q, name=name, **kw)
 
 
 def _inside(path, ctx):
@@ -517,10 +525,11 @@ def _lora_plain(ctx):
 
 
 def _gguf_eos(ctx, eos):
-    from fastkit.export import save_gguf
-    from fastkit.twins import twin_tokenizer
+    import copy
 
-    tok = twin_tokenizer()
+    from fastkit.export import save_gguf
+
+    tok = copy.deepcopy(_bpe_tokenizer())
     tok.chat_template = None
     tok.add_special_tokens({"eos_token": eos})
     model, _ = _trained()
