@@ -376,21 +376,69 @@ class FastModel:
         """
         from peft import LoraConfig, get_peft_model
 
-        if r <= 0:
-            raise FastkitError(f"LoRA rank r must be positive, got {r}.")
+        check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+                           bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
+        if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
+            return _same_adapter(model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                 target_modules=target_modules, bias=bias)
         torch.manual_seed(random_state)
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             model = prepare_kbit_training(model)
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
-        # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
+        object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
+        # 4-bit experts (patches/moe_4bit.py) have no parameter for PEFT's target_parameters: "all-linear"
         # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
+
+
+ASKED_TARGETS = "fastkit_target_modules"  # on the LoraConfig: target_modules as asked (PEFT resolves 'all-linear')
+
+
+def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use_gradient_checkpointing) -> None:
+    """get_peft_model's options, each refused with its name before PEFT sees it."""
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise FastkitError(f"LoRA rank r must be a positive int, got {r!r}.")
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or lora_alpha <= 0:
+        raise FastkitError(f"lora_alpha must be a positive number, got {lora_alpha!r}.")
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
+        raise FastkitError(f"lora_dropout must be a number in [0, 1), got {lora_dropout!r}.")
+    if not (target_modules == "all-linear" or isinstance(target_modules, str) and target_modules
+            or isinstance(target_modules, (list, tuple, set)) and target_modules
+            and all(isinstance(t, str) and t for t in target_modules)):
+        raise FastkitError(f"target_modules must be 'all-linear', a module name / regex, or a non-empty list of "
+                           f"module names, got {target_modules!r}.")
+    if bias not in ("none", "all", "lora_only"):
+        raise FastkitError(f"bias must be 'none', 'all' or 'lora_only', got {bias!r}.")
+    if use_gradient_checkpointing not in (True, False, "offload", "unsloth"):
+        raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got "
+                           f"{use_gradient_checkpointing!r}.")
+
+
+def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
+    """``model`` as is when its adapter is the one asked for; else a FastkitError naming the differences."""
+    have = model.peft_config[model.active_adapter]
+    diff = []
+    for key, value in asked.items():
+        current = getattr(have, key, None)
+        if key == "target_modules":
+            current = getattr(have, ASKED_TARGETS, current)  # what get_peft_model was given ('all-linear')
+            same = value == current or (not isinstance(value, str) and not isinstance(current, str)
+                                        and set(value) == set(current or ()))
+        else:
+            same = value == current
+        if not same:
+            diff.append(f"{key}={value!r} (the model has {current!r})")
+    if diff:
+        raise FastkitError(f"get_peft_model: the model already has a LoRA adapter, with other options: "
+                           f"{', '.join(diff)}. Re-load the model (FastModel.from_pretrained) for a new adapter.")
+    logger.info("fastkit: the model already has this LoRA adapter; returned as it is (re-run cell)")
+    return model
 
 
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:

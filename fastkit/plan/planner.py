@@ -228,6 +228,7 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     _check_inputs(inputs)
     budget = gpu_budget(gpu)
     config = read_config(model_or_config)
+    _check_decoder(config, max_seq_length)
     inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
     shape = shape_of(config)
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
@@ -236,6 +237,26 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     if not result.fits:
         result.advice = advise(shape, inputs, budget)
     return result
+
+
+def _check_decoder(config, max_seq_length: int) -> None:
+    """The planner models decoder-only causal LMs, within their context length."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    # BERT-style encoders have a causal-LM head class too (BertLMHeadModel); they are masked LMs first
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.model_type in \
+            MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False):
+        raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
+                           "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
+    text = getattr(config, "get_text_config", lambda: config)()
+    context = getattr(text, "max_position_embeddings", None)
+    if isinstance(context, int) and max_seq_length > context:
+        raise FastkitError(f"max_seq_length={max_seq_length} is longer than the model's context "
+                           f"(max_position_embeddings={context}); positions past it are untrained. Use at most "
+                           f"{context}.")
 
 
 def _check_inputs(inputs: PlanInputs) -> None:
@@ -249,6 +270,13 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise FastkitError(f"optimizer must be 'auto', 'adamw_8bit' or 'adamw_32bit', got {inputs.optimizer!r}.")
     if inputs.loss not in ("trl", "chunked", "full"):
         raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
+    for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora"):
+        if not isinstance(getattr(inputs, name), bool):
+            raise FastkitError(f"{name} must be True or False, got {getattr(inputs, name)!r}.")
+    if inputs.attn not in ("sdpa", "flash_attention_2", "eager"):
+        raise FastkitError(f"attn must be 'sdpa', 'flash_attention_2' or 'eager', got {inputs.attn!r}.")
+    if inputs.dtype is not None and inputs.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise FastkitError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None, got {inputs.dtype!r}.")
     if inputs.load_in_4bit and inputs.r is None:
         raise FastkitError("load_in_4bit=True trains LoRA adapters only: give a LoRA rank r (e.g. r=16).")
 
