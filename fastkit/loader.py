@@ -278,6 +278,7 @@ class FastModel:
             quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe_4bit.py)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        _protect_fp16(model, config, dtype)
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
         return model, tokenizer
@@ -365,6 +366,21 @@ def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     for param in model.parameters():
         param.requires_grad_(False)
     return model
+
+
+def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
+    """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
+    keep the residual stream in fp32 (patches/fp16_residual.py), and say so in the load report."""
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if dtype != torch.float16 or saved in (torch.float16, "float16"):
+        return
+    from fastkit.patches.fp16_residual import FP16_RESIDUAL, protect_fp16
+
+    ok, how = protect_fp16(model)
+    rep = report(model)
+    if rep is not None:
+        (rep.active if ok else rep.skipped)[FP16_RESIDUAL] = how
+    logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
 
 
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
