@@ -7,11 +7,11 @@ in fp16 stores the residual sum ``hidden = residual + block(norm(hidden))`` in f
 ``inf`` and the loss ``nan``. Measured on a twin scaled to overflow (tests/test_fp16_residual.py):
 the residual stream is where it breaks first.
 
-What this does. The embedding output is upcast to fp32, so every residual add in every decoder layer
-runs in fp32 (type promotion: fp32 + fp16 -> fp32) with the layer's own code unchanged. Each block
-(attention, MLP / MoE: every child of a decoder layer that is not a norm) gets its floating inputs
-cast back to the compute dtype (fp16, the embedding's dtype) and returns fp32; the norms read the
-fp32 stream (they compute in fp32 anyway). The final norm's output returns to the compute dtype, so
+What this does. Each block (attention, MLP / MoE: every child of a decoder layer that is not a norm)
+gets its floating inputs cast to the compute dtype (fp16, the embedding's dtype) and returns fp32, so
+every residual add in every decoder layer runs in fp32 (type promotion: fp16 + fp32 -> fp32; from the
+first layer's attention on, the stream is fp32) with the layer's own code unchanged; the norms read
+the fp32 stream (they compute in fp32 anyway). The final norm's output returns to the compute dtype, so
 the LM head, TRL's fused head and fastkit's chunked loss see what they saw before.
 Attention logits in fastkit's eager per-document attention (GPT-OSS sinks) are computed in fp32 for
 fp16 inputs (``packed_attention.eager_per_doc``); SDPA / flash kernels accumulate in fp32 already.
@@ -97,7 +97,6 @@ class Fp16ResidualPatch:
     def apply(self, model: torch.nn.Module, swap) -> None:
         embed, layers, norm = _parts(model)
         half = embed.weight.dtype
-        _wrap(embed, swap, inputs=None, output=torch.float32)  # the residual stream starts in fp32
         for layer in layers:
             for child in layer.children():
                 if not _is_norm(child):  # a block: attention, MLP, MoE
