@@ -87,3 +87,14 @@ def test_packed_eager_attention_logits_do_not_overflow_in_fp16():
                         softcap=None, sinks=sinks.half(), training=False)
     assert got.dtype == torch.float16 and got.isfinite().all()
     torch.testing.assert_close(got.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_fastmodel_protects_fp16_compute_of_a_bf16_checkpoint(tmp_path):
+    from fastkit import FastModel
+    from tests.helpers import save_twin
+
+    save_twin(twin("llama", num_hidden_layers=1).to(torch.bfloat16), tmp_path / "bf16")
+    model, _ = FastModel.from_pretrained(str(tmp_path / "bf16"), max_seq_length=64, dtype="fp16", patches=None)
+    assert FP16_RESIDUAL in active_patches(model)
+    model, _ = FastModel.from_pretrained(str(tmp_path / "bf16"), max_seq_length=64, dtype="fp32", patches=None)
+    assert FP16_RESIDUAL not in active_patches(model)
