@@ -276,6 +276,10 @@ class FastModel:
             model.to(device)
         if load_in_4bit and facts is not None and facts.moe:
             quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe_4bit.py)
+        if load_in_4bit and mxfp4 and device.type == "cuda":  # one quantizer per load: the linears are ours
+            from fastkit.linear_4bit import quantize_linears_4bit
+
+            quantize_linears_4bit(model, dtype)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
         _protect_fp16(model, config, dtype)

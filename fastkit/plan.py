@@ -259,9 +259,9 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
-    if inputs.load_in_4bit and not shape.mxfp4:
+    if inputs.load_in_4bit:  # MXFP4 checkpoints (GPT-OSS) too: fastkit.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
-    else:  # an MXFP4 checkpoint (GPT-OSS) loads through transformers' MXFP4 quantizer: no bitsandbytes linears
+    else:
         out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
     out[f"weights: embeddings + lm_head, {_dtype_name(dtype)}"] = shape.embedding_params * size
     experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
