@@ -44,7 +44,8 @@ def test_planner_counts_the_nf4_linears_the_loader_builds():
     config = twin_config("gpt_oss", num_hidden_layers=2, hidden_size=256, head_dim=64, num_attention_heads=4,
                          num_key_value_heads=2)
     config.quantization_config = {"quant_method": "mxfp4"}
-    planned = plan(config, gpu="cpu", load_in_4bit=True).components["weights: linear layers, NF4 + absmax (double quant)"]
+    components = plan(config, gpu="cpu", load_in_4bit=True).components
+    planned = components["weights: linear layers, NF4 + absmax (double quant)"]
     model = twin("gpt_oss", num_hidden_layers=2, hidden_size=256, head_dim=64, num_attention_heads=4,
                  num_key_value_heads=2)
     quantize_linears_4bit(model, torch.float32)
