@@ -48,6 +48,9 @@ class LoadReport:
     """Patch name -> why it does not apply."""
     memory_plan: str = ""
     """The memory planner's verdict for this run (:mod:`fastkit.plan`), when one was made at load."""
+    checkpointing: bool | str = True
+    """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on: ``"offload"`` where the plan
+    fits only with checkpoint offload (:attr:`fastkit.plan.Plan.needs_offload`), else ``True``."""
 
     def banner(self) -> str:
         mem = memory_snapshot(pick_device())
@@ -285,6 +288,7 @@ class FastModel:
         _protect_fp16(model, config, dtype)
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
+            report(model).checkpointing = "offload" if memory_plan.needs_offload else True
         return model, tokenizer
 
     @staticmethod
@@ -323,7 +327,7 @@ class FastModel:
         lora_dropout: float = 0.0,
         target_modules: str | list[str] = "all-linear",
         bias: str = "none",
-        use_gradient_checkpointing: bool | str = True,
+        use_gradient_checkpointing: bool | str = "auto",
         random_state: int = 3407,
         offload_config=None,
         target_experts: bool = False,
@@ -333,7 +337,8 @@ class FastModel:
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
         double-buffered checkpoint reload, see :mod:`fastkit.patches.offload`; tune it with
-        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), or ``False``.
+        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), ``False``, or ``"auto"`` (the
+        default): ``"offload"`` where the load-time memory plan fits only with it, else ``True``.
 
         ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
         (:mod:`fastkit.patches.moe_lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
@@ -355,6 +360,9 @@ class FastModel:
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
+        if use_gradient_checkpointing == "auto":
+            rep = report(model)
+            use_gradient_checkpointing = rep.checkpointing if rep is not None else True
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
 

@@ -1,4 +1,5 @@
-"""NF4 attention linears beside MXFP4 experts (GPT-OSS): what fastkit.plan counts is what the loader builds."""
+"""What fastkit.plan counts is what the loader builds: NF4 attention linears beside MXFP4 experts (GPT-OSS),
+activation offload on by default where the plan needs it."""
 
 from __future__ import annotations
 
@@ -52,3 +53,40 @@ def test_planner_counts_the_nf4_linears_the_loader_builds():
     built = sum(_nf4_bytes(m) for layer in model.model.layers for m in layer.self_attn.children()
                 if hasattr(getattr(m, "weight", None), "quant_state"))
     assert built == pytest.approx(planned, rel=0.02), (built, planned)
+
+
+def test_offload_on_by_default_where_the_plan_needs_it():
+    """Qwen3-14B QLoRA at 4,096 tokens on a T4: plain checkpointing does not fit, offload does."""
+    from fastkit.plan import check_fits
+    from tests.test_plan import _qwen3_14b
+
+    result = check_fits(_qwen3_14b(), torch.device("cpu"), "t4", 4096, True)
+    assert result.needs_offload and result.fits and result.inputs.offload
+    assert not check_fits(_qwen3_14b(), torch.device("cpu"), "t4", 2048, True).needs_offload
+
+
+def test_get_peft_model_auto_checkpointing_follows_the_report():
+    from fastkit import FastModel, active_patches
+    from fastkit.patches.offload import OffloadConfig
+    from fastkit.patching import report
+
+    model, _ = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=64, twin=True)
+    assert report(model).checkpointing is True  # no plan on a CPU
+    report(model).checkpointing = "offload"  # what a plan that needs offload leaves
+    cpu = OffloadConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)  # offload's CPU rehearsal
+    peft = FastModel.get_peft_model(model, r=4, offload_config=cpu)
+    assert "offload" in active_patches(peft.get_base_model())
+
+
+def test_fp16_compute_of_a_bf16_checkpoint_plans_the_fp32_residual_stream():
+    """patches/fp16_residual.py keeps the stream fp32 in fp16: the checkpointed layer inputs take 4 bytes."""
+    from fastkit.plan import plan
+    from tests.test_plan import _qwen3_14b
+
+    key = "checkpointed layer inputs (40 layers)"
+    fp16 = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True).components[key]
+    bf16 = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, dtype=torch.bfloat16).components[key]
+    assert fp16 == 40 * 5120 * 2048 * 4 == 2 * bf16
+    saved_fp16 = _qwen3_14b()
+    saved_fp16.dtype = torch.float16  # a checkpoint saved in fp16: fastkit leaves its stream alone
+    assert plan(saved_fp16, gpu="t4", load_in_4bit=True).components[key] == bf16
