@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from fastkit.patches.fp16_residual import FP16_RESIDUAL, protect_fp16
+from fastkit.patches.fp16 import FP16_RESIDUAL, protect_fp16
 from fastkit.patching import active_patches, revert
 from fastkit.twins import twin
 
@@ -74,7 +74,7 @@ def test_refuses_outside_fp16():
 
 def test_packed_eager_attention_logits_do_not_overflow_in_fp16():
     """GPT-OSS path (sinks -> per-document eager): q.k of 300 x 300 x 1 in 8 dims is 720,000 > 65,504."""
-    from fastkit.patches.packed_attention import PackedBatch, eager_per_doc
+    from fastkit.patches.packing.attention import PackedBatch, eager_per_doc
 
     meta = PackedBatch(rows=1, row_len=16, lengths_host=[[6, 10]], max_seqlen=10)
     g = torch.Generator().manual_seed(0)
