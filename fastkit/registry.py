@@ -47,6 +47,9 @@ class ModelFacts:
     """The exact attention backend to load with when flash-attn is not installed."""
     note: str = ""
     """Anything a user should know, shown in the load banner."""
+    stateful: tuple[str, ...] = ()
+    """Class names of the layers that carry state along the sequence (linear attention, causal conv, SSM);
+    the packing patch restarts each at every document start (:mod:`fastkit.patches.packing.state`)."""
 
 
 MODEL_TABLE: dict[str, ModelFacts] = {
@@ -67,6 +70,26 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    note="attention sinks: sdpa cannot express them upstream"),
     ]
 }
+
+# ---- Hybrid (stateful) families: packing exact because their stateful layers restart per document
+# (fastkit/patches/packing/state.py; proof: tests/test_packing_state.py, table: docs/packing.md). ----
+_GDN = "gated DeltaNet (causal conv1d + chunked delta-rule state) restarts per document"
+_MAMBA = "Mamba mixer (causal conv1d + SSM scan state) restarts per document"
+MODEL_TABLE.update({f.model_type: f for f in [
+    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), note=_GDN),
+    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), note=_GDN),
+    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), note=_GDN),
+    ModelFacts("lfm2", stateful=("Lfm2ShortConv",), note="short causal conv restarts per document"),
+    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), note="short causal conv restarts per document"),
+    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), note=_MAMBA),
+    ModelFacts("jamba", stateful=("JambaMambaMixer",), note=_MAMBA),
+    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), note=_MAMBA),
+    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), note=_MAMBA),
+    ModelFacts("bamba", stateful=("BambaMixer",), note=_MAMBA),
+    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), note=_MAMBA),
+    ModelFacts("kimi_linear", stateful=("KimiLinearDeltaAttention",),
+               note="Kimi delta attention (causal convs + chunked delta-rule state) restarts per document"),
+]})
 
 
 def facts_for(model_type: str) -> ModelFacts | None:

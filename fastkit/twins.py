@@ -48,6 +48,39 @@ TWIN_CONFIGS: dict[str, dict[str, Any]] = {
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }
 
+# ---- Hybrid (stateful) families: one stateful + one attention layer at 2 layers (the default). ----
+_LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
+_MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
+TWIN_CONFIGS.update({
+    "qwen3_5_text": dict(_ATTN, **_LIN, intermediate_size=128),
+    "qwen3_5_moe_text": dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32),
+    "qwen3_next": dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32),
+    "lfm2": dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3),
+    "lfm2_moe": dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
+                     layer_types=["conv", "full_attention"]),
+    "falcon_h1": dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                      mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1),
+    "jamba": dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                  expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=8),
+    "granitemoehybrid": dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
+                             num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32),
+    "nemotron_h": dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
+                       mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8),
+    "bamba": dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1]),
+    "zamba2": dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
+                   mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
+                   attention_head_dim=32),
+    "kimi_linear": dict(_ATTN, **_MOE4, num_key_value_heads=4, intermediate_size=128,  # MLA: kv heads = heads
+                        layer_types=["linear_attention", "full_attention"],
+                        mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16,
+                        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+})
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "lfm2_moe", "falcon_h1", "jamba",
+                   "granitemoehybrid", "nemotron_h", "bamba", "zamba2", "kimi_linear")
+"""Twins of the families whose stateful layers fastkit restarts per packed document."""
+
 TWIN_FAMILIES = tuple(TWIN_CONFIGS)
 
 # Models the notebooks use -> the family of their twin, plus traits worth keeping.
@@ -108,6 +141,42 @@ def twin_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    tok.model_max_length = 32768
+    return tok
+
+
+# A small corpus the BPE twin tokenizer learns its merges from (prose, quotes, code, numbers).
+TWIN_BPE_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. It's 12:30, isn't it? \"Yes,\" she said.",
+    "def add(a, b):\n    return a + b  # sum of 2 numbers\n\nprint(add(3, 4))",
+    "Total: $1,234.56 (approx.) -- that's 3.5% more than in 2023!",
+    "<div class='note'>a <= b && c >= d | e ~ f</div>",
+    "the theme of the thesis: there, then, these, those, other, another, mother, brother",
+)
+
+
+def twin_bpe_tokenizer(pre: str = "gpt-2", corpus: tuple[str, ...] = TWIN_BPE_CORPUS) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer WITH merges (what llama.cpp needs; :func:`twin_tokenizer` has none) that
+    splits text like llama.cpp's pre-tokenizer ``pre`` ("gpt-2", "smollm", "llama-bpe", "qwen2", ...),
+    ChatML specials at ids 0-2, trained on ``corpus`` up to ``TWIN_VOCAB_SIZE`` entries."""
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from tokenizers import pre_tokenizers as pt
+
+    from fastkit.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_object
+
+    facts = next(p for p in PRE_TOKENIZERS if p.name == pre)
+    backend = Tokenizer(models.BPE(ignore_merges=facts.ignore_merges))
+    backend.pre_tokenizer = pre_tokenizer_object(pre)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TWIN_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pt.ByteLevel.alphabet())
+    backend.train_from_iterator(list(corpus) * 4, trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",

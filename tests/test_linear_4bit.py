@@ -67,13 +67,13 @@ def test_offload_on_by_default_where_the_plan_needs_it():
 
 def test_get_peft_model_auto_checkpointing_follows_the_report():
     from fastkit import FastModel, active_patches
-    from fastkit.patches.offload import OffloadConfig
     from fastkit.patching import report
+    from fastkit.testing import OffloadTestConfig
 
     model, _ = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=64, twin=True)
     assert report(model).checkpointing is True  # no plan on a CPU
     report(model).checkpointing = "offload"  # what a plan that needs offload leaves
-    cpu = OffloadConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)  # offload's CPU rehearsal
+    cpu = OffloadTestConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)  # offload's CPU rehearsal
     peft = FastModel.get_peft_model(model, r=4, offload_config=cpu)
     assert "offload" in active_patches(peft.get_base_model())
 

@@ -108,6 +108,8 @@ class _LayerState:
     """The model's MoE settings."""
     checked: bool = False
     """The data checks passed once (``validate="auto"|"first"`` on the grouped path)."""
+    original: str | None = None
+    """The experts implementation selected before :func:`attach_experts` (put back by :func:`detach_experts`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,11 +297,9 @@ def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, 
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
     found = []
     for name, m in model.named_modules():
-        cls = type(m).__name__
-        if cls == "DbrxExperts" and hasattr(m, "mlp") and hasattr(m.mlp, "w1"):
-            found.append((name, m, dbrx_experts_forward))
-        elif cls == "Llama4TextMoe" and type(m.experts).__name__ == "Llama4TextExperts":
-            found.append((name, m, llama4_moe_forward))
+        kind = _hf.looped_experts_kind(m)
+        if kind is not None:
+            found.append((name, m, dbrx_experts_forward if kind == "dbrx" else llama4_moe_forward))
     return found
 
 
@@ -434,15 +434,20 @@ def attach_experts(module: torch.nn.Module, config: MoEConfig | None = None, *, 
     if not is_decorated_experts(module):
         raise FastkitError(f"{type(module).__name__} is not a @use_experts_implementation experts module.")
     register()
+    before = vars(module).get(_STATE_ATTR)
+    original = before.original if before is not None else _hf.experts_implementation(module.config)
     _hf.set_experts_implementation(module.config, EXPERTS_KEY)
-    setattr(module, _STATE_ATTR, _LayerState(name=name or type(module).__name__, config=config or MoEConfig()))
+    setattr(module, _STATE_ATTR, _LayerState(name=name or type(module).__name__, config=config or MoEConfig(),
+                                             original=original))
 
 
-def detach_experts(module: torch.nn.Module, implementation: str = "eager") -> None:
-    """Undo :func:`attach_experts`: select transformers' ``implementation`` (``"eager"``, ``"grouped_mm"``)
-    on ``module.config`` and drop the module's fastkit state."""
+def detach_experts(module: torch.nn.Module, implementation: str | None = None) -> None:
+    """Undo :func:`attach_experts`: select the experts implementation that was there before it (or
+    ``implementation``: ``"eager"``, ``"grouped_mm"``) on ``module.config``; drop the module's fastkit state."""
+    state = vars(module).pop(_STATE_ATTR, None)
+    if implementation is None:
+        implementation = state.original if state is not None else _hf.experts_implementation(module.config)
     _hf.set_experts_implementation(module.config, implementation)
-    vars(module).pop(_STATE_ATTR, None)
 
 
 __all__ = ["EXPERTS_KEY", "LORA_ATTR", "MoEConfig", "MoEExpertsPatch", "Routing", "attach_experts",
