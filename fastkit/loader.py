@@ -48,6 +48,9 @@ class LoadReport:
     """Patch name -> why it does not apply."""
     memory_plan: str = ""
     """The memory planner's verdict for this run (:mod:`fastkit.plan`), when one was made at load."""
+    checkpointing: bool | str = True
+    """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on: ``"offload"`` where the plan
+    fits only with checkpoint offload (:attr:`fastkit.plan.Plan.needs_offload`), else ``True``."""
 
     def banner(self) -> str:
         mem = memory_snapshot(pick_device())
@@ -315,10 +318,16 @@ class FastModel:
         if quant.experts_4bit:
             # NF4 per expert, layer by layer (patches/moe/nf4.py); revert dequantizes back
             change(model, "4bit_experts", lambda swap: quantize_experts(model, swap=swap))
+        if load_in_4bit and quant.mxfp4 and device.type == "cuda":  # one quantizer per load: the linears are ours
+            from fastkit.linear_4bit import quantize_linears_4bit
+
+            quantize_linears_4bit(model, dtype)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        _protect_fp16(model, config, dtype)
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
+            report(model).checkpointing = "offload" if memory_plan.needs_offload else True
         return model, tokenizer
 
     @staticmethod
@@ -357,7 +366,7 @@ class FastModel:
         lora_dropout: float = 0.0,
         target_modules: str | list[str] = "all-linear",
         bias: str = "none",
-        use_gradient_checkpointing: bool | str = True,
+        use_gradient_checkpointing: bool | str = "auto",
         random_state: int = 3407,
         offload_config=None,
         target_experts: bool = False,
@@ -367,7 +376,8 @@ class FastModel:
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
         double-buffered checkpoint reload, see :mod:`fastkit.patches.offload.patch`; tune it with
-        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), or ``False``.
+        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), ``False``, or ``"auto"`` (the
+        default): ``"offload"`` where the load-time memory plan fits only with it, else ``True``.
 
         ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
         (:mod:`fastkit.patches.moe.lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
@@ -393,6 +403,9 @@ class FastModel:
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
+        if use_gradient_checkpointing == "auto":
+            rep = report(model)
+            use_gradient_checkpointing = rep.checkpointing if rep is not None else True
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
 
@@ -452,6 +465,21 @@ def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     for param in model.parameters():
         param.requires_grad_(False)
     return model
+
+
+def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
+    """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
+    keep the residual stream in fp32 (patches/fp16/patch.py), and say so in the load report."""
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if dtype != torch.float16 or saved in (torch.float16, "float16"):
+        return
+    from fastkit.patches.fp16 import FP16_RESIDUAL, protect_fp16
+
+    ok, how = protect_fp16(model)
+    rep = report(model)
+    if rep is not None:
+        (rep.active if ok else rep.skipped)[FP16_RESIDUAL] = how
+    logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
 
 
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):

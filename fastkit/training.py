@@ -1,6 +1,7 @@
 """Training with TRL's ``SFTTrainer``, set up the way fastkit's patches expect, under the dashboard.
 
-fastkit does not ship a trainer: :func:`make_trainer` returns a plain ``trl.SFTTrainer`` with
+:func:`make_trainer` returns a :class:`fastkit.trainer.ZeroSyncSFTTrainer` (``trl.SFTTrainer`` with the same
+arguments and logs, and no host-device sync between log points: docs/step.md) with
 defaults that work on a 2-core CPU and on a T4 alike (precision from the device, packing on,
 responses-only loss), after :func:`fastkit.data.check_dataset` has refused bad data.
 :func:`fit` runs it with the live dashboard (:mod:`fastkit.dashboard`) and turns a
@@ -73,7 +74,8 @@ def make_trainer(
     chunked_loss: bool | None = None,
     **sft_overrides: Any,
 ):
-    """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step).
+    """A ``trl.SFTTrainer`` (a :class:`~fastkit.trainer.ZeroSyncSFTTrainer`) for ``model`` on ``train_dataset``
+    (checked first, errors before any step).
 
     ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data;
     ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
@@ -89,7 +91,9 @@ def make_trainer(
     cross-entropy (:mod:`fastkit.patches.loss.patch`) instead of TRL's fused LM head; default on off CUDA
     (TRL's torch fallback holds more than the full logits there), TRL's Triton kernel on CUDA.
     """
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from fastkit.trainer import ZeroSyncSFTTrainer
 
     checks.check_max_steps(max_steps)
     if max_seq_length is not None:
@@ -112,8 +116,8 @@ def make_trainer(
                         cuda=model.device.type == "cuda", optim=_default_optim(model), precision=_precision(model),
                         overrides=sft_overrides)
     check_distributed_mode(model, config)
-    trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
-                         processing_class=tokenizer, callbacks=list(callbacks))
+    trainer = ZeroSyncSFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset,
+                                 eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=list(callbacks))
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     _attach_packed_metadata(trainer)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":

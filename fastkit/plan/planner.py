@@ -110,6 +110,9 @@ class Plan:
     """Usable GPU bytes (None on CPU)."""
     advice: list[str] = field(default_factory=list)
     """Knobs that bring the run under the budget, best first (empty when it fits)."""
+    needs_offload: bool = False
+    """Set by :func:`check_fits`: plain checkpointing does not fit, checkpoint offload does, so
+    ``FastModel.get_peft_model(use_gradient_checkpointing="auto")`` (the default) offloads."""
 
     @property
     def total(self) -> int:
@@ -287,9 +290,9 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
-    if inputs.load_in_4bit and not shape.mxfp4:
+    if inputs.load_in_4bit:  # MXFP4 checkpoints (GPT-OSS) too: fastkit.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
-    else:  # an MXFP4 checkpoint (GPT-OSS) loads through transformers' MXFP4 quantizer: no bitsandbytes linears
+    else:
         out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
     out[f"weights: embeddings + lm_head, {_dtype_name(dtype)}"] = shape.embedding_params * size
     experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
@@ -319,7 +322,8 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     else:  # the parameters are the weights above
         out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
     out[f"optimizer state ({optimizer})"] = trainable * (2 if optimizer == "adamw_8bit" else 8)
-    kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4)
+    stream = 4 if dtype == torch.float16 and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
+    kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)
     if inputs.load_in_4bit:
         out["4-bit dequantized weight (largest layer)"] = shape.largest_linear * size * 2
@@ -404,6 +408,12 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
         logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
         return None
+    if not result.fits and not result.inputs.offload:
+        with_offload = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, offload=True)
+        if with_offload.fits:
+            logger.info("fastkit: activation offload on by default: %s", with_offload.verdict())
+            with_offload.needs_offload = True
+            return with_offload
     unmeasured = any(k.startswith("weights: MoE experts, NF4") for k in result.components)  # 4-bit experts
     if result.total > REFUSE_ABOVE * result.budget and not unmeasured:
         raise FastkitError(f"{result.verdict()} Nothing was loaded. See `fastkit plan` for the table, or pass "
