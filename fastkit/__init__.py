@@ -4,11 +4,13 @@
     model, tokenizer = FastModel.from_pretrained("Qwen/Qwen3-0.6B", max_seq_length=2048)
     model = FastModel.get_peft_model(model, r=16)
 
-Importing fastkit downloads nothing and patches nothing; patches apply per model instance.
+Importing fastkit downloads nothing and patches nothing; patches apply per model instance. It filters
+the few upstream warnings fastkit has made harmless, each named with its reason (fastkit._quiet).
 """
 
 import logging as _logging
 
+from fastkit import _quiet  # noqa: F401  (first: filters the named upstream warnings before those modules log)
 from fastkit.errors import FastkitError, GPUOnlyError
 from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report, require_chat_template
 from fastkit.patching import active_patches, apply_patch, revert
