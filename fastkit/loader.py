@@ -175,16 +175,18 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
     tok.model_max_length = max_seq_length
     if getattr(tok, "chat_template", None) is None:
         logger.warning("fastkit: %s has no chat template; chat-formatted data will be refused "
-                       "(set tokenizer.chat_template or use plain-text data).", name_or_path)
+                       "(fastkit.add_chat_template(model, tokenizer, source) clones one, or use plain-text data).",
+                       name_or_path)
     return tok
 
 
 def require_chat_template(tokenizer) -> None:
     """Raise a clear error if ``tokenizer`` cannot format chat messages."""
     if getattr(tokenizer, "chat_template", None) in (None, ""):
-        raise FastkitError("This tokenizer has no chat template, but the data is chat messages. Set "
-                           "tokenizer.chat_template (for example fastkit.twins.CHATML_TEMPLATE) or give "
-                           "plain 'text' data.")
+        raise FastkitError("This tokenizer has no chat template, but the data is chat messages (a base model?). "
+                           "Give it the template of an instruct model of the same family before LoRA: "
+                           "model, tokenizer = fastkit.add_chat_template(model, tokenizer, \"<instruct model id>\") "
+                           "(TRL's clone_chat_template), or give plain 'text' data.")
 
 
 class FastModel:
