@@ -27,7 +27,7 @@ def add_chat_template(model, tokenizer, source: str | None = None, resize_to_mul
     Raises :class:`~fastkit.errors.FastkitError` when the tokenizer has none and no ``source`` is given,
     or when ``source`` cannot be read (offline without it cached, a wrong id).
     """
-    if True:
+    if has_chat_template(tokenizer):
         logger.info("fastkit: the tokenizer has its own chat template; kept")
         return model, tokenizer
     if not source:
