@@ -1,7 +1,5 @@
-"""``fastkit`` command line: ``fastkit quickstart``, ``fastkit plan MODEL``,
-``fastkit bench {packed,offload,moe,sft} ...``.
-
-``python -m fastkit ...`` is the same command.
+"""fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit plan MODEL,
+fastkit bench {packed,offload,moe,sft}. python -m fastkit is the same command.
 """
 
 from __future__ import annotations
@@ -11,6 +9,8 @@ import importlib
 import logging
 import os
 import sys
+
+from fastkit import cli_train
 
 BENCHES = ("packed", "offload", "moe", "sft")
 
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     qs.add_argument("--max-seq-length", type=_positive_int, default=256, help="tokens per packed row (default 256)")
     qs.add_argument("--output-dir", default="outputs/quickstart")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
+    cli_train.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
     pl.add_argument("model", help="local folder, config.json, or Hub id (only its config.json is read)")
     pl.add_argument("--gpu", default="t4", help="t4, l4, a100-40, rtx-8g, rtx-16g, spark, or GiB (default t4)")
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return _quickstart(args)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "train":
+        return cli_train.run(args)
     from fastkit.bench.common import run_cli
 
     module = importlib.import_module(f"fastkit.bench.{args.name}")
