@@ -150,7 +150,7 @@ def optimization_items(m: TrainingMetrics) -> list[tuple[bool, str, str]]:
 
 
 # -- plots -----------------------------------------------------------------------------------
-SMOOTHING = 0.8
+SMOOTHING = 0.7
 """Weight of the smoothed loss line (TensorBoard's debiased exponential moving average)."""
 
 
@@ -174,10 +174,11 @@ def plot_png(m: TrainingMetrics, size: tuple[float, float] = PLOT_SIZE_IN, dpi: 
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     fig = Figure(figsize=size, dpi=dpi)
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(2, 2, height_ratios=[2.2, 1], hspace=0.15, wspace=0.25)
+    grid = fig.add_gridspec(2, 2, height_ratios=[2.2, 1], hspace=0.42, wspace=0.22)
     ax_loss, ax_gn, ax_lr = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     _curve(ax_loss, m.loss_history, "#1a73e8", "loss", lw=1.0, alpha=0.35 if len(m.loss_history) > 3 else 1.0)
     if len(m.loss_history) > 3:
@@ -193,17 +194,17 @@ def plot_png(m: TrainingMetrics, size: tuple[float, float] = PLOT_SIZE_IN, dpi: 
     ax_gn.set_title("Grad norm", fontsize=8, loc="left")
     _curve(ax_lr, m.lr_history, "#e37400", "learning rate", lw=1.2)
     ax_lr.set_title("Learning rate", fontsize=8, loc="left")
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    ax_lr.yaxis.get_offset_text().set_fontsize(6)
+    ax_lr.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))  # 0.0002, no offset over the title
+    ax_lr.yaxis.set_major_locator(MaxNLocator(3))
+    ax_gn.yaxis.set_major_locator(MaxNLocator(3))
     for ax in (ax_loss, ax_gn, ax_lr):
         ax.tick_params(labelsize=7 if ax is ax_loss else 6)
         ax.grid(alpha=0.25, lw=0.6)
         ax.spines[["top", "right"]].set_visible(False)
         ax.set_xlim(0, max(m.step, 1) * 1.03)  # the steps done so far, readable early in a long run
-    ax_loss.tick_params(labelbottom=False)
     for ax in (ax_gn, ax_lr):
         ax.set_xlabel("step", fontsize=7, labelpad=1)
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.14)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.93, bottom=0.12)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
