@@ -63,14 +63,18 @@ class HtmlView:
 
     The panel (header, run facts and alerts, progress bar, curves as an inline base64 PNG, numbers,
     optimizations) is redrawn at most every ``every_s`` seconds, the curves with it (at most every
-    ``plot_every_s``, by default the same: the curves end where the numbers are); the end always
+    ``plot_every_s``, by default the same: the curves end where the numbers are). Drawing the curves
+    blocks the training loop, so the redraw interval also stretches to ``overhead`` times the last
+    plot's duration (at most that share of the host's time goes to drawing). The end always
     redraws, as the static summary (``fastkit-summary``). Each update replaces the output, so the
     saved notebook always holds the latest state.
     """
 
-    def __init__(self, title: str | None = None, every_s: float = 1.0, plot_every_s: float | None = None):
-        self.title, self.every_s = title, every_s
+    def __init__(self, title: str | None = None, every_s: float = 1.0, plot_every_s: float | None = None,
+                 overhead: float = 0.1):
+        self.title, self.every_s, self.overhead = title, every_s, overhead
         self.plot_every_s = every_s if plot_every_s is None else plot_every_s
+        self._plot_s = 0.0
         self.handle = None
         self._png = b""
         self._png_has_curves = False
@@ -86,7 +90,7 @@ class HtmlView:
             self.handle = display(self._bundle(m), raw=True, display_id=True)
             return
         final = event == "end"
-        if not final and now - self._last < self.every_s:
+        if not final and now - self._last < max(self.every_s, self._plot_s / self.overhead):
             return
         if final or now - self._last_plot >= self.plot_every_s:  # whichever event comes first when due
             self._plot(m, now, size=SUMMARY_PLOT_SIZE_IN if final else PLOT_SIZE_IN)
@@ -98,7 +102,9 @@ class HtmlView:
             self.handle.update(bundle, raw=True)
 
     def _plot(self, m: TrainingMetrics, now: float, size: tuple[float, float] = PLOT_SIZE_IN) -> None:
+        start = time.monotonic()
         self._png, self._png_has_curves, self._last_plot = plot_png(m, size=size), bool(m.loss_history), now
+        self._plot_s = time.monotonic() - start
 
     def _bundle(self, m: TrainingMetrics, final: bool = False) -> dict[str, str]:
         if final:
