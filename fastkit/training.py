@@ -93,7 +93,7 @@ def make_trainer(
     own); ``measure_syncs`` counts host-device syncs of one step on it (a debug switch).
 
     ``chunked_loss``: compute the loss and TRL's entropy / accuracy metrics with fastkit's chunked
-    cross-entropy (:mod:`fastkit.patches.loss`) instead of TRL's fused LM head; default on off CUDA
+    cross-entropy (:mod:`fastkit.patches.loss.patch`) instead of TRL's fused LM head; default on off CUDA
     (TRL's torch fallback holds more than the full logits there), TRL's Triton kernel on CUDA.
     """
     from trl import SFTConfig, SFTTrainer
@@ -140,7 +140,7 @@ def make_trainer(
             trainer.args.eval_steps = max(1, total // 10)
     _attach_packed_metadata(trainer)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
-        from fastkit.patches.loss import route_trainer_loss
+        from fastkit.patches.loss.patch import route_trainer_loss
 
         ok, how = route_trainer_loss(trainer)
         if not ok:
@@ -265,7 +265,7 @@ def _attach_packed_metadata(trainer) -> None:
     """Let the packing patch see host-side document lengths (the Trainer moves tensors to the device)."""
     if "packing" not in active_patches(unwrap(trainer.model)):
         return
-    from fastkit.patches.packing import wrap_collator
+    from fastkit.patches.packing.patch import wrap_collator
 
     trainer.data_collator = wrap_collator(trainer.data_collator)
 
