@@ -404,10 +404,13 @@ checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp16 there).
 
 The dashboard is HTML updated in place (no widget manager needed; its last state stays in the saved
 notebook); `fit(trainer, view="widget")` shows the ipywidgets panel where the front-end renders it.
-The live dashboard in JupyterLab (twin mode, CPU), the widget panel, and the static summary it leaves
-in the output when training ends or is stopped:
+The live dashboard in JupyterLab (twin mode, CPU, a 1024 px window), the same panel warning about a loss
+spike (the browser test jolts the model's output layer mid-run), the widget panel, and the static summary
+it leaves in the output when training ends or is stopped:
 
 ![the live dashboard in JupyterLab](../assets/dashboard_html.png)
+
+![the dashboard warning about a loss spike](../assets/dashboard_warning.png)
 
 ![the ipywidgets panel](../assets/dashboard_jupyterlab.png)
 
