@@ -64,15 +64,16 @@ class HtmlView:
     The panel (header, run facts and alerts, progress bar, curves as an inline base64 PNG, numbers,
     optimizations) is redrawn at most every ``every_s`` seconds, the curves with it (at most every
     ``plot_every_s``, by default the same: the curves end where the numbers are). Drawing the curves
-    blocks the training loop, so the redraw interval also stretches to ``overhead`` times the last
-    plot's duration (at most that share of the host's time goes to drawing). The end always
+    blocks the training loop, so the redraw interval also stretches to the last plot's duration over
+    ``overhead`` (at most that share of the host's time goes to drawing; never past ``max_every_s``; the
+    first plot, which imports matplotlib, does not count). The end always
     redraws, as the static summary (``fastkit-summary``). Each update replaces the output, so the
     saved notebook always holds the latest state.
     """
 
     def __init__(self, title: str | None = None, every_s: float = 1.0, plot_every_s: float | None = None,
-                 overhead: float = 0.1):
-        self.title, self.every_s, self.overhead = title, every_s, overhead
+                 overhead: float = 0.2, max_every_s: float = 5.0):
+        self.title, self.every_s, self.overhead, self.max_every_s = title, every_s, overhead, max_every_s
         self.plot_every_s = every_s if plot_every_s is None else plot_every_s
         self._plot_s = 0.0
         self.handle = None
@@ -86,11 +87,12 @@ class HtmlView:
         now = time.monotonic()
         if event == "begin":
             self._plot(m, now)
+            self._plot_s = 0.0  # matplotlib's import, not the cost of a redraw
             self._last = now
             self.handle = display(self._bundle(m), raw=True, display_id=True)
             return
         final = event == "end"
-        if not final and now - self._last < max(self.every_s, self._plot_s / self.overhead):
+        if not final and now - self._last < max(self.every_s, min(self._plot_s / self.overhead, self.max_every_s)):
             return
         if final or now - self._last_plot >= self.plot_every_s:  # whichever event comes first when due
             self._plot(m, now, size=SUMMARY_PLOT_SIZE_IN if final else PLOT_SIZE_IN)
