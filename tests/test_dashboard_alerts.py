@@ -62,6 +62,8 @@ def test_loss_spike_alert_only_on_a_real_spike():
     assert "loss_spike" not in _run(steady + [1.5]).alerts  # 1.5x the median: noise, not a spike
     m = _run(steady + [4.0])
     assert "loss spiked to 4 at step 13" in m.alerts["loss_spike"]
+    m = _run(steady + [4.0, 4.2, 4.1])  # a spike's tail still beats the median: the alert keeps its first step
+    assert "loss spiked to 4 at step 13" in m.alerts["loss_spike"]
     _shows(m, "Loss spike")
     assert "loss_spike" not in _run([5.0, 1.0, 4.0]).alerts  # too few steps to judge
 

@@ -174,6 +174,7 @@ class MetricsCallback(TrainerCallback):
         self._first_step = 0
         self._device: torch.device | None = None
         self._sync_counter = None
+        self._spike_step = -10**9
 
     # -- listeners -------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -196,6 +197,7 @@ class MetricsCallback(TrainerCallback):
             return
         self._start = self.clock()
         self._first_step = state.global_step
+        self._spike_step = -10**9
         self._window = _Window(step_end={state.global_step: self._start})
         self._device = _training_device(args, model)
         if self._device.type == "cuda":
@@ -297,8 +299,8 @@ class MetricsCallback(TrainerCallback):
             if isinstance(value, (int, float)) and not math.isfinite(value):
                 m.alerts["nonfinite_loss"] = f"{key.replace('_', ' ')} is {value} at step {step}"
         spike = loss_spike(m.loss_history)
-        if spike is not None:
-            m.alerts["loss_spike"] = spike
+        if spike is not None and step - self._spike_step > SPIKE_WINDOW:  # the first step of a spike, not its tail
+            m.alerts["loss_spike"], self._spike_step = spike, step
 
     def _update_rates(self) -> None:
         m, w = self.metrics, self._window
