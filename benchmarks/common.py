@@ -42,12 +42,20 @@ NOISY = 0.10
 
 
 # -- command line ------------------------------------------------------------------------------
+def plain(text: str) -> str:
+    """``text`` without reST markup for a terminal: ``code`` -> code, :func:`name` -> name."""
+    import re
+
+    return re.sub(r"(?::[a-z]+:)?`+([^`]+?)`+", r"\1", text)
+
+
 def bench_parser(name: str, doc: str, *, quick: str, gpu: str, repeats: str) -> argparse.ArgumentParser:
     """The parser every ``fastkit bench <name>`` starts from; each bench adds its own knobs.
 
     ``quick``, ``gpu``, ``repeats``: what those flags mean for this bench (shown in ``--help``).
     """
-    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc.strip().splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}",
+                                     description=plain(doc.strip().splitlines()[0]))
     parser.add_argument("--quick", action="store_true",
                         help=f"CI smoke run: {quick}. Writes to a temp folder unless --out is given")
     parser.add_argument("--gpu", action="store_true",

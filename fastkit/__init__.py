@@ -4,11 +4,13 @@
     model, tokenizer = FastModel.from_pretrained("Qwen/Qwen3-0.6B", max_seq_length=2048)
     model = FastModel.get_peft_model(model, r=16)
 
-Importing fastkit downloads nothing and patches nothing; patches apply per model instance.
+Importing fastkit downloads nothing and patches nothing; patches apply per model instance. It filters
+the few upstream warnings fastkit has made harmless, each named with its reason (fastkit._quiet).
 """
 
 import logging as _logging
 
+from fastkit import _quiet  # noqa: F401  (first: filters the named upstream warnings before those modules log)
 from fastkit.errors import FastkitError, GPUOnlyError
 from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report, require_chat_template
 from fastkit.patching import active_patches, apply_patch, revert
@@ -30,6 +32,13 @@ def set_verbosity(level: int | str) -> None:
     _logger.setLevel(level.upper() if isinstance(level, str) else level)
 
 
+def add_chat_template(model, tokenizer, source=None, **kwargs):
+    """The tokenizer's own chat template, or one cloned from ``source`` (TRL); see fastkit.chat_template."""
+    from fastkit.chat_template import add_chat_template as _add
+
+    return _add(model, tokenizer, source, **kwargs)
+
+
 def fit(trainer, **kwargs):
     """Train with the live dashboard (widget in a notebook, progress line elsewhere); see fastkit.training.fit."""
     from fastkit.training import fit as _fit
@@ -38,6 +47,7 @@ def fit(trainer, **kwargs):
 
 
 __all__ = [
-    "FastModel", "FastkitError", "GPUOnlyError", "LoadReport", "SyncCounter", "active_patches", "apply_patch",
+    "FastModel", "FastkitError", "GPUOnlyError", "LoadReport", "SyncCounter", "active_patches", "add_chat_template",
+    "apply_patch",
     "count_syncs", "enable_checkpointing", "fit", "report", "require_chat_template", "revert", "set_verbosity",
 ]

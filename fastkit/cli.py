@@ -1,12 +1,11 @@
-"""``fastkit`` command line: ``fastkit quickstart``, ``fastkit plan MODEL``,
-``fastkit bench {packed,offload,moe,sft} ...`` (from a clone: the benchmarks live in the repository's
-``benchmarks/`` folder, outside the wheel; ``python -m benchmarks ...`` is the same).
+"""fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit plan MODEL,
+fastkit bench {packed,offload,moe,sft} (from a clone: the benchmarks live in the repository's benchmarks/
+folder, outside the wheel; python -m benchmarks is the same). python -m fastkit is the same command.
 
-``python -m fastkit ...`` is the same command. Errors are one line on stderr (no traceback; set
-``FASTKIT_DEBUG=1`` for one), and the exit status says which kind:
+Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and the exit status says which kind:
 
-- 0: done (``fastkit plan``: the run fits);
-- 1: ``fastkit plan``: the run does not fit (the table says by how much, and what would fit);
+- 0: done (fastkit plan: the run fits);
+- 1: fastkit plan: the run does not fit (the table says by how much, and what would fit);
 - 2: bad input (a bad option, a model or file that is not there, a FastkitError): fix the command;
 - 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
 - 130: interrupted (Ctrl-C).
@@ -20,6 +19,8 @@ import logging
 import os
 import sys
 from pathlib import Path
+
+from fastkit import cli_train
 
 BENCHES = ("packed", "offload", "moe", "sft")
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -86,6 +87,7 @@ def _main(argv: list[str]) -> int:
     qs.add_argument("--max-seq-length", type=_positive_int, default=256, help="tokens per packed row (default 256)")
     qs.add_argument("--output-dir", default="outputs/quickstart")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
+    cli_train.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
     pl.add_argument("model", help="local folder, config.json, or Hub id (only its config.json is read)")
     pl.add_argument("--gpu", default="t4", help="t4, l4, a100-40, rtx-8g, rtx-16g, spark, or GiB (default t4)")
@@ -106,6 +108,8 @@ def _main(argv: list[str]) -> int:
         return _quickstart(args)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "train":
+        return cli_train.run(args)
     return _bench(args)
 
 

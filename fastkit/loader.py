@@ -165,16 +165,18 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
     tok.model_max_length = max_seq_length
     if getattr(tok, "chat_template", None) is None:
         logger.warning("fastkit: %s has no chat template; chat-formatted data will be refused "
-                       "(set tokenizer.chat_template or use plain-text data).", name_or_path)
+                       "(fastkit.add_chat_template(model, tokenizer, source) clones one, or use plain-text data).",
+                       name_or_path)
     return tok
 
 
 def require_chat_template(tokenizer) -> None:
     """Raise a clear error if ``tokenizer`` cannot format chat messages."""
     if getattr(tokenizer, "chat_template", None) in (None, ""):
-        raise FastkitError("This tokenizer has no chat template, but the data is chat messages. Set "
-                           "tokenizer.chat_template (for example fastkit.twins.CHATML_TEMPLATE) or give "
-                           "plain 'text' data.")
+        raise FastkitError("This tokenizer has no chat template, but the data is chat messages (a base model?). "
+                           "Give it the template of an instruct model of the same family before LoRA: "
+                           "model, tokenizer = fastkit.add_chat_template(model, tokenizer, \"<instruct model id>\") "
+                           "(TRL's clone_chat_template), or give plain 'text' data.")
 
 
 @dataclass(frozen=True)
@@ -428,8 +430,8 @@ def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use
                            f"module names, got {target_modules!r}.")
     if bias not in ("none", "all", "lora_only"):
         raise FastkitError(f"bias must be 'none', 'all' or 'lora_only', got {bias!r}.")
-    if use_gradient_checkpointing not in (True, False, "offload", "unsloth"):
-        raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got "
+    if use_gradient_checkpointing not in (True, False, "offload", "auto", "unsloth"):
+        raise FastkitError(f"use_gradient_checkpointing must be 'auto', True, False or 'offload', got "
                            f"{use_gradient_checkpointing!r}.")
 
 
@@ -483,7 +485,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 
 
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
-    from fastkit.twins import twin, twin_family, twin_tokenizer
+    from fastkit.twins import twin, twin_bpe_tokenizer, twin_family
 
     _check_max_seq_length(max_seq_length)
     try:
@@ -492,7 +494,7 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
         raise FastkitError(str(exc)) from exc
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
     model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
-    tokenizer = twin_tokenizer()
+    tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
     tokenizer.model_max_length = max_seq_length
     FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
     return model, tokenizer

@@ -54,7 +54,8 @@ def make_trainer(
     tokenizer,
     train_dataset,
     *,
-    max_steps: int = 60,
+    max_steps: int | None = None,
+    epochs: float | None = None,
     learning_rate: float = 2e-4,
     batch_size: int = 1,
     gradient_accumulation_steps: int = 1,
@@ -67,8 +68,10 @@ def make_trainer(
     callbacks: Sequence[Any] = (),
     seed: int = 3407,
     eval_dataset=None,
+    eval_split: float | int = 0,
     eval_steps: int | None = None,
     save_steps: int | None = None,
+    report_to: str | Sequence[str] = "none",
     dashboard: str = "auto",
     measure_syncs: bool = False,
     chunked_loss: bool | None = None,
@@ -76,6 +79,13 @@ def make_trainer(
 ):
     """A ``trl.SFTTrainer`` (a :class:`~fastkit.trainer.ZeroSyncSFTTrainer`) for ``model`` on ``train_dataset``
     (checked first, errors before any step).
+
+    Length: ``max_steps`` optimizer steps or ``epochs`` passes over the data, one of them (neither:
+    60 steps). :func:`run_coverage` says how much of the data that is.
+    ``report_to``: 'none' (default), or 'tensorboard', 'wandb', 'trackio' (one or a list), each only
+    when installed (refused with the pip command otherwise).
+    ``eval_split``: hold out that fraction (0 < x < 1) or number of rows of ``train_dataset`` as the
+    eval set (seeded), instead of passing ``eval_dataset``.
 
     ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data;
     ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
@@ -95,7 +105,8 @@ def make_trainer(
 
     from fastkit.trainer import ZeroSyncSFTTrainer
 
-    checks.check_max_steps(max_steps)
+    max_steps, epochs = _run_length(max_steps, epochs)
+    report_to = check_report_to(report_to)
     if max_seq_length is not None:
         checks.check_max_seq_length(max_seq_length)
     _check_trainer_options(locals(), sft_overrides, SFTConfig)
@@ -103,22 +114,28 @@ def make_trainer(
     _check_packing_supported(model, packing)
     dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                             drop_invalid=drop_invalid)
-    if eval_dataset is not None:
+    dataset, eval_dataset = _split_eval(dataset, eval_dataset, eval_split, seed)
+    if eval_dataset is not None and eval_split == 0:
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                                      drop_invalid=drop_invalid, where="eval_dataset")
     dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
-    config = sft_config(output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate, batch_size=batch_size,
-                        gradient_accumulation_steps=gradient_accumulation_steps, max_seq_length=max_seq_length,
-                        packing=packing, completion_only_loss=completion_only_loss, seed=seed, save_steps=save_steps,
-                        eval_steps=eval_steps if eval_dataset is not None else None, evaluate=eval_dataset is not None,
-                        cuda=model.device.type == "cuda", optim=_default_optim(model), precision=_precision(model),
-                        overrides=sft_overrides)
+    config = sft_config(output_dir=output_dir, max_steps=max_steps, epochs=epochs, learning_rate=learning_rate,
+                        batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+                        max_seq_length=max_seq_length, packing=packing, completion_only_loss=completion_only_loss,
+                        seed=seed, save_steps=save_steps, eval_steps=eval_steps if eval_dataset is not None else None,
+                        evaluate=eval_dataset is not None, report_to=report_to, cuda=model.device.type == "cuda",
+                        optim=_default_optim(model), precision=_precision(model), overrides=sft_overrides)
     check_distributed_mode(model, config)
     trainer = ZeroSyncSFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset,
                                  eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=list(callbacks))
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    if epochs is not None:  # the step counts that depend on the run's length, now that the packed rows are known
+        total = planned_steps(trainer)
+        trainer.args.warmup_steps = sft_overrides.get("warmup_steps", min(5, total // 10))
+        if eval_dataset is not None and eval_steps is None:
+            trainer.args.eval_steps = max(1, total // 10)
     _attach_packed_metadata(trainer)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
         from fastkit.patches.loss.patch import route_trainer_loss
@@ -146,35 +163,131 @@ def _check_trainer_options(given: dict[str, Any], sft_overrides: dict[str, Any],
         raise FastkitError(f"seed must be a non-negative int, got {given['seed']!r}.")
     checks.check_choice("dashboard", given["dashboard"], VIEWS)
     checks.check_save_target(given["output_dir"], "output_dir")
-    if given["eval_steps"] is not None and given["eval_dataset"] is None:
-        raise FastkitError("eval_steps is set but eval_dataset is None: give eval_dataset (or drop eval_steps).")
+    if given["eval_steps"] is not None and given["eval_dataset"] is None and not given["eval_split"]:
+        raise FastkitError("eval_steps is set but there is no eval set: give eval_dataset or eval_split "
+                           "(or drop eval_steps).")
     checks.check_known_options("make_trainer", sft_overrides, {f.name for f in dataclasses.fields(sft_config)})
 
 
-def sft_config(*, output_dir: str, max_steps: int, learning_rate: float, batch_size: int,
+def sft_config(*, output_dir: str, max_steps: int | None, learning_rate: float, batch_size: int,
                gradient_accumulation_steps: int, max_seq_length: int, packing: bool, completion_only_loss: bool,
                seed: int, save_steps: int | None, eval_steps: int | None, evaluate: bool, cuda: bool, optim: str,
-               precision: dict[str, bool], overrides: dict[str, Any]) -> dict[str, Any]:
+               precision: dict[str, bool], overrides: dict[str, Any], epochs: float | None = None,
+               report_to: Sequence[str] = ()) -> dict[str, Any]:
     """The ``SFTConfig`` values :func:`make_trainer` uses: a pure function of its arguments (no model, no I/O).
 
     Checkpointing is fastkit's (``activation_checkpointing=False`` here); ``overrides`` (make_trainer's
-    ``**sft_overrides``) win over every default.
+    ``**sft_overrides``) win over every default. One of ``max_steps`` / ``epochs`` is set (the other None);
+    step counts that depend on an epochs run's length are finished in make_trainer once the rows are packed.
     """
+    steps = max_steps or 10
     config = dict(
-        output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
+        output_dir=output_dir, max_steps=max_steps or -1, num_train_epochs=epochs or 1.0, learning_rate=learning_rate,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         max_length=max_seq_length, packing=packing, packing_strategy="bfd",
         completion_only_loss=completion_only_loss, activation_checkpointing=False,
-        logging_steps=1, logging_nan_inf_filter=False, report_to=[], seed=seed, data_seed=seed,
+        logging_steps=1, logging_nan_inf_filter=False, report_to=list(report_to), seed=seed, data_seed=seed,
         **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 2} if save_steps
            else {"save_strategy": "no"}),
-        **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, max_steps // 10),
+        **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, steps // 10),
             "per_device_eval_batch_size": batch_size} if evaluate else {}),
-        lr_scheduler_type="linear", warmup_steps=min(5, max_steps // 10), weight_decay=0.0,
+        lr_scheduler_type="linear", warmup_steps=min(5, (max_steps or 50) // 10), weight_decay=0.0,
         dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
     )
     config.update(overrides)
     return config
+
+
+def _run_length(max_steps, epochs) -> tuple[int | None, float | None]:
+    """(max_steps, epochs) with exactly one set; neither given: 60 steps."""
+    if max_steps is not None and epochs is not None:
+        raise FastkitError(f"Give max_steps or epochs, not both (got max_steps={max_steps!r}, epochs={epochs!r}): "
+                           "set the other to None.")
+    if epochs is None:
+        max_steps = 60 if max_steps is None else max_steps
+        checks.check_max_steps(max_steps)
+        return max_steps, None
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not epochs > 0:
+        raise FastkitError(f"epochs must be a positive number of passes over the data, got {epochs!r}.")
+    return None, float(epochs)
+
+
+TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+            "trackio": ("trackio", "trackio")}
+"""report_to name -> (module that must be importable, pip package)."""
+
+
+def available_trackers() -> list[str]:
+    """The ``report_to`` trackers installed here (tensorboard, wandb, trackio)."""
+    import importlib.util
+
+    return [name for name, (module, _) in TRACKERS.items() if importlib.util.find_spec(module) is not None]
+
+
+def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
+    """``report_to`` as a list for TrainingArguments; refuses an unknown or uninstalled tracker by name."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    names = [n for n in names if n != "none"]
+    installed = available_trackers()
+    for name in names:
+        if name not in TRACKERS:
+            raise FastkitError(f"report_to={name!r} is not one fastkit sets up; use 'none' or one of "
+                               f"{', '.join(TRACKERS)}.")
+        if name not in installed:
+            raise FastkitError(f"report_to={name!r}, but {TRACKERS[name][0]} is not installed: "
+                               f"pip install {TRACKERS[name][1]} (or report_to='none').")
+    return names
+
+
+def _split_eval(dataset, eval_dataset, eval_split: float | int, seed: int):
+    """(train, eval): ``eval_split`` rows (a fraction or a count) of ``dataset`` held out, seeded."""
+    if not eval_split:
+        return dataset, eval_dataset
+    if eval_dataset is not None:
+        raise FastkitError("Give eval_dataset or eval_split, not both.")
+    n = len(dataset)
+    count = round(eval_split * n) if isinstance(eval_split, float) and eval_split < 1 else eval_split
+    if isinstance(eval_split, bool) or not isinstance(count, int) or not 1 <= count < n:
+        raise FastkitError(f"eval_split must be a fraction in (0, 1) or a row count in [1, {n - 1}] of the "
+                           f"{n} training rows (at least one row each side), got {eval_split!r}.")
+    split = dataset.train_test_split(test_size=count, seed=seed, shuffle=True)
+    return split["train"], split["test"]
+
+
+def planned_steps(trainer) -> int:
+    """Optimizer steps ``trainer.train()`` will run: ``max_steps``, or the epochs over the packed rows."""
+    import math
+
+    args = trainer.args
+    if args.max_steps and args.max_steps > 0:
+        return int(args.max_steps)
+    return max(1, math.ceil(steps_per_epoch(trainer) * args.num_train_epochs))
+
+
+def steps_per_epoch(trainer) -> int:
+    """Optimizer steps in one pass over the (packed) training rows."""
+    import math
+
+    args = trainer.args
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+    return max(1, math.ceil(len(trainer.train_dataset) / per_step))
+
+
+def run_coverage(trainer) -> str:
+    """One line: how much of the training data one run sees (steps, rows per step, share of an epoch)."""
+    args = trainer.args
+    rows = len(trainer.train_dataset)
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+    steps = planned_steps(trainer)
+    epochs = steps * per_step / rows
+    attached = next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MetricsCallback)), None)
+    examples = getattr(attached, "examples", None)
+    unit = f"packed row{'s' if per_step > 1 else ''} of ≤{args.max_length:,} tokens" if args.packing else "row"
+    line = f"One run: {steps:,} steps × {per_step} {unit} = {steps * per_step:,} of {rows:,} rows"
+    if epochs < 1:
+        seen = f", ~{epochs * examples:,.0f} of {examples:,} examples" if examples and args.packing else ""
+        return f"{line}: {100 * epochs:.1f}% of one epoch{seen}. More steps (max_steps) or epochs see more."
+    return f"{line}: {epochs:.2f} epochs" + (f" over {examples:,} examples." if examples else ".")
 
 
 def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> None:
@@ -319,4 +432,5 @@ def _settle(trainer, callback: MetricsCallback) -> int:
     return callback.metrics.step
 
 
-__all__ = ["check_distributed_mode", "fit", "last_checkpoint", "make_trainer"]
+__all__ = ["TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
+           "make_trainer", "planned_steps", "run_coverage", "steps_per_epoch"]

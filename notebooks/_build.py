@@ -70,6 +70,8 @@ class Spec:
     """Extras of fastkit-llm the notebook needs beyond ``notebook`` (e.g. 'gguf'), comma-separated."""
     no_deps: list[str] = field(default_factory=list)
     """Requirements the install cell adds with ``--no-deps`` (their own dependencies are not wanted)."""
+    gguf: str | None = None
+    """Why the export cell writes no GGUF for this family (None: it writes one, with an Ollama Modelfile)."""
 
 
 SPECS = [
@@ -89,12 +91,12 @@ SPECS = [
          "host-device syncs per layer).",
          "Fits a free Colab T4 (about 5 GB at 2,048 tokens).", "~5 GB (T4 ✓)",
          "Packed SFT: per-document attention metadata built once per batch, no T×T mask", 2048, 60,
-         chat_args=", enable_thinking=False"),
+         chat_args=", enable_thinking=False", extras="gguf"),
     Spec("02_llama3.2_1b_packed.ipynb", "Llama-3.2-1B-Instruct: packed SFT", "meta-llama/Llama-3.2-1B-Instruct",
          "Packed SFT of Llama-3.2-1B-Instruct with LoRA and fastkit's packing patch. The model is gated: accept "
          "its license on the Hugging Face Hub and log in (`huggingface-cli login` or `HF_TOKEN`) first.",
          "Fits a free Colab T4 (about 7 GB at 2,048 tokens).", "~7 GB (T4 ✓)",
-         "Packed SFT on a gated Llama model (needs a Hub token)", 2048, 60),
+         "Packed SFT on a gated Llama model (needs a Hub token)", 2048, 60, extras="gguf"),
     Spec("03_qwen3_14b_qlora.ipynb", "Qwen3-14B: QLoRA (4-bit)", "unsloth/Qwen3-14B-bnb-4bit",
          "QLoRA on Qwen3-14B from a pre-quantized bitsandbytes NF4 checkpoint (about 8 GB to download instead "
          "of 29.5 GB; `Qwen/Qwen3-14B` with `load_in_4bit=True` works too). The LoRA factors train in fp32 (PEFT "
@@ -105,7 +107,8 @@ SPECS = [
          "13.4 GiB peak of 15 GiB on a free Colab T4 at 2,048 tokens, batch 1, r=16 (see docs/plan.md; "
          "not yet measured on a GPU).", "~13.4 GiB predicted at 2k tokens (T4 ✓)",
          "QLoRA (4-bit NF4) with double-buffered checkpoint offload", 2048, 60,
-         load_args=", load_in_4bit=not USE_TWIN", checkpointing='"offload"', chat_args=", enable_thinking=False"),
+         load_args=", load_in_4bit=not USE_TWIN", checkpointing='"offload"', chat_args=", enable_thinking=False",
+         extras="gguf"),
     Spec("04_gpt_oss_20b_moe_lora.ipynb", "GPT-OSS-20B: MoE LoRA", "openai/gpt-oss-20b",
          "LoRA on a mixture-of-experts model with 4-bit experts: GPT-OSS ships its experts in MXFP4 and fastkit "
          "keeps those exact values 4-bit (stored as the checkpoint is read, one projection at a time, so the "
@@ -118,7 +121,8 @@ SPECS = [
          "~15.4 GiB predicted at 1k tokens (16 GB GPU)",
          "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 1024, 60,
          colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
-         lora_r=8),
+         lora_r=8, gguf="fastkit's save_gguf refuses gpt_oss (no GGUF layout verified for it); convert the "
+         "merged folder with llama.cpp's convert_hf_to_gguf.py"),
 ]
 
 
@@ -153,26 +157,36 @@ def _parameters(s: Spec):
     return [
         _md("## Parameters", "", "The only cell to edit. `DATASET` is a Hub id, a .json/.jsonl file or a list of "
             "rows: chat `messages`, ShareGPT `conversations`, Alpaca `instruction`/`input`/`output`, "
-            "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset. On Colab, "
+            "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset. A run is "
+            "`MAX_STEPS` optimizer steps or `EPOCHS` passes over the data (set the other to `None`); each step "
+            "trains on `BATCH_SIZE × GRAD_ACCUMULATION` packed rows of up to `MAX_SEQ_LENGTH` tokens, and the "
+            "train cell prints how much of the data that is. Running the train cell again starts a new run; "
+            "`RESUME = True` continues the run in `OUTPUT_DIR` from its newest checkpoint instead. On Colab, "
             "put `OUTPUT_DIR` on Google Drive to keep checkpoints and adapters "
             'when the runtime goes: `from google.colab import drive; drive.mount("/content/drive")`, then '
             f'`OUTPUT_DIR = "/content/drive/MyDrive/fastkit/{Path(s.filename).stem}"`.'),
         _code("import os", "",
               'USE_TWIN = os.environ.get("FASTKIT_TWIN") == "1"  # CI: a tiny random twin of MODEL, offline',
               f'MODEL = "{s.model}"',
-              f"MAX_SEQ_LENGTH = {s.max_seq_length}",
-              f"MAX_STEPS = {s.max_steps}",
-              f"LEARNING_RATE = {s.learning_rate}",
               f'DATASET = "{s.dataset}"',
+              f"MAX_SEQ_LENGTH = {s.max_seq_length}",
+              f"MAX_STEPS = {s.max_steps}  # optimizer steps; or None and set EPOCHS",
+              "EPOCHS = None  # passes over the data (then MAX_STEPS = None)",
+              "BATCH_SIZE = 1  # packed rows per micro-batch (what the VRAM figure assumes)",
+              "GRAD_ACCUMULATION = 1  # micro-batches per optimizer step: a larger batch for no extra memory",
+              f"LEARNING_RATE = {s.learning_rate}",
+              "EVAL_SPLIT = 0.0  # e.g. 0.05: hold out 5% of the rows; the dashboard shows their loss",
+              'REPORT_TO = "none"  # or "tensorboard", "wandb", "trackio" (when installed)',
               f"LORA_R = {s.lora_r}",
               "MAX_NEW_TOKENS = 64",
-              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"  # Colab: a Drive folder outlives the runtime, '
-              'see below',
-              "SAVE_STEPS = 50  # a checkpoint every SAVE_STEPS steps in OUTPUT_DIR; a rerun resumes from the last",
+              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"  # Colab: a Drive folder outlives the runtime',
+              "SAVE_STEPS = 50  # a checkpoint every SAVE_STEPS steps in OUTPUT_DIR",
+              "RESUME = False  # True: continue this run from the newest checkpoint in OUTPUT_DIR",
               f"PROMPTS = [\n    {prompts}\n]",
               "",
               "if USE_TWIN:  # seconds on a CPU",
               '    MAX_SEQ_LENGTH, MAX_STEPS, MAX_NEW_TOKENS, DATASET, SAVE_STEPS = 256, 6, 12, "quickstart", 3',
+              "    EVAL_SPLIT = 0.1",
               tags=("parameters",)),
     ]
 
@@ -280,18 +294,23 @@ def _lora(s: Spec):
 def _train(s: Spec):
     return [
         _md("## Train with the dashboard", "",
-            "The panel shows the run (examples, effective batch, trainable parameters), progress and ETA, epoch, "
-            "steps/s and tokens/s (warm-up excluded), live loss and learning-rate curves, grad norm, peak allocated "
-            "and reserved memory, and the active fastkit optimizations (`fit(trainer, measure_syncs=True)` adds the "
-            "host-device syncs of one step). It is plain HTML updated in place, so its latest state stays in the "
-            "output even when the kernel dies. A checkpoint lands in `OUTPUT_DIR` every `SAVE_STEPS` steps, and "
-            "running this cell again resumes from the last one. Jupyter's stop button ends training cleanly: the "
-            "model keeps what it learned and the summary stays in the output."),
-        _code("from fastkit.training import fit, make_trainer", "",
-              "trainer = make_trainer(model, tokenizer, train_dataset, max_steps=MAX_STEPS,",
+            "The panel says whether this is a new run or one resumed from a checkpoint, and shows the run "
+            "(examples, effective batch, trainable parameters), progress and ETA, epoch, steps/s and tokens/s "
+            "(warm-up excluded), the loss with a smoothed line (and the eval loss with `EVAL_SPLIT`), grad norm and "
+            "learning rate on their own small axes, peak allocated and reserved memory, and the active fastkit "
+            "optimizations. A warning box appears when the loss is not a number, when it spikes, or when reserved "
+            "memory passes 90% of the GPU. It is plain HTML updated in place, so its latest state stays in the "
+            "output even when the kernel dies. A checkpoint lands in `OUTPUT_DIR` every `SAVE_STEPS` steps. "
+            "Jupyter's stop button ends training cleanly: the model keeps what it learned and the summary stays in "
+            "the output."),
+        _code("from fastkit.training import fit, make_trainer, run_coverage", "",
+              "trainer = make_trainer(model, tokenizer, train_dataset, max_steps=MAX_STEPS, epochs=EPOCHS,",
+              "                       batch_size=BATCH_SIZE, gradient_accumulation_steps=GRAD_ACCUMULATION,",
               "                       learning_rate=LEARNING_RATE, max_seq_length=MAX_SEQ_LENGTH,",
-              "                       output_dir=OUTPUT_DIR, save_steps=SAVE_STEPS)",
-              "metrics = fit(trainer, resume=True)  # the live dashboard; resumes from the last checkpoint if any"),
+              "                       eval_split=EVAL_SPLIT, report_to=REPORT_TO, output_dir=OUTPUT_DIR,",
+              "                       save_steps=SAVE_STEPS)",
+              "print(run_coverage(trainer))",
+              "metrics = fit(trainer, resume=RESUME)  # a new run unless RESUME; the dashboard says which"),
     ]
 
 
@@ -314,12 +333,21 @@ def _try(s: Spec):
 
 
 def _save(s: Spec):
+    names = "save_lora, save_merged" if s.gguf else "save_gguf, save_lora, save_merged"
+    lines = [f"from fastkit.export import {names}", "",
+             'print("LoRA adapters:", save_lora(model, tokenizer, f"{OUTPUT_DIR}/lora"))',
+             'print("merged 16-bit:", save_merged(model, tokenizer, f"{OUTPUT_DIR}/merged_16bit"))']
+    if s.gguf is None:
+        lines += ['print("GGUF + Modelfile:", save_gguf(model, tokenizer, f"{OUTPUT_DIR}/gguf", quantization="q8_0"))']
+        gguf = ("a GGUF (LoRA merged, q8_0; `\"q4_0\"`, `\"f16\"` also) with an Ollama `Modelfile` beside it, for "
+                "llama.cpp, LM Studio and Ollama (`ollama create my-model -f <OUTPUT_DIR>/gguf/Modelfile`).")
+    else:
+        lines += ["# No GGUF here yet: " + _wrap(s.gguf.split(), 100).replace("\n    ", "\n# ") + "."]
+        gguf = f"no GGUF yet: {s.gguf}."
     return [
-        _md("## Save", "", "LoRA adapters (small, load them onto the base model with PEFT) and a merged 16-bit "
-            "model (plain transformers, no fastkit needed to run it)."),
-        _code("from fastkit.export import save_lora, save_merged", "",
-              'print("LoRA adapters:", save_lora(model, tokenizer, f"{OUTPUT_DIR}/lora"))',
-              'print("merged 16-bit:", save_merged(model, tokenizer, f"{OUTPUT_DIR}/merged_16bit"))'),
+        _md("## Save", "", "LoRA adapters (small, load them onto the base model with PEFT), a merged 16-bit "
+            f"model (plain transformers, no fastkit needed to run it), and {gguf}"),
+        _code(*lines),
     ]
 
 
@@ -349,7 +377,7 @@ def readme() -> str:
 
 One notebook per model, all with the same stages: parameters, install, load, data, answers before
 training, LoRA, train with the live dashboard, memory and time, answers after training, save (LoRA
-adapters and a merged 16-bit model).
+adapters, a merged 16-bit model, and a GGUF with an Ollama Modelfile where fastkit writes one).
 All logic lives in the `fastkit` package; the notebooks are generated by `_build.py` (edit that, then
 run `python notebooks/_build.py`).
 
@@ -377,10 +405,13 @@ checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp16 there).
 
 The dashboard is HTML updated in place (no widget manager needed; its last state stays in the saved
 notebook); `fit(trainer, view="widget")` shows the ipywidgets panel where the front-end renders it.
-The live dashboard in JupyterLab (twin mode, CPU), the widget panel, and the static summary it leaves
-in the output when training ends or is stopped:
+The live dashboard in JupyterLab (twin mode, CPU, a 1024 px window), the same panel warning about a loss
+spike (the browser test jolts the model's output layer mid-run), the widget panel, and the static summary
+it leaves in the output when training ends or is stopped:
 
 ![the live dashboard in JupyterLab](../assets/dashboard_html.png)
+
+![the dashboard warning about a loss spike](../assets/dashboard_warning.png)
 
 ![the ipywidgets panel](../assets/dashboard_jupyterlab.png)
 

@@ -922,7 +922,7 @@ def options():
         Case("r3_opt_make_trainer_output_dir_file", lambda ctx: _mt(ctx, output_dir=str(_write(ctx, "f", b"x"))),
              Raises(err, "output_dir=", "existing file")),
         Case("r3_opt_make_trainer_eval_steps_without_eval", lambda ctx: _mt(ctx, eval_steps=5),
-             Raises(err, "eval_steps", "eval_dataset is None")),
+             Raises(err, "eval_steps", "there is no eval set", "eval_split")),
         Case("r3_opt_make_trainer_override_typo", lambda ctx: _mt(ctx, learnin_rate=1e-3),
              Raises(err, "unknown option 'learnin_rate'", "did you mean 'learning_rate'")),
         Case("r3_opt_make_trainer_override_unknown", lambda ctx: _mt(ctx, zzz_option=1),

@@ -4,8 +4,9 @@ The test runs ``notebooks/00_quickstart.ipynb`` in twin mode (FASTKIT_TWIN=1, of
 
 - ``html``: the default dashboard (HTML updated in place through a display handle) in a kernel where
   ipywidgets cannot be imported (a shadowing package on PYTHONPATH raises ImportError): the live
-  panel goes to ``assets/dashboard_html.png``, the static summary after a stop to
-  ``assets/dashboard_summary.png``.
+  panel goes to ``assets/dashboard_html.png``, the panel with its warning after a real loss spike (the
+  LoRA weights jolted by a callback) to ``assets/dashboard_warning.png``, the static summary after a stop
+  to ``assets/dashboard_summary.png``; at a Colab-like 1024 px width.
 - ``widget``: ``FASTKIT_DASHBOARD=widget``, the ipywidgets panel, to ``assets/dashboard_jupyterlab.png``.
 
 Each waits for the live dashboard to draw its curves, and fails when it did not render: JupyterLab's
@@ -40,6 +41,25 @@ BROWSER_STEPS = 5000
 interrupt once the live dashboard is captured (which also exercises the clean-stop path)."""
 LIVE_STEPS = 20
 """Steps to wait for before the live screenshot, so the curves have some shape."""
+JOLT_FLAG = "jolt-now"
+"""html mode: once the live screenshot is taken the test creates this file in the notebook's folder; at the
+next step end a callback scales the output layer up (what a diverging update does), so the next losses spike
+for real and the dashboard's warning shows (``dashboard_warning.png``)."""
+JOLT = f"""import os
+import torch
+from transformers import TrainerCallback
+
+class Jolt(TrainerCallback):  # browser test: a real loss spike once {JOLT_FLAG!r} exists
+    done = False
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if not self.done and os.path.exists({JOLT_FLAG!r}):
+            self.done = True
+            with torch.no_grad():  # the output layer scaled up, as a diverging update would
+                model.get_output_embeddings().weight.mul_(30)
+"""
+COLAB_WIDTH = 1024
+"""Viewport width for the html mode: about what Colab's output area gets on a laptop screen."""
 
 
 def _missing(reason: str) -> None:
@@ -72,14 +92,19 @@ except ImportError:
     print("ipywidgets: not importable")"""
 
 
-def _prepare_notebook(workdir: Path) -> str:
-    """A copy of the quickstart whose parameters cell asks for more steps (like papermill's injection)."""
+def _prepare_notebook(workdir: Path, jolt: bool = False) -> str:
+    """A copy of the quickstart whose parameters cell asks for more steps (like papermill's injection);
+    ``jolt``: the train cell adds the :data:`JOLT` callback (a real loss spike)."""
     import nbformat
 
     nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     params.source += f"\nMAX_STEPS = {BROWSER_STEPS}  # browser test: time to watch the live dashboard"
     params.source += IPYWIDGETS_CHECK
+    if jolt:
+        train = next(c for c in nb.cells if c.cell_type == "code" and "fit(trainer" in c.source)
+        jolted = train.source.replace("metrics = fit(", "trainer.add_callback(Jolt())\nmetrics = fit(")
+        train.source = JOLT + "\n" + jolted
     nbformat.write(nb, workdir / "quickstart.ipynb")
     return "quickstart.ipynb"
 
@@ -142,7 +167,7 @@ def test_quickstart_dashboard_in_jupyterlab(tmp_path, mode):
 
     workdir = tmp_path / "work"
     workdir.mkdir()
-    name = _prepare_notebook(workdir)
+    name = _prepare_notebook(workdir, jolt=mode == "html")
     port = _free_port()
     env = _lab_env(tmp_path)
     if mode == "widget":
@@ -156,7 +181,7 @@ def test_quickstart_dashboard_in_jupyterlab(tmp_path, mode):
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:
-                    _drive(browser, port, name, mode)
+                    _drive(browser, port, name, mode, workdir)
                 finally:
                     browser.close()
         finally:
@@ -167,10 +192,11 @@ def test_quickstart_dashboard_in_jupyterlab(tmp_path, mode):
                 lab.kill()
 
 
-def _drive(browser, port: int, name: str, mode: str) -> None:
+def _drive(browser, port: int, name: str, mode: str, workdir: Path) -> None:
     assets = ROOT / "assets"
     assets.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
+    width = COLAB_WIDTH if mode == "html" else 1280
+    page = browser.new_page(viewport={"width": width, "height": 1000}, device_scale_factor=1)
     page.goto(f"http://127.0.0.1:{port}/lab/tree/{name}", wait_until="domcontentloaded", timeout=120_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=120_000)  # kernel ready
@@ -197,15 +223,15 @@ def _drive(browser, port: int, name: str, mode: str) -> None:
         assert "effective batch" in text and "examples" in text and "Epoch" in text
     live_png = assets / ("dashboard_html.png" if mode == "html" else "dashboard_jupyterlab.png")
     if mode == "html":   # the output is replaced every second: capture the page where the panel is
-        box = None
-        for _ in range(20):  # the redraw may swap the element between locating and measuring it: retry
-            dash.evaluate("e => e.scrollIntoView({block: 'start'})")
-            page.wait_for_timeout(300)
-            box = dash.bounding_box()
-            if box is not None:
-                break
-        assert box is not None, "the live dashboard never stayed on the page long enough to be measured"
-        page.screenshot(path=str(live_png), clip={k: box[k] for k in ("x", "y", "width", "height")})
+        _clip_screenshot(page, dash, live_png)
+        assert "fastkit-alerts" not in dash.inner_html()  # no warning before the jolt
+        (workdir / JOLT_FLAG).touch()        # the jolt: the loss spikes for real and the panel shows the warning box
+        page.wait_for_function("() => { const d = document.querySelector('.fastkit-dashboard');"
+                               " return d && d.querySelector('.fastkit-alerts') && /Loss spike/.test(d.innerText); }",
+                               timeout=240_000)
+        page.wait_for_timeout(2500)  # a redraw or two after the spike: the curves show it
+        _clip_screenshot(page, dash, assets / "dashboard_warning.png")
+        assert "Loss spike" in dash.inner_text() and "new run" in dash.inner_text()
     else:
         dash.scroll_into_view_if_needed()
         dash.screenshot(path=str(live_png))
@@ -224,11 +250,25 @@ def _drive(browser, port: int, name: str, mode: str) -> None:
     assert not _page_text_problems(page), _page_text_problems(page)
     if mode == "html":   # the panel itself became the summary, its plot inline
         assert page.locator(".fastkit-dashboard.fastkit-summary img").count() == 1
+        assert "Loss spike" in summary.inner_text()  # the warning stays in the summary
         summary.scroll_into_view_if_needed()
         summary.screenshot(path=str(assets / "dashboard_summary.png"))
     else:
         _screenshot_summary(page, summary, assets / "dashboard_widget_summary.png")
     assert live_png.stat().st_size > 10_000
+
+
+def _clip_screenshot(page, element, path: Path) -> None:
+    """A page screenshot clipped to ``element``, which the live redraw may replace at any moment."""
+    box = None
+    for _ in range(20):  # the redraw may swap the element between locating and measuring it: retry
+        element.evaluate("e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)
+        box = element.bounding_box()
+        if box is not None:
+            break
+    assert box is not None, "the live dashboard never stayed on the page long enough to be measured"
+    page.screenshot(path=str(path), clip={k: box[k] for k in ("x", "y", "width", "height")})
 
 
 def _screenshot_summary(page, summary, path: Path) -> None:

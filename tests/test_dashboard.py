@@ -276,7 +276,7 @@ def test_fit_html_view_replaces_one_output_and_ends_as_the_summary(handles):
 
 def test_html_view_redraws_in_place_as_the_run_goes(handles):
     """Every redraw writes the latest numbers into the one output, so a dead kernel leaves them on the page."""
-    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0)
+    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0, overhead=float("inf"))
     m = _metrics(step=3)
     view("begin", m)
     m.step, m.loss_history = 4, m.loss_history + [(4, 0.5)]
@@ -325,9 +325,23 @@ def test_header_shows_run_facts_and_rows_show_eval_loss_and_epoch():
     assert dash.plot_png(m).startswith(PNG)
 
 
+def test_html_view_stretches_its_interval_to_a_slow_plot(handles):
+    """Drawing blocks training: a plot that took 1 s waits 1 s / overhead before the next redraw (at most 5 s)."""
+    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0, overhead=0.2)
+    m = _metrics()
+    view("begin", m)
+    assert view._plot_s == 0.0  # the first plot (matplotlib's import) does not count
+    view._plot_s = 1.0
+    view("log", m)
+    assert len(handles) == 1
+    view._plot_s = 0.0
+    view("log", m)
+    assert len(handles) == 2 and "step <b>12</b>" in handles[-1][1]["text/html"]
+
+
 def test_html_view_redraws_the_curves_on_a_step_event_too(handles):
     """Steps and logs come in pairs: a due redraw must not wait for a 'log' that the step's redraw throttles."""
-    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0)
+    view = dash.HtmlView(every_s=0.0, plot_every_s=0.0, overhead=float("inf"))
     m = _metrics(loss_history=[], lr_history=[], grad_norm_history=[])
     view("begin", m)
     assert "fastkit-has-curves" not in handles[-1][1]["text/html"]

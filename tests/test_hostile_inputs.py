@@ -162,7 +162,9 @@ def _dropped_and_counted(ds, ctx):
 
 
 def _is_trainer(trainer, ctx):
-    assert len(trainer.train_dataset) > 0 and type(trainer).__name__ == "SFTTrainer"
+    from trl import SFTTrainer
+
+    assert len(trainer.train_dataset) > 0 and isinstance(trainer, SFTTrainer)
 
 
 def _rows_equal(n):

@@ -62,17 +62,25 @@ def test_notebook_structure(path):
     assert h2 == SECTIONS
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1
-    for name in ("MODEL", "MAX_SEQ_LENGTH", "MAX_STEPS", "USE_TWIN", "OUTPUT_DIR", "SAVE_STEPS"):
+    for name in ("MODEL", "MAX_SEQ_LENGTH", "MAX_STEPS", "EPOCHS", "BATCH_SIZE", "GRAD_ACCUMULATION", "LEARNING_RATE",
+                 "EVAL_SPLIT", "REPORT_TO", "USE_TWIN", "OUTPUT_DIR", "SAVE_STEPS", "RESUME"):
         assert re.search(rf"^{name} = ", params[0].source, re.M), name
     assert 'os.environ.get("FASTKIT_TWIN") == "1"' in params[0].source
     install = _cell_with(nb, "pip")
     assert "not USE_TWIN" in install.source and 'find_spec("fastkit") is None' in install.source
     assert "%pip install" in install.source and '"fastkit-llm' in install.source and " -q" not in install.source
     train = _cell_with(nb, "fit(trainer")
-    assert "save_steps=SAVE_STEPS" in train.source and "resume=True" in train.source
-    assert "output_dir=OUTPUT_DIR" in train.source
+    assert "save_steps=SAVE_STEPS" in train.source and "fit(trainer, resume=RESUME)" in train.source
+    assert "RESUME = False" in params[0].source  # a new run by default
+    for arg in ("output_dir=OUTPUT_DIR", "epochs=EPOCHS", "batch_size=BATCH_SIZE", "eval_split=EVAL_SPLIT",
+                "gradient_accumulation_steps=GRAD_ACCUMULATION", "report_to=REPORT_TO", "print(run_coverage("):
+        assert arg in train.source, arg
+    save = _cell_with(nb, "save_lora(")
+    assert "save_merged(" in save.source
+    assert "save_gguf(" in save.source or "No GGUF here yet" in save.source
     # thin: every code cell is short, the logic lives in fastkit
-    assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code") <= 20
+    assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code" and c is not params[0]) <= 20
+    assert len(params[0].source.splitlines()) <= 32  # settings, one a line: no logic
 
 
 # -- execution ---------------------------------------------------------------------------------
@@ -99,6 +107,13 @@ def test_notebook_runs_with_twin(path, tmp_path):
     assert "finished" in html[0] and "Steps/s" in html[0] and "Tokens/s" in html[0] and "Epoch" in html[0]
     assert "data:image/png;base64," in html[0] and "examples" in html[0] and "effective batch" in html[0]
     assert not [o for o in outs if o.output_type == "stream" and "{'loss'" in o.get("text", "")]
+    assert "new run" in html[0] and "Eval loss" in html[0]  # EVAL_SPLIT = 0.1 in twin mode
+    printed = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
+    assert "One run: 6 steps × 1 packed row of ≤256 tokens" in printed and "% of one epoch" in printed, printed
+    # quiet: none of the upstream warnings fastkit filters reaches any output
+    stderr = "".join(o.get("text", "") for c in nb.cells for o in _outputs(c) if o.get("name") == "stderr")
+    for noise in ("gemm_4bit_forward", "is_gradient_checkpointing", "mtime may not be reliable", "RoPE scaling factor"):
+        assert noise not in stderr, (noise, stderr)
 
     summary = _cell_with(nb, "memory_time_summary(metrics)")
     assert any("Memory and time" in o.get("data", {}).get("text/html", "") for o in _outputs(summary))
@@ -111,6 +126,45 @@ def test_notebook_runs_with_twin(path, tmp_path):
     assert (out_dir / "checkpoint-6" / "trainer_state.json").exists()  # SAVE_STEPS=3 in twin mode
     assert (out_dir / "lora" / "adapter_model.safetensors").exists()
     assert any((out_dir / "merged_16bit").glob("*.safetensors"))
+    if "save_gguf(" in _cell_with(nb, "save_lora(").source:
+        assert any((out_dir / "gguf").glob("*-q8_0.gguf")) and (out_dir / "gguf" / "Modelfile").is_file()
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_train_cell_rerun_is_a_new_run_and_resume_is_on_request(tmp_path):
+    """Run the train cell twice: two new runs from step 0. Then, after a run that died past its first checkpoint,
+    RESUME = True continues from that checkpoint, and the dashboard says so, with rates."""
+    import nbformat
+    from nbformat.v4 import new_code_cell
+
+    nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
+    train = _cell_with(nb, "fit(trainer")
+    at = nb.cells.index(train)
+    client = _client(nb, tmp_path)
+
+    def run(source: str) -> str:
+        cell = new_code_cell(source)
+        nb.cells.append(cell)  # its own index: display-id updates land in this cell's outputs
+        client.execute_cell(cell, len(nb.cells) - 1)
+        out = "".join(o.get("data", {}).get("text/html", "") + o.get("text", "") for o in _outputs(cell))
+        return re.sub(r"base64,[A-Za-z0-9+/=]+", "base64,", out)  # the text, not the inline PNG
+
+    with client.setup_kernel(env=_kernel_env()):
+        for i, cell in enumerate(nb.cells[:at]):
+            if cell.cell_type == "code":
+                client.execute_cell(cell, i)
+        for _ in range(2):
+            out = run(train.source)
+            assert "new run" in out and "resumed" not in out and "6 / 6" in out and "finished" in out, out
+            run("assert metrics.resumed_from is None and metrics.loss_history[0][0] == 1, metrics.loss_history\n"
+                "assert trainer.state.global_step == 6 and metrics.status == 'finished'")
+        # the run died after its checkpoint at step 3: resume on request continues from there
+        run("import shutil; shutil.rmtree(f'{OUTPUT_DIR}/checkpoint-6'); RESUME = True")
+        out = run(train.source)
+        assert "resumed from checkpoint-3" in out and "new run" not in out and "6 / 6" in out, out
+        run("assert metrics.resumed_from == 3 and metrics.steps_per_s is not None, metrics\n"
+            "assert [s for s, _ in metrics.loss_history] == [1, 2, 3, 4, 5, 6], metrics.loss_history")
 
 
 BAD_INPUTS = [

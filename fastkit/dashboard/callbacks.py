@@ -22,6 +22,7 @@ those two step ends. Nothing here reads a device tensor, so the callback adds no
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +110,12 @@ class TrainingMetrics:
     """Which ops caused those syncs."""
     error: str | None = None
     """Why training stopped, when it failed or was interrupted."""
+    resumed_from: int | None = None
+    """The optimizer step this run resumed from (``checkpoint-<N>``); None for a new run."""
+    rates_include_warmup: bool = False
+    """True when the run was too short to leave the warm-up out, so steps/s and tokens/s include it."""
+    alerts: dict[str, str] = field(default_factory=dict)
+    """Warnings for the reader, by kind (``nonfinite_loss``, ``loss_spike``, ``memory``): the latest of each."""
 
     @property
     def progress(self) -> float:
@@ -167,6 +174,7 @@ class MetricsCallback(TrainerCallback):
         self._first_step = 0
         self._device: torch.device | None = None
         self._sync_counter = None
+        self._spike_step = -10**9
 
     # -- listeners -------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -189,12 +197,18 @@ class MetricsCallback(TrainerCallback):
             return
         self._start = self.clock()
         self._first_step = state.global_step
+        self._spike_step = -10**9
         self._window = _Window(step_end={state.global_step: self._start})
         self._device = _training_device(args, model)
         if self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
         m = self.metrics = TrainingMetrics(status="running", max_steps=state.max_steps,
-                                           warmup_steps=self.warmup_steps, step=state.global_step)
+                                           warmup_steps=self.warmup_steps, step=state.global_step,
+                                           resumed_from=state.global_step or None)  # restored before train begin
+        m.loss_history[:] = _restored(state.log_history, "loss")  # a resumed run: the curve from step 1
+        m.lr_history[:] = _restored(state.log_history, "learning_rate")
+        m.grad_norm_history[:] = _restored(state.log_history, "grad_norm")
+        m.eval_history[:] = _restored(state.log_history, "eval_loss")
         _describe_model(m, model, self._device)
         _describe_run(m, args, model, kwargs.get("train_dataloader"), self.examples)
         self._read_memory()
@@ -232,6 +246,8 @@ class MetricsCallback(TrainerCallback):
             m.eval_loss = float(logs["eval_loss"])
             if not m.eval_history or m.eval_history[-1][0] != step:
                 m.eval_history.append((step, m.eval_loss))
+            if not math.isfinite(m.eval_loss):
+                m.alerts["nonfinite_loss"] = f"eval loss is {m.eval_loss} at step {step}"
             self._emit("log")
             return
         if any(k.startswith("eval_") for k in logs):
@@ -243,6 +259,7 @@ class MetricsCallback(TrainerCallback):
                 setattr(m, attr, float(value))
                 if not hist or hist[-1][0] != step:
                     hist.append((step, float(value)))
+        self._check_loss(m, logs, step)
         if "num_tokens" in logs and step not in self._window.tokens:
             self._window.tokens[step] = int(logs["num_tokens"])
             self._update_rates()
@@ -266,11 +283,25 @@ class MetricsCallback(TrainerCallback):
         m.status, m.error = status, error
         if self._window.step_end:
             m.elapsed_s = max(m.elapsed_s, self.clock() - self._start)
+        if m.steps_per_s is None:  # a run no longer than its warm-up (a short resumed run): rates with it
+            w = self._window
+            m.steps_per_s, m.tokens_per_s = throughput(w.step_end, w.tokens, self._first_step)
+            m.rates_include_warmup = m.steps_per_s is not None
         self._read_memory()
         self._emit("end")
         return m
 
     # -- computations ----------------------------------------------------------------------
+    def _check_loss(self, m: TrainingMetrics, logs: dict, step: int) -> None:
+        """Alerts on a non-finite training loss or grad norm, and on a loss spike."""
+        for key in ("loss", "grad_norm"):
+            value = logs.get(key)
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                m.alerts["nonfinite_loss"] = f"{key.replace('_', ' ')} is {value} at step {step}"
+        spike = loss_spike(m.loss_history)
+        if spike is not None and step - self._spike_step > SPIKE_WINDOW:  # the first step of a spike, not its tail
+            m.alerts["loss_spike"], self._spike_step = spike, step
+
     def _update_rates(self) -> None:
         m, w = self.metrics, self._window
         steps_per_s, tokens_per_s = throughput(w.step_end, w.tokens, self._first_step + self.warmup_steps)
@@ -285,6 +316,9 @@ class MetricsCallback(TrainerCallback):
         m.peak_memory = max(m.peak_memory, m.memory.peak)
         m.peak_reserved = max(m.peak_reserved, m.memory.peak_reserved)
         m.host_available, m.host_total = host_ram()
+        alert = memory_alert(m)
+        if alert is not None:
+            m.alerts["memory"] = alert
 
     def _finish_sync_count(self) -> None:
         counter, self._sync_counter = self._sync_counter, None
@@ -313,6 +347,46 @@ def throughput(step_end: dict[int, float], tokens: dict[int, int],
         if dt > 0:
             tokens_per_s = (tokens[last] - tokens[first]) / dt
     return steps_per_s, tokens_per_s
+
+
+SPIKE_FACTOR = 2.0
+"""A logged loss above this many times the median of the previous :data:`SPIKE_WINDOW` is a spike."""
+SPIKE_WINDOW = 10
+"""Logged losses the spike check compares against (it waits until there are this many)."""
+MEMORY_ALERT = 0.9
+"""Peak reserved GPU memory above this fraction of the device's total raises the memory alert."""
+
+
+def loss_spike(history: list[tuple[int, float]], factor: float = SPIKE_FACTOR,
+               window: int = SPIKE_WINDOW) -> str | None:
+    """The alert text when the latest logged loss is a spike over the ``window`` finite losses before it."""
+    if len(history) <= window:
+        return None
+    step, last = history[-1]
+    before = sorted(v for _, v in history[-window - 1:-1] if math.isfinite(v))
+    if len(before) < window or not math.isfinite(last):
+        return None
+    median = before[len(before) // 2]
+    if median <= 0 or last <= factor * median:
+        return None
+    return (f"loss spiked to {last:.4g} at step {step} ({last / median:.1f}× the median {median:.4g} of the "
+            f"{window} steps before): a learning rate too high for this model, or a bad batch")
+
+
+def memory_alert(m: TrainingMetrics) -> str | None:
+    """The alert text when the peak reserved GPU memory is above :data:`MEMORY_ALERT` of the total."""
+    mem = m.memory
+    if mem is None or not m.on_gpu or not mem.total or m.peak_reserved <= MEMORY_ALERT * mem.total:
+        return None
+    return (f"reserved GPU memory peaked at {m.peak_reserved / 2**30:.1f} of {mem.total / 2**30:.1f} GiB "
+            f"({100 * m.peak_reserved / mem.total:.0f}%): close to out of memory; lower the batch size or "
+            "MAX_SEQ_LENGTH, or use gradient-checkpoint offload")
+
+
+def _restored(log_history: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) for ``key`` in a trainer's restored ``log_history`` (empty for a new run)."""
+    return [(int(h["step"]), float(h[key])) for h in log_history
+            if isinstance(h.get(key), (int, float)) and "step" in h]
 
 
 def tracker_metrics(m: TrainingMetrics) -> dict[str, float]:
@@ -386,4 +460,5 @@ def _checkpoint_mode(model) -> str:
     return "with double-buffered CPU offload" if offload else "recompute in backward"
 
 
-__all__ = ["MetricsCallback", "TrainingMetrics", "throughput", "tracker_metrics"]
+__all__ = ["MEMORY_ALERT", "SPIKE_FACTOR", "SPIKE_WINDOW", "MetricsCallback", "TrainingMetrics", "loss_spike",
+           "memory_alert", "throughput", "tracker_metrics"]

@@ -11,13 +11,16 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from typing import NamedTuple
 
 from fastkit.dashboard.callbacks import TrainingMetrics
 from fastkit.device import GiB
 
-PLOT_SIZE_IN = (5.2, 2.2)
+PLOT_SIZE_IN = (5.2, 3.0)
 """Live plot size (width, height) in inches at 100 dpi."""
+SUMMARY_PLOT_SIZE_IN = (7.0, 3.6)
+"""The static summary's plot size (inches at 100 dpi)."""
 _MUTED = "var(--jp-ui-font-color2, #666)"
 BORDER = "var(--jp-border-color2, #ddd)"
 """Panel and summary border colour (JupyterLab's theme variable where there is one)."""
@@ -55,6 +58,8 @@ def fmt_num(value: float | None, spec: str = ".4g") -> str:
 
 
 def throughput_note(m: TrainingMetrics) -> str:
+    if m.rates_include_warmup:
+        return f"warm-up included (the run was not longer than its {m.warmup_steps} warm-up steps)"
     if m.steps_per_s is None and m.status == "running":
         return f"warming up ({m.warmup_steps} steps excluded)"
     return f"{m.warmup_steps} warm-up steps excluded"
@@ -145,54 +150,74 @@ def optimization_items(m: TrainingMetrics) -> list[tuple[bool, str, str]]:
 
 
 # -- plots -----------------------------------------------------------------------------------
-def plot_png(m: TrainingMetrics, size: tuple[float, float] = PLOT_SIZE_IN, dpi: int = 100) -> bytes:
-    """Loss and learning-rate curves (grad norm on the loss panel's right axis) as PNG bytes.
+SMOOTHING = 0.7
+"""Weight of the smoothed loss line (TensorBoard's debiased exponential moving average)."""
 
-    Uses matplotlib's object API with the Agg canvas, so it never touches pyplot's global figure
-    state or the notebook's inline backend.
+
+def smoothed(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """TensorBoard's debiased EMA of ``values`` (non-finite values skipped, their place keeps the last mean)."""
+    out, mean, seen = [], 0.0, 0
+    for v in values:
+        if math.isfinite(v):
+            seen += 1
+            mean = weight * mean + (1 - weight) * v
+        out.append(mean / (1 - weight ** seen) if seen else float("nan"))
+    return out
+
+
+def plot_png(m: TrainingMetrics, size: tuple[float, float] = PLOT_SIZE_IN, dpi: int = 100) -> bytes:
+    """The curves as PNG bytes: loss (raw, smoothed, eval) on top; grad norm and learning rate small below.
+
+    Each quantity has its own axes (a noisy grad norm never squeezes the loss). Uses matplotlib's
+    object API with the Agg canvas, so it never touches pyplot's global figure state or the
+    notebook's inline backend.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     fig = Figure(figsize=size, dpi=dpi)
     FigureCanvasAgg(fig)
-    ax_loss, ax_lr = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    _curve(ax_loss, m.loss_history, "#1a73e8", "loss")
-    ax_loss.set_title("Training loss", fontsize=9, loc="left")
+    grid = fig.add_gridspec(2, 2, height_ratios=[2.2, 1], hspace=0.42, wspace=0.22)
+    ax_loss, ax_gn, ax_lr = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    _curve(ax_loss, m.loss_history, "#1a73e8", "loss", lw=1.0, alpha=0.35 if len(m.loss_history) > 3 else 1.0)
+    if len(m.loss_history) > 3:
+        steps, values = zip(*m.loss_history)
+        ax_loss.plot(steps, smoothed(list(values)), color="#1a73e8", lw=1.8, label="loss (smoothed)")
     if m.eval_history:
         steps, values = zip(*m.eval_history)
         ax_loss.plot(steps, values, color="#188038", lw=1.6, marker="s", ms=3.5, label="eval loss")
+    if len(m.loss_history) > 3 or m.eval_history:
         ax_loss.legend(fontsize=7, loc="upper right", frameon=False)
-    if m.grad_norm_history and m.loss_history:
-        ax_gn = ax_loss.twinx()
-        _curve(ax_gn, m.grad_norm_history, "#9aa0a6", "grad norm", lw=1.0, ls="--")
-        ax_gn.set_ylabel("grad norm", fontsize=7, color="#80868b")
-        ax_gn.tick_params(labelsize=7, colors="#80868b")
-        ax_gn.spines[["top"]].set_visible(False)
-        ax_loss.set_title("Training loss · grad norm (dashed, right)", fontsize=9, loc="left")
-    _curve(ax_lr, m.lr_history, "#e37400", "learning rate")
-    ax_lr.set_title("Learning rate", fontsize=9, loc="left")
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    ax_lr.yaxis.get_offset_text().set_fontsize(7)
-    for ax in (ax_loss, ax_lr):
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
+    ax_loss.set_title("Loss", fontsize=9, loc="left")
+    _curve(ax_gn, m.grad_norm_history, "#80868b", "grad norm", lw=1.0)
+    ax_gn.set_title("Grad norm", fontsize=8, loc="left")
+    _curve(ax_lr, m.lr_history, "#e37400", "learning rate", lw=1.2)
+    ax_lr.set_title("Learning rate", fontsize=8, loc="left")
+    ax_lr.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))  # 0.0002, no offset over the title
+    ax_lr.yaxis.set_major_locator(MaxNLocator(3))
+    ax_gn.yaxis.set_major_locator(MaxNLocator(3))
+    for ax in (ax_loss, ax_gn, ax_lr):
+        ax.tick_params(labelsize=7 if ax is ax_loss else 6)
         ax.grid(alpha=0.25, lw=0.6)
         ax.spines[["top", "right"]].set_visible(False)
         ax.set_xlim(0, max(m.step, 1) * 1.03)  # the steps done so far, readable early in a long run
-    fig.tight_layout(pad=0.6)
+    for ax in (ax_gn, ax_lr):
+        ax.set_xlabel("step", fontsize=7, labelpad=1)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.93, bottom=0.12)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
 
-def _curve(ax, points: list[tuple[int, float]], color: str, label: str, lw: float = 1.6, ls: str = "-") -> None:
+def _curve(ax, points: list[tuple[int, float]], color: str, label: str, lw: float = 1.6, alpha: float = 1.0) -> None:
     if not points:
-        ax.text(0.5, 0.5, f"no {label} logged yet", ha="center", va="center", fontsize=8, color="#80868b",
+        ax.text(0.5, 0.5, f"no {label} logged yet", ha="center", va="center", fontsize=7, color="#80868b",
                 transform=ax.transAxes)
         return
     steps, values = zip(*points)
-    ax.plot(steps, values, color=color, lw=lw, ls=ls, marker="o" if len(points) < 30 else None, ms=2.5)
+    ax.plot(steps, values, color=color, lw=lw, alpha=alpha, marker="o" if len(points) < 30 else None, ms=2.5,
+            label=label)
 
 
 # -- HTML --------------------------------------------------------------------------------------
@@ -236,7 +261,7 @@ def fmt_count(n: int) -> str:
 
 def run_facts(m: TrainingMetrics) -> str:
     """The run header line: examples, effective batch, trainable parameters (what is known)."""
-    parts = []
+    parts = [run_kind(m)]
     if m.examples is not None:
         parts.append(f"{m.examples:,} examples")
     if m.effective_batch is not None:
@@ -245,6 +270,32 @@ def run_facts(m: TrainingMetrics) -> str:
         pct = 100 * m.trainable_params / m.total_params
         parts.append(f"{fmt_count(m.trainable_params)} of {fmt_count(m.total_params)} parameters train ({pct:.2g}%)")
     return " · ".join(parts)
+
+
+def run_kind(m: TrainingMetrics) -> str:
+    """'new run' or 'resumed from checkpoint-N'."""
+    return "new run" if m.resumed_from is None else f"resumed from checkpoint-{m.resumed_from}"
+
+
+ALERT_TITLES = {"nonfinite_loss": "Loss is not a number", "loss_spike": "Loss spike",
+                "memory": "GPU memory nearly full"}
+"""What each alert kind is called on the dashboard."""
+
+
+def alert_lines(m: TrainingMetrics) -> list[str]:
+    """One line per alert: ``"Loss spike: loss spiked to ..."``."""
+    return [f"{ALERT_TITLES.get(k, k)}: {v}" for k, v in m.alerts.items()]
+
+
+def alerts_html(m: TrainingMetrics) -> str:
+    """A visible warning box (amber; red for a non-finite loss) with one line per alert, or ''."""
+    if not m.alerts:
+        return ""
+    color, background = (("#b3261e", "#fce8e6") if "nonfinite_loss" in m.alerts else ("#8a4b00", "#fef7e0"))
+    lines = "".join(f"<div>⚠ <b>{html.escape(ALERT_TITLES.get(k, k))}</b>: {html.escape(v)}</div>"
+                    for k, v in m.alerts.items())
+    return (f"<div class='fastkit-alerts' style='margin:4px 0;padding:4px 8px;border-left:4px solid {color};"
+            f"background:{background};color:{color};font-size:12px;line-height:1.45'>{lines}</div>")
 
 
 def header_html(m: TrainingMetrics, title: str | None = None) -> str:
@@ -256,7 +307,8 @@ def header_html(m: TrainingMetrics, title: str | None = None) -> str:
     return (f"<div style='display:flex;justify-content:space-between;align-items:baseline;gap:12px;font-size:13px'>"
             f"<span><b>fastkit training</b> <span style='color:{_MUTED}'>{html.escape(name)}</span></span>"
             f"<span style='color:{color};font-weight:600;white-space:nowrap'>{html.escape(status)}</span></div>"
-            f"<div class='fastkit-run' style='font-size:11.5px;color:{_MUTED}'>{html.escape(run_facts(m))}</div>{why}")
+            f"<div class='fastkit-run' style='font-size:11.5px;color:{_MUTED}'>{html.escape(run_facts(m))}</div>{why}"
+            f"{alerts_html(m)}")
 
 
 def progress_text(m: TrainingMetrics) -> str:
@@ -283,7 +335,7 @@ def summary_html(m: TrainingMetrics, title: str | None = None, png: bytes | None
     rows["throughput_window"] = Row("Throughput window", throughput_note(m))
     return (f"<div class='fastkit-summary' style='border:1px solid {BORDER};border-radius:6px;padding:8px 12px;"
             f"max-width:760px'>{header_html(m, title)}<div style='margin:6px 0'>{table_html(rows)}</div>"
-            f"{optimizations_html(m)}{png_img(png) if png else ''}</div>")
+            f"{optimizations_html(m)}{png_img(png, width_px=700) if png else ''}</div>")
 
 
 def summary_text(m: TrainingMetrics) -> str:
@@ -291,8 +343,8 @@ def summary_text(m: TrainingMetrics) -> str:
     rows = stat_rows(m).values()
     width = max(len(k) for k, _ in rows)
     lines = [f"fastkit: training {m.status} at step {m.step}/{m.max_steps}" + (f" ({m.error})" if m.error else "")]
-    if run_facts(m):
-        lines.append(f"fastkit:   {run_facts(m)}")
+    lines.append(f"fastkit:   {run_facts(m)}")
+    lines += [f"fastkit:   WARNING {line}" for line in alert_lines(m)]
     lines += [f"fastkit:   {k:<{width}}  {v}" for k, v in rows]
     lines += [f"fastkit:   {'+' if a else '-'} {name}: {how}" for a, name, how in optimization_items(m)]
     return "\n".join(lines)
@@ -313,7 +365,8 @@ def progress_line(m: TrainingMetrics) -> str:
              f"loss {m.loss:.4f}" if m.loss is not None else "",
              f"eval {m.eval_loss:.4f}" if m.eval_loss is not None else "",
              f"lr {m.learning_rate:.2e}" if m.learning_rate is not None else "",
-             mem_s, f"ETA {fmt_duration(m.eta_s)}" if m.eta_s is not None else ""]
+             mem_s, f"ETA {fmt_duration(m.eta_s)}" if m.eta_s is not None else "",
+             *(f"WARNING {line}" for line in alert_lines(m))]
     return "fastkit: " + " | ".join(p for p in parts if p)
 
 
@@ -359,7 +412,8 @@ def memory_time_summary(m: TrainingMetrics, projected_steps: int = 1000) -> Summ
     return SummaryTable("Memory and time", rows)
 
 
-__all__ = ["Row", "Rows", "SummaryTable", "fmt_count", "fmt_duration", "fmt_gib", "fmt_num", "fmt_rate", "header_html",
-           "insert_after", "memory_rows", "memory_time_summary", "optimization_items", "optimizations_html",
-           "plot_png", "png_img", "progress_line", "progress_text", "run_facts", "shorten", "stat_rows",
+__all__ = ["ALERT_TITLES", "Row", "Rows", "SUMMARY_PLOT_SIZE_IN", "SummaryTable", "alert_lines", "alerts_html",
+           "fmt_count", "fmt_duration", "fmt_gib", "fmt_num", "fmt_rate", "header_html", "insert_after",
+           "memory_rows", "memory_time_summary", "optimization_items", "optimizations_html", "plot_png", "png_img",
+           "progress_line", "progress_text", "run_facts", "run_kind", "shorten", "smoothed", "stat_rows",
            "summary_html", "summary_text", "table_html", "throughput_note", "without"]

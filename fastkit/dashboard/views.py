@@ -24,12 +24,15 @@ from fastkit.dashboard.callbacks import MetricsCallback, TrainingMetrics
 from fastkit.dashboard.render import (
     BORDER,
     PLOT_SIZE_IN,
+    SUMMARY_PLOT_SIZE_IN,
+    alert_lines,
     header_html,
     optimizations_html,
     plot_png,
     png_img,
     progress_line,
     progress_text,
+    run_kind,
     stat_rows,
     summary_html,
     summary_text,
@@ -58,14 +61,21 @@ def in_notebook() -> bool:
 class HtmlView:
     """The dashboard as one HTML output, replaced in place through an IPython display handle.
 
-    The panel (header and run facts, progress bar, curves as an inline base64 PNG, numbers,
-    optimizations) is redrawn at most every ``every_s`` seconds, the curves at most every
-    ``plot_every_s``; the end always redraws, as the static summary (``fastkit-summary``). Each
-    update replaces the output, so the saved notebook always holds the latest state.
+    The panel (header, run facts and alerts, progress bar, curves as an inline base64 PNG, numbers,
+    optimizations) is redrawn at most every ``every_s`` seconds, the curves with it (at most every
+    ``plot_every_s``, by default the same: the curves end where the numbers are). Drawing the curves
+    blocks the training loop, so the redraw interval also stretches to the last plot's duration over
+    ``overhead`` (at most that share of the host's time goes to drawing; never past ``max_every_s``; the
+    first plot, which imports matplotlib, does not count). The end always
+    redraws, as the static summary (``fastkit-summary``). Each update replaces the output, so the
+    saved notebook always holds the latest state.
     """
 
-    def __init__(self, title: str | None = None, every_s: float = 1.0, plot_every_s: float = 2.0):
-        self.title, self.every_s, self.plot_every_s = title, every_s, plot_every_s
+    def __init__(self, title: str | None = None, every_s: float = 1.0, plot_every_s: float | None = None,
+                 overhead: float = 0.2, max_every_s: float = 5.0):
+        self.title, self.every_s, self.overhead, self.max_every_s = title, every_s, overhead, max_every_s
+        self.plot_every_s = every_s if plot_every_s is None else plot_every_s
+        self._plot_s = 0.0
         self.handle = None
         self._png = b""
         self._png_has_curves = False
@@ -77,14 +87,15 @@ class HtmlView:
         now = time.monotonic()
         if event == "begin":
             self._plot(m, now)
+            self._plot_s = 0.0  # matplotlib's import, not the cost of a redraw
             self._last = now
             self.handle = display(self._bundle(m), raw=True, display_id=True)
             return
         final = event == "end"
-        if not final and now - self._last < self.every_s:
+        if not final and now - self._last < max(self.every_s, min(self._plot_s / self.overhead, self.max_every_s)):
             return
         if final or now - self._last_plot >= self.plot_every_s:  # whichever event comes first when due
-            self._plot(m, now, size=(7.6, 2.6) if final else PLOT_SIZE_IN)
+            self._plot(m, now, size=SUMMARY_PLOT_SIZE_IN if final else PLOT_SIZE_IN)
         self._last = now
         bundle = self._bundle(m, final)
         if self.handle is None:
@@ -93,7 +104,9 @@ class HtmlView:
             self.handle.update(bundle, raw=True)
 
     def _plot(self, m: TrainingMetrics, now: float, size: tuple[float, float] = PLOT_SIZE_IN) -> None:
+        start = time.monotonic()
         self._png, self._png_has_curves, self._last_plot = plot_png(m, size=size), bool(m.loss_history), now
+        self._plot_s = time.monotonic() - start
 
     def _bundle(self, m: TrainingMetrics, final: bool = False) -> dict[str, str]:
         if final:
@@ -113,7 +126,7 @@ def panel_html(m: TrainingMetrics, title: str | None, png: bytes, has_curves: bo
     bar = (f"<div style='display:flex;align-items:center;gap:10px;margin:4px 0'><div style='width:260px;height:12px;"
            f"border-radius:6px;background:{BORDER};overflow:hidden;flex:none'><div style='height:100%;"
            f"width:{100 * m.progress:.1f}%;background:{color}'></div></div>{progress_text(m)}</div>")
-    curves = png_img(png, "fastkit-has-curves" if has_curves else "", 480) if png else ""
+    curves = png_img(png, "fastkit-has-curves" if has_curves else "", int(PLOT_SIZE_IN[0] * 100)) if png else ""
     stats = table_html(without(stat_rows(m), "steps", "elapsed"))
     return (f"<div class='fastkit-dashboard' style='border:1px solid {BORDER};padding:8px 12px;max-width:900px'>"
             f"{header_html(m, title)}{bar}<div style='display:flex;flex-flow:row wrap;align-items:flex-start;gap:8px'>"
@@ -184,11 +197,17 @@ class TerminalView:
     def __init__(self, every_s: float = 10.0):
         self.every_s = every_s
         self._last = -1e9
+        self._warned: set[str] = set()
 
     def __call__(self, event: str, m: TrainingMetrics) -> None:
         if event == "begin":
-            logger.info("fastkit: training %s on %s for %d steps", m.model_type or "model", m.device, m.max_steps)
+            logger.info("fastkit: training %s on %s for %d steps (%s)", m.model_type or "model", m.device,
+                        m.max_steps, run_kind(m))
             return
+        for line in alert_lines(m):  # each new warning once, as a warning, the moment it is seen
+            if line not in self._warned:
+                self._warned.add(line)
+                logger.warning("fastkit: WARNING %s", line)
         now = time.monotonic()
         if event == "end":
             logger.info(summary_text(m))
@@ -202,7 +221,7 @@ def show_summary(m: TrainingMetrics, title: str | None = None) -> None:
     from IPython.display import HTML, Image, display
 
     display(HTML(summary_html(m, title)))
-    display(Image(data=plot_png(m, size=(7.6, 2.6)), format="png"))
+    display(Image(data=plot_png(m, size=SUMMARY_PLOT_SIZE_IN), format="png"))
 
 
 def make_view(view: str = "auto", title: str | None = None):

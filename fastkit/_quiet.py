@@ -1,0 +1,106 @@
+"""The upstream warnings fastkit has made harmless, each named with its reason, filtered in one place.
+
+Every entry matches one message from one upstream module (its logger or its ``warnings.warn`` call),
+by a fixed text, never by level or category alone: anything else upstream says still shows. The
+filters go in when fastkit is imported (before bitsandbytes / transformers modules log); set
+``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` to see them all again. Remove an entry when the upstream
+version that emits it is no longer supported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KnownWarning:
+    """One upstream message that fastkit has made harmless."""
+
+    source: str
+    """The logger name (``logging``) or module (``warnings.warn``) that emits it."""
+    text: str
+    """A fixed piece of the message (matched as a substring for log records, as a prefix regex for warnings)."""
+    reason: str
+    """Why it is harmless under fastkit: what fastkit does instead, or why it does not apply."""
+    category: type[Warning] | None = None
+    """For ``warnings.warn`` messages: the warning class; None for a log record."""
+
+
+KNOWN: tuple[KnownWarning, ...] = (
+    KnownWarning(
+        "bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
+        "bitsandbytes 0.50 tries the optional `kernels` package for a faster CPU 4-bit GEMM at import and falls back "
+        "to its own implementation; fastkit never runs 4-bit weights on a CPU (4-bit loads need CUDA), so nothing "
+        "uses the missing kernel."),
+    KnownWarning(
+        "transformers.modeling_utils", "`is_gradient_checkpointing` is deprecated",
+        "PEFT 0.21 (peft_model.py, mixed_model.py) reads the deprecated transformers alias; the value is the same "
+        "as is_activation_checkpointing, and fastkit sets up checkpointing itself (enable_checkpointing).",
+        FutureWarning),
+    KnownWarning(
+        "transformers.trainer_utils", "mtime may not be reliable on this filesystem",
+        "The Trainer sorts checkpoints by mtime and falls back to their step number when two were written in the "
+        "same second (short runs, fast steps); the step number is the order fastkit wants anyway."),
+    KnownWarning(
+        "transformers.modeling_rope_utils", "The explicitly set RoPE scaling factor",
+        "Only for fastkit's tiny twins: a twin shrinks max_position_embeddings, so the YaRN factor no longer "
+        "equals max_position_embeddings / original_max_position_embeddings; transformers uses the explicit factor, "
+        "the real checkpoint's. Real GPT-OSS configs agree (131072 / 4096 = 32)."),
+)
+"""Everything fastkit filters. Nothing else is silenced."""
+
+
+class _DropKnown(logging.Filter):
+    """Drops the log records of one logger whose message contains one of ``texts``."""
+
+    def __init__(self, texts: tuple[str, ...]):
+        super().__init__()
+        self.texts = texts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is not ours to hide
+            return True
+        return not any(t in message for t in self.texts)
+
+
+_installed: dict[str, _DropKnown] = {}
+
+
+def install() -> None:
+    """Filter the :data:`KNOWN` messages (idempotent); a no-op under ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1``."""
+    if os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1":
+        return
+    by_logger: dict[str, list[str]] = {}
+    for known in KNOWN:
+        if known.category is not None:
+            warnings.filterwarnings("ignore", message=_regex(known.text), category=known.category,
+                                    module=_regex(known.source) + "$")
+        else:
+            by_logger.setdefault(known.source, []).append(known.text)
+    for name, texts in by_logger.items():
+        if name not in _installed:
+            _installed[name] = _DropKnown(tuple(texts))
+            logging.getLogger(name).addFilter(_installed[name])  # the module's own logger: nothing else touched
+
+
+def uninstall() -> None:
+    """Undo :func:`install` for the log filters (tests; ``warnings`` filters stay, as ``warnings`` has no undo)."""
+    for name, flt in _installed.items():
+        logging.getLogger(name).removeFilter(flt)
+    _installed.clear()
+
+
+def _regex(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+install()  # on import, so `from fastkit import _quiet` first in fastkit/__init__.py is enough
+
+__all__ = ["KNOWN", "KnownWarning", "install", "uninstall"]

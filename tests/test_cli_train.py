@@ -1,0 +1,60 @@
+"""``fastkit train``: the notebooks' run from a terminal (twin, offline), and help text without reST markup."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fastkit import cli
+from fastkit.cli_train import DEFAULTS
+
+
+def _help(capsys, *argv) -> str:
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [(), ("train",), ("plan",), ("quickstart",), ("bench", "packed"), ("bench", "sft")])
+def test_help_has_no_rst_markup(capsys, argv):
+    text = _help(capsys, *argv)
+    assert "``" not in text and ":func:" not in text and ":mod:" not in text, text
+    if not argv:
+        assert "train" in text and "quickstart" in text and "plan" in text
+
+
+def test_train_defaults_are_the_notebooks():
+    import runpy
+    from pathlib import Path
+
+    build = runpy.run_path(str(Path(__file__).resolve().parents[1] / "notebooks" / "_build.py"))
+    spec = next(s for s in build["SPECS"] if s.filename.startswith("01_"))
+    params = build["_parameters"](spec)[1].source
+    for name, value in (("MAX_SEQ_LENGTH", DEFAULTS["max_seq_length"]), ("MAX_STEPS", DEFAULTS["steps"]),
+                        ("BATCH_SIZE", DEFAULTS["batch_size"]), ("GRAD_ACCUMULATION", DEFAULTS["grad_accumulation"]),
+                        ("LEARNING_RATE", DEFAULTS["lr"]), ("LORA_R", DEFAULTS["lora_r"]),
+                        ("SAVE_STEPS", DEFAULTS["save_steps"]), ("EVAL_SPLIT", DEFAULTS["eval_split"])):
+        line = next(ln for ln in params.splitlines() if ln.startswith(f"{name} = "))
+        assert float(line.split("=")[1].split("#")[0]) == float(value), line
+
+
+def test_steps_and_epochs_are_exclusive(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--model", "m", "--data", "d", "--steps", "3", "--epochs", "1"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_twin_end_to_end(tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        rc = cli.main(["train", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", "quickstart",
+                       "--steps", "3", "--max-seq-length", "128", "--lora-r", "4", "--checkpointing", "off",
+                       "--save-steps", "3", "--output-dir", str(out), "--gguf", "q8_0"])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert rc == 0, text
+    assert "One run: 3 steps × 1 packed row of ≤128 tokens" in text
+    assert "(new run)" in text and "training finished at step 3/3" in text
+    assert (out / "lora" / "adapter_model.safetensors").is_file() and (out / "checkpoint-3").is_dir()
+    assert any((out / "gguf").glob("*.gguf")) and (out / "gguf" / "Modelfile").is_file()
