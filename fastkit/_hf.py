@@ -359,6 +359,50 @@ def prepare_inputs(trainer, batch: dict) -> dict:
     return trainer._prepare_inputs(batch)
 
 
+def trainer_loss_accumulator(trainer) -> torch.Tensor:
+    """The device tensor the Trainer sums step losses into between log points: ``trainer._tr_loss``.
+
+    Created by ``_inner_training_loop``, read (``.item()``) and zeroed in ``_maybe_log_save_evaluate``.
+    checked: transformers 5.24.
+    """
+    return trainer._tr_loss
+
+
+def steps_since_log(trainer) -> int:
+    """``1 + global_step - _globalstep_last_logged``: the divisor ``_run_epoch``'s NaN/Inf loss filter uses.
+
+    checked: transformers 5.24.
+    """
+    return 1 + trainer.state.global_step - trainer._globalstep_last_logged
+
+
+def sft_metrics(trainer) -> dict:
+    """TRL's per-mode metric lists, ``SFTTrainer._metrics`` (``{"train": defaultdict(list), "eval": ...}``);
+    ``SFTTrainer.log`` averages each list and clears it.
+
+    checked: trl 1.16.
+    """
+    return trainer._metrics
+
+
+def sft_token_total(trainer) -> int:
+    """``SFTTrainer._total_train_tokens``: the running token count TRL logs as ``num_tokens``. checked: trl 1.16."""
+    return trainer._total_train_tokens
+
+
+def set_sft_token_total(trainer, total: int) -> None:
+    """Write ``SFTTrainer._total_train_tokens``. checked: trl 1.16."""
+    trainer._total_train_tokens = total
+
+
+def sft_tp_size(trainer) -> int:
+    """``SFTTrainer._tp_size``: tensor-parallel ranks that see the same batch (TRL divides token counts by it).
+
+    checked: trl 1.16.
+    """
+    return trainer._tp_size
+
+
 # ---------------------------------------------------------------------------------------- class identity
 # Upstream classes recognized by what they are (isinstance where the class imports, its name where the
 # family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
@@ -431,5 +475,6 @@ __all__ = [
     "peft_delta",
     "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",
-    "set_experts_implementation",
+    "set_experts_implementation", "set_sft_token_total", "sft_metrics", "sft_token_total", "sft_tp_size",
+    "steps_since_log", "trainer_loss_accumulator",
 ]

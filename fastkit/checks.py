@@ -123,6 +123,38 @@ def check_max_seq_length(max_seq_length: Any) -> None:
         raise FastkitError(f"max_seq_length must be a positive int (tokens per row), got {max_seq_length!r}.")
 
 
+def check_positive(name: str, value: Any, integer: bool = True, allow_none: bool = False) -> None:
+    """``value`` is a positive int (or number, ``integer=False``); the message names the option."""
+    if value is None and allow_none:
+        return
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0 or value != value:
+        what = "a positive int" if integer else "a positive number"
+        raise FastkitError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}.")
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise FastkitError(f"{name} must be True or False, got {value!r}.")
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise FastkitError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}.")
+
+
+def check_known_options(where: str, given: dict, known) -> None:
+    """Keyword options a function passes on (``**sft_overrides``): a typo is named, with the closest match."""
+    import difflib
+
+    known = set(known)
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise FastkitError(f"{where}: unknown option {name!r}{hint}")
+
+
 # -- packed batches reaching a model without the packing patch ----------------------------------------
 PACKED_KEYS = ("fastkit_seq_lens", "cu_seq_lens_q")
 
@@ -182,6 +214,7 @@ def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None
         change(model, "packed_guard", lambda swap: swap.hook(target, hook, with_kwargs=True))
 
 
-__all__ = ["check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",
+__all__ = ["check_bool", "check_choice", "check_known_options", "check_positive",
+           "check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",
            "check_save_target", "check_saved", "check_twin_options", "install_packed_guard", "resolve_dtype",
            "resolve_patches"]

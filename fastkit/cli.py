@@ -2,7 +2,14 @@
 ``fastkit bench {packed,offload,moe,sft} ...`` (from a clone: the benchmarks live in the repository's
 ``benchmarks/`` folder, outside the wheel; ``python -m benchmarks ...`` is the same).
 
-``python -m fastkit ...`` is the same command.
+``python -m fastkit ...`` is the same command. Errors are one line on stderr (no traceback; set
+``FASTKIT_DEBUG=1`` for one), and the exit status says which kind:
+
+- 0: done (``fastkit plan``: the run fits);
+- 1: ``fastkit plan``: the run does not fit (the table says by how much, and what would fit);
+- 2: bad input (a bad option, a model or file that is not there, a FastkitError): fix the command;
+- 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
+- 130: interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import sys
 from pathlib import Path
 
 BENCHES = ("packed", "offload", "moe", "sft")
+EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def _positive_int(text: str) -> int:
@@ -38,22 +46,39 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fastkit.errors import FastkitError
     from fastkit.plan import plan
 
-    try:
-        gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
-        result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
-                      load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora)
-    except FastkitError as exc:
-        print(f"fastkit plan: {exc}", file=sys.stderr)
-        return 2
+    gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
+    result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
+                  load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora)
     print(result.table())
-    return 0 if result.fits else 1
+    return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; see the module docstring for the exit statuses."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else "fastkit"
+    try:
+        return _main(argv)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print(f"fastkit {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 -- every error becomes one line and an exit status
+        from fastkit.errors import FastkitError
+
+        if os.environ.get("FASTKIT_DEBUG") == "1":
+            raise
+        bad_input = isinstance(exc, (FastkitError, FileNotFoundError))
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        kind = "" if bad_input else f"failed: {type(exc).__name__}: "
+        print(f"fastkit {command}: {kind}{text[:400]}", file=sys.stderr)
+        return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fastkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     qs = sub.add_parser("quickstart", help="LoRA-tune SmolLM2-135M-Instruct offline and show before/after answers")

@@ -48,6 +48,9 @@ class LoadReport:
     """Patch name -> why it does not apply."""
     memory_plan: str = ""
     """The memory planner's verdict for this run (:mod:`fastkit.plan`), when one was made at load."""
+    checkpointing: bool | str = True
+    """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on: ``"offload"`` where the plan
+    fits only with checkpoint offload (:attr:`fastkit.plan.Plan.needs_offload`), else ``True``."""
 
     def banner(self) -> str:
         mem = memory_snapshot(pick_device())
@@ -315,10 +318,16 @@ class FastModel:
         if quant.experts_4bit:
             # NF4 per expert, layer by layer (patches/moe/nf4.py); revert dequantizes back
             change(model, "4bit_experts", lambda swap: quantize_experts(model, swap=swap))
+        if load_in_4bit and quant.mxfp4 and device.type == "cuda":  # one quantizer per load: the linears are ours
+            from fastkit.linear_4bit import quantize_linears_4bit
+
+            quantize_linears_4bit(model, dtype)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        _protect_fp16(model, config, dtype)
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
+            report(model).checkpointing = "offload" if memory_plan.needs_offload else True
         return model, tokenizer
 
     @staticmethod
@@ -357,7 +366,7 @@ class FastModel:
         lora_dropout: float = 0.0,
         target_modules: str | list[str] = "all-linear",
         bias: str = "none",
-        use_gradient_checkpointing: bool | str = True,
+        use_gradient_checkpointing: bool | str = "auto",
         random_state: int = 3407,
         offload_config=None,
         target_experts: bool = False,
@@ -367,7 +376,8 @@ class FastModel:
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
         double-buffered checkpoint reload, see :mod:`fastkit.patches.offload.patch`; tune it with
-        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), or ``False``.
+        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), ``False``, or ``"auto"`` (the
+        default): ``"offload"`` where the load-time memory plan fits only with it, else ``True``.
 
         ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
         (:mod:`fastkit.patches.moe.lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
@@ -376,21 +386,72 @@ class FastModel:
         """
         from peft import LoraConfig, get_peft_model
 
-        if r <= 0:
-            raise FastkitError(f"LoRA rank r must be positive, got {r}.")
+        check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+                           bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
+        if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
+            return _same_adapter(model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                 target_modules=target_modules, bias=bias)
         torch.manual_seed(random_state)
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             model = prepare_kbit_training(model)
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
-        # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
+        object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
+        # 4-bit experts (patches/moe_4bit.py) have no parameter for PEFT's target_parameters: "all-linear"
         # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
+        if use_gradient_checkpointing == "auto":
+            rep = report(model)
+            use_gradient_checkpointing = rep.checkpointing if rep is not None else True
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
+
+
+ASKED_TARGETS = "fastkit_target_modules"  # on the LoraConfig: target_modules as asked (PEFT resolves 'all-linear')
+
+
+def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use_gradient_checkpointing) -> None:
+    """get_peft_model's options, each refused with its name before PEFT sees it."""
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise FastkitError(f"LoRA rank r must be a positive int, got {r!r}.")
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or lora_alpha <= 0:
+        raise FastkitError(f"lora_alpha must be a positive number, got {lora_alpha!r}.")
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
+        raise FastkitError(f"lora_dropout must be a number in [0, 1), got {lora_dropout!r}.")
+    if not (target_modules == "all-linear" or isinstance(target_modules, str) and target_modules
+            or isinstance(target_modules, (list, tuple, set)) and target_modules
+            and all(isinstance(t, str) and t for t in target_modules)):
+        raise FastkitError(f"target_modules must be 'all-linear', a module name / regex, or a non-empty list of "
+                           f"module names, got {target_modules!r}.")
+    if bias not in ("none", "all", "lora_only"):
+        raise FastkitError(f"bias must be 'none', 'all' or 'lora_only', got {bias!r}.")
+    if use_gradient_checkpointing not in (True, False, "offload", "unsloth"):
+        raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got "
+                           f"{use_gradient_checkpointing!r}.")
+
+
+def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
+    """``model`` as is when its adapter is the one asked for; else a FastkitError naming the differences."""
+    have = model.peft_config[model.active_adapter]
+    diff = []
+    for key, value in asked.items():
+        current = getattr(have, key, None)
+        if key == "target_modules":
+            current = getattr(have, ASKED_TARGETS, current)  # what get_peft_model was given ('all-linear')
+            same = value == current or (not isinstance(value, str) and not isinstance(current, str)
+                                        and set(value) == set(current or ()))
+        else:
+            same = value == current
+        if not same:
+            diff.append(f"{key}={value!r} (the model has {current!r})")
+    if diff:
+        raise FastkitError(f"get_peft_model: the model already has a LoRA adapter, with other options: "
+                           f"{', '.join(diff)}. Re-load the model (FastModel.from_pretrained) for a new adapter.")
+    logger.info("fastkit: the model already has this LoRA adapter; returned as it is (re-run cell)")
+    return model
 
 
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
@@ -404,6 +465,21 @@ def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     for param in model.parameters():
         param.requires_grad_(False)
     return model
+
+
+def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
+    """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
+    keep the residual stream in fp32 (patches/fp16/patch.py), and say so in the load report."""
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if dtype != torch.float16 or saved in (torch.float16, "float16"):
+        return
+    from fastkit.patches.fp16 import FP16_RESIDUAL, protect_fp16
+
+    ok, how = protect_fp16(model)
+    rep = report(model)
+    if rep is not None:
+        (rep.active if ok else rep.skipped)[FP16_RESIDUAL] = how
+    logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
 
 
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):

@@ -1,6 +1,7 @@
 """Training with TRL's ``SFTTrainer``, set up the way fastkit's patches expect, under the dashboard.
 
-fastkit does not ship a trainer: :func:`make_trainer` returns a plain ``trl.SFTTrainer`` with
+:func:`make_trainer` returns a :class:`fastkit.trainer.ZeroSyncSFTTrainer` (``trl.SFTTrainer`` with the same
+arguments and logs, and no host-device sync between log points: docs/step.md) with
 defaults that work on a 2-core CPU and on a T4 alike (precision from the device, packing on,
 responses-only loss), after :func:`fastkit.data.check_dataset` has refused bad data.
 :func:`fit` runs it with the live dashboard (:mod:`fastkit.dashboard`) and turns a
@@ -13,6 +14,7 @@ Gradient checkpointing is owned by ``FastModel.get_peft_model`` / :func:`fastkit
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,9 +23,11 @@ import torch
 from fastkit import _hf, checks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
+from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, unwrap
+from fastkit.run_identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +74,8 @@ def make_trainer(
     chunked_loss: bool | None = None,
     **sft_overrides: Any,
 ):
-    """A ``trl.SFTTrainer`` for ``model`` on ``train_dataset`` (checked first, errors before any step).
+    """A ``trl.SFTTrainer`` (a :class:`~fastkit.trainer.ZeroSyncSFTTrainer`) for ``model`` on ``train_dataset``
+    (checked first, errors before any step).
 
     ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data;
     ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
@@ -86,20 +91,21 @@ def make_trainer(
     cross-entropy (:mod:`fastkit.patches.loss.patch`) instead of TRL's fused LM head; default on off CUDA
     (TRL's torch fallback holds more than the full logits there), TRL's Triton kernel on CUDA.
     """
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from fastkit.trainer import ZeroSyncSFTTrainer
 
     checks.check_max_steps(max_steps)
     if max_seq_length is not None:
         checks.check_max_seq_length(max_seq_length)
+    _check_trainer_options(locals(), sft_overrides, SFTConfig)
     max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
     _check_packing_supported(model, packing)
     dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                             drop_invalid=drop_invalid)
-    if save_steps is not None and save_steps < 1:
-        raise FastkitError(f"save_steps must be a positive number of steps or None (no checkpoints), got {save_steps}.")
     if eval_dataset is not None:
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
-                                     drop_invalid=drop_invalid)
+                                     drop_invalid=drop_invalid, where="eval_dataset")
     dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
@@ -110,8 +116,8 @@ def make_trainer(
                         cuda=model.device.type == "cuda", optim=_default_optim(model), precision=_precision(model),
                         overrides=sft_overrides)
     check_distributed_mode(model, config)
-    trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
-                         processing_class=tokenizer, callbacks=list(callbacks))
+    trainer = ZeroSyncSFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset,
+                                 eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=list(callbacks))
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     _attach_packed_metadata(trainer)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
@@ -121,6 +127,28 @@ def make_trainer(
         if not ok:
             logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
     return trainer
+
+
+def _check_trainer_options(given: dict[str, Any], sft_overrides: dict[str, Any], sft_config) -> None:
+    """make_trainer's options, each refused with its name before any work (typos in overrides included)."""
+    import dataclasses
+
+    checks.check_positive("learning_rate", given["learning_rate"], integer=False)
+    for name in ("batch_size", "gradient_accumulation_steps"):
+        checks.check_positive(name, given[name])
+    for name in ("eval_steps", "save_steps"):
+        checks.check_positive(name, given[name], allow_none=True)
+    for name in ("packing", "completion_only_loss", "drop_long", "drop_invalid", "measure_syncs"):
+        checks.check_bool(name, given[name])
+    if given["chunked_loss"] is not None:
+        checks.check_bool("chunked_loss", given["chunked_loss"])
+    if isinstance(given["seed"], bool) or not isinstance(given["seed"], int) or given["seed"] < 0:
+        raise FastkitError(f"seed must be a non-negative int, got {given['seed']!r}.")
+    checks.check_choice("dashboard", given["dashboard"], VIEWS)
+    checks.check_save_target(given["output_dir"], "output_dir")
+    if given["eval_steps"] is not None and given["eval_dataset"] is None:
+        raise FastkitError("eval_steps is set but eval_dataset is None: give eval_dataset (or drop eval_steps).")
+    checks.check_known_options("make_trainer", sft_overrides, {f.name for f in dataclasses.fields(sft_config)})
 
 
 def sft_config(*, output_dir: str, max_steps: int, learning_rate: float, batch_size: int,
@@ -137,7 +165,7 @@ def sft_config(*, output_dir: str, max_steps: int, learning_rate: float, batch_s
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         max_length=max_seq_length, packing=packing, packing_strategy="bfd",
         completion_only_loss=completion_only_loss, activation_checkpointing=False,
-        logging_steps=1, report_to=[], seed=seed, data_seed=seed,
+        logging_steps=1, logging_nan_inf_filter=False, report_to=[], seed=seed, data_seed=seed,
         **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 2} if save_steps
            else {"save_strategy": "no"}),
         **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, max_steps // 10),
@@ -188,14 +216,26 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
 
     The trainer's own progress bar / log printer and the dashboard ``make_trainer`` attached are set
     aside while it runs (this dashboard shows the same numbers). ``measure_syncs`` counts the
-    host-device syncs of one step (a debug switch). ``resume=True`` continues from the newest
-    checkpoint in ``trainer.args.output_dir`` when there is one (else starts fresh).
+    host-device syncs of one step (a debug switch).
+
+    Each run is a new run by default (``"new run"`` is logged; an earlier run's checkpoints in
+    ``output_dir`` move to ``output_dir/previous-run``). ``resume=True`` continues the newest checkpoint
+    there, only when it is this run's (same model, adapter config, data and hyperparameters, with
+    optimizer state, not finished): otherwise it raises naming the difference
+    (:mod:`fastkit.run_identity`). ``trainer.state.fastkit_run`` says which ("resumed from checkpoint-N").
+    A loss or gradient norm that is not finite stops the run and raises, naming the step (and on fp16
+    the likely cause).
 
     A ``KeyboardInterrupt`` (Ctrl-C, Jupyter's stop button) ends training
     cleanly: the summary is shown, the model keeps the weights of the last finished optimizer step
     and stays usable (gradients dropped, memory released), and the cell does not fail. Any other
     error also shows the summary, then propagates.
     """
+    checks.check_choice("view", view, VIEWS)
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise FastkitError(f"warmup_steps must be a non-negative int, got {warmup_steps!r}.")
+    checks.check_bool("measure_syncs", measure_syncs)
+    checks.check_known_options("fit", train_kwargs, ("resume_from_checkpoint", "trial", "ignore_keys_for_eval"))
     kwargs = dict(warmup_steps=warmup_steps, measure_syncs=measure_syncs)
     if clock is not None:
         kwargs["clock"] = clock
@@ -207,13 +247,12 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     for cb in set_aside:
         trainer.remove_callback(cb)
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys
-    if resume and "resume_from_checkpoint" not in train_kwargs:
-        last = last_checkpoint(trainer.args.output_dir)
-        if last is not None:
-            logger.info("fastkit: resuming from %s", last)
-            train_kwargs["resume_from_checkpoint"] = last
+    guard = RunGuard(trainer, _resume_or_new(trainer, resume, train_kwargs))
+    trainer.add_callback(guard)
     try:
         trainer.train(**train_kwargs)
+        if guard.problem:
+            raise FastkitError(guard.problem)
     except KeyboardInterrupt:
         step = _settle(trainer, callback)
         logger.warning("fastkit: training interrupted after step %d/%d; the model keeps the weights trained so far.",
@@ -225,6 +264,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
         raise
     finally:
         trainer.remove_callback(callback)
+        trainer.remove_callback(guard)
         for cb in set_aside:  # make_trainer's dashboard back in front of the trackers, the rest at the end
             if isinstance(cb, MetricsCallback):
                 trainer.callback_handler.callbacks.insert(0, cb)
@@ -233,13 +273,36 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     return callback.metrics
 
 
+def _resume_or_new(trainer, resume: bool, train_kwargs: dict) -> str:
+    """Which run this is (logged, and on ``trainer.state.fastkit_run``): refuses a checkpoint of another run."""
+    if not isinstance(resume, bool):
+        raise FastkitError(f"fit(resume={resume!r}): give True (continue this run's newest checkpoint) or False.")
+    trainer.args.logging_nan_inf_filter = False  # a NaN loss is shown (and stops the run), never averaged away
+    given = train_kwargs.get("resume_from_checkpoint")
+    if given not in (None, False):  # trainer.train's own argument: checked the same way
+        last = last_checkpoint(trainer.args.output_dir) if given is True else str(given)
+        if last is None or not os.path.isdir(last):
+            raise FastkitError(f"resume_from_checkpoint={given!r}: no checkpoint folder there.")
+    elif not resume:
+        set_aside_old_checkpoints(trainer.args.output_dir)
+        logger.info("fastkit: new run")
+        return "new run"
+    else:
+        last = last_checkpoint(trainer.args.output_dir)
+        if last is None:
+            logger.info("fastkit: new run (resume=True, but no checkpoint in %s yet)", trainer.args.output_dir)
+            return "new run"
+    check_resumable(trainer, last)
+    train_kwargs["resume_from_checkpoint"] = last
+    note = f"resumed from {os.path.basename(os.path.normpath(last))}"
+    logger.info("fastkit: %s", note)
+    return note
+
+
 def last_checkpoint(output_dir: str) -> str | None:
     """The newest ``checkpoint-<step>`` folder in ``output_dir``, or None (also when the folder is missing)."""
-    import os
-
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    found = checkpoints(output_dir)
+    return str(found[-1]) if found else None
 
 
 def _settle(trainer, callback: MetricsCallback) -> int:

@@ -222,7 +222,7 @@ def texts_raw() -> list[str]:
 
 def table(rows: list[Row]) -> str:
     head = ["family (pre-tokenizer)", "quant", "loads", "tokenizer.ggml.pre", "tokens equal", "template equal",
-            "greedy equal", "first-token logits max |Δ|"]
+            "greedy equal", "first-token logits: max abs Δ (of max abs logit)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
     return "\n".join(lines)

@@ -144,6 +144,7 @@ def test_sft_trainer_loss_metrics_and_grads_equal_trl_and_no_full_logits(tmp_pat
         model.zero_grad(set_to_none=True)
         loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=n - 3)
         loss.backward()
+        trainer.flush_metrics()  # make_trainer's trainer keeps metrics on the device until a log point
         metrics = {k: trainer._metrics["train"][k][-1] for k in ("entropy", "mean_token_accuracy")}
         return loss.detach(), metrics, {k: g.clone() for k, g in grads_of(model).items()}
 

@@ -21,7 +21,7 @@ import torch
 
 from fastkit import _hf
 from fastkit.patching import Swapper
-from fastkit.twins import twin
+from fastkit.twins import twin, twin_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1] / "fastkit"
 COMPAT = ("_hf.py", "_torch.py")  # the compat layers: the only files that may reach upstream private names
@@ -315,6 +315,81 @@ def check_prepare_inputs():
         trainer = Trainer(model=model, args=args)
         out = _hf.prepare_inputs(trainer, {"input_ids": _ids(), "labels": _ids()})
     assert torch.equal(out["input_ids"], _ids()) and out["input_ids"].device == model.device
+
+
+def _sft_trainer(out_dir):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(output_dir=out_dir, use_cpu=True, bf16=False, report_to=[], max_steps=2, logging_steps=1,
+                     per_device_train_batch_size=1, max_length=32, save_strategy="no", disable_tqdm=True)
+    return SFTTrainer(model=twin("qwen3"), args=args, train_dataset=Dataset.from_dict({"text": ["abc def"] * 4}),
+                      processing_class=twin_tokenizer())
+
+
+def check_trainer_loss_accumulator():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        from transformers import TrainerCallback
+
+        trainer, seen = _sft_trainer(out_dir), []
+
+        class Spy(TrainerCallback):
+            def on_step_end(self, *args, **kwargs):
+                seen.append(_hf.trainer_loss_accumulator(trainer).clone())
+
+        trainer.add_callback(Spy())
+        trainer.train()
+    assert len(seen) == 2 and seen[0].ndim == 0 and seen[0] > 0  # the un-logged sum, zeroed by each log
+
+
+def check_steps_since_log():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = _sft_trainer(out_dir)
+        trainer.train()
+        assert _hf.steps_since_log(trainer) == 1  # logged at the last step
+
+
+def check_sft_metrics():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = _sft_trainer(out_dir)
+        assert set(_hf.sft_metrics(trainer)) == {"train", "eval"}
+        _hf.sft_metrics(trainer)["train"]["entropy"].append(1.0)
+        trainer.model.train()
+        trainer.log({"loss": 0.0})
+    assert trainer.state.log_history[-1]["entropy"] == 1.0 and not _hf.sft_metrics(trainer)["train"]
+
+
+def check_sft_token_total():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = _sft_trainer(out_dir)
+        assert _hf.sft_token_total(trainer) == 0
+        trainer.train()
+        assert _hf.sft_token_total(trainer) == trainer.state.log_history[-2]["num_tokens"] > 0
+
+
+def check_set_sft_token_total():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = _sft_trainer(out_dir)
+        _hf.set_sft_token_total(trainer, 5)
+        trainer.train()
+        assert trainer.state.log_history[0]["num_tokens"] > 5 and _hf.sft_token_total(trainer) > 5
+
+
+def check_sft_tp_size():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        assert _hf.sft_tp_size(_sft_trainer(out_dir)) == 1
 
 
 def check_on_param_loaded():

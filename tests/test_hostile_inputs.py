@@ -37,6 +37,7 @@ class Ctx:
     monkeypatch: Any
     caplog: Any
     tok: Any
+    capsys: Any = None
 
 
 @dataclass
@@ -298,6 +299,13 @@ CASES = [
 ]
 
 
+from tests.hostile_round3 import all_rows  # noqa: E402  (issue 23: export, runs, adapters, data, options, CLI)
+
+ROUND3 = all_rows()
+CASES += [case for _, case in ROUND3]
+CLASSES = {case.id: cls for cls, case in ROUND3}
+
+
 def _eq(got, want):
     assert got == want, got
 
@@ -330,8 +338,8 @@ def _numpy_vs_list_lengths():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_hostile_input(case: Case, tmp_path, monkeypatch, caplog, tokenizer):
-    ctx = Ctx(tmp_path, monkeypatch, caplog, tokenizer)
+def test_hostile_input(case: Case, tmp_path, monkeypatch, caplog, capsys, tokenizer):
+    ctx = Ctx(tmp_path, monkeypatch, caplog, tokenizer, capsys)
     if isinstance(case.expect, Raises):
         with pytest.raises(case.expect.error) as exc:
             case.action(ctx)
@@ -343,3 +351,9 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, caplog, tokenizer):
 
 def test_case_ids_are_unique():
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+def test_every_round3_class_has_rows():
+    counts = {cls: sum(1 for c in CLASSES.values() if c == cls) for cls in set(CLASSES.values())}
+    assert set(counts) == {"data sources", "data fields", "saves", "runs", "adapters", "options", "cli"}, counts
+    assert len(CASES) >= 250, len(CASES)

@@ -2,7 +2,8 @@
 
     load.py      ``load_chat_dataset``, ``to_prompt_completion``, ``check_dataset`` (the front door)
     formats.py   ShareGPT / Alpaca / messages detection and conversion, multi-turn masks, ``preview_masks``
-    checks.py    row-level checks: JSON reading, message shapes, token counts
+    checks.py    the front door (``as_dataset``: rows, files, DataFrames, dicts, Datasets) and one row rule per
+                 format (``check_rows``), file reading with line numbers, token counts
 
 ``from fastkit.data import load_chat_dataset`` (and the other names below) is the public path.
 """

@@ -9,9 +9,11 @@ assistant's, an assistant answer of ``None``) and refuses them, or drops and cou
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +29,103 @@ def _rows_named(rows: Sequence[int], limit: int = 8) -> str:
     return shown + (f" ... ({len(rows)} rows)" if len(rows) > limit else "")
 
 
+_COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+"""File types the front door reads (each optionally ``.gz`` / ``.bz2`` / ``.xz`` compressed, not parquet)."""
+
+
+def _data_suffix(path: Path) -> tuple[str, str | None]:
+    """``(data suffix, compression module or None)`` of ``path``: ``d.jsonl.gz`` -> ``(".jsonl", "gzip")``."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = _COMPRESSED.get(suffixes[-1]) if suffixes else None
+    if compression:
+        suffixes = suffixes[:-1]
+    return (suffixes[-1] if suffixes else ""), compression
+
+
+def _read_bytes(path: Path, compression: str | None) -> bytes:
+    import importlib
+
+    if compression is None:
+        return path.read_bytes()
+    try:
+        with importlib.import_module(compression).open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile, lzma.LZMAError are OSError / ValueError
+        raise FastkitError(f"{path}: not a readable {compression} file ({exc}); compress it again or pass the "
+                           "uncompressed file.") from exc
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """The file's text; a non-UTF-8 byte is named by its line, so the user can find and fix it."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise FastkitError(f"{path}: line {line} is not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}). "
+                           "Re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from exc
+
+
+def read_rows(path: Path) -> list[Any]:
+    """Rows of a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file (optionally compressed); errors name the line."""
+    suffix, compression = _data_suffix(path)
+    if suffix not in DATA_SUFFIXES:
+        raise FastkitError(f"{path}: fastkit reads {', '.join(DATA_SUFFIXES)} files (optionally .gz / .bz2 / .xz), "
+                           f"not {''.join(path.suffixes) or 'a file without a suffix'!r}. Convert it to .jsonl.")
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise FastkitError(f"{path}: not a readable parquet file ({exc}).") from exc
+    text = _decode(path, _read_bytes(path, compression))
+    if suffix == ".csv":
+        return _csv_rows(path, text)
+    return read_json_text(path, text, array=suffix == ".json")
+
+
+def _csv_rows(path: Path, text: str) -> list[dict]:
+    import csv
+    import io
+
+    reader = csv.DictReader(io.StringIO(text))
+    rows = []
+    try:
+        for row in reader:
+            if None in row:  # more fields than the header names
+                raise FastkitError(f"{path}: line {reader.line_num} has more fields than the header "
+                                   f"{reader.fieldnames}; quote fields that contain commas.")
+            rows.append(row)
+    except csv.Error as exc:
+        raise FastkitError(f"{path}: line {reader.line_num} is not valid CSV ({exc}).") from exc
+    if not reader.fieldnames:
+        raise FastkitError(f"{path}: the CSV file is empty (no header line); give a header such as 'text' or "
+                           "'prompt,completion'.")
+    return rows
+
+
 def read_json_rows(path: Path) -> list[dict]:
     """Rows of a ``.json`` (array) or ``.jsonl`` (one object per line) file; a bad line is named by number."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+    suffix, compression = _data_suffix(path)
+    return read_json_text(path, _decode(path, _read_bytes(path, compression)), array=suffix == ".json")
+
+
+def read_json_text(path: Path, text: str, array: bool) -> list[Any]:
+    if array and text.lstrip().startswith(("[", "{")):
         try:
-            return json.loads(text)
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise FastkitError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}. "
                                "Fix that line (a .json file is one JSON array of objects).") from exc
+        if isinstance(data, dict):  # {"train": [...]} or {"data": [...]}: one list inside
+            lists = [k for k, v in data.items() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise FastkitError(f"{path}: a JSON object with keys {sorted(data)[:8]}; give a JSON array of "
+                                   "examples (or one object holding exactly one list of them).")
+            data = data[lists[0]]
+        return data
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -89,8 +179,114 @@ def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
     try:
         return Dataset.from_list(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        _refuse_nested(rows, where)  # a nested field of the wrong type: name its row and field
         raise FastkitError(f"{where}: the rows do not form one table ({exc}); give every row the same fields with "
                            "the same types.") from exc
+
+
+def as_dataset(source: Any, split: str = "train", where: str = "train_dataset"):
+    """THE data front door: a ``datasets.Dataset`` from whatever the user brings, or a FastkitError naming it.
+
+    Accepts a ``Dataset``, a ``DatasetDict`` (its ``split``), a list / tuple / generator of dict rows, a dict
+    of columns (``{"text": [...]}``), a pandas ``DataFrame``, a path to a ``.jsonl`` / ``.json`` / ``.csv`` /
+    ``.parquet`` file (optionally ``.gz`` / ``.bz2`` / ``.xz``), a folder written by ``save_to_disk`` or
+    holding such files, or a Hub dataset id. Rows then go through the same checks whatever they came from.
+    """
+    from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+
+    if source is None:
+        raise FastkitError(f"{where} is None: give a list of examples, a file path (.jsonl/.json/.csv/.parquet), "
+                           "a dict of columns, a DataFrame or a datasets.Dataset.")
+    if isinstance(source, Dataset):
+        return source
+    if isinstance(source, DatasetDict):
+        if split not in source:
+            raise FastkitError(f"{where}: the DatasetDict has splits {sorted(source)}, not split={split!r}; pick "
+                               f"one (e.g. dataset[{sorted(source)[0]!r}]).")
+        return source[split]
+    if isinstance(source, (IterableDataset, IterableDatasetDict)):
+        raise FastkitError(f"{where} is a streaming (Iterable) dataset; fastkit measures and packs every row before "
+                           "training, so give a Dataset (load_dataset(..., streaming=False) or "
+                           "Dataset.from_list(list(dataset.take(n)))).")
+    if isinstance(source, (str, os.PathLike)):
+        return _from_path(str(source), split, where)
+    if isinstance(source, dict):
+        return _from_columns(source, where)
+    if type(source).__name__ == "DataFrame" and hasattr(source, "to_dict"):  # pandas, without importing it
+        rows = source.to_dict("records")
+        return rows_to_dataset([{k: _none_if_nan(v) for k, v in r.items()} for r in rows], where=where)
+    if isinstance(source, (list, tuple)) or isinstance(source, Iterator) or inspect.isgenerator(source):
+        return rows_to_dataset(list(source), where=where)
+    raise FastkitError(f"{where} is a {type(source).__name__}; give a list of dict rows, a dict of columns, a "
+                       "DataFrame, a file path (.jsonl/.json/.csv/.parquet) or a datasets.Dataset.")
+
+
+def _none_if_nan(value: Any) -> Any:
+    return None if isinstance(value, float) and value != value else value  # pandas writes NaN for a missing cell
+
+
+def _from_columns(columns: dict, where: str):
+    lengths = {k: len(v) for k, v in columns.items() if isinstance(v, (list, tuple))}
+    if not columns or len(lengths) < len(columns):
+        not_lists = [k for k in columns if k not in lengths]
+        raise FastkitError(f"{where}: a dict is read as columns ({{'text': [...]}}), but "
+                           f"{(not_lists or ['(none)'])[0]!r} is not a list. For one example, pass a list: "
+                           f"[{{...}}].")
+    if len(set(lengths.values())) > 1:
+        raise FastkitError(f"{where}: the columns have different lengths ({lengths}); give every column one value "
+                           "per example.")
+    names = list(columns)
+    n = next(iter(lengths.values()))
+    return rows_to_dataset([{k: columns[k][i] for k in names} for i in range(n)], where=where)
+
+
+def _from_path(text: str, split: str, where: str):
+    path = Path(os.path.expanduser(text))
+    if path.is_file():
+        return rows_to_dataset(read_rows(path), where=str(path))
+    if path.is_dir():
+        return _from_folder(path, split, where)
+    suffix, _ = _data_suffix(path)
+    if suffix in DATA_SUFFIXES or text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:
+        raise FastkitError(f"{where}: {text!r} does not exist (no such file or folder). Check the path; files "
+                           f"fastkit reads: {', '.join(DATA_SUFFIXES)}.")
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(text, split=split)
+    except Exception as exc:  # noqa: BLE001 -- every Hub failure (offline, missing, gated) becomes one message
+        raise FastkitError(f"{where}: {text!r} is not a local file or folder, and loading it as a Hub dataset "
+                           f"failed ({type(exc).__name__}: {str(exc)[:160]}). Pass a local file, or check the id "
+                           "and that you are online (HF_HUB_OFFLINE).") from exc
+
+
+def _from_folder(path: Path, split: str, where: str):
+    from datasets import load_from_disk
+
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        return as_dataset(load_from_disk(str(path)), split, where)
+    files = sorted(p for p in path.iterdir() if p.is_file() and _data_suffix(p)[0] in DATA_SUFFIXES)
+    if not files:
+        raise FastkitError(f"{where}: folder {str(path)!r} holds no data files ({', '.join(DATA_SUFFIXES)}) and is "
+                           "not a saved dataset (save_to_disk); point at a file.")
+    preferred = [p for p in files if p.name.lower().startswith(split)] or files
+    rows = [row for p in preferred for row in read_rows(p)]
+    return rows_to_dataset(rows, where=str(path))
+
+
+def _refuse_nested(rows: list[dict], where: str) -> None:
+    """Arrow could not build one table: when a row check explains why, raise with its rows and field."""
+    from fastkit.data.formats import detect_format
+
+    try:
+        fmt = detect_format({k for r in rows for k in r})
+    except FastkitError:
+        return
+    problems = [(i, why) for i, row in enumerate(rows) if (why := row_problem(fmt, row))]
+    if problems:
+        bad = [i for i, _ in problems]
+        raise FastkitError(f"{where}: {len(bad)} of {len(rows)} rows cannot be trained (rows {_rows_named(bad)}); "
+                           f"row {bad[0]}: {problems[0][1]}. Fix those rows.")
 
 
 def message_problem(messages: Any) -> str | None:
@@ -102,6 +298,8 @@ def message_problem(messages: Any) -> str | None:
     for j, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg:
             return f"messages[{j}] is not a {{'role', 'content'}} dict"
+        if not isinstance(msg["role"], str) or not msg["role"]:
+            return f"messages[{j}].role is {msg['role']!r}, not a role name such as 'user' or 'assistant'"
         content = msg.get("content")
         if content is None:
             what = "the assistant answer" if msg.get("role") == "assistant" else f"messages[{j}].content"
@@ -137,17 +335,97 @@ def token_counts(dataset, tokenizer, per_row, chunk: int = 1024) -> list[tuple[i
     return out
 
 
-def check_messages(dataset, drop_invalid: bool = False):
-    """Refuse (or, with ``drop_invalid=True``, drop and count) ``messages`` rows that cannot train."""
-    if "messages" not in dataset.column_names:
+def _text_problem(value: Any, field: str, empty_ok: bool = False) -> str | None:
+    if value is None:
+        return f"{field} is missing (None)"
+    if not isinstance(value, str):
+        kind = "a list" if isinstance(value, list) else type(value).__name__
+        return f"{field} is {kind}, not a string"
+    if not empty_ok and not value.strip():
+        return f"{field} is empty (nothing to train on)"
+    return None
+
+
+def prompt_completion_problem(row: dict) -> str | None:
+    """Why a ``prompt``/``completion`` row cannot train: both strings, or both message lists."""
+    prompt, completion = row.get("prompt"), row.get("completion")
+    if isinstance(prompt, list) or isinstance(completion, list):
+        if not (isinstance(prompt, list) and isinstance(completion, list)):
+            return (f"prompt is {_kind(prompt)} but completion is {_kind(completion)}; give both as strings or "
+                    "both as message lists")
+        if not completion:
+            return "completion is an empty message list (nothing to train on)"
+        why = message_problem(list(prompt) + list(completion)) if prompt else message_problem(completion)
+        return f"prompt + completion: {why}" if why else None
+    return _text_problem(prompt, "prompt", empty_ok=True) or _text_problem(completion, "completion")
+
+
+def sharegpt_problem(conversations: Any) -> str | None:
+    """Why a ShareGPT ``conversations`` row cannot train (a None / missing / tool-call-only answer included)."""
+    from fastkit.data.formats import SHAREGPT_ROLES
+
+    if not isinstance(conversations, list) or not conversations:
+        return f"conversations must be a non-empty list of {{'from', 'value'}} dicts, got {conversations!r:.60}"
+    for j, turn in enumerate(conversations):
+        if not isinstance(turn, dict):
+            return f"conversations[{j}] is a {type(turn).__name__}, not a {{'from', 'value'}} dict"
+        speaker = turn.get("from", turn.get("role"))
+        if not isinstance(speaker, str) or speaker.lower() not in SHAREGPT_ROLES:
+            return (f"conversations[{j}].from is {speaker!r}; expected one of {sorted(SHAREGPT_ROLES)} (map it to "
+                    "'human', 'gpt' or 'system' first)")
+        value = turn.get("value", turn.get("content"))
+        if value is None:
+            extra = sorted(set(turn) - {"from", "role", "value", "content"})
+            also = f" (only {extra}: tool-call-only turns have no text to train)" if extra else ""
+            return f"conversations[{j}].value is missing or None{also}"
+        if not isinstance(value, str):
+            return f"conversations[{j}].value is {_kind(value)}, not a string"
+    last = conversations[-1].get("from", conversations[-1].get("role")).lower()
+    if SHAREGPT_ROLES[last] != "assistant":
+        return f"the last turn is from {last!r}, not the model (nothing to train on)"
+    if not conversations[-1].get("value", conversations[-1].get("content")).strip():
+        return "the last answer is empty (it would train an empty answer)"
+    return None
+
+
+def alpaca_problem(row: dict) -> str | None:
+    return (_text_problem(row.get("instruction"), "instruction") or _text_problem(row.get("output"), "output")
+            or (None if row.get("input") is None else _text_problem(row["input"], "input", empty_ok=True))
+            or (None if row.get("system") is None else _text_problem(row["system"], "system", empty_ok=True)))
+
+
+def row_problem(fmt: str, row: dict) -> str | None:
+    """Why one row of a dataset in format ``fmt`` (:data:`fastkit.data.formats.FORMATS`) cannot train, or None."""
+    if fmt == "messages":
+        return message_problem(row.get("messages"))
+    if fmt == "sharegpt":
+        return sharegpt_problem(row.get("conversations"))
+    if fmt == "alpaca":
+        return alpaca_problem(row)
+    if fmt == "prompt_completion":
+        return prompt_completion_problem(row)
+    return _text_problem(row.get("text"), "text")
+
+
+def check_rows(dataset, drop_invalid: bool = False):
+    """Refuse (or, with ``drop_invalid=True``, drop and count) rows that cannot train, in any format.
+
+    The same rule for every format: each row is checked by :func:`row_problem`, the message names the
+    rows, the field and what is wrong with it.
+    """
+    from fastkit.data.formats import detect_format
+
+    if "input_ids" in dataset.column_names:
         return dataset
-    problems = [(i, why) for i, msgs in enumerate(dataset["messages"]) if (why := message_problem(msgs))]
+    fmt = detect_format(dataset.column_names)
+    name = {"sharegpt": "conversations", "prompt_completion": "prompt/completion", "alpaca": "alpaca"}.get(fmt, fmt)
+    problems = [(i, why) for i, row in enumerate(dataset) if (why := row_problem(fmt, row))]
     if not problems:
         return dataset
     rows = [i for i, _ in problems]
     if not drop_invalid:
         every = "Every label is masked: " if len(rows) == len(dataset) else ""
-        raise FastkitError(f"{every}messages: {len(rows)} of {len(dataset)} rows cannot be trained (rows "
+        raise FastkitError(f"{every}{name}: {len(rows)} of {len(dataset)} rows cannot be trained (rows "
                            f"{_rows_named(rows)}); row {rows[0]}: {problems[0][1]}. Fix those rows, or pass "
                            "drop_invalid=True to drop them (the count is logged).")
     bad = set(rows)
@@ -155,8 +433,12 @@ def check_messages(dataset, drop_invalid: bool = False):
     logger.warning("fastkit: dropped %d of %d rows that cannot be trained (rows %s); first: row %d: %s",
                    len(rows), len(dataset), _rows_named(rows), rows[0], problems[0][1])
     if len(kept) == 0:
-        raise FastkitError("messages: every row was dropped as untrainable (drop_invalid=True); fix the data.")
+        raise FastkitError(f"{name}: every row was dropped as untrainable (drop_invalid=True); fix the data.")
     return kept
 
 
-__all__ = ["check_messages", "message_problem", "read_json_rows", "rows_to_dataset", "token_counts"]
+check_messages = check_rows  # the old name (messages rows only, before every format was checked)
+
+
+__all__ = ["as_dataset", "check_messages", "check_rows", "message_problem", "read_json_rows", "read_rows",
+           "row_problem", "rows_to_dataset", "token_counts"]

@@ -67,7 +67,11 @@ def sharegpt_to_messages(conversations: list[dict[str, Any]], row: int = 0) -> l
         if role is None:
             raise FastkitError(f"conversations row {row}: unknown speaker from={speaker!r}; expected one of "
                                f"{sorted(SHAREGPT_ROLES)}. Map it to 'human', 'gpt' or 'system' first.")
-        messages.append({"role": role, "content": turn.get("value", turn.get("content")) or ""})
+        value = turn.get("value", turn.get("content"))
+        if not isinstance(value, str):  # None / missing / a tool call only: never train it as an empty answer
+            raise FastkitError(f"conversations row {row}: the {role} turn's value is {value!r:.40}, not a string. "
+                               "Fix or drop that row (fastkit.data.check_dataset(..., drop_invalid=True)).")
+        messages.append({"role": role, "content": value})
     return messages
 
 

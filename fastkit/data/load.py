@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastkit.data.checks import JSON_SUFFIXES, check_messages, read_json_rows, rows_to_dataset, token_counts
+from fastkit.data.checks import as_dataset, check_rows, token_counts
 from fastkit.data.formats import is_single_answer, normalize_dataset, preview_masks, tokenize_chats
 from fastkit.errors import FastkitError
 from fastkit.loader import require_chat_template
@@ -27,33 +27,17 @@ logger = logging.getLogger(__name__)
 
 
 def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True):
-    """A ``datasets.Dataset`` from a list of dicts, a ``.json``/``.jsonl`` file, a Dataset, or a Hub id.
+    """A ``datasets.Dataset`` from anything :func:`fastkit.data.checks.as_dataset` reads (rows, a dict of
+    columns, a DataFrame, a .jsonl / .json / .csv / .parquet file, a Dataset, a Hub id), rows checked.
 
     ``normalize=True`` detects the format and converts it (:func:`fastkit.data.formats.normalize_dataset`:
     ShareGPT ``conversations`` and Alpaca ``instruction``/``output`` become ``messages``; ``messages``,
     ``prompt``/``completion`` and ``text`` stay); data in none of these raises, naming the columns seen.
     """
-    dataset = _load_source(source, split)
+    dataset = as_dataset(source, split, where="dataset")
     if len(dataset) == 0:
         raise FastkitError("The training dataset is empty: give at least one example.")
-    return normalize_dataset(dataset) if normalize else dataset
-
-
-def _load_source(source: str | Path | Sequence[dict] | Any, split: str):
-    from datasets import Dataset, DatasetDict, load_dataset
-
-    if isinstance(source, Dataset):
-        return source
-    if isinstance(source, DatasetDict):
-        return source[split]
-    if isinstance(source, (list, tuple)):
-        return rows_to_dataset(source)
-    path = Path(str(source))
-    if path.suffix.lower() in JSON_SUFFIXES:  # also .JSONL: read here, so a bad line is named by its number
-        if not path.exists():
-            raise FastkitError(f"Dataset file {path} does not exist.")
-        return rows_to_dataset(read_json_rows(path), where=str(path))
-    return load_dataset(str(source), split=split)
+    return normalize_dataset(check_rows(dataset)) if normalize else dataset
 
 
 def to_prompt_completion(dataset):
@@ -104,7 +88,7 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
 
 
 def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, drop_long: bool = False,
-                  drop_invalid: bool = False):
+                  drop_invalid: bool = False, where: str = "train_dataset"):
     """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
 
     Every row the trainer will see is measured (each row tokenized once). ``drop_long=True`` removes rows
@@ -112,15 +96,14 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
     non-string content, a last turn that is not the assistant's, an answer of ``None``) are refused with
     their row numbers, or dropped and counted with ``drop_invalid=True``. A plain list of dicts is accepted.
     """
-    if isinstance(dataset, (list, tuple)):
-        dataset = rows_to_dataset(dataset, where="train_dataset")
-    if dataset is None or len(dataset) == 0:
-        raise FastkitError("The training dataset is empty: give at least one example.")
-    dataset = normalize_dataset(dataset)  # ShareGPT / Alpaca -> messages; unknown columns refused here
+    dataset = as_dataset(dataset, where=where)  # the one front door: lists, files, DataFrames, dicts, ...
+    if len(dataset) == 0:
+        raise FastkitError(f"{where}: the dataset is empty; give at least one example.")
     if "messages" in dataset.column_names and "text" in dataset.column_names:
         logger.info("fastkit: the dataset has both 'messages' and 'text'; training (and checking) 'messages'.")
         dataset = dataset.remove_columns(["text"])  # the column checked is the column trained
-    dataset = check_messages(dataset, drop_invalid)
+    dataset = check_rows(dataset, drop_invalid)  # every format, every row: the field and the row named
+    dataset = normalize_dataset(dataset)  # ShareGPT / Alpaca -> messages; unknown columns refused here
     if "messages" in dataset.column_names or (
             "prompt" in dataset.column_names and not isinstance(dataset[0]["prompt"], str)):
         require_chat_template(tokenizer)

@@ -4,6 +4,8 @@
     merge.py        shard-by-shard merge of the adapters into the base's safetensors files
     gguf.py         the GGUF writer (tensor names, rope order, quantization per tensor)
     gguf_vocab.py   the GGUF tokenizer keys and the Ollama Modelfile
+    verified.py     every save verified and atomic: written beside, reloaded, logits compared, swapped in
+    adapter_checks.py  load_lora's check of an adapter against the model (family, layers, shapes, ranks)
 
 ``from fastkit.export import chat, save_lora, save_gguf`` is the public path.
 """

@@ -459,7 +459,10 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     path = Path(path)
     config, spec = _check(model, tokenizer, path, quantization)
     model_type = config.model_type
-    name = name or (Path(str(getattr(config, "name_or_path", "") or "")).name or f"{model_type}-finetune")
+    from fastkit.export.verified import safe_name  # a file stem: nothing written outside path, no Modelfile injection
+
+    name = safe_name(name if name is not None else (
+        Path(str(getattr(config, "name_or_path", "") or "")).name or f"{model_type}-finetune"), "name")
     if _quantized(model):  # 4/8-bit storage: merge into the 16-bit base reloaded on the CPU (as save_merged)
         from fastkit.export.save import _merged_from_disk
 

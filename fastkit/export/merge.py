@@ -67,6 +67,18 @@ def _adapted(model: torch.nn.Module) -> dict[str, torch.nn.Module] | str:
     return out
 
 
+def _model_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """``{checkpoint key: shape}`` of the in-memory base weights (PEFT wrappers removed)."""
+    import re
+
+    out = {}
+    for name, p in unwrap(model).named_parameters():
+        if "lora_" in name or ".modules_to_save." in name:
+            continue
+        out[re.sub(r"\.(base_layer|original_module)", "", name)] = tuple(p.shape)
+    return out
+
+
 def can_merge_shards(model: torch.nn.Module, source: str) -> str | None:
     """None when :func:`merge_shards` applies to ``model`` with base checkpoint ``source``, else why not."""
     if not _hf.peft_lora_layers(model):
@@ -84,11 +96,15 @@ def can_merge_shards(model: torch.nn.Module, source: str) -> str | None:
     from safetensors import safe_open
 
     keys: set[str] = set()
+    shapes = _model_shapes(model)
     for file in files:
         with safe_open(str(folder / file), framework="pt") as f:
             keys.update(f.keys())
             if any(k.endswith((".absmax", ".quant_map", ".SCB")) or "quant_state" in k for k in f.keys()):
                 return "the base checkpoint is pre-quantized"
+            for k in f.keys():  # a resized vocabulary (or any reshaped weight) is not the checkpoint's any more
+                if k in shapes and tuple(f.get_slice(k).get_shape()) != shapes[k]:
+                    return f"{k} is {shapes[k]} in memory, {tuple(f.get_slice(k).get_shape())} in the checkpoint"
     missing = [k for k in adapted if k not in keys]
     return f"adapted weights not stored under their names ({missing[0]})" if missing else None
 

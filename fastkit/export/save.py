@@ -8,13 +8,18 @@ folded in, which runs without fastkit.
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fastkit import checks
+from fastkit.errors import FastkitError
+from fastkit.export import verified as saving
+from fastkit.export.adapter_checks import write_info
 from fastkit.patching import revert, unwrap
 
 logger = logging.getLogger("fastkit")
@@ -72,23 +77,61 @@ def _in_notebook() -> bool:
     return in_notebook()
 
 
-def save_lora(model: torch.nn.Module, tokenizer, path: str | Path) -> str:
+def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool | None = None) -> str:
     """Save LoRA adapters (safetensors) and the tokenizer to ``path``, in PEFT's format for every family.
 
     fastkit's expert LoRA factors are written as PEFT ``target_parameters`` adapters (converted exactly),
     so ``PeftModel.from_pretrained`` on a plain transformers model, vLLM and TGI load the whole adapter;
     ``fastkit.patches.moe.load_expert_lora`` reads them back into fastkit's per-group factors.
+    The save is verified and atomic (:mod:`fastkit.export.verified`): PEFT reads the adapter back onto this model
+    and must give its logits before the folder replaces an earlier save (``verify=False`` skips the check).
     """
     if not hasattr(model, "peft_config"):
-        raise ValueError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full weights.")
+        raise FastkitError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full "
+                           "weights.")
     path = checks.check_save_target(path)
-    model.save_pretrained(str(path), safe_serialization=True)
-    checks.check_saved(path, "*.safetensors", "save_lora")
-    from fastkit.patches.moe.peft_format import add_to_peft_adapter
+    check_verify = saving.should_verify(model, None, verify, "save_lora")
+    with saving.staged_folder(path, "save_lora") as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        checks.check_saved(tmp, "*.safetensors", "save_lora")
+        from fastkit.patches.moe.peft_format import add_to_peft_adapter
 
-    add_to_peft_adapter(model, str(path))  # expert factors, if any, as PEFT target_parameters
-    tokenizer.save_pretrained(str(path))
+        add_to_peft_adapter(model, str(tmp))  # expert factors, if any, as PEFT target_parameters
+        write_info(model, tmp)  # the family and sizes, so load_lora can name another model's adapter
+        tokenizer.save_pretrained(str(tmp))
+        if check_verify:
+            _verify_adapter(model, tmp)
     return str(path)
+
+
+def _verify_adapter(model: torch.nn.Module, folder: Path) -> None:
+    """PEFT loads the adapter just written beside the active one; its logits must be the active one's."""
+    from fastkit.patches.moe.lora import expert_lora_modules
+
+    if expert_lora_modules(model):  # expert factors are fastkit's, not PEFT's: load_lora's tests cover them
+        from safetensors.torch import load_file
+
+        if not load_file(str(folder / "adapter_model.safetensors")):
+            raise FastkitError("save_lora: the adapter file written is empty; nothing was replaced.")
+        return
+    active = model.active_adapter
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    probe = "fastkit_verify"
+
+    def load():
+        model.load_adapter(str(folder), adapter_name=probe)
+        model.set_adapter(probe)
+        return model
+
+    try:
+        want = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
+        saving.verify_reload(model, load, saving.TOLERANCE[torch.float32], "save_lora", reference=want)
+    finally:
+        if probe in model.peft_config:
+            model.set_adapter(active)
+            model.delete_adapter(probe)
+        for n, p in model.named_parameters():
+            p.requires_grad_(flags.get(n, False))
 
 
 def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = True) -> torch.nn.Module:
@@ -103,13 +146,22 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
 
     from peft import LoraConfig, PeftModel
 
-    from fastkit.errors import FastkitError
+    from fastkit.export.adapter_checks import check_adapter_fits
     from fastkit.patches.moe.peft_format import expert_targets, load_into
 
-    config_file = Path(path) / "adapter_config.json"
+    if not isinstance(is_trainable, bool):
+        raise FastkitError(f"load_lora(is_trainable={is_trainable!r}): give True or False.")
+    config_file = Path(checks.check_save_target(path, "load_lora path")) / "adapter_config.json"
     if not config_file.is_file():
-        raise FastkitError(f"{path}: no adapter_config.json; give the folder save_lora wrote.")
-    values = json.loads(config_file.read_text())
+        raise FastkitError(f"load_lora({str(path)!r}): no adapter_config.json there; give the folder save_lora wrote.")
+    try:
+        values = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise FastkitError(f"load_lora: {config_file} is not valid JSON ({exc}); save the adapter again.") from exc
+    if values.get("peft_type", "LORA") != "LORA":
+        raise FastkitError(f"load_lora: {config_file} is a {values.get('peft_type')} adapter; fastkit loads LoRA.")
+    model = _without_adapter(model)  # a model that already has an adapter: this one replaces it, never nests
+    check_adapter_fits(model, path, values)
     targets = list(values.get("target_parameters") or ())
     experts = expert_targets(model, targets)  # into fastkit's factors; the rest (a router) stays PEFT's
     for key in ("rank_pattern", "alpha_pattern"):  # fastkit writes expert patterns only for expert targets
@@ -125,6 +177,19 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
     return peft_model
 
 
+def _without_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """The base model under any PEFT adapter (removed, not merged), so a loaded adapter never nests."""
+    if not hasattr(model, "peft_config"):
+        return model
+    from fastkit.patches.moe.lora import expert_lora_modules
+
+    if expert_lora_modules(model):
+        raise FastkitError("load_lora: this model already carries fastkit expert LoRA; load the adapter onto a "
+                           "freshly loaded model (FastModel.from_pretrained) instead.")
+    logger.info("fastkit: load_lora: the model's adapter %s is replaced by the one loaded", list(model.peft_config))
+    return model.unload()
+
+
 def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
     """fastkit's expert LoRA factors live outside PEFT's adapter file: save them beside it."""
     from fastkit.patches.moe.lora import expert_lora_modules, save_expert_lora
@@ -135,7 +200,8 @@ def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
     return True
 
 
-def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torch.dtype | None = None) -> str:
+def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torch.dtype | None = None,
+                verify: bool | None = None) -> str:
     """Merge LoRA into the weights and save a plain transformers model in ``dtype`` (safetensors).
 
     ``dtype`` defaults to the training dtype (the embeddings', 16-bit under 4-bit). The in-memory model
@@ -143,27 +209,53 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torc
     cache), the merge goes shard by shard (:mod:`fastkit.export.merge`): host RAM about one shard plus the
     adapters, no VRAM. Otherwise it runs on a CPU copy of the model; a 4/8-bit model is then merged
     into its base weights reloaded in ``dtype`` (merging into quantized weights would round the update away).
+
+    Verified and atomic (:mod:`fastkit.export.verified`): transformers reloads the folder written and its logits
+    must be the in-memory model's (within ``dtype`` rounding) before it replaces an earlier save; an
+    interrupted or refused save leaves the earlier one as it was. ``verify=False`` skips the reload.
     """
-    from fastkit.export.merge import can_merge_shards, merge_shards, training_dtype
+    from fastkit.export.merge import can_merge_shards, training_dtype
 
     path = checks.check_save_target(path)
+    dtype = checks.resolve_dtype(dtype) or training_dtype(model)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise FastkitError(f"save_merged(dtype={dtype}): give torch.float32, torch.float16 or torch.bfloat16.")
     base = unwrap(model)
-    dtype = dtype or training_dtype(model)
-    why_not = can_merge_shards(model, base.config.name_or_path)
-    if why_not is None:
-        merge_shards(model, base.config.name_or_path, path, dtype)
-        checks.check_saved(path, "*.safetensors", "save_merged")
-        tokenizer.save_pretrained(str(path))
-        return str(path)
-    logger.info("fastkit: save_merged merges a whole-model copy in host RAM (%s)", why_not)
-    if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
-        merged = _merged_from_disk(model, base.config.name_or_path, dtype)
-    else:
-        merged = _merged_copy(model)
-    merged.to(dtype).save_pretrained(str(path), safe_serialization=True)
-    checks.check_saved(path, "*.safetensors", "save_merged")
-    tokenizer.save_pretrained(str(path))
+    check_verify = saving.should_verify(model, dtype, verify, "save_merged")
+    quantized = getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False)
+    reference = None
+    if check_verify:  # before writing: the in-memory model's own logits, adapters active
+        reference = saving.logits_of(model, saving.probe_ids(base.get_input_embeddings().weight.shape[0]))
+    with saving.staged_folder(path, "save_merged") as tmp:
+        _write_merged(model, tmp, dtype, can_merge_shards(model, base.config.name_or_path), quantized)
+        checks.check_saved(tmp, "*.safetensors", "save_merged")
+        tokenizer.save_pretrained(str(tmp))
+        if check_verify:
+            # 4/8-bit in memory: the merge is into the 16-bit base, so logits differ by the quantization
+            # error; then the check is that the folder loads and runs with the right vocabulary
+            tol = float("inf") if quantized else saving.TOLERANCE[dtype]
+            saving.verify_reload(model, lambda: _reload(tmp, dtype), tol, "save_merged", reference=reference)
     return str(path)
+
+
+def _reload(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, device_map={"": "cpu"},
+                                                use_safetensors=True)
+
+
+def _write_merged(model: torch.nn.Module, folder: Path, dtype: torch.dtype, why_not: str | None,
+                  quantized: bool) -> None:
+    from fastkit.export.merge import merge_shards
+
+    base = unwrap(model)
+    if why_not is None:
+        merge_shards(model, base.config.name_or_path, folder, dtype)
+        return
+    logger.info("fastkit: save_merged merges a whole-model copy in host RAM (%s)", why_not)
+    merged = _merged_from_disk(model, base.config.name_or_path, dtype) if quantized else _merged_copy(model)
+    merged.to(dtype).save_pretrained(str(folder), safe_serialization=True)
 
 
 def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -213,14 +305,50 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
 
 
 def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
-              name: str | None = None) -> str:
+              name: str | None = None, verify: bool | None = None) -> str:
     """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
     folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
     ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
-    .gguf path. See :mod:`fastkit.export.gguf` and docs/export.md."""
+    .gguf path. See :mod:`fastkit.export.gguf` and docs/export.md.
+
+    Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
+    transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
+    quantization's tolerance), then each file replaces its earlier version with ``os.replace``. ``name``
+    is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
+    """
     from fastkit.export.gguf import save_gguf as _save_gguf
 
-    return _save_gguf(model, tokenizer, path, quantization=quantization, name=name)
+    path = checks.check_save_target(path)
+    config = unwrap(model).config
+    check_verify = saving.should_verify(model, torch.float16, verify, "save_gguf")
+    reference = None
+    if check_verify:
+        reference = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
+    with saving.scratch_sibling(path) as tmp:
+        written = Path(_save_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
+        if check_verify:
+            quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
+                                                                                      "is_loaded_in_8bit", False)
+            tol = float("inf") if quantized else saving.TOLERANCE.get(quantization, saving.TOLERANCE["q4_0"])
+            saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf", reference=reference)
+        path.mkdir(parents=True, exist_ok=True)
+        for file in (written, tmp / "Modelfile"):  # each file replaces its earlier version atomically
+            os.replace(file, path / file.name)
+    return str(path / written.name)
+
+
+def _reload_gguf(file: Path, config) -> torch.nn.Module:
+    """transformers' GGUF reader. Its metadata table lacks qwen3's head_dim / MoE sizes: those get the config."""
+    from transformers import AutoModelForCausalLM
+
+    kw = {}
+    if config.model_type not in ("llama", "mistral"):
+        plain = copy.deepcopy(config)
+        for key in ("quantization_config",):
+            if hasattr(plain, key):
+                delattr(plain, key)
+        kw["config"] = plain
+    return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32, **kw)
 
 
 __all__ = ["chat", "load_lora", "save_gguf", "save_lora", "save_merged"]

@@ -25,6 +25,9 @@ moe/ (``moe``, ``moe_lora``):
     peft_format.py the same factors in PEFT's ``target_parameters`` format
     nf4.py         4-bit experts (NF4 / MXFP4 storage); loading.py: quantized while the checkpoint loads
 
+fp16/ (``fp16_residual``):
+    patch.py       the residual stream in fp32 under fp16 compute (bf16-trained models on a T4)
+
 loss/ (``chunked_loss``):
     patch.py       glue: ``ChunkedLossPatch``, ``route_trainer_loss``
     chunked.py     pure torch: chunked cross-entropy

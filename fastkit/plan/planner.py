@@ -110,6 +110,9 @@ class Plan:
     """Usable GPU bytes (None on CPU)."""
     advice: list[str] = field(default_factory=list)
     """Knobs that bring the run under the budget, best first (empty when it fits)."""
+    needs_offload: bool = False
+    """Set by :func:`check_fits`: plain checkpointing does not fit, checkpoint offload does, so
+    ``FastModel.get_peft_model(use_gradient_checkpointing="auto")`` (the default) offloads."""
 
     @property
     def total(self) -> int:
@@ -228,6 +231,7 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     _check_inputs(inputs)
     budget = gpu_budget(gpu)
     config = read_config(model_or_config)
+    _check_decoder(config, max_seq_length)
     inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
     shape = shape_of(config)
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
@@ -236,6 +240,26 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     if not result.fits:
         result.advice = advise(shape, inputs, budget)
     return result
+
+
+def _check_decoder(config, max_seq_length: int) -> None:
+    """The planner models decoder-only causal LMs, within their context length."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    # BERT-style encoders have a causal-LM head class too (BertLMHeadModel); they are masked LMs first
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.model_type in \
+            MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False):
+        raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
+                           "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
+    text = getattr(config, "get_text_config", lambda: config)()
+    context = getattr(text, "max_position_embeddings", None)
+    if isinstance(context, int) and max_seq_length > context:
+        raise FastkitError(f"max_seq_length={max_seq_length} is longer than the model's context "
+                           f"(max_position_embeddings={context}); positions past it are untrained. Use at most "
+                           f"{context}.")
 
 
 def _check_inputs(inputs: PlanInputs) -> None:
@@ -249,6 +273,13 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise FastkitError(f"optimizer must be 'auto', 'adamw_8bit' or 'adamw_32bit', got {inputs.optimizer!r}.")
     if inputs.loss not in ("trl", "chunked", "full"):
         raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
+    for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora"):
+        if not isinstance(getattr(inputs, name), bool):
+            raise FastkitError(f"{name} must be True or False, got {getattr(inputs, name)!r}.")
+    if inputs.attn not in ("sdpa", "flash_attention_2", "eager"):
+        raise FastkitError(f"attn must be 'sdpa', 'flash_attention_2' or 'eager', got {inputs.attn!r}.")
+    if inputs.dtype is not None and inputs.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise FastkitError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None, got {inputs.dtype!r}.")
     if inputs.load_in_4bit and inputs.r is None:
         raise FastkitError("load_in_4bit=True trains LoRA adapters only: give a LoRA rank r (e.g. r=16).")
 
@@ -259,9 +290,9 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
-    if inputs.load_in_4bit and not shape.mxfp4:
+    if inputs.load_in_4bit:  # MXFP4 checkpoints (GPT-OSS) too: fastkit.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
-    else:  # an MXFP4 checkpoint (GPT-OSS) loads through transformers' MXFP4 quantizer: no bitsandbytes linears
+    else:
         out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
     out[f"weights: embeddings + lm_head, {_dtype_name(dtype)}"] = shape.embedding_params * size
     experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
@@ -291,7 +322,8 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     else:  # the parameters are the weights above
         out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
     out[f"optimizer state ({optimizer})"] = trainable * (2 if optimizer == "adamw_8bit" else 8)
-    kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4)
+    stream = 4 if dtype == torch.float16 and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
+    kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)
     if inputs.load_in_4bit:
         out["4-bit dequantized weight (largest layer)"] = shape.largest_linear * size * 2
@@ -376,6 +408,12 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
         logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
         return None
+    if not result.fits and not result.inputs.offload:
+        with_offload = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, offload=True)
+        if with_offload.fits:
+            logger.info("fastkit: activation offload on by default: %s", with_offload.verdict())
+            with_offload.needs_offload = True
+            return with_offload
     unmeasured = any(k.startswith("weights: MoE experts, NF4") for k in result.components)  # 4-bit experts
     if result.total > REFUSE_ABOVE * result.budget and not unmeasured:
         raise FastkitError(f"{result.verdict()} Nothing was loaded. See `fastkit plan` for the table, or pass "

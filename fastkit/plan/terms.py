@@ -70,7 +70,10 @@ class ModelShape:
     """Weights of one layer's routed experts (fused 3-D)."""
     mxfp4: bool = False
     """The checkpoint ships MXFP4 experts (GPT-OSS). fastkit loads it through transformers' MXFP4 path
-    (expanded layer by layer, experts kept 4-bit), which is its only quantizer: linear layers stay 16-bit."""
+    (expanded layer by layer, experts kept 4-bit); ``fastkit.linear_4bit`` then stores the linear layers NF4."""
+    saved_fp16: bool = False
+    """The checkpoint was saved in float16. Otherwise fp16 compute keeps the residual stream fp32
+    (``patches/fp16/patch.py``), so the checkpointed layer inputs take 4 bytes per value."""
 
     def lora_params(self, r: int) -> int:
         """LoRA parameters at rank ``r`` on every adapted module."""
@@ -113,6 +116,8 @@ def shape_of(config) -> ModelShape:
     if shape.experts:
         shape.expert_params_per_layer = experts_in_layer // (shape.layers - shape.dense_layers)
     shape.mxfp4 = mxfp4_checkpoint(config)
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    shape.saved_fp16 = saved in (torch.float16, "float16")
     return shape
 
 
@@ -186,8 +191,12 @@ def layer_bytes(s: ModelShape, r: int | None, size: int, adapter: int, moe: bool
     return attn + mlp + (modules * r * 4 if lora else 0)
 
 
-def activation_bytes(s: ModelShape, inputs, tokens: int, size: int, adapter: int) -> tuple[dict, dict]:
+def activation_bytes(s: ModelShape, inputs, tokens: int, size: int, adapter: int,
+                     stream: int | None = None) -> tuple[dict, dict]:
     """``(kept, transient)``: activations alive through the step, and the two phases that do not overlap.
+
+    ``stream``: bytes per value of the residual stream between layers (default ``size``; 4 where fp16
+    compute keeps it fp32, ``patches/fp16/patch.py``).
 
     ``transient`` holds one layer's recompute + backward temporaries; the loss phase (logits) is the
     other one, so the peak counts the larger of the two.
@@ -206,7 +215,7 @@ def activation_bytes(s: ModelShape, inputs, tokens: int, size: int, adapter: int
     if inputs.checkpointing:
         kept_layers = 2 if inputs.offload else s.layers
         what = "2 on the GPU (offload)" if inputs.offload else f"{s.layers} layers"
-        kept[f"checkpointed layer inputs ({what})"] = int(kept_layers * s.hidden * size * tokens)
+        kept[f"checkpointed layer inputs ({what})"] = int(kept_layers * s.hidden * (stream or size) * tokens)
         transient["one layer's recompute + backward temporaries"] = int(max(per_layer) * tokens + temporaries + merged)
         attn_layers = 1
     else:

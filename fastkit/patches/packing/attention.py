@@ -351,6 +351,8 @@ def eager_per_doc(q, k, v, meta: PackedBatch, *, scaling, dropout, window, softc
             sl = slice(start, start + length)
             qd = q[b:b + 1, :, sl]  # (1, Hq, L, D)
             kd, vd = _repeat_kv(k[b:b + 1, :, sl], n_rep), _repeat_kv(v[b:b + 1, :, sl], n_rep)
+            if qd.dtype == torch.float16:  # fp16 logits of bf16-trained models overflow: fp32 (patches/fp16/patch.py)
+                qd, kd = qd.float(), kd.float()
             scores = torch.matmul(qd, kd.transpose(2, 3)) * scaling  # (1, Hq, L, L)
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap

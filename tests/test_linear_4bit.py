@@ -1,0 +1,92 @@
+"""What fastkit.plan counts is what the loader builds: NF4 attention linears beside MXFP4 experts (GPT-OSS),
+activation offload on by default where the plan needs it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastkit.twins import twin
+
+pytest.importorskip("bitsandbytes")
+
+
+def _nf4_bytes(module) -> int:
+    w = module.weight
+    state = w.quant_state
+    nested = state.state2
+    return w.numel() * w.element_size() + state.absmax.numel() * state.absmax.element_size() + \
+        nested.absmax.numel() * nested.absmax.element_size()
+
+
+def test_attention_linears_become_nf4_and_compute_the_dequantized_layer():
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bf
+
+    from fastkit.linear_4bit import quantize_linears_4bit
+
+    model = twin("gpt_oss", num_hidden_layers=2).eval()
+    x = torch.randn(1, 5, model.config.hidden_size)
+    attn = model.model.layers[0].self_attn
+    count = quantize_linears_4bit(model, torch.float32)
+    assert count == 4 * 2  # q, k, v, o per layer; experts, router, embeddings, lm_head untouched
+    assert type(model.lm_head) is torch.nn.Linear and type(model.model.layers[0].mlp.router) is not bnb.nn.Linear4bit
+    q = attn.q_proj
+    assert isinstance(q, bnb.nn.Linear4bit) and not q.weight.requires_grad
+    w = bf.dequantize_4bit(q.weight.data, q.weight.quant_state).to(torch.float32)  # (out, in)
+    torch.testing.assert_close(q(x), torch.nn.functional.linear(x, w, q.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_planner_counts_the_nf4_linears_the_loader_builds():
+    from fastkit.linear_4bit import quantize_linears_4bit
+    from fastkit.plan import plan
+    from fastkit.twins import twin_config
+
+    config = twin_config("gpt_oss", num_hidden_layers=2, hidden_size=256, head_dim=64, num_attention_heads=4,
+                         num_key_value_heads=2)
+    config.quantization_config = {"quant_method": "mxfp4"}
+    components = plan(config, gpu="cpu", load_in_4bit=True).components
+    planned = components["weights: linear layers, NF4 + absmax (double quant)"]
+    model = twin("gpt_oss", num_hidden_layers=2, hidden_size=256, head_dim=64, num_attention_heads=4,
+                 num_key_value_heads=2)
+    quantize_linears_4bit(model, torch.float32)
+    built = sum(_nf4_bytes(m) for layer in model.model.layers for m in layer.self_attn.children()
+                if hasattr(getattr(m, "weight", None), "quant_state"))
+    assert built == pytest.approx(planned, rel=0.02), (built, planned)
+
+
+def test_offload_on_by_default_where_the_plan_needs_it():
+    """Qwen3-14B QLoRA at 4,096 tokens on a T4: plain checkpointing does not fit, offload does."""
+    from fastkit.plan import check_fits
+    from tests.test_plan import _qwen3_14b
+
+    result = check_fits(_qwen3_14b(), torch.device("cpu"), "t4", 4096, True)
+    assert result.needs_offload and result.fits and result.inputs.offload
+    assert not check_fits(_qwen3_14b(), torch.device("cpu"), "t4", 2048, True).needs_offload
+
+
+def test_get_peft_model_auto_checkpointing_follows_the_report():
+    from fastkit import FastModel, active_patches
+    from fastkit.patching import report
+    from fastkit.testing import OffloadTestConfig
+
+    model, _ = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=64, twin=True)
+    assert report(model).checkpointing is True  # no plan on a CPU
+    report(model).checkpointing = "offload"  # what a plan that needs offload leaves
+    cpu = OffloadTestConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)  # offload's CPU rehearsal
+    peft = FastModel.get_peft_model(model, r=4, offload_config=cpu)
+    assert "offload" in active_patches(peft.get_base_model())
+
+
+def test_fp16_compute_of_a_bf16_checkpoint_plans_the_fp32_residual_stream():
+    """patches/fp16_residual.py keeps the stream fp32 in fp16: the checkpointed layer inputs take 4 bytes."""
+    from fastkit.plan import plan
+    from tests.test_plan import _qwen3_14b
+
+    key = "checkpointed layer inputs (40 layers)"
+    fp16 = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True).components[key]
+    bf16 = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, dtype=torch.bfloat16).components[key]
+    assert fp16 == 40 * 5120 * 2048 * 4 == 2 * bf16
+    saved_fp16 = _qwen3_14b()
+    saved_fp16.dtype = torch.float16  # a checkpoint saved in fp16: fastkit leaves its stream alone
+    assert plan(saved_fp16, gpu="t4", load_in_4bit=True).components[key] == bf16
