@@ -466,6 +466,19 @@ def check_class_name_in():
     assert not any(_hf.class_name_in(m, ("NoSuchClass",)) for m in model.modules())
 
 
+def check_has_masked_lm_head():
+    assert _hf.has_masked_lm_head("bert") and not _hf.has_masked_lm_head("llama")
+
+
+def check_is_pandas_dataframe():
+    try:
+        import pandas as pd
+    except ImportError:  # no pandas here (the GPU machine): nothing is a DataFrame
+        assert not _hf.is_pandas_dataframe({"a": [1]})
+        return
+    assert _hf.is_pandas_dataframe(pd.DataFrame({"a": [1]})) and not _hf.is_pandas_dataframe({"a": [1]})
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 ACCESSORS = sorted(n for n in _hf.__all__ if n != "CHECKED")
 
