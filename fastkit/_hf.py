@@ -62,6 +62,22 @@ def has_causal_lm_head(model_type: str) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+def has_masked_lm_head(model_type: str) -> bool:
+    """True when ``AutoModelForMaskedLM`` knows ``model_type`` (an encoder, even if it also has a causal-LM
+    head class, like BERT's ``BertLMHeadModel``). Reads ``MODEL_FOR_MASKED_LM_MAPPING_NAMES`` (a deep path).
+    checked: transformers 5.24.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def is_pandas_dataframe(obj: Any) -> bool:
+    """A pandas ``DataFrame``, recognized without importing pandas (absent where it is not installed)."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(obj, pandas.DataFrame)
+
+
 def is_stateful_model(model: torch.nn.Module) -> bool:
     """True when the model class declares recurrent / SSM state along the sequence.
 
@@ -412,6 +428,12 @@ _LOOPED_EXPERTS = {"DbrxExperts": "dbrx", "Llama4TextMoe": "llama4"}  # no @use_
 _NO_4BIT_LAYOUT = ("DbrxExperts", "Llama4TextExperts", "JetMoeMoE", "JetMoeMoA")
 
 
+def class_name_in(module: Any, names: tuple[str, ...]) -> bool:
+    """``module``'s class is one of ``names`` (registry rows name a family's modules, e.g. its stateful layers;
+    the family's modeling module is only imported with the model, so its classes are matched by name)."""
+    return type(module).__name__ in names
+
+
 def is_bnb_linear(module: Any) -> bool:
     """A bitsandbytes ``Linear4bit`` / ``Linear8bitLt`` (False when bitsandbytes does not import)."""
     try:
@@ -461,8 +483,8 @@ def byte_level_bpe(spec: dict) -> bool:
 
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
-    "byte_level_bpe", "has_no_4bit_layout", "is_bnb_linear", "is_fused_experts_class", "is_progress_callback",
-    "looped_experts_kind",
+    "byte_level_bpe", "class_name_in", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
+    "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded",

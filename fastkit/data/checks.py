@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastkit import _hf
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ def as_dataset(source: Any, split: str = "train", where: str = "train_dataset"):
         return _from_path(str(source), split, where)
     if isinstance(source, dict):
         return _from_columns(source, where)
-    if type(source).__name__ == "DataFrame" and hasattr(source, "to_dict"):  # pandas, without importing it
+    if _hf.is_pandas_dataframe(source):  # pandas, without importing it
         rows = source.to_dict("records")
         return rows_to_dataset([{k: _none_if_nan(v) for k, v in r.items()} for r in rows], where=where)
     if isinstance(source, (list, tuple)) or isinstance(source, Iterator) or inspect.isgenerator(source):

@@ -244,14 +244,11 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
 
 def _check_decoder(config, max_seq_length: int) -> None:
     """The planner models decoder-only causal LMs, within their context length."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
+    from fastkit import _hf
 
     # BERT-style encoders have a causal-LM head class too (BertLMHeadModel); they are masked LMs first
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.model_type in \
-            MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False):
+    if not _hf.has_causal_lm_head(config.model_type) or _hf.has_masked_lm_head(config.model_type) \
+            or getattr(config, "is_encoder_decoder", False):
         raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
                            "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
     text = getattr(config, "get_text_config", lambda: config)()

@@ -247,7 +247,7 @@ def stateful_modules(decoder: torch.nn.Module, names: tuple[str, ...]
         return []
     out = []
     for layer in layers:
-        found = [m for m in layer.modules() if type(m).__name__ in names]
+        found = [m for m in layer.modules() if _hf.class_name_in(m, names)]
         if found:
             out.append((layer, found))
     return out
