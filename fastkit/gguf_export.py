@@ -38,16 +38,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastkit import _hf
+from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.gguf_vocab import add_tokenizer_kv, modelfile
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-# transformers model_type -> llama.cpp architecture (only those whose round trip is tested).
-GGUF_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2_moe": "qwen2moe",
-              "qwen3_moe": "qwen3moe"}
+# transformers model_type -> llama.cpp architecture (only those whose round trip is tested): the table's gguf_arch.
+GGUF_ARCHS = registry.GGUF_ARCHS
 QUANTIZATIONS = ("f16", "bf16", "q8_0", "q4_0")
 _PERMUTED_ROPE = ("llama",)  # llama.cpp stores q/k rows of these archs in interleaved-pair rope order
 _F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them

@@ -48,6 +48,8 @@ class LoadReport:
     """Patch name -> why it does not apply."""
     memory_plan: str = ""
     """The memory planner's verdict for this run (:mod:`fastkit.plan`), when one was made at load."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about this family (the row's note, a self-check verdict), one line each."""
 
     def banner(self) -> str:
         mem = memory_snapshot(pick_device())
@@ -60,6 +62,8 @@ class LoadReport:
             lines.append(f"fastkit:   + {name}: {how}")
         for name, why in self.skipped.items():
             lines.append(f"fastkit:   - {name}: {why}")
+        for note in self.notes:
+            lines.append(f"fastkit: note: {note}")
         if self.memory_plan:
             lines.append(f"fastkit: plan: {self.memory_plan}")
         return "\n".join(lines)
@@ -96,7 +100,7 @@ def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool
             raise FastkitError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from exc
 
 
-_NO_4BIT_EXPERTS = ("dbrx", "llama4_text", "llama4", "jetmoe")
+_NO_4BIT_EXPERTS = ("llama4", "jetmoe") + tuple(t for t, f in registry.MODEL_TABLE.items() if f.no_4bit_experts)
 
 
 def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device) -> None:
@@ -148,6 +152,17 @@ def _pick_attention(facts: registry.ModelFacts | None, device: torch.device) -> 
         except ImportError:
             pass
     return default
+
+
+def _from_pretrained(auto_cls, name_or_path: str, load_kwargs: dict, may_fall_back: bool):
+    """``from_pretrained``; a family transformers has no sdpa for (and no row saying so) loads eager instead."""
+    try:
+        return auto_cls.from_pretrained(name_or_path, **load_kwargs)
+    except ValueError as exc:
+        if not may_fall_back or load_kwargs.get("attn_implementation") != "sdpa" or "sdpa" not in str(exc).lower():
+            raise
+        logger.info("fastkit: %s has no sdpa attention in transformers; loading with eager", name_or_path)
+        return auto_cls.from_pretrained(name_or_path, **{**load_kwargs, "attn_implementation": "eager"})
 
 
 def _quantization(load_in_4bit: bool, dtype: torch.dtype):
@@ -242,6 +257,7 @@ class FastModel:
         config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
         _check_context(config, max_seq_length)
         facts = registry.facts_for(config.model_type)
+        composite = facts.text_config if facts is not None else None
         prequantized = prequantized_4bit(config)  # its own quantization_config: never pass a second one
         if prequantized and device.type != "cuda":
             raise GPUOnlyError(f"{name_or_path} is a bitsandbytes 4-bit checkpoint: it needs a CUDA GPU. Load the "
@@ -256,6 +272,8 @@ class FastModel:
             load_kwargs["gguf_file"] = gguf_file
         else:
             load_kwargs["use_safetensors"] = True
+        if composite:  # vision + text checkpoint: load the text model alone, under its own keys
+            load_kwargs.update(config=getattr(config, composite), key_mapping=dict(facts.text_keys))
         mxfp4 = mxfp4_checkpoint(config)  # GPT-OSS: expand MXFP4 layer by layer (kernels are inference-only)
         quant = _quantization(load_in_4bit and device.type == "cuda" and not prequantized and not mxfp4, dtype)
         if quant is not None:  # CPU: no bnb
@@ -269,7 +287,7 @@ class FastModel:
         load_kwargs.update(hf_kwargs)
         loading = QuantizeWhileLoading(keep_mxfp4=mxfp4) if load_in_4bit and facts is not None and facts.moe else None
         with _hf.on_param_loaded(loading) if loading else contextlib.nullcontext():  # Note: [quantize as read]
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
+            model = _from_pretrained(AutoModelForCausalLM, name_or_path, load_kwargs, attn_implementation is None)
         if loading is not None:
             logger.info("fastkit: 4-bit experts stored as read: %s", loading.summary())
         if quant is None and not prequantized and device.type != "cpu" and "device_map" not in hf_kwargs:
@@ -278,6 +296,8 @@ class FastModel:
             quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe_4bit.py)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        if composite and facts.note not in report(model).notes:
+            report(model).notes.append(facts.note)
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
         return model, tokenizer
@@ -285,30 +305,16 @@ class FastModel:
     @staticmethod
     def patch(model: torch.nn.Module, *, max_seq_length: int = 2048,
               patches: str | list[str] | None = "auto") -> torch.nn.Module:
-        """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent."""
-        model = unwrap(model)
-        config = model.config
-        facts = registry.facts_for(config.model_type)
-        rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
-                         str(_hf.attn_implementation(config)), max_seq_length)
-        if facts is None:
-            logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
-                           "transformers). Known: %s", config.model_type, ", ".join(sorted(registry.MODEL_TABLE)))
-            rep.skipped["all"] = f"unknown model_type {config.model_type!r}"
-        else:
-            wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
-            wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
-            for name in wanted:
-                ok, how = apply_patch(model, registry.build_patch(name, facts))
-                (rep.active if ok else rep.skipped)[name] = how
-            rep.attn_implementation = str(_hf.attn_implementation(config))
-        if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
-            from fastkit.patches.packing import _decoder
+        """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent.
 
-            checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
-        set_report(model, rep)
-        logger.info(rep.banner())
-        return model
+        A family not in fastkit's table is first checked on a tiny twin of its own config (the census,
+        :mod:`fastkit.census`, about a second): it is patched only if every check passes.
+        """
+        model = unwrap(model)
+        facts = registry.facts_for(model.config.model_type)
+        if facts is not None or patches is None:
+            return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
+        return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
 
     @staticmethod
     def get_peft_model(
@@ -352,6 +358,68 @@ class FastModel:
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
+
+
+def self_check(config) -> tuple[registry.ModelFacts | None, str]:
+    """``(row, verdict)`` for a family not in the table, from the census on a twin of ``config``.
+
+    The row is the plain row the twin proved (None when a check failed); the verdict is the banner's
+    line: "self-verified ..." or the check that failed and why.
+    """
+    from fastkit import census, twins
+
+    model_type = config.model_type
+    try:
+        twin_config = twins.twin_of(config)
+    except Exception as exc:  # a config whose sizes cannot be shrunk: no proof, no patch
+        return None, f"self-check: no tiny twin of this config ({type(exc).__name__}: {exc})"
+    result = census.check_family(model_type, twin_config, grads=True)
+    if not result.exact:
+        logger.warning("fastkit: %s is not in fastkit's table and failed the self-check (%s: %s); it loads "
+                       "unpatched and packed batches are refused.", model_type, result.failed, result.reason)
+        return None, f"self-check failed ({result.failed}): {result.reason}"
+    with census._quiet():
+        base, attn = census.twin_model(twin_config, "sdpa")
+    row = census.candidate_row(model_type, base, attn)
+    return row, (f"self-verified on a tiny twin of its own config ({', '.join(result.passed)}; "
+                 f"max |dlogits| {result.logits:.1e})")
+
+
+def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, verdict: str | None = None, *,
+                     max_seq_length: int = 2048, patches: str | list[str] | None = "auto",
+                     self_verified: bool = False) -> torch.nn.Module:
+    """Patch ``model`` by the row ``facts`` (None: unpatched, packed batches refused) and log the banner.
+
+    ``verdict`` is the self-check's line for a family not in the table (shown in the banner).
+    """
+    model = unwrap(model)
+    config = model.config
+    self_verified = self_verified or bool(verdict and verdict.startswith("self-verified"))
+    rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
+                     str(_hf.attn_implementation(config)), max_seq_length)
+    if facts is None:
+        if verdict is None:
+            logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
+                           "transformers). Known: see docs/coverage.md", config.model_type)
+        rep.skipped["all"] = verdict or f"unknown model_type {config.model_type!r}"
+    else:
+        if self_verified:
+            rep.notes.append(verdict or "self-verified on a tiny twin of its own config")
+        if facts.note:
+            rep.notes.append(facts.note)
+        wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
+        wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
+        for name in wanted:
+            ok, how = apply_patch(model, registry.build_patch(name, facts))
+            (rep.active if ok else rep.skipped)[name] = how
+        rep.attn_implementation = str(_hf.attn_implementation(config))
+    if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
+        from fastkit.patches.packing import _decoder
+
+        checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
+    set_report(model, rep)
+    logger.info(rep.banner())
+    return model
 
 
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:

@@ -293,13 +293,15 @@ def llama4_moe_forward(self, hidden_states):
 
 def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, object]]:
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
+    forwards = {"DbrxExperts": dbrx_experts_forward, "Llama4TextMoe": llama4_moe_forward}
     found = []
     for name, m in model.named_modules():
-        cls = type(m).__name__
-        if cls == "DbrxExperts" and hasattr(m, "mlp") and hasattr(m.mlp, "w1"):
-            found.append((name, m, dbrx_experts_forward))
-        elif cls == "Llama4TextMoe" and type(m.experts).__name__ == "Llama4TextExperts":
-            found.append((name, m, llama4_moe_forward))
+        cls = type(m).__name__  # the class names are the table's (registry.LOOPED_EXPERTS)
+        if cls not in registry.LOOPED_EXPERTS or cls not in forwards:
+            continue
+        if (cls == "DbrxExperts" and hasattr(m, "mlp") and hasattr(m.mlp, "w1")) or (
+                cls == "Llama4TextMoe" and hasattr(m, "experts") and hasattr(m, "shared_expert")):
+            found.append((name, m, forwards[cls]))
     return found
 
 

@@ -48,7 +48,7 @@ import logging
 import torch
 from torch import nn
 
-from fastkit import _hf
+from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -338,7 +338,7 @@ class _NF4GroupMM(torch.autograd.Function):
 # A model's experts: quantize layer by layer, storage bytes, the MXFP4 requantization error.
 # ----------------------------------------------------------------------------------------------
 
-_NO_4BIT_LAYOUT = ("DbrxExperts", "Llama4TextExperts", "JetMoeMoE", "JetMoeMoA")
+_NO_4BIT_LAYOUT = registry.NO_4BIT_EXPERTS  # the table's experts classes with no NF4 layout
 
 
 def _quantize_param(m: nn.Module, pname: str, blocksize: int, double_quant: bool) -> int:
