@@ -408,45 +408,30 @@ def check_family(model_type: str, config=None, row: registry.ModelFacts | None =
     return res
 
 
-def _num(x: float | None) -> str:
-    return "" if x is None else f"{x:.1e}"
+def self_check(config) -> tuple[registry.ModelFacts | None, str]:
+    """``(row, verdict)`` for a family not in the table, from the census on a twin of ``config``.
+
+    The row is the plain row the twin proved (None when a check failed); the verdict is the banner's
+    line: "self-verified ..." or the check that failed and why.
+    """
+    from fastkit import twins
+
+    model_type = config.model_type
+    try:
+        twin_config = twins.twin_of(config)
+    except Exception as exc:  # a config whose sizes cannot be shrunk: no proof, no patch
+        return None, f"self-check: no tiny twin of this config ({type(exc).__name__}: {exc})"
+    result = check_family(model_type, twin_config, grads=True)
+    if not result.exact:
+        logger.warning("fastkit: %s is not in fastkit's table and failed the self-check (%s: %s); it loads "
+                       "unpatched and packed batches are refused.", model_type, result.failed, result.reason)
+        return None, f"self-check failed ({result.failed}): {result.reason}"
+    with _quiet():
+        base, attn = twin_model(twin_config, "sdpa")
+    row = candidate_row(model_type, base, attn)
+    return row, (f"self-verified on a tiny twin of its own config ({', '.join(result.passed)}; "
+                 f"max |dlogits| {result.logits:.1e})")
 
 
-def coverage_markdown(results: list[CensusResult], transformers_version: str) -> str:
-    """``docs/coverage.md``: one table row per type, what was checked and the numbers, or why not."""
-    by: dict[str, list] = {"exact": [], "moe only": [], "wrong": []}  # "wrong" = a row that fails: must stay empty
-    for r in results:
-        in_table = registry.facts_for(r.model_type) is not None
-        key = "moe only" if in_table and r.status == "refused" and "unpacked" in r.passed else r.status
-        key = "exact, no row yet (not patched)" if key == "exact" and not in_table else key
-        key = "not patched: a check failed" if key == "wrong" and not in_table else key
-        by.setdefault(key, []).append(r)
-        r.label = key
-    lines = [
-        "# Coverage: every causal-LM type in transformers",
-        "",
-        f"Written by `tests/test_census.py` (fastkit.census) on transformers {transformers_version}: a tiny random "
-        f"twin of each type (fp32, CPU), a packed row of {len(LENGTHS)} documents {list(LENGTHS)} against each "
-        "document alone. **exact** = every check passed and the type has a row in `fastkit/registry.py` (patched); "
-        "any other status = not patched (no row, no patch), with the first check that failed. "
-        f"Tolerances: logits {LOGIT_TOL:g} (relative to max(1, |logits|)), gradients {GRAD_TOL:g} per tensor.",
-        "",
-        "Checks: " + ", ".join(f"`{c}`" for c in CHECKS) + " (see `fastkit/census.py`).",
-        "",
-        "| status | types |", "|---|---|",
-    ]
-    lines += [f"| {k} | {len(v)} |" for k, v in by.items()]
-    lines += ["", "| type | status | in table | checks passed | max abs dlogits | max rel dgrad | syncs | MoE | "
-              "attention | why not |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(results, key=lambda r: r.model_type):
-        in_table = "yes" if registry.facts_for(r.model_type) is not None else ""
-        why = f"{r.failed}: {r.reason}" if r.reason else ""
-        why = why.replace("|", "/").replace("\n", " ")
-        lines.append(f"| {r.model_type} | {r.label} | {in_table} | {' '.join(r.passed)} | {_num(r.logits)} | "
-                     f"{_num(r.grads)} | {'' if r.syncs is None else r.syncs} | {'yes' if r.moe else ''} | "
-                     f"{r.attention} | {why} |")
-    return "\n".join(lines) + "\n"
-
-
-__all__ = ["CHECKS", "CensusFailure", "CensusResult", "candidate_row", "check_family", "coverage_markdown",
-           "fingerprint", "layout_of", "twin_model"]
+__all__ = ["CHECKS", "CensusFailure", "CensusResult", "candidate_row", "check_family", "fingerprint", "layout_of",
+           "self_check", "twin_model"]

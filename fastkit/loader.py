@@ -314,6 +314,8 @@ class FastModel:
         facts = registry.facts_for(model.config.model_type)
         if facts is not None or patches is None:
             return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
+        from fastkit.census import self_check
+
         return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
 
     @staticmethod
@@ -358,31 +360,6 @@ class FastModel:
             add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
         return peft_model
-
-
-def self_check(config) -> tuple[registry.ModelFacts | None, str]:
-    """``(row, verdict)`` for a family not in the table, from the census on a twin of ``config``.
-
-    The row is the plain row the twin proved (None when a check failed); the verdict is the banner's
-    line: "self-verified ..." or the check that failed and why.
-    """
-    from fastkit import census, twins
-
-    model_type = config.model_type
-    try:
-        twin_config = twins.twin_of(config)
-    except Exception as exc:  # a config whose sizes cannot be shrunk: no proof, no patch
-        return None, f"self-check: no tiny twin of this config ({type(exc).__name__}: {exc})"
-    result = census.check_family(model_type, twin_config, grads=True)
-    if not result.exact:
-        logger.warning("fastkit: %s is not in fastkit's table and failed the self-check (%s: %s); it loads "
-                       "unpatched and packed batches are refused.", model_type, result.failed, result.reason)
-        return None, f"self-check failed ({result.failed}): {result.reason}"
-    with census._quiet():
-        base, attn = census.twin_model(twin_config, "sdpa")
-    row = census.candidate_row(model_type, base, attn)
-    return row, (f"self-verified on a tiny twin of its own config ({', '.join(result.passed)}; "
-                 f"max |dlogits| {result.logits:.1e})")
 
 
 def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, verdict: str | None = None, *,

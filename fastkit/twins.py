@@ -129,6 +129,8 @@ HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
     "unsloth/Qwen3-14B-bnb-4bit": ("qwen3", {"tie_word_embeddings": False}),  # pre-quantized NF4 of the above
     "openai/gpt-oss-20b": ("gpt_oss", {}),
     "Qwen/Qwen3-30B-A3B": ("qwen3_moe", {}),
+    "google/gemma-3-4b-it": ("gemma3_text", {}),  # composite checkpoint: fastkit trains its text model
+    "microsoft/Phi-3-mini-4k-instruct": ("phi3", {}),
 }
 
 
@@ -161,12 +163,12 @@ def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -
 
 def twin_of(config: PretrainedConfig, num_hidden_layers: int = 2) -> PretrainedConfig:
     """A tiny twin config of a real ``config`` (the loader's self-check): same class and traits, sizes shrunk."""
-    values = config.to_dict()
+    values = {k: v for k, v in config.to_dict().items() if not k.startswith("_")}  # no loader bookkeeping
     values.update(_shrunk(values, num_hidden_layers))
     text = values.get("text_config")
     if isinstance(text, dict):
         values["text_config"] = {**text, **_shrunk(text, num_hidden_layers)}
-    for key in ("model_type", "transformers_version", "architectures", "quantization_config", "_name_or_path"):
+    for key in ("model_type", "transformers_version", "architectures", "quantization_config"):
         values.pop(key, None)
     return type(config)(**values)
 

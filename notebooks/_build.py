@@ -118,6 +118,23 @@ SPECS = [
          "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 1024, 60,
          colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
          lora_r=8),
+    Spec("05_gemma3_4b_text_qlora.ipynb", "Gemma-3-4B-it: text-only QLoRA, packed", "google/gemma-3-4b-it",
+         "QLoRA on Gemma 3 4B: the checkpoint is composite (vision + text); fastkit's table row says so, loads "
+         "the text model alone and says it in the banner. Sliding-window and full-attention layers both run "
+         "packed, per document, proven on a twin by the census (docs/coverage.md). Gemma is gated: accept its "
+         "license on the Hugging Face Hub and log in first.",
+         "Needs a CUDA GPU (bitsandbytes 4-bit); sized for a free Colab T4 at 2,048 tokens (check with "
+         "`fastkit plan google/gemma-3-4b-it --gpu t4 --4bit`; not yet measured on a GPU).",
+         "not measured (T4 target)", "Composite checkpoint, text model only; sliding-window layers packed",
+         2048, 60, load_args=", load_in_4bit=not USE_TWIN"),
+    Spec("06_phi3_mini_packed.ipynb", "Phi-3-mini-4k-instruct: packed QLoRA", "microsoft/Phi-3-mini-4k-instruct",
+         "Packed QLoRA on Phi-3-mini (3.8B). Phi-3 was not in fastkit's first table; the census proved it "
+         "exact (packed logits and gradients equal each document alone, no host syncs), so it now has a row "
+         "and the packing patch applies.",
+         "Needs a CUDA GPU (bitsandbytes 4-bit); sized for a free Colab T4 at 2,048 tokens (check with "
+         "`fastkit plan microsoft/Phi-3-mini-4k-instruct --gpu t4 --4bit`; not yet measured on a GPU).",
+         "not measured (T4 target)", "A family the census added: packed QLoRA on Phi-3", 2048, 60,
+         load_args=", load_in_4bit=not USE_TWIN"),
 ]
 
 

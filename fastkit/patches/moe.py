@@ -297,10 +297,8 @@ def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, 
     found = []
     for name, m in model.named_modules():
         cls = type(m).__name__  # the class names are the table's (registry.LOOPED_EXPERTS)
-        if cls not in registry.LOOPED_EXPERTS or cls not in forwards:
-            continue
-        if (cls == "DbrxExperts" and hasattr(m, "mlp") and hasattr(m.mlp, "w1")) or (
-                cls == "Llama4TextMoe" and hasattr(m, "experts") and hasattr(m, "shared_expert")):
+        if cls in registry.LOOPED_EXPERTS and cls in forwards and (hasattr(getattr(m, "mlp", None), "w1") or (
+                hasattr(m, "experts") and hasattr(m, "shared_expert"))):
             found.append((name, m, forwards[cls]))
     return found
 
