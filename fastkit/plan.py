@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from fastkit import registry
 from fastkit.errors import FastkitError
 from fastkit.plan_terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 
@@ -224,14 +223,11 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     if unknown:
         raise FastkitError(f"plan() got unknown option(s) {sorted(unknown)}; known: "
                            f"{', '.join(PlanInputs.__dataclass_fields__)}")
-    config = read_config(model_or_config)
-    if "attn" not in options:  # the backend the loader picks for this family (Gemma 2: eager, T x T scores)
-        facts = registry.facts_for(getattr(config, "model_type", ""))
-        options["attn"] = facts.default_attn if facts is not None else "sdpa"
     inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, batch_size=batch_size, r=r,
                         load_in_4bit=load_in_4bit, offload=offload, **options)
     _check_inputs(inputs)
     budget = gpu_budget(gpu)
+    config = read_config(model_or_config)
     inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
     shape = shape_of(config)
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")

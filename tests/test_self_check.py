@@ -50,3 +50,24 @@ def test_a_hybrid_fails_the_self_check_naming_the_check():
     model = FastModel.patch(_model("falcon_h1"))  # mamba state carries across documents
     assert active_patches(model) == []
     assert "self-check failed (packed)" in report(model).skipped["all"]
+
+
+def test_a_composite_checkpoint_loads_its_text_model_with_a_banner_line(tmp_path):
+    """gemma3 (vision + text): the row's text_config and key renames load the text model alone, same weights."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import save_twin
+
+    cfg = tiny_config("gemma3")
+    cfg.vision_config.update(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14))
+    cfg.mm_tokens_per_image = 4
+    torch.manual_seed(0)
+    full = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    path = save_twin(full, tmp_path / "gemma3")
+    model, _ = FastModel.from_pretrained(path, max_seq_length=256)
+    assert model.config.model_type == "gemma3_text" and "packing" in active_patches(model)
+    assert registry.MODEL_TABLE["gemma3"].note in report(model).banner()
+    ids = torch.randint(3, 300, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, full(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
