@@ -223,7 +223,7 @@ def set_experts_implementation(config, key: str, swap: Swapper | None = None) ->
     With ``swap`` (a patch): writes ``config._experts_implementation_internal``, the plain instance attribute
     behind the property, on THIS config only; the caller visits every config. The public setter recurses
     into sub-configs, so undoing it newest-first would overwrite a sub-config's own original with its
-    parent's (Note: [config swap] in fastkit.patches.moe). Without ``swap`` (benchmarks): the property
+    parent's (Note: [config swap] in fastkit.patches.moe.patch). Without ``swap`` (benchmarks): the property
     setter, which also sets the sub-configs. checked: transformers 5.24.
     """
     if swap is None:

@@ -124,7 +124,7 @@ def _census_window(config):
 
 def layout_of(model: torch.nn.Module) -> dict[str, bool]:
     """The attention / experts layout a row must state, read from a built model."""
-    from fastkit.patches.moe import _looped_modules, experts_modules
+    from fastkit.patches.moe.patch import _looped_modules, experts_modules
 
     cfg = model.config
     layer_types = getattr(cfg, "layer_types", None) or []

@@ -1,8 +1,8 @@
 """Input checks for loading, training and saving: every bad input a :class:`FastkitError` naming the field.
 
 Each function here runs before any work (weights read, a step taken, a file written) or right after
-a save to prove it happened. The dataset row checks live in :mod:`fastkit.data_checks`; the packed
-metadata checks in :mod:`fastkit.patches.packing`.
+a save to prove it happened. The dataset row checks live in :mod:`fastkit.data.checks`; the packed
+metadata checks in :mod:`fastkit.patches.packing.patch`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``fastkit`` command line: ``fastkit quickstart``, ``fastkit plan MODEL``,
-``fastkit bench {packed,offload,moe,sft} ...``.
+``fastkit bench {packed,offload,moe,sft} ...`` (from a clone: the benchmarks live in the repository's
+``benchmarks/`` folder, outside the wheel; ``python -m benchmarks ...`` is the same).
 
 ``python -m fastkit ...`` is the same command.
 """
@@ -11,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 BENCHES = ("packed", "offload", "moe", "sft")
 
@@ -79,10 +81,21 @@ def main(argv: list[str] | None = None) -> int:
         return _quickstart(args)
     if args.command == "plan":
         return _plan(args)
-    from fastkit.bench.common import run_cli
+    return _bench(args)
 
-    module = importlib.import_module(f"fastkit.bench.{args.name}")
-    return run_cli(module.main, args.rest)  # --gpu without CUDA: the message, exit status 2
+
+def _bench(args: argparse.Namespace) -> int:
+    """Run ``benchmarks/<name>.py`` of the clone this fastkit comes from (or the working directory's)."""
+    clone = Path(__file__).resolve().parents[1]
+    if (clone / "benchmarks" / "__main__.py").is_file() and str(clone) not in sys.path:
+        sys.path.append(str(clone))
+    try:
+        bench_main = importlib.import_module("benchmarks.__main__").main
+    except ModuleNotFoundError:
+        print("fastkit bench: the benchmarks are not part of the installed package; run them from a clone of "
+              "the repository: python -m benchmarks NAME --out DIR", file=sys.stderr)
+        return 2
+    return bench_main([args.name, *args.rest])
 
 
 if __name__ == "__main__":

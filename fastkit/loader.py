@@ -19,10 +19,10 @@ import torch
 from fastkit import _hf, checks, registry
 from fastkit.device import GiB, auto_dtype, describe_device, memory_snapshot, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
-from fastkit.patches.moe_4bit import has_4bit_experts, quantize_experts
-from fastkit.patches.moe_4bit_load import QuantizeWhileLoading
-from fastkit.patches.moe_lora import add_expert_lora, peft_adapts_experts
-from fastkit.patches.offload import enable_offload
+from fastkit.patches.moe.loading import QuantizeWhileLoading
+from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
+from fastkit.patches.moe.nf4 import has_4bit_experts, quantize_experts
+from fastkit.patches.offload.patch import enable_offload
 from fastkit.patching import active_patches, apply_patch, report, set_report, unwrap
 
 logger = logging.getLogger("fastkit")
@@ -104,7 +104,7 @@ _NO_4BIT_EXPERTS = ("llama4", "jetmoe") + tuple(t for t, f in registry.MODEL_TAB
 
 
 def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device) -> None:
-    """Before any weight is read: can this model load 4-bit here? (patches/moe_4bit.py stores MoE experts.)
+    """Before any weight is read: can this model load 4-bit here? (patches/moe/nf4.py stores MoE experts.)
 
     On a CPU only MoE experts go 4-bit, through fastkit's dequantize + matmul (bitsandbytes' CPU
     ``Linear4bit`` path is never used); dense layers stay 16/32-bit there.
@@ -241,8 +241,8 @@ class FastModel:
         """
         from transformers import AutoModelForCausalLM
 
-        from fastkit.plan import check_fits, prequantized_4bit
-        from fastkit.plan_terms import mxfp4_checkpoint
+        from fastkit.plan.planner import check_fits, prequantized_4bit
+        from fastkit.plan.terms import mxfp4_checkpoint
 
         device = pick_device()
         dtype = checks.resolve_dtype(dtype)
@@ -293,7 +293,7 @@ class FastModel:
         if quant is None and not prequantized and device.type != "cpu" and "device_map" not in hf_kwargs:
             model.to(device)
         if load_in_4bit and facts is not None and facts.moe:
-            quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe_4bit.py)
+            quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe/nf4.py)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
         if composite and facts.note not in report(model).notes:
@@ -335,11 +335,11 @@ class FastModel:
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
-        double-buffered checkpoint reload, see :mod:`fastkit.patches.offload`; tune it with
+        double-buffered checkpoint reload, see :mod:`fastkit.patches.offload.patch`; tune it with
         ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), or ``False``.
 
         ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
-        (:mod:`fastkit.patches.moe_lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
+        (:mod:`fastkit.patches.moe.lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
         the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
         PEFT's adapter per expert group instead of adding a second one.
         """
@@ -353,7 +353,7 @@ class FastModel:
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
-        # 4-bit experts (patches/moe_4bit.py) have no parameter for PEFT's target_parameters: "all-linear"
+        # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
         # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
@@ -391,7 +391,7 @@ def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, 
             (rep.active if ok else rep.skipped)[name] = how
         rep.attn_implementation = str(_hf.attn_implementation(config))
     if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
-        from fastkit.patches.packing import _decoder
+        from fastkit.patches.packing.patch import _decoder
 
         checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
     set_report(model, rep)

@@ -201,7 +201,7 @@ REFUSED: dict[str, str] = {
 """Types the census must not admit although their default-config twin passes, and why."""
 
 LOOPED_EXPERTS: tuple[str, ...] = tuple(c for f in MODEL_TABLE.values() for c in f.looped_experts)
-"""Every looped-experts class fastkit routes (``patches/moe.py`` matches modules against these)."""
+"""Every looped-experts class fastkit routes (``patches/moe/patch.py`` matches modules against these)."""
 NO_4BIT_EXPERTS: tuple[str, ...] = ("JetMoeMoE", "JetMoeMoA") + tuple(
     c for f in MODEL_TABLE.values() for c in f.no_4bit_experts)
 """Experts classes with no NF4 layout (JetMoE has no row: its attention is not exact packed)."""

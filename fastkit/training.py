@@ -83,7 +83,7 @@ def make_trainer(
     own); ``measure_syncs`` counts host-device syncs of one step on it (a debug switch).
 
     ``chunked_loss``: compute the loss and TRL's entropy / accuracy metrics with fastkit's chunked
-    cross-entropy (:mod:`fastkit.patches.loss`) instead of TRL's fused LM head; default on off CUDA
+    cross-entropy (:mod:`fastkit.patches.loss.patch`) instead of TRL's fused LM head; default on off CUDA
     (TRL's torch fallback holds more than the full logits there), TRL's Triton kernel on CUDA.
     """
     from trl import SFTConfig, SFTTrainer
@@ -123,7 +123,7 @@ def make_trainer(
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     _attach_packed_metadata(trainer)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
-        from fastkit.patches.loss import route_trainer_loss
+        from fastkit.patches.loss.patch import route_trainer_loss
 
         ok, how = route_trainer_loss(trainer)
         if not ok:
@@ -159,7 +159,7 @@ def _attach_packed_metadata(trainer) -> None:
     """Let the packing patch see host-side document lengths (the Trainer moves tensors to the device)."""
     if "packing" not in active_patches(unwrap(trainer.model)):
         return
-    from fastkit.patches.packing import wrap_collator
+    from fastkit.patches.packing.patch import wrap_collator
 
     trainer.data_collator = wrap_collator(trainer.data_collator)
 

@@ -10,8 +10,8 @@ from peft import PeftModel
 
 from fastkit import FastkitError, FastModel
 from fastkit.export import load_lora, save_lora
-from fastkit.patches.moe_lora import add_expert_lora, expert_lora_modules, load_expert_lora
-from fastkit.patches.moe_lora_peft import add_to_peft_adapter
+from fastkit.patches.moe.lora import add_expert_lora, expert_lora_modules, load_expert_lora
+from fastkit.patches.moe.peft_format import add_to_peft_adapter
 from fastkit.twins import twin
 from tests.helpers import train_lora_steps
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastkit.bench import common
+from benchmarks import common
 from fastkit.cli import main as cli_main
 from fastkit.errors import GPUOnlyError
 
@@ -26,7 +26,7 @@ def no_cuda(monkeypatch):
 
 @pytest.mark.parametrize("name", BENCHES)
 def test_gpu_without_cuda_raises_before_any_work(name, no_cuda, tmp_path):
-    module = importlib.import_module(f"fastkit.bench.{name}")
+    module = importlib.import_module(f"benchmarks.{name}")
     with pytest.raises(GPUOnlyError, match="--gpu needs a CUDA GPU"):
         module.main(["--gpu", "--quick", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
@@ -34,7 +34,7 @@ def test_gpu_without_cuda_raises_before_any_work(name, no_cuda, tmp_path):
 
 @pytest.mark.parametrize("name", BENCHES)
 def test_cli_prints_the_gpu_error_and_exits_2(name, no_cuda, capsys):
-    assert cli_main(["bench", name, "--gpu"]) == 2
+    assert cli_main(["bench", name, "--gpu", "--quick"]) == 2  # `fastkit bench` from a clone
     err = capsys.readouterr().err
     assert "--gpu needs a CUDA GPU" in err and "Traceback" not in err
 
@@ -54,8 +54,20 @@ def test_quick_runs_never_write_into_assets(tmp_path, monkeypatch, capsys):
     shutil.rmtree(path.parent)
     given = common.write_outputs("demo", "x\n", quick=True, out=tmp_path / "given")
     assert given == tmp_path / "given" / "bench_demo.md"
-    full = common.write_outputs("demo", "x\n")
-    assert full == Path(common.ASSETS) / "bench_demo.md"
+    with pytest.raises(ValueError, match="--out"):  # a full run writes only where it is told
+        common.write_outputs("demo", "x\n")
+    assert not (tmp_path / common.ASSETS).exists()
+
+
+def test_table_is_written_before_the_plot_and_survives_a_missing_matplotlib(tmp_path, capsys):
+    # The GPU machine has no matplotlib: the plot fails, the table must already be there and the bench succeed.
+    def plot():
+        assert (tmp_path / "bench_demo.md").read_text() == "| a |\n"  # table first
+        raise ImportError("No module named 'matplotlib'")
+
+    path = common.write_outputs("demo", "| a |\n", plot, out=tmp_path)
+    assert path.read_text() == "| a |\n" and not (tmp_path / "bench_demo.png").exists()
+    assert "plot skipped (No module named 'matplotlib')" in capsys.readouterr().out
 
 
 def test_one_byte_formatter_and_one_table_renderer():
@@ -69,7 +81,7 @@ def test_one_byte_formatter_and_one_table_renderer():
 
 def test_every_bench_parses_the_shared_arguments():
     for name in BENCHES:
-        module = importlib.import_module(f"fastkit.bench.{name}")
+        module = importlib.import_module(f"benchmarks.{name}")
         with pytest.raises(SystemExit) as info:
             module.main(["--help"])
         assert info.value.code == 0
@@ -116,7 +128,22 @@ def test_time_budget_skips_with_a_note(monkeypatch):
 
 @pytest.mark.parametrize("name", BENCHES)
 def test_a_spent_budget_skips_cases_but_still_writes_the_table(name, tmp_path):
-    module = importlib.import_module(f"fastkit.bench.{name}")
+    module = importlib.import_module(f"benchmarks.{name}")
     assert module.main(["--quick", "--budget-s", "0.01", "--out", str(tmp_path)]) == 0  # spent at import
     table = (tmp_path / f"bench_{name}.md").read_text()
     assert "Skipped for time (budget 0 s)" in table and "load avg" in table
+
+
+def test_a_full_run_without_out_is_refused_before_any_work(capsys):
+    from benchmarks import packed
+
+    with pytest.raises(SystemExit) as info:  # not --quick, no --out: argparse's exit 2, nothing measured
+        packed.main(["--budget-s", "0.01"])
+    assert info.value.code == 2 and "--out is required" in capsys.readouterr().err
+
+
+def test_python_dash_m_benchmarks_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "usage: python -m benchmarks" in out.stdout and "packed" in out.stdout

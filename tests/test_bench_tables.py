@@ -86,7 +86,7 @@ def test_gpu_shaped_tables_pass_the_checker():
 
     import torch
 
-    from fastkit.bench import moe, packed, sft
+    from benchmarks import moe, packed, sft
 
     cuda, load = torch.device("cuda"), "H200; load avg 0.50/0.40/0.30 on 16 CPUs, no other process busy: quiet"
     t = lambda *xs: list(xs)  # noqa: E731

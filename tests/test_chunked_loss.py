@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastkit.memprobe import measure_peak
-from fastkit.patches.chunked_loss import chunked_cross_entropy
-from fastkit.patches.loss import CHUNKED_LOSS, enable_chunked_loss
+from fastkit.patches.loss.chunked import chunked_cross_entropy
+from fastkit.patches.loss.patch import CHUNKED_LOSS, enable_chunked_loss
 from fastkit.patching import active_patches, revert
+from fastkit.plan.memprobe import measure_peak
 from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, grads_of
 
@@ -123,7 +123,7 @@ def test_sft_trainer_loss_metrics_and_grads_equal_trl_and_no_full_logits(tmp_pat
     from datasets import Dataset
 
     from fastkit import FastModel
-    from fastkit.patches.loss import route_trainer_loss
+    from fastkit.patches.loss.patch import route_trainer_loss
     from fastkit.training import make_trainer
 
     tokens = 1024

@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from fastkit import FastkitError, FastModel
 from fastkit.data import check_dataset, load_chat_dataset
-from fastkit.formats import detect_format, normalize_dataset, preview_masks, tokenize_chat
+from fastkit.data.formats import detect_format, normalize_dataset, preview_masks, tokenize_chat
 from fastkit.training import make_trainer
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fastkit import FastkitError, FastModel
-from fastkit.gguf_export import merged_parameters, save_gguf
+from fastkit.export.gguf import merged_parameters, save_gguf
 from fastkit.twins import twin, twin_tokenizer
 from tests.helpers import save_twin, train_lora_steps
 
@@ -127,7 +127,7 @@ def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
 
 
 def test_pre_tokenizer_names_llama_cpp_knows():
-    from fastkit.gguf_vocab import _pre_tokenizer
+    from fastkit.export.gguf_vocab import _pre_tokenizer
 
     def split(regex):
         return {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [

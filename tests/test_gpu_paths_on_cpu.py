@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fastkit import SyncCounter
-from fastkit.patches import packed_attention as pa
-from fastkit.patches.offload import enable_offload, offload_controller
-from fastkit.patches.offload_pipeline import DevicePool
-from fastkit.patches.packing import LENGTHS_KWARG, PackedBatch
+from fastkit.patches.offload.patch import enable_offload, offload_controller
+from fastkit.patches.offload.pipeline import DevicePool
+from fastkit.patches.packing import attention as pa
+from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedBatch
 from tests.test_offload import base, build, cfg, train_steps
 from tests.test_packing import (
     LENGTHS,

@@ -38,8 +38,8 @@ FRAGILE_MODULES = (
     "transformers.integrations.moe", "transformers.models.auto.modeling_auto", "transformers.modeling_layers",
     "transformers.masking_utils", "peft.tuners",
 )
-PURE_TORCH = ("patches/packed_attention.py", "patches/offload_pipeline.py", "patches/streams.py",
-              "patches/moe_routing.py", "patches/chunked_loss.py")
+PURE_TORCH = ("patches/packing/attention.py", "patches/offload/pipeline.py", "patches/offload/streams.py",
+              "patches/moe/routing.py", "patches/loss/chunked.py")
 PURE_ALLOWED = ("torch", "numpy", "fastkit.errors",
                 "flash_attn",  # optional flash-attn 2 kernels (a torch extension), imported where they run
                 *(f"fastkit.{p.removesuffix('.py').replace('/', '.')}" for p in PURE_TORCH))
@@ -175,7 +175,7 @@ def check_set_checkpoint_function():
 
 
 def check_register_experts_function():
-    from fastkit.patches.moe import fastkit_experts_forward
+    from fastkit.patches.moe.patch import fastkit_experts_forward
 
     model = twin("qwen3_moe", num_hidden_layers=LAYERS).eval()
     ref = model(_ids()).logits

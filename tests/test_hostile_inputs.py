@@ -21,7 +21,7 @@ from datasets import Dataset
 
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.data import check_dataset, load_chat_dataset
-from fastkit.patches.packing import LENGTHS_KWARG, PackedCollator, batch_lengths
+from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedCollator, batch_lengths
 from fastkit.twins import twin
 from tests.helpers import save_twin
 
@@ -102,7 +102,7 @@ def _save_merged(ctx: Ctx, model=None, path=None):
 
 
 def _offload_peft():
-    from fastkit.patches.offload import OffloadConfig
+    from fastkit.patches.offload.patch import OffloadConfig
 
     cfg = OffloadConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
     model = FastModel.get_peft_model(_twin_model()[0], r=4, use_gradient_checkpointing="offload", offload_config=cfg)
@@ -303,8 +303,8 @@ def _eq(got, want):
 
 
 def _batched_vs_row_counts(ctx):
-    from fastkit.data import _token_counts, to_chat_training_form
-    from fastkit.data_checks import token_counts
+    from fastkit.data.checks import token_counts
+    from fastkit.data.load import _token_counts, to_chat_training_form
 
     rows = [_chat("q " * (i % 7), "a " * (i % 5 + 1)) for i in range(40)] + [
         {"messages": [{"role": "system", "content": "s"}, *_chat("q")["messages"]]}]

@@ -134,7 +134,8 @@ def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
     script = work / "install_cell.ipy"
     script.write_text("USE_TWIN = False\n" + _install_source("01_qwen3_0.6b_packed.ipynb") + "\n")
     env = dict(os.environ, HOME=str(home), COLAB_RELEASE_TAG="release-colab-test", PYTHONPATH="",
-               PIP_FIND_LINKS=" ".join(filter(None, [str(wheels), os.environ.get("PIP_FIND_LINKS")])))
+               PIP_FIND_LINKS=" ".join(filter(None, [str(wheels), os.environ.get("PIP_FIND_LINKS")])),
+               VIRTUAL_ENV=str(venv))  # the caller's activated venv (if any) is not the one the cell runs in
     out = _run([venv / "bin" / "ipython", "--no-banner", "--colors=NoColor", script], cwd=work, env=env, timeout=1500)
     log = out.stdout + out.stderr
     assert "fastkit-llm" in log and "Successfully installed" in log, log[-3000:]   # pip's output is visible

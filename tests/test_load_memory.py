@@ -76,7 +76,7 @@ def test_prequantized_is_read_from_the_config():
 
     from transformers import BitsAndBytesConfig, Mxfp4Config
 
-    from fastkit.plan_terms import mxfp4_checkpoint
+    from fastkit.plan.terms import mxfp4_checkpoint
 
     # a loaded model's config holds config OBJECTS whose quant_method is an enum
     assert prequantized_4bit(SimpleNamespace(quantization_config=BitsAndBytesConfig(load_in_4bit=True)))

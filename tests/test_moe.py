@@ -1,4 +1,4 @@
-"""fastkit.patches.moe: sort-based experts equal transformers' eager and grouped_mm paths, ≤ 1 sync per layer."""
+"""fastkit.patches.moe.patch: sort-based experts equal transformers' eager and grouped_mm paths, ≤ 1 sync per layer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from fastkit.errors import FastkitError
 from fastkit.loader import FastModel
-from fastkit.patches.moe import EXPERTS_KEY, MoEConfig, MoEExpertsPatch, experts_modules, route
+from fastkit.patches.moe.patch import EXPERTS_KEY, MoEConfig, MoEExpertsPatch, experts_modules, route
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.registry import facts_for
 from fastkit.syncs import SyncCounter

@@ -11,9 +11,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from fastkit import FastModel, GPUOnlyError
 from fastkit.errors import FastkitError
-from fastkit.patches.moe import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules
-from fastkit.patches.moe_4bit import NF4Experts, expert_storage_bytes, quantize_experts, quantize_nf4
-from fastkit.patches.moe_lora import add_expert_lora
+from fastkit.patches.moe.lora import add_expert_lora
+from fastkit.patches.moe.nf4 import NF4Experts, expert_storage_bytes, quantize_experts, quantize_nf4
+from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules
 from fastkit.patching import apply_patch
 from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, forward_backward, save_twin
@@ -61,7 +61,7 @@ def test_nf4_bytes_and_dequant_are_bitsandbytes(shape, double_quant, dtype, chun
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
 
     if chunk:  # quantized a few blocks per pass (as a 531M-value GPT-OSS projection is): the same bytes
-        monkeypatch.setattr("fastkit.patches.moe_4bit.CHUNK_VALUES", chunk)
+        monkeypatch.setattr("fastkit.patches.moe.nf4.CHUNK_VALUES", chunk)
 
     w = (torch.randn(*shape, generator=torch.Generator().manual_seed(0)) * 0.05).to(dtype)
     ours = quantize_nf4(w, 64, double_quant)
@@ -238,9 +238,9 @@ def test_load_in_4bit_on_cpu_still_refuses_dense_models(tmp_path):
 
 
 def test_plan_for_real_configs_counts_experts_4bit_and_one_expert_dequantized():
-    from fastkit.patches.moe_4bit_plan import GPT_OSS_20B, QWEN3_30B_A3B, plan_4bit_experts
     from fastkit.plan import plan, read_config
-    from fastkit.plan_terms import shape_of
+    from fastkit.plan.moe_4bit import GPT_OSS_20B, QWEN3_30B_A3B, plan_4bit_experts
+    from fastkit.plan.terms import shape_of
 
     for config in (GPT_OSS_20B, QWEN3_30B_A3B):
         ours = plan_4bit_experts(config, gpu="t4", max_seq_length=2048, r=8)
@@ -259,9 +259,9 @@ def test_plan_for_real_configs_counts_experts_4bit_and_one_expert_dequantized():
 
 
 def test_plan_counts_no_peft_merge_and_expert_lora_in_compute_dtype_for_4bit_experts():
-    from fastkit.patches.moe_4bit_plan import QWEN3_30B_A3B
     from fastkit.plan import plan, read_config
-    from fastkit.plan_terms import shape_of
+    from fastkit.plan.moe_4bit import QWEN3_30B_A3B
+    from fastkit.plan.terms import shape_of
 
     shape = shape_of(read_config(dict(QWEN3_30B_A3B)))
     kw = dict(gpu="l4", max_seq_length=1024, r=8)
@@ -278,8 +278,8 @@ def test_plan_counts_no_peft_merge_and_expert_lora_in_compute_dtype_for_4bit_exp
 
 
 def test_bench_4bit_rows_on_cpu_time_both_paths_and_count_storage():
-    from fastkit.bench.moe import QUICK, SHAPES
-    from fastkit.bench.moe_4bit import REFERENCE, bench_4bit, table_4bit
+    from benchmarks.moe import QUICK, SHAPES
+    from benchmarks.moe_4bit import REFERENCE, bench_4bit, table_4bit
 
     shape = dict(SHAPES["qwen3-30b-a3b"], **QUICK["qwen3-30b-a3b"])
     rows = bench_4bit("qwen3-30b-a3b", shape, 16, 2, torch.float32, torch.device("cpu"))
@@ -301,7 +301,7 @@ def _mxfp4(w: torch.Tensor) -> torch.Tensor:
 
 
 def test_mxfp4_to_nf4_requantization_error_is_measured():
-    from fastkit.patches.moe_4bit import requantize_error
+    from fastkit.patches.moe.nf4 import requantize_error
 
     w = torch.randn(8, 512, 256, generator=torch.Generator().manual_seed(0)) * 0.02
     mx = _mxfp4(w)
@@ -313,7 +313,7 @@ def test_mxfp4_to_nf4_requantization_error_is_measured():
 def test_mxfp4_blocks_kept_dequantize_exactly_like_transformers_and_train_a_gpt_oss_twin():
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from fastkit.patches.moe_4bit import MXFP4Experts
+    from fastkit.patches.moe.nf4 import MXFP4Experts
 
     g = torch.Generator().manual_seed(0)
     original = twin("gpt_oss")

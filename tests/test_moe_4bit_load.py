@@ -10,9 +10,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from fastkit import FastModel, _hf, loader
-from fastkit.patches.moe import experts_modules
-from fastkit.patches.moe_4bit import MXFP4Experts, NF4Experts, quantize_experts
-from fastkit.patches.moe_4bit_load import QuantizeWhileLoading, mxfp4_from_values
+from fastkit.patches.moe.loading import QuantizeWhileLoading, mxfp4_from_values
+from fastkit.patches.moe.nf4 import MXFP4Experts, NF4Experts, quantize_experts
+from fastkit.patches.moe.patch import experts_modules
 from fastkit.twins import twin
 from tests.helpers import forward_backward, save_twin
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastkit.bench import moe as bench
+from benchmarks import moe as bench
 
 
 def test_bench_moe_quick_writes_table_and_plot(tmp_path, capsys):

@@ -9,7 +9,7 @@ import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 from fastkit.errors import FastkitError
-from fastkit.patches.moe import MoEConfig, MoEExpertsPatch
+from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch
 from fastkit.patching import apply_patch, revert
 from fastkit.syncs import SyncCounter
 from tests.helpers import assert_grads_close, forward_backward

@@ -11,8 +11,7 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import _LoraFactorsProxy
 
 from fastkit.errors import FastkitError
-from fastkit.patches.moe import MoEConfig, MoEExpertsPatch, experts_modules
-from fastkit.patches.moe_lora import (
+from fastkit.patches.moe.lora import (
     FILE_NAME,
     add_expert_lora,
     expert_lora_enabled,
@@ -23,6 +22,7 @@ from fastkit.patches.moe_lora import (
     merge_expert_lora,
     save_expert_lora,
 )
+from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, experts_modules
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.syncs import SyncCounter
 from fastkit.twins import twin
@@ -202,7 +202,7 @@ def test_bad_arguments_and_models_are_refused(tmp_path):
 
 def test_peft_adapter_and_fastkit_factors_both_apply():
     """PEFT's all-linear already adapts qwen3_moe experts; fastkit runs it per group and adds its own on top."""
-    from fastkit.patches.moe_lora import peft_adapts_experts
+    from fastkit.patches.moe.lora import peft_adapts_experts
 
     base = _fastkit(twin("qwen3_moe", num_hidden_layers=1))
     peft_only = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))

@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from fastkit.patches.offload import checkpointed_layers, enable_offload, offload_controller
-from fastkit.patches.offload_pipeline import DevicePool
-from fastkit.patches.streams import CpuStreams, Throttle
+from fastkit.patches.offload.patch import checkpointed_layers, enable_offload, offload_controller
+from fastkit.patches.offload.pipeline import DevicePool
+from fastkit.patches.offload.streams import CpuStreams, Throttle
 from tests.test_offload import LAYERS, assert_bitwise, base, build, cfg, train_steps
 
 
@@ -108,7 +108,7 @@ def test_mutation_reusing_a_busy_slot_is_caught(monkeypatch):
     ref = train_steps(build(), steps=1)
     model = build()
     enable_offload(model, cfg(throttle=Throttle(0.03, poison=True)))
-    monkeypatch.setattr("fastkit.patches.offload_pipeline._other_readers", lambda buf: 0)
+    monkeypatch.setattr("fastkit.patches.offload.pipeline._other_readers", lambda buf: 0)
     monkeypatch.setattr(DevicePool, "acquire", lambda self, n, dtype: _first_slot(self, n, dtype))
     (loss, grads), = train_steps(model, steps=1)
     offload_controller(model).streams.synchronize()

@@ -13,7 +13,7 @@ import torch
 from datasets import Dataset
 
 from fastkit.loader import enable_checkpointing
-from fastkit.patches.offload import enable_offload, offload_controller
+from fastkit.patches.offload.patch import enable_offload, offload_controller
 from fastkit.twins import twin
 from tests.test_offload import cfg
 

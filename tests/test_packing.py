@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastkit.loader import FastModel
-from fastkit.patches.packing import LENGTHS_KWARG, PackedBatch
+from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedBatch
 from fastkit.patching import active_patches, revert
 from fastkit.twins import twin
 from tests.helpers import assert_grads_close, grads_of
@@ -136,7 +136,7 @@ def test_patch_is_revertible_and_refuses_what_it_cannot_do():
     assert patched.config._attn_implementation == "sdpa"
     assert "forward" not in vars(patched.model) and patched.model.forward.__func__ is original_forward
 
-    from fastkit.patches.packing import PackedAttentionPatch
+    from fastkit.patches.packing.patch import PackedAttentionPatch
     from fastkit.registry import facts_for
 
     other = twin("llama")
@@ -149,7 +149,7 @@ def test_patch_is_revertible_and_refuses_what_it_cannot_do():
 
 def test_kernels_agree_with_dense_reference():
     """sdpa_per_doc and eager_per_doc (sliding window, GQA, softcap) against a dense block-diagonal reference."""
-    from fastkit.patches.packed_attention import eager_per_doc, sdpa_per_doc
+    from fastkit.patches.packing.attention import eager_per_doc, sdpa_per_doc
 
     lengths = [[3, 20, 9], [32]]
     meta = PackedBatch(rows=2, row_len=32, lengths_host=lengths, max_seqlen=32)
@@ -213,7 +213,7 @@ def test_varlen_torch_call_is_well_formed_on_meta_tensors(monkeypatch):
     (``(-1, -1)``, varlen_attn's default, is bidirectional)."""
     import functools
 
-    from fastkit.patches import packed_attention as pa
+    from fastkit.patches.packing import attention as pa
 
     real, seen = pa._torch_varlen(), []
 

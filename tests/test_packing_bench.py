@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastkit.bench.packed import main
+from benchmarks.packed import main
 
 
 @pytest.mark.slow  # ~10 s on an idle 2-core CPU, ~60 s when the machine is shared

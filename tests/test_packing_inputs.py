@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastkit import FastkitError
-from fastkit.patches.packing import LENGTHS_KWARG, PackedBatch, wrap_collator
+from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedBatch, wrap_collator
 
 try:  # shared helpers; tests/ is a package here, a plain folder elsewhere
     from tests.test_packing import LENGTHS, TIGHT, _packed, _pair, _per_doc_logits, checkpointing_on
@@ -136,7 +136,7 @@ def test_trl_padding_free_collator():
 
 def test_metadata_lifetime(monkeypatch):
     """One object per forward, reused by the checkpoint recompute, freed after backward, never reused."""
-    import fastkit.patches.packing as packing
+    import fastkit.patches.packing.patch as packing
 
     built: list[weakref.ref] = []
     original = packing._metadata

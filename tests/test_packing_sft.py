@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fastkit.patches.packing as packing
+import fastkit.patches.packing.patch as packing
 from fastkit.loader import FastModel
-from fastkit.patches.packing import LENGTHS_KWARG, wrap_collator
+from fastkit.patches.packing.patch import LENGTHS_KWARG, wrap_collator
 from fastkit.twins import twin, twin_tokenizer
 from tests.helpers import assert_tensors_close
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastkit import SyncCounter
-from fastkit.patches.packing import LENGTHS_KWARG
+from fastkit.patches.packing.patch import LENGTHS_KWARG
 
 try:  # shared helpers; tests/ is a package here, a plain folder elsewhere
     from tests.test_packing import LENGTHS, _packed, _pair, checkpointing_on

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fastkit.errors import FastkitError
-from fastkit.memprobe import measure_peak
 from fastkit.plan import GPUS, default_optimizer, gpu_budget, plan
+from fastkit.plan.memprobe import measure_peak
 from fastkit.twins import twin, twin_config
 
 _BIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=32)
@@ -122,7 +122,7 @@ def test_config_from_folder_and_clear_errors(tmp_path, monkeypatch):
 
 
 def test_counts_parameters_on_the_meta_device():
-    from fastkit.plan_terms import shape_of
+    from fastkit.plan.terms import shape_of
 
     config = twin_config("qwen3", num_hidden_layers=2, tie_word_embeddings=False)
     model = twin("qwen3", num_hidden_layers=2, tie_word_embeddings=False)
@@ -132,8 +132,8 @@ def test_counts_parameters_on_the_meta_device():
 
 
 def test_chunk_budget_matches_the_kernel():
-    from fastkit.patches.chunked_loss import CHUNK_BYTES
-    from fastkit.plan_terms import CHUNK_BYTES as PLANNED
+    from fastkit.patches.loss.chunked import CHUNK_BYTES
+    from fastkit.plan.terms import CHUNK_BYTES as PLANNED
 
     assert CHUNK_BYTES == PLANNED
 
@@ -158,7 +158,7 @@ def test_cli_prints_the_table(tmp_path, capsys):
 
 def test_cli_4bit_moe_counts_expert_lora_unless_switched_off(tmp_path, capsys):
     from fastkit.cli import main
-    from fastkit.patches.moe_4bit_plan import GPT_OSS_20B
+    from fastkit.plan.moe_4bit import GPT_OSS_20B
 
     (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
     args = ["plan", str(tmp_path), "--gpu", "rtx-16g", "--4bit", "--r", "8", "--max-seq-length", "1024"]

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from fastkit.patches.streams import CpuStreams, Throttle
+from fastkit.patches.offload.streams import CpuStreams, Throttle
 
 
 def test_copies_run_in_issue_order_and_wait_means_done():

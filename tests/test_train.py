@@ -5,7 +5,7 @@ import torch
 
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.export import save_lora, save_merged
-from fastkit.patches.offload import OffloadConfig
+from fastkit.patches.offload.patch import OffloadConfig
 from fastkit.quickstart import quickstart_dataset
 from fastkit.training import make_trainer
 
@@ -60,7 +60,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     """The 4/8-bit path: adapters merged into the base reloaded from disk in 16/32-bit, on the CPU."""
     from transformers import AutoModelForCausalLM
 
-    from fastkit.export import _merged_from_disk
+    from fastkit.export.save import _merged_from_disk
     from fastkit.twins import twin
     from tests.helpers import save_twin
 
@@ -79,7 +79,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
 def test_target_experts_lora_saves_and_merges(tmp_path):
     """gpt_oss (PEFT does not adapt its experts): fastkit expert LoRA is added, saved with the
     adapters (as PEFT target_parameters), and folded into the merged weights."""
-    from fastkit.patches.moe_lora import expert_lora_modules
+    from fastkit.patches.moe.lora import expert_lora_modules
 
     model, tok = FastModel.from_pretrained("openai/gpt-oss-20b", max_seq_length=64, twin=True)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, target_experts=True)

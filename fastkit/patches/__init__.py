@@ -1,21 +1,29 @@
-"""The three fastkit patches (and LoRA on experts), each split into transformers glue and pure-torch math.
+"""The fastkit patches, one subpackage each, split into transformers glue and pure-torch math.
 
-Glue files decide where a patch applies and swap it into a model through :mod:`fastkit.patching`;
-every private transformers / TRL / PEFT name they need goes through :mod:`fastkit._hf`. Pure-torch
-files import only the standard library, torch, numpy, :mod:`fastkit.errors` and each other
-(tests/test_hf_compat.py checks it), so their logic is testable without a model.
+Glue files (``patch.py``) decide where a patch applies and swap it into a model through
+:mod:`fastkit.patching`; every private transformers / TRL / PEFT name they need goes through
+:mod:`fastkit._hf`. Pure-torch files import only the standard library, torch, numpy,
+:mod:`fastkit.errors` and each other (tests/test_hf_compat.py checks it), so their logic is testable
+without a model. Each subpackage's ``__init__`` re-exports its public names
+(``from fastkit.patches.moe import add_expert_lora``).
 
-Packed sequences (registry name ``packing``):
-    packing.py            glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
-    packed_attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
+packing/ (registry name ``packing``):
+    patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
+    attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
 
-Checkpoint offload (``offload``):
-    offload.py            glue: ``OffloadConfig``, ``decide``, host-RAM checks, ``OffloadPatch``, ``enable_offload``
-    offload_pipeline.py   pure torch: pack/unpack hooks, host and device buffer pools, prefetch, the Notes
-    streams.py            pure torch: the copy stream on CUDA or on a CPU worker thread
+offload/ (``offload``):
+    patch.py       glue: ``OffloadConfig``, ``decide``, host-RAM checks, ``OffloadPatch``, ``enable_offload``
+    pipeline.py    pure torch: pack/unpack hooks, host and device buffer pools, prefetch, the Notes
+    streams.py     pure torch: the copy stream on CUDA or on a CPU worker thread
 
-MoE experts (``moe``, ``moe_lora``):
-    moe.py                glue: ``MoEConfig``, the experts forwards, ``MoEExpertsPatch``, ``attach_experts``
-    moe_routing.py        pure torch: one-sort routing, autograd pieces, grouped / loop GEMMs
-    moe_lora.py           LoRA on experts per expert group (``add_expert_lora``, save / load / merge)
+moe/ (``moe``, ``moe_lora``):
+    patch.py       glue: ``MoEConfig``, the experts forwards, ``MoEExpertsPatch``, ``attach_experts``
+    routing.py     pure torch: one-sort routing, autograd pieces, grouped / loop GEMMs
+    lora.py        LoRA on experts per expert group (``add_expert_lora``, save / load / merge)
+    peft_format.py the same factors in PEFT's ``target_parameters`` format
+    nf4.py         4-bit experts (NF4 / MXFP4 storage); loading.py: quantized while the checkpoint loads
+
+loss/ (``chunked_loss``):
+    patch.py       glue: ``ChunkedLossPatch``, ``route_trainer_loss``
+    chunked.py     pure torch: chunked cross-entropy
 """

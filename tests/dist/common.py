@@ -25,7 +25,7 @@ def packed_batch(model_type: str, *ranks: int) -> dict:
     """One packed row holding the documents of ``ranks`` (TRL padding-free collator + fastkit metadata)."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from fastkit.patches.packing import wrap_collator
+    from fastkit.patches.packing.patch import wrap_collator
 
     docs = [doc for r in ranks for doc in _docs(r)]
     collator = wrap_collator(DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))

@@ -1,16 +1,18 @@
-"""The prepared GPU run for the bare device machine, and its CPU dry run (driven by tests/gpu/run.sh).
+"""The prepared GPU run for the bare device machine (driven by tests/gpu/run.sh).
 
-The device machine (one H200, python 3.12, torch 2.11) has no network and lacks trl, datasets and
-bitsandbytes; its transformers is older than fastkit needs. Only the working tree travels (64 MiB
-with carried wheels) and at most 8 result files come back. So:
+The device machine (one H200, python 3.12, torch 2.11, transformers 5.17) has no network, and may lack
+trl, datasets' pyarrow, bitsandbytes, matplotlib and pytest-timeout. Only the working tree travels
+(64 MiB with carried wheels), at most 8 result files come back, and the session's device time is
+15 minutes, start-up included. So:
 
-    tests/gpu/run.sh --fetch     # here: download the pinned cp312 wheels into .gpu-wheels/ (ignored)
-    device run: bash tests/gpu/run.sh   (carry .gpu-wheels)   # there: install, test, profile, pack
-    tests/gpu/run.sh --dry-run   # CI: same download + install path into a scratch target, import
-                                 # fastkit from it, collect the GPU tests, check the 64 MiB budget
+    bash tests/gpu/run.sh --fetch            # here: pinned cp312 wheels into .gpu-wheels/ (git-ignored)
+    bash tests/gpu/run.sh [--only STEP,...]  # there (carry .gpu-wheels): refuse or install, test, profile
+    bash tests/gpu/rehearse.sh               # CI: the same command in the device's package set, offline
 
-Steps have time caps that add up to ~7 minutes, so a rerun still fits the 15-minute budget. A step
-that fails or times out is recorded and the run goes on. Results: <= 8 files in $OUT.
+Every step writes into $OUT as it goes (run.log streams, summary.md is rewritten after each step,
+bench tables are copied every few seconds), so a run killed at any second returns what it had;
+summary.md says what to rerun. Without CUDA (the rehearsal) the GPU tests skip and each bench runs
+its CPU ``--quick`` profile through the same code: only "no CUDA" may stop anything there.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,46 +34,47 @@ PINS = ROOT / "tests" / "gpu" / "wheels.txt"
 WHEELS = ROOT / ".gpu-wheels"
 BUDGET = 64 * 2**20  # bytes the device tool carries: tree + carried wheels
 MAX_FILES = 8  # result files that come back
-PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+DEVICE_PYTHON = "3.12"
+
+
+def platform_args(python_version: str) -> list[str]:
+    return ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
             "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_24_x86_64",
             "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 
-# The device profile: (step, cap in seconds). Caps sum to 400 s (<= 420); install + packing take ~20 s more.
-STEPS = [("gpu-tests", 180), ("bench-packed", 60), ("bench-offload", 50), ("bench-moe", 50), ("bench-sft", 60)]
-BENCH_ARGS = {
-    "packed": ["--gpu"],
-    "offload": ["--gpu"],
-    "moe": ["--gpu"],
-    "sft": ["--gpu"],
-}
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the device run."""
+
+    name: str
+    """What ``--only`` and summary.md call it."""
+    cap_s: int
+    """Wall-clock cap; the step is killed (and recorded as a timeout) past it."""
+    needs_trl: bool = False
+    """Needs TRL, hence ``datasets`` and its pyarrow: skipped (recorded) where those do not import."""
+
+
+# Caps sum to 400 s; install + checks take ~25 s more: ~7 minutes, and `--only gpu-tests` ~3.5.
+STEPS = [Step("gpu-tests", 180), Step("bench-packed", 60), Step("bench-offload", 50), Step("bench-moe", 50),
+         Step("bench-sft", 60, needs_trl=True)]
+TEST_TIMEOUT_S = 60  # per GPU test (pytest-timeout): one hung test costs a third of its step, not the step
 MARGIN_S = 12  # of each bench cap: interpreter start, imports and packing, outside the bench's own --budget-s
-FIXED_FILES = ["summary.md", "junit.xml", "logs.tar.gz"]  # + one bench_<name>.md per bench step
+RESULT_FILES = ["summary.md", "run.log", "junit.xml", "bench_packed.md", "bench_offload.md", "bench_moe.md",
+                "bench_sft.md", "figures.tar.gz"]
 
 
-def plan(out: Path, bench: Path) -> list[tuple[str, int, list[str]]]:
-    """The device run's steps: (name, cap in seconds, argv). A bench gets ``--budget-s`` = cap - MARGIN_S so
-    it skips its remaining cases (and still writes its table) before the cap kills it."""
-    steps = []
-    for name, secs in STEPS:
-        if name == "gpu-tests":
-            argv = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider",
-                    "--timeout", "90", f"--junitxml={out / 'junit.xml'}"]
-        else:
-            which = name[6:]
-            argv = [sys.executable, "-m", "fastkit", "bench", which, *BENCH_ARGS[which],
-                    "--budget-s", str(secs - MARGIN_S), "--out", str(bench / which)]
-        steps.append((name, secs, argv))
-    return steps
+# -- pins and wheels --------------------------------------------------------------------------------
 
 
-def result_files() -> list[str]:
-    """Names of the files a device run leaves in $OUT (at most MAX_FILES come back)."""
-    return FIXED_FILES + [f"bench_{name[6:]}.md" for name, _ in STEPS if name.startswith("bench-")]
-
-
-def pins() -> list[str]:
-    lines = PINS.read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+def pins() -> list[tuple[str, str]]:
+    """``(name==version, group)`` per carried wheel."""
+    out = []
+    for line in PINS.read_text().splitlines():
+        line = line.split("#", 1)[0].split()
+        if line:
+            out.append((line[0], line[1] if len(line) > 1 else "core"))
+    return out
 
 
 def _wheel_for(pin: str, folder: Path) -> Path | None:
@@ -82,15 +87,15 @@ def _wheel_for(pin: str, folder: Path) -> Path | None:
     return None
 
 
-def fetch(dest: Path) -> list[Path]:
-    """Download every pinned wheel (cp312, manylinux x86_64) into ``dest``; stale versions are removed."""
+def fetch(dest: Path, python_version: str = DEVICE_PYTHON) -> list[Path]:
+    """Download every pinned wheel (for ``python_version``, manylinux x86_64) into ``dest``; others removed."""
     dest.mkdir(parents=True, exist_ok=True)
     wanted = []
-    for pin in pins():
+    for pin, _ in pins():
         whl = _wheel_for(pin, dest)
         if whl is None:
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(dest),
-                            pin], check=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                            *platform_args(python_version), "-d", str(dest), pin], check=True)
             whl = _wheel_for(pin, dest)
             if whl is None:
                 raise SystemExit(f"pip download {pin} produced no matching wheel in {dest}")
@@ -114,123 +119,211 @@ def check_budget(wheels: list[Path]) -> list[str]:
     return [] if tree + carried <= BUDGET else [f"tree + wheels = {mib(tree + carried)} > {mib(BUDGET)}"]
 
 
-def install(wheels: list[Path], target: Path, cross: bool) -> None:
-    """Install the carried wheels without deps or network into ``target`` (``cross``: as for cp312)."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-cache-dir", "--upgrade", "--target", str(target)]
-    subprocess.run(cmd + (PLATFORM if cross else []) + [str(w) for w in wheels], check=True)
+# -- the summary, rewritten after every step --------------------------------------------------------
 
 
-def _env(site: Path) -> dict[str, str]:
+@dataclass
+class Summary:
+    """summary.md in $OUT: header, one row per step, what to rerun. Rewritten on every change."""
+
+    out: Path
+    header: list[str] = field(default_factory=list)
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+    state: str = "starting"
+
+    def write(self) -> None:
+        lines = ["# fastkit GPU run", "", f"state: {self.state}", "", *self.header, "",
+                 "| step | result | time |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in self.rows)]
+        rerun = [name for name, result, _ in self.rows if not result.startswith(("ok", "skipped"))]
+        if rerun:
+            lines += ["", f"rerun: `bash tests/gpu/run.sh --only {','.join(rerun)}` (carry .gpu-wheels)"]
+        (self.out / "summary.md").write_text("\n".join(lines) + "\n")
+
+    def refuse(self, why: str) -> int:
+        self.state = f"refused before any step: {why}"
+        self.write()
+        print(self.state, file=sys.stderr)
+        return 3
+
+
+# -- installing and checking what was carried ------------------------------------------------------
+
+
+def install(wheels: list[Path], target: Path) -> None:
+    """The device's install path: no deps, no index, into a folder named ``site-packages`` (dill pickles
+    modules by value from any path without that name)."""
+    assert target.name == "site-packages"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, wheels)], check=True)
+
+
+def _env(paths: list[Path]) -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), str(ROOT)])
     return env
 
 
-IMPORT_CHECK = """
+VERSION_CHECK = """
 import importlib, importlib.metadata as md, sys
-site = sys.argv[1]
+site = sys.argv[1].split(",")
+modules = {"huggingface_hub": "huggingface_hub", "pytest-timeout": "pytest_timeout"}
 for pin in sys.argv[2:]:
     name, version = pin.split("==")
-    mod = {"bitsandbytes": "bitsandbytes"}.get(name, name.replace("-", "_"))
     dist = md.distribution(name)
     where = str(dist.locate_file(""))
-    assert dist.version == version, f"{name}: {dist.version} imported, {version} pinned"
-    assert where.startswith(site), f"{name} resolves to {where}, not the carried copy in {site}"
-    importlib.import_module(mod)
-import fastkit, fastkit.patches, fastkit.training, fastkit.dashboard
-print("imports ok: fastkit from", fastkit.__file__)
+    assert dist.version == version, f"{name} {dist.version} is imported, {version} was carried"
+    assert any(where.startswith(s) for s in site), f"{name} resolves to {where}, not the carried copy"
+    importlib.import_module(modules.get(name, name.replace("-", "_")))
+import torch, fastkit, fastkit.patches, fastkit.training, fastkit.dashboard
+cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
+print(sys.version.split()[0], "torch", torch.__version__, "|", cuda)
 """
 
 
-def dry_run() -> int:
-    """CPU rehearsal of the device run: download, budget, install into a scratch target, import, collect."""
-    problems: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="fastkit-gpu-dry-") as tmp:
-        wheels = fetch(Path(tmp) / "wheels")
-        problems += check_budget(wheels)
-        site = Path(tmp) / "site"
-        install(wheels, site, cross=True)
-        env = _env(site)
-        r = subprocess.run([sys.executable, "-c", IMPORT_CHECK, str(site), *pins()], env=env, cwd=ROOT)
-        if r.returncode:
-            problems.append("carried packages or fastkit failed to import from the scratch target")
-        r = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "--collect-only", "-q",
-                            "-p", "no:cacheprovider"], env=env, cwd=ROOT, capture_output=True, text=True)
-        collected = [ln for ln in r.stdout.splitlines() if "::" in ln]
-        print(f"collected {len(collected)} GPU tests")
-        if r.returncode or not collected:
-            problems.append(f"GPU test collection failed (rc={r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
-        for name, _, argv in plan(Path(tmp) / "out", Path(tmp) / "bench"):
-            if name.startswith("bench-"):  # the device argv parses; without CUDA: GPUOnlyError, exit 2, no work
-                env_cpu = dict(env, CUDA_VISIBLE_DEVICES="")
-                r = subprocess.run(argv, env=env_cpu, cwd=ROOT, capture_output=True, text=True)
-                if r.returncode != 2 or "--gpu needs a CUDA GPU" not in r.stderr:
-                    problems.append(f"{' '.join(argv[1:])} on CPU: rc={r.returncode}, expected the GPUOnlyError "
-                                    f"(exit 2): {r.stderr[-1000:]}")
-    if len(result_files()) > MAX_FILES:
-        problems.append(f"the run would return {len(result_files())} files, more than {MAX_FILES}")
-    for p in problems:
-        print("PROBLEM:", p, file=sys.stderr)
-    print("dry run:", "ok" if not problems else f"{len(problems)} problem(s)")
-    return 1 if problems else 0
+def _probe(code: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True)
 
 
-def _step(name: str, secs: int, argv: list[str], env: dict, logs: Path, summary: list[str]) -> None:
-    t0 = time.time()
-    with open(logs / f"{name}.log", "w") as log:
+def prepare(work: Path, summary: Summary) -> tuple[dict, bool, str] | str:
+    """Install the carried wheels and check them; ``(env, trl_usable, versions)`` or why the run is refused."""
+    carried = pins()
+    missing = [pin for pin, _ in carried if _wheel_for(pin, WHEELS) is None]
+    if missing:
+        return (f"no carried wheel for {', '.join(missing)} in {WHEELS.name}/ (run `bash tests/gpu/run.sh "
+                "--fetch` here, then carry .gpu-wheels)")
+    sites = {}
+    for group in sorted({g for _, g in carried}):
+        sites[group] = work / group / "site-packages"
+        shutil.rmtree(sites[group], ignore_errors=True)  # only what is carried now, nothing left from a run before
+        install([_wheel_for(p, WHEELS) for p, g in carried if g == group], sites[group])
+    env = _env(list(sites.values()))
+    trl_usable = True
+    probe = _probe("import datasets, trl", env)
+    if probe.returncode:  # datasets needs pyarrow / pandas / xxhash: not importable here; drop the whole group
+        trl_usable = False
+        why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "unknown"
+        summary.header.append(f"TRL group not usable here ({why}); steps needing TRL are skipped")
+        env = _env([s for g, s in sites.items() if g != "trl"])
+    active = [p for p, g in carried if trl_usable or g != "trl"]
+    check = _probe(VERSION_CHECK, env, ",".join(str(s) for s in sites.values()), *active)
+    if check.returncode:
+        return f"carried packages are not the ones imported: {check.stderr.strip().splitlines()[-1]}"
+    return env, trl_usable, check.stdout.strip()
+
+
+# -- the steps ------------------------------------------------------------------------------------
+
+
+def step_argv(step: Step, out: Path, bench: Path, cuda: bool) -> list[str]:
+    if step.name == "gpu-tests":
+        return [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-v", "-rA", "-p", "no:cacheprovider",
+                "--timeout", str(TEST_TIMEOUT_S), "--durations=10", f"--junitxml={out / 'junit.xml'}"]
+    which = step.name.removeprefix("bench-")
+    profile = ["--gpu", "--budget-s", str(step.cap_s - MARGIN_S)] if cuda else ["--quick"]
+    return [sys.executable, "-m", "benchmarks", which, *profile, "--out", str(bench / which)]
+
+
+class TableSync:
+    """Copies bench tables from the work folder into $OUT every few seconds while a step runs, so a
+    run killed mid-bench still returns the table the bench had written so far."""
+
+    def __init__(self, bench: Path, out: Path, every_s: float = 3.0) -> None:
+        self.bench, self.out, self.every_s = bench, out, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TableSync:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sync()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sync()
+
+    def sync(self) -> None:
+        for table in self.bench.glob("*/bench_*.md"):
+            shutil.copy(table, self.out / table.name)
+
+
+REHEARSAL_CAP_S = 600  # without CUDA the caps (sized for the H200's 15 minutes) would make a slow CPU flaky
+
+
+def run_step(step: Step, argv: list[str], env: dict, log, bench: Path, out: Path, cap_s: int) -> str:
+    log.write(f"\n===== {step.name}: {' '.join(argv[1:])}\n")
+    log.flush()
+    with TableSync(bench, out):
         try:
-            rc = subprocess.run(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=secs).returncode
+            rc = subprocess.run(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                timeout=cap_s).returncode
         except subprocess.TimeoutExpired:
-            rc = "timeout"
-    summary.append(f"| {name} | {rc} | {time.time() - t0:.0f} s of {secs} s |")
-    print(summary[-1], flush=True)
+            return f"timeout after {cap_s} s"
+    return "ok" if rc == 0 else f"failed (exit {rc}; see run.log)"
 
 
-def device_run(out: Path) -> int:
-    """On the GPU machine: install carried wheels, run GPU tests and profiles, pack <= 8 result files."""
+def pack_figures(bench: Path, out: Path) -> None:
+    figures = sorted(bench.glob("*/*.png"))
+    if figures:
+        with tarfile.open(out / "figures.tar.gz", "w:gz") as tar:
+            for fig in figures:
+                tar.add(fig, arcname=fig.name)
+
+
+def device_run(out: Path, only: list[str] | None) -> int:
+    """On the GPU machine (or the rehearsal): refuse or install, run the steps, results into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="fastkit-gpu-"))
-    logs, bench = work / "logs", work / "bench"
-    logs.mkdir()
-    wheels = [w for p in pins() if (w := _wheel_for(p, WHEELS)) is not None]
-    site = work / "site"
-    if wheels:
-        install(wheels, site, cross=False)
-    env = _env(site)
-    probe = subprocess.run([sys.executable, "-c", "import torch, transformers, sys; print(sys.version.split()[0], "
-                            "torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))"],
-                           env=env, capture_output=True, text=True)
-    versions = probe.stdout.strip() or probe.stderr[-500:]
-    summary = ["# fastkit GPU run", "", f"python/torch/transformers/device: {versions}",
-               f"carried wheels: {', '.join(w.name for w in wheels) or 'none'}", "",
-               "| step | rc | time |", "|---|---|---|"]
-    for name, secs, argv in plan(out, bench):
-        _step(name, secs, argv, env, logs, summary)
-    for table in sorted(bench.glob("*/*.md")):
-        shutil.copy(table, out / table.name)
-    (out / "summary.md").write_text("\n".join(summary) + "\n")
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
-        if bench.exists():
-            tar.add(bench, arcname="bench")
-    print("\n".join(summary))
-    return 0
+    summary = Summary(out)
+    unknown = sorted(set(only or []) - {s.name for s in STEPS})
+    if unknown:
+        return summary.refuse(f"unknown step(s) {', '.join(unknown)}; steps: {', '.join(s.name for s in STEPS)}")
+    work = Path(os.environ.get("FASTKIT_GPU_WORK") or tempfile.mkdtemp(prefix="fastkit-gpu-"))
+    shutil.rmtree(work / "bench", ignore_errors=True)
+    ready = prepare(work, summary)
+    if isinstance(ready, str):
+        return summary.refuse(ready)
+    env, trl_usable, versions = ready
+    cuda = "no CUDA" not in versions
+    summary.header[:0] = [f"python / torch / device: {versions}",
+                          f"carried: {', '.join(p for p, _ in pins())}"]
+    if not cuda:
+        summary.header.append("no CUDA: GPU tests skip, benches run their CPU --quick profile (a rehearsal)")
+    bench = work / "bench"
+    steps = [s for s in STEPS if only is None or s.name in only]
+    with open(out / "run.log", "a", buffering=1) as log:
+        for i, step in enumerate(steps, 1):
+            summary.state = f"running {step.name} ({i}/{len(steps)})"
+            summary.write()
+            t0 = time.monotonic()
+            if step.needs_trl and not trl_usable:
+                result = "skipped: needs TRL, and datasets does not import here (see above)"
+            else:
+                cap_s = step.cap_s if cuda else REHEARSAL_CAP_S
+                result = run_step(step, step_argv(step, out, bench, cuda), env, log, bench, out, cap_s)
+            summary.rows.append((step.name, result, f"{time.monotonic() - t0:.0f} s of {step.cap_s} s"))
+            print(f"{step.name}: {result}", flush=True)
+            pack_figures(bench, out)
+    failed = [r for r in summary.rows if not r[1].startswith(("ok", "skipped"))]
+    summary.state = "finished" + (f", {len(failed)} step(s) not ok" if failed else ", all steps ok")
+    summary.write()
+    print((out / "summary.md").read_text())
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--fetch", action="store_true", help="download the carried wheels into .gpu-wheels/")
-    mode.add_argument("--dry-run", action="store_true", help="CPU rehearsal (what CI runs)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-results"), help="results folder (device run)")
+    ap.add_argument("--fetch", action="store_true", help="download the carried wheels into .gpu-wheels/")
+    ap.add_argument("--python-version", default=DEVICE_PYTHON, help="--fetch: the interpreter they are for")
+    ap.add_argument("--only", default=None, help=f"comma-separated steps ({', '.join(s.name for s in STEPS)})")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-results"), help="results folder")
     args = ap.parse_args(argv)
     if args.fetch:
-        return 1 if check_budget(fetch(WHEELS)) else 0
-    if args.dry_run:
-        return dry_run()
-    return device_run(Path(args.out))
+        return 1 if check_budget(fetch(WHEELS, args.python_version)) else 0
+    return device_run(Path(args.out), args.only.split(",") if args.only else None)
 
 
 if __name__ == "__main__":

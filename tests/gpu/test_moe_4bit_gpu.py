@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from fastkit.patches.moe import MoEConfig, attach_experts
-from fastkit.patches.moe_4bit import NF4Experts, quantize_experts
-from fastkit.patches.moe_4bit_plan import DEQUANT_BYTES_PER_WEIGHT, GPT_OSS_20B
+from fastkit.patches.moe.nf4 import NF4Experts, quantize_experts
+from fastkit.patches.moe.patch import MoEConfig, attach_experts
+from fastkit.plan.moe_4bit import DEQUANT_BYTES_PER_WEIGHT, GPT_OSS_20B
 
 pytestmark = pytest.mark.gpu
 
@@ -65,8 +65,8 @@ def test_gpt_oss_layer_4bit_peak_is_one_expert_and_matches_dequantized():
 
 
 def test_bench_4bit_on_gpu_runs_the_three_paths_side_by_side():
-    from fastkit.bench.moe import SHAPES
-    from fastkit.bench.moe_4bit import LOOP, REFERENCE, bench_4bit, table_4bit
+    from benchmarks.moe import SHAPES
+    from benchmarks.moe_4bit import LOOP, REFERENCE, bench_4bit, table_4bit
 
     rows = bench_4bit("gpt-oss-20b", SHAPES["gpt-oss-20b"], 1024, 3, torch.bfloat16, torch.device("cuda"))
     print(table_4bit(rows))
@@ -79,7 +79,7 @@ def test_bench_4bit_on_gpu_runs_the_three_paths_side_by_side():
 def test_load_in_4bit_on_cuda_stores_experts_as_read(tmp_path):
     """qwen3_moe through bitsandbytes' device_map load: experts NF4 on the GPU, quantized as they arrive."""
     from fastkit import FastModel
-    from fastkit.patches.moe import experts_modules
+    from fastkit.patches.moe.patch import experts_modules
     from fastkit.twins import twin
     from tests.helpers import forward_backward, save_twin
 
@@ -97,8 +97,8 @@ def test_gpt_oss_mxfp4_checkpoint_on_cuda_keeps_exact_values(tmp_path):
     from transformers import AutoModelForCausalLM, Mxfp4Config
 
     from fastkit import FastModel
-    from fastkit.patches.moe import experts_modules
-    from fastkit.patches.moe_4bit import MXFP4Experts
+    from fastkit.patches.moe.nf4 import MXFP4Experts
+    from fastkit.patches.moe.patch import experts_modules
     from tests.test_moe_4bit_load import _mxfp4_checkpoint
 
     path = _mxfp4_checkpoint(tmp_path)

@@ -9,9 +9,9 @@ from unittest import mock
 import pytest
 import torch
 
-from fastkit.patches import moe
-from fastkit.patches.moe import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules, grouped_mm_runs
-from fastkit.patches.moe_lora import add_expert_lora
+from fastkit.patches.moe import patch as moe
+from fastkit.patches.moe.lora import add_expert_lora
+from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules, grouped_mm_runs
 from fastkit.patching import apply_patch
 from fastkit.syncs import SyncCounter
 from fastkit.twins import twin

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastkit.loader import enable_checkpointing
-from fastkit.patches.offload import OffloadConfig, enable_offload, offload_controller
+from fastkit.patches.offload.patch import OffloadConfig, enable_offload, offload_controller
 from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu

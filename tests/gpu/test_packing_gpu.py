@@ -14,8 +14,8 @@ import torch
 
 from fastkit import SyncCounter
 from fastkit.loader import FastModel
-from fastkit.patches.packed_attention import pick_kernel, sdpa_per_doc, varlen_flash_attn, varlen_torch
-from fastkit.patches.packing import LENGTHS_KWARG, PackedBatch
+from fastkit.patches.packing.attention import pick_kernel, sdpa_per_doc, varlen_flash_attn, varlen_torch
+from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedBatch
 from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu
@@ -147,7 +147,7 @@ def test_installed_varlen_attn_takes_the_keywords_we_pass():
     """torch 2.10 / 2.11 / 2.13 differ (is_causal; scale + window_size; enable_gqa): bind before any call."""
     import inspect
 
-    from fastkit.patches.packed_attention import _torch_varlen, varlen_kwargs, varlen_params
+    from fastkit.patches.packing.attention import _torch_varlen, varlen_kwargs, varlen_params
 
     fn = _torch_varlen()
     if fn is None:

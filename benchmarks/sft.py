@@ -1,0 +1,290 @@
+"""``python -m benchmarks sft``: the same LoRA SFT run twice in one process, plain vs fastkit.
+
+Baseline: what a user gets today from transformers + TRL + PEFT with their defaults: the model loaded
+with its default attention (sdpa; eager for GPT-OSS) and experts (``grouped_mm``), PEFT LoRA, and
+``SFTTrainer(packing=True)`` (bfd, padding-free) with gradient checkpointing on (TRL's default).
+fastkit: the same weights, ``FastModel.patch`` (every patch the table lists), ``FastModel.get_peft_model``
+with the same LoRA init, and :func:`fastkit.training.make_trainer` with the same hyper-parameters.
+
+Both runs see the same packed batches in the same order; their loss curves must agree (the table
+shows the largest per-step difference). Runs alternate (baseline, fastkit, baseline, ...) so machine
+noise hits both; per-step times after warm-up are reported as median (min, spread), the speed-up as the
+median [range] of per-step ratios (the same batch on both sides). Models are built on the device in their
+dtype; the GPU cases are a few layers of the real widths (the table names them).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from benchmarks.common import (
+    TimeBudget,
+    agg_pyplot,
+    bench_device,
+    bench_parser,
+    fmt_bytes,
+    fmt_ms,
+    fmt_ratio,
+    machine_line,
+    markdown_table,
+    median,
+    parse_bench_args,
+    run_cli,
+    sync,
+    write_outputs,
+)
+from fastkit import _hf
+from fastkit.syncs import SyncCounter
+
+WARMUP_STEPS = 2
+
+
+@dataclass
+class Case:
+    """One model to train twice."""
+
+    name: str
+    """Label in the table."""
+    model_type: str
+    """Twin family."""
+    overrides: dict = field(default_factory=dict)
+    """Twin config overrides (sizes)."""
+    note: str = ""
+    """Footnote for the table (why the loss curves may legitimately differ)."""
+
+
+_GPT_OSS_NOTE = ("plain transformers lets packed GPT-OSS documents attend to each other (its mask builder never "
+                 "receives position_ids); fastkit attends per document, so the baseline's loss is the wrong one here")
+
+
+CPU_CASES = [
+    Case("llama 4L h256", "llama", dict(num_hidden_layers=4, hidden_size=256, intermediate_size=688,
+                                        num_attention_heads=8, num_key_value_heads=2, head_dim=32)),
+    Case("qwen3 8L h256", "qwen3", dict(num_hidden_layers=8, hidden_size=256, intermediate_size=688,
+                                        num_attention_heads=8, num_key_value_heads=2, head_dim=32)),
+    Case("qwen3_moe 4L 32e top4", "qwen3_moe", dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=8,
+                                                    num_key_value_heads=2, head_dim=32, num_experts=32,
+                                                    num_experts_per_tok=4, moe_intermediate_size=128)),
+    Case("gpt_oss 4L 16e top4", "gpt_oss", dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=8,
+                                                num_key_value_heads=2, head_dim=32, num_local_experts=16,
+                                                num_experts_per_tok=4, intermediate_size=128, sliding_window=128),
+         note=_GPT_OSS_NOTE),
+]
+# A few layers of the real widths, built on the GPU in bf16 (0.9B / 2.5B / 3.3B parameters).
+GPU_CASES = [
+    Case("llama 4L h4096 (8B layers)", "llama", dict(num_hidden_layers=4, hidden_size=4096, intermediate_size=14336,
+                                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128)),
+    Case("qwen3_moe 4L 128e top8 (30B-A3B layers)", "qwen3_moe",
+         dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+              num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)),
+    Case("gpt_oss 4L 32e top4 (20B layers)", "gpt_oss",
+         dict(num_hidden_layers=4, hidden_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+              num_local_experts=32, num_experts_per_tok=4, intermediate_size=2880, sliding_window=128),
+         note=_GPT_OSS_NOTE),
+]
+ANCHOR_NOTE = ("No column for the anchor kit (unsloth): its wheels cannot be carried to the GPU machine within the "
+               "64 MiB budget alongside fastkit's, and it needs network at import")
+
+
+def synthetic_dataset(n_docs: int, max_len: int, seed: int = 0):
+    """Chat documents of varied length (16..max_len/2 tokens) so packing puts several in a row."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "pack", "row", "token", "layer", "sync", "grad", "mask", "doc"]
+    rows = []
+    for _ in range(n_docs):
+        n = rng.randint(4, max(5, max_len // 14))
+        q = " ".join(rng.choice(words) for _ in range(n))
+        a = " ".join(rng.choice(words) for _ in range(n))
+        rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+    return Dataset.from_list(rows)
+
+
+class StepTimer:
+    """TrainerCallback recording wall time per optimizer step (device work included)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.times, self._t0 = device, [], 0.0
+
+    def on_step_begin(self, args, state, control, **kw):
+        sync(self.device)
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        sync(self.device)
+        self.times.append(time.perf_counter() - self._t0)
+
+    def __getattr__(self, name):  # the other TrainerCallback events: nothing to do
+        if name.startswith("on_"):
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+
+def _baseline_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
+    from peft import LoraConfig, get_peft_model
+    from trl import SFTConfig, SFTTrainer
+
+    from fastkit.data import to_prompt_completion
+
+    torch.manual_seed(3407)
+    model = get_peft_model(model, LoraConfig(r=args.r, lora_alpha=args.r, target_modules="all-linear",
+                                             task_type="CAUSAL_LM"))
+    on_gpu = model.device.type == "cuda"
+    config = SFTConfig(output_dir=out_dir, max_steps=args.steps, learning_rate=1e-3, per_device_train_batch_size=1,
+                       max_length=args.max_len, packing=True, logging_steps=1, save_strategy="no", report_to=[],
+                       seed=3407, data_seed=3407, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
+                       disable_tqdm=True, use_cpu=not on_gpu, bf16=on_gpu, fp16=False,
+                       activation_checkpointing=args.checkpointing)
+    return SFTTrainer(model=model, args=config, train_dataset=to_prompt_completion(dataset),
+                      processing_class=tokenizer, callbacks=callbacks)
+
+
+def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
+    from fastkit import FastModel
+    from fastkit.training import make_trainer
+
+    FastModel.patch(model, max_seq_length=args.max_len)
+    model = FastModel.get_peft_model(model, r=args.r, lora_alpha=args.r, random_state=3407,
+                                     use_gradient_checkpointing=args.checkpointing)
+    return make_trainer(model, tokenizer, dataset, max_steps=args.steps, learning_rate=1e-3, batch_size=1,
+                        max_seq_length=args.max_len, output_dir=out_dir, callbacks=callbacks, warmup_steps=0,
+                        dashboard="none")  # timed like the baseline: no dashboard callback
+
+
+def _syncs_per_step(trainer) -> int:
+    """Host-device syncs in one training step (forward + backward) on a real batch."""
+    batch = next(iter(trainer.get_train_dataloader()))
+    inputs = _hf.prepare_inputs(trainer, batch)
+    with SyncCounter() as sc:
+        trainer.training_step(trainer.model, inputs)
+    trainer.model.zero_grad(set_to_none=True)
+    return sc.total
+
+
+def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
+    from fastkit.twins import twin
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):  # built where it trains, in its dtype
+        model = twin(case.model_type, seed=0, dtype=dtype, **case.overrides)
+    timer = StepTimer(device)
+    make = _baseline_trainer if kind == "baseline" else _fastkit_trainer
+    trainer = make(model, tokenizer, dataset, args, f"{args.tmp}/{kind}", [timer])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    tokens = [h.get("num_tokens", 0.0) for h in logs]
+    per_step_tokens = (tokens[-1] - tokens[0]) / max(len(tokens) - 1, 1) if len(tokens) > 1 else tokens[-1]
+    times = timer.times[WARMUP_STEPS:] or timer.times
+    step_s = median(times)
+    return dict(losses=[h["loss"] for h in logs], step_s=step_s, times=times, tokens_per_s=per_step_tokens / step_s,
+                peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                syncs=_syncs_per_step(trainer))
+
+
+def _compare(case: Case, args, device) -> dict:
+    from fastkit.twins import twin_tokenizer
+
+    tokenizer = twin_tokenizer()
+    dataset = synthetic_dataset(args.docs, args.max_len)
+    runs = {"baseline": [], "fastkit": []}
+    for _ in range(args.repeats):  # alternate so machine noise hits both sides
+        for kind in runs:
+            runs[kind].append(_run(kind, case, args, tokenizer, dataset, device))
+    best = {k: dict(v[0], step_s=median([r["step_s"] for r in v]), tokens_per_s=median([r["tokens_per_s"] for r in v]),
+                    times=[t for r in v for t in r["times"]]) for k, v in runs.items()}
+    diff = max(abs(a - b) for a, b in zip(best["baseline"]["losses"], best["fastkit"]["losses"]))
+    return dict(case=case, base=best["baseline"], fast=best["fastkit"], loss_diff=diff)
+
+
+def _fmt_mem(b) -> str:
+    return fmt_bytes(b, "GiB", unknown="n/a (CPU)")
+
+
+def render(results: list[dict], header: str, args, note: str = "") -> str:
+    cells = []
+    for r in results:
+        b, f = r["base"], r["fast"]
+        ms = [fmt_ms([t * 1e3 for t in x["times"]], 0) for x in (b, f)]
+        cells.append([r["case"].name, *ms, f"**{fmt_ratio(b['times'], f['times'])}**", f"{b['tokens_per_s']:.0f}",
+                      f"{f['tokens_per_s']:.0f}",
+                      _fmt_mem(b["peak"]), _fmt_mem(f["peak"]), b["syncs"], f["syncs"],
+                      f"{r['loss_diff']:.2e}{' †' if r['case'].note else ''}"])
+    table = markdown_table(["model", "step ms plain", "step ms fastkit", "speed-up [range]", "tokens/s plain",
+                            "tokens/s fastkit", "peak mem plain", "peak mem fastkit", "syncs/step plain",
+                            "syncs/step fastkit", "max abs Δloss"], cells)
+    lines = [f"# fastkit bench sft — {header}", "",
+             f"{args.steps} LoRA steps (r={args.r}), packed rows of {args.max_len} tokens, batch 1, "
+             f"checkpointing={'on' if args.checkpointing else 'off'}, {args.repeats} alternating repeat(s); step "
+             f"times after {WARMUP_STEPS} warm-up steps: median (min, spread = (max−min)/median); speed-up = median "
+             "[range] of per-step ratios plain/fastkit (same batch).", "", table.rstrip("\n")]
+    notes = sorted({r["case"].note for r in results if r["case"].note}) + [ANCHOR_NOTE]
+    lines += [""] + [f"{'†' if n != ANCHOR_NOTE else '‡'} {n}." for n in notes]
+    if note:
+        lines += ["", note.rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict]):
+    plt = agg_pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        ax.plot(r["base"]["losses"], label="plain transformers + TRL", lw=2.5, alpha=0.6)
+        ax.plot(r["fast"]["losses"], "--", label="fastkit", lw=1.5)
+        ax.set_title(f"{r['case'].name}\n{fmt_ratio(r['base']['times'], r['fast']['times'])} steps/s", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    parser = bench_parser("sft", __doc__, quick="two tiny twins, 3 steps",
+                          gpu="4 layers of 8B/30B-A3B/20B widths, 4k rows",
+                          repeats="alternating whole runs per side, medians reported (default 1)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--max-len", type=int, default=2048)
+    parser.add_argument("--docs", type=int, default=400)
+    parser.add_argument("--r", type=int, default=16)
+    parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    parser.add_argument("--cases", default="", help="comma-separated case name prefixes (default: all)")
+    args = parse_bench_args(parser, argv)
+    device = bench_device(args.gpu)
+    budget = TimeBudget(args.budget_s)
+    header = machine_line(device)
+    args.repeats = args.repeats or 1
+    cases = GPU_CASES if args.gpu else CPU_CASES
+    if args.gpu:
+        args.max_len, args.steps, args.docs = 4096, 8, 160
+    if args.quick:
+        cases = [Case("llama 2L tiny", "llama"), Case("qwen3_moe 2L tiny", "qwen3_moe")]
+        args.steps, args.max_len, args.docs = 3, 256, 40
+    if args.cases:
+        cases = [c for c in cases if any(c.name.startswith(p) for p in args.cases.split(","))]
+    results, last = [], 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        args.tmp = tmp
+        for case in cases:
+            if not budget.allows(last):
+                budget.skip(case.name)
+                continue
+            t0 = time.monotonic()
+            results.append(_compare(case, args, device))
+            last = time.monotonic() - t0
+            write_outputs("sft", render(results, header, args, budget.note()), out=args.out, quick=args.quick)
+    write_outputs("sft", render(results, header, args, budget.note()), (lambda: plot(results)) if results else None,
+                  out=args.out, quick=args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,163 @@
+"""Datasets for SFT: loading, conversion to prompt/completion, and checks that run before training.
+
+Every check here raises :class:`~fastkit.errors.FastkitError` with the field and the fix, before a
+single step runs: missing columns, an empty dataset, no chat template, every label masked, rows
+longer than ``max_seq_length``.
+
+Training data is turned into TRL's conversational prompt-completion form (``prompt``: the messages
+before the last assistant turn, ``completion``: that turn), so ``completion_only_loss`` trains on
+responses only with any chat template (no ``{% generation %}`` markers needed). Chats with several
+assistant turns are tokenized instead, with a mask that trains every assistant turn
+(:mod:`fastkit.data.formats`, which also reads ShareGPT and Alpaca data and previews the masks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fastkit.data.checks import JSON_SUFFIXES, check_messages, read_json_rows, rows_to_dataset, token_counts
+from fastkit.data.formats import is_single_answer, normalize_dataset, preview_masks, tokenize_chats
+from fastkit.errors import FastkitError
+from fastkit.loader import require_chat_template
+
+logger = logging.getLogger(__name__)
+
+
+def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True):
+    """A ``datasets.Dataset`` from a list of dicts, a ``.json``/``.jsonl`` file, a Dataset, or a Hub id.
+
+    ``normalize=True`` detects the format and converts it (:func:`fastkit.data.formats.normalize_dataset`:
+    ShareGPT ``conversations`` and Alpaca ``instruction``/``output`` become ``messages``; ``messages``,
+    ``prompt``/``completion`` and ``text`` stay); data in none of these raises, naming the columns seen.
+    """
+    dataset = _load_source(source, split)
+    if len(dataset) == 0:
+        raise FastkitError("The training dataset is empty: give at least one example.")
+    return normalize_dataset(dataset) if normalize else dataset
+
+
+def _load_source(source: str | Path | Sequence[dict] | Any, split: str):
+    from datasets import Dataset, DatasetDict, load_dataset
+
+    if isinstance(source, Dataset):
+        return source
+    if isinstance(source, DatasetDict):
+        return source[split]
+    if isinstance(source, (list, tuple)):
+        return rows_to_dataset(source)
+    path = Path(str(source))
+    if path.suffix.lower() in JSON_SUFFIXES:  # also .JSONL: read here, so a bad line is named by its number
+        if not path.exists():
+            raise FastkitError(f"Dataset file {path} does not exist.")
+        return rows_to_dataset(read_json_rows(path), where=str(path))
+    return load_dataset(str(source), split=split)
+
+
+def to_prompt_completion(dataset):
+    """``messages`` rows -> conversational ``prompt``/``completion`` (last assistant turn is the completion)."""
+    columns = set(dataset.column_names)
+    if {"prompt", "completion"} <= columns or "text" in columns:
+        return dataset
+    if "messages" not in columns:
+        raise FastkitError(f"The dataset has columns {sorted(columns)}; fastkit needs one of: 'messages' (chat), "
+                           "'prompt' + 'completion', or 'text'. Rename or map your columns first.")
+
+    def split_last_turn(row):
+        msgs = row["messages"]
+        if not msgs or msgs[-1].get("role") != "assistant":
+            return {"prompt": msgs, "completion": []}
+        return {"prompt": msgs[:-1], "completion": msgs[-1:]}
+
+    return dataset.map(split_last_turn, remove_columns=["messages"])
+
+
+def to_chat_training_form(dataset, tokenizer):
+    """What TRL trains: prompt/completion when each chat has one final answer, else every assistant turn.
+
+    Chats with several assistant turns (or an answer before the last message) are tokenized by
+    :func:`fastkit.data.formats.tokenize_chats` into ``input_ids`` + ``completion_mask`` that train every
+    assistant turn (its end-of-turn token included) and nothing else.
+    """
+    if "messages" in dataset.column_names and not all(is_single_answer(m) for m in dataset["messages"]):
+        return tokenize_chats(dataset, tokenizer)
+    return to_prompt_completion(dataset)
+
+
+def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
+    """(total tokens, trainable tokens) of one row, as TRL will tokenize it."""
+    if "input_ids" in row:  # multi-turn chats, tokenized by fastkit.data.formats.tokenize_chats
+        return len(row["input_ids"]), sum(row["completion_mask"])
+    if "text" in row:
+        n = len(tokenizer(row["text"])["input_ids"])
+        return n, n
+    prompt, completion = row["prompt"], row["completion"]
+    if isinstance(prompt, str):
+        c = len(tokenizer(completion)["input_ids"])
+        return len(tokenizer(prompt)["input_ids"]) + c, c
+    p = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                          return_dict=True)["input_ids"])
+    full = len(tokenizer.apply_chat_template(prompt + completion, tokenize=True, return_dict=True)["input_ids"])
+    return full, max(full - p, 0) if completion else 0
+
+
+def drop_long_rows(dataset, tokenizer, max_seq_length: int):
+    """Rows that fit in ``max_seq_length`` tokens (the count is logged); expects prompt/completion or text."""
+    kept = dataset.filter(lambda row: _token_counts(row, tokenizer)[0] <= max_seq_length)
+    if len(kept) < len(dataset):
+        logger.info("fastkit: dropped %d of %d rows longer than max_seq_length=%d", len(dataset) - len(kept),
+                    len(dataset), max_seq_length)
+    if len(kept) == 0:
+        raise FastkitError(f"Every row is longer than max_seq_length={max_seq_length}; raise max_seq_length.")
+    return kept
+
+
+def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, sample: int | None = None,
+                  drop_long: bool = False, drop_invalid: bool = False):
+    """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
+
+    Every row the trainer will see is measured (each row tokenized once; ``sample`` is ignored and kept
+    for old callers). ``drop_long=True`` removes rows longer than ``max_seq_length`` (logged) instead of
+    refusing. Chat rows that cannot train (no messages, non-string content, a last turn that is not the
+    assistant's, an answer of ``None``) are refused with their row numbers, or dropped and counted with
+    ``drop_invalid=True``. A plain list of dicts is accepted.
+    """
+    if isinstance(dataset, (list, tuple)):
+        dataset = rows_to_dataset(dataset, where="train_dataset")
+    if dataset is None or len(dataset) == 0:
+        raise FastkitError("The training dataset is empty: give at least one example.")
+    dataset = normalize_dataset(dataset)  # ShareGPT / Alpaca -> messages; unknown columns refused here
+    if "messages" in dataset.column_names and "text" in dataset.column_names:
+        logger.info("fastkit: the dataset has both 'messages' and 'text'; training (and checking) 'messages'.")
+        dataset = dataset.remove_columns(["text"])  # the column checked is the column trained
+    dataset = check_messages(dataset, drop_invalid)
+    if "messages" in dataset.column_names or (
+            "prompt" in dataset.column_names and not isinstance(dataset[0]["prompt"], str)):
+        require_chat_template(tokenizer)
+    dataset = to_chat_training_form(dataset, tokenizer)
+    counts = token_counts(dataset, tokenizer, _token_counts)  # every row, tokenized once
+    if drop_long:
+        keep = [i for i, (n, _) in enumerate(counts) if n <= max_seq_length]
+        if not keep:
+            raise FastkitError(f"Every row is longer than max_seq_length={max_seq_length}; raise max_seq_length.")
+        if len(keep) < len(dataset):
+            logger.info("fastkit: dropped %d of %d rows longer than max_seq_length=%d", len(dataset) - len(keep),
+                        len(dataset), max_seq_length)
+            dataset, counts = dataset.select(keep), [counts[i] for i in keep]
+    too_long = [i for i, (n, _) in enumerate(counts) if n > max_seq_length]
+    if too_long:
+        longest = max(counts[i][0] for i in too_long)
+        what = "packing would truncate their ends" if packing else "they would be cut silently"
+        raise FastkitError(f"{len(too_long)} of {len(counts)} rows are longer than max_seq_length="
+                           f"{max_seq_length} (longest {longest} tokens, row {too_long[0]}); {what}. Raise "
+                           "max_seq_length or filter those rows out.")
+    if all(trainable == 0 for _, trainable in counts):
+        raise FastkitError("Every label is masked: no row has a non-empty assistant response to train on "
+                           "(the last message of each conversation must be an assistant turn with content).")
+    return dataset
+
+
+__all__ = ["check_dataset", "drop_long_rows", "load_chat_dataset", "preview_masks", "to_chat_training_form",
+           "to_prompt_completion"]

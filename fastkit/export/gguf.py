@@ -1,0 +1,375 @@
+"""GGUF export for llama.cpp, Ollama and LM Studio: :func:`save_gguf`.
+
+What it writes. ``<path>/<name>-<quantization>.gguf`` with LoRA merged in (PEFT adapters, PEFT
+``target_parameters`` expert adapters and fastkit's own expert factors), tensors named and laid out
+as llama.cpp's ``convert_hf_to_gguf.py`` lays them out (names from ``gguf.get_tensor_name_map``;
+q/k rows permuted for llama-style rope; fused expert ``gate_up_proj`` split into ``ffn_gate_exps`` /
+``ffn_up_exps``; norms, biases and the router in f32; Llama-3 rope scaling as ``rope_freqs``), the
+byte-level BPE tokenizer and the chat template in the metadata (:mod:`fastkit.export.gguf_vocab`); and an
+Ollama ``Modelfile`` beside it (``ollama create my-model -f <path>/Modelfile``).
+
+Memory. Tensors are merged, converted and written one at a time (the GGUF header is planned from
+shapes first): the peak is the model plus one tensor in fp32, never a second copy of the model. A
+4/8-bit (QLoRA) model is the exception: its packed codes are not weights, so, as ``save_merged`` does,
+the adapters are merged into the base reloaded in fp16 on the CPU.
+
+Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
+too). Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3 (no
+layout transformers' GGUF loader reads back here, so none verified), qwen2_moe with dense layers or
+renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's,
+non-byte-level tokenizers (SentencePiece).
+
+What must not change. transformers' GGUF loader (``from_pretrained(dir, gguf_file=...)``) reads the
+file back to the merged model's logits (tests/test_gguf_export.py): f16/bf16 within rounding, q8_0 /
+q4_0 within the tolerances measured there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastkit import _hf, registry
+from fastkit.errors import FastkitError
+from fastkit.export.gguf_vocab import add_tokenizer_kv, modelfile
+from fastkit.patching import unwrap
+
+logger = logging.getLogger(__name__)
+
+# transformers model_type -> llama.cpp architecture (only those whose round trip is tested): the table's gguf_arch.
+GGUF_ARCHS = registry.GGUF_ARCHS
+QUANTIZATIONS = ("f16", "bf16", "q8_0", "q4_0")
+_PERMUTED_ROPE = ("llama",)  # llama.cpp stores q/k rows of these archs in interleaved-pair rope order
+_F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
+_SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
+
+
+def _qtypes():
+    import gguf
+
+    t = gguf.GGMLQuantizationType
+    return {"f16": t.F16, "bf16": t.BF16, "q8_0": t.Q8_0, "q4_0": t.Q4_0}
+
+
+def _file_type(quantization: str) -> int:
+    import gguf
+
+    f = gguf.LlamaFileType
+    return {"f16": f.MOSTLY_F16, "bf16": f.MOSTLY_BF16, "q8_0": f.MOSTLY_Q8_0, "q4_0": f.MOSTLY_Q4_0}[quantization]
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> tuple[object, str]:
+    """Every bad input raises here, before a byte is written."""
+    if quantization not in QUANTIZATIONS:
+        raise FastkitError(f"save_gguf(quantization={quantization!r}) is not supported; use one of "
+                           f"{', '.join(QUANTIZATIONS)} (4-bit: 'q4_0').")
+    config = unwrap(model).config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in GGUF_ARCHS:
+        raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here (supported: "
+                           f"{', '.join(GGUF_ARCHS)}); export with save_merged and convert with llama.cpp's "
+                           "convert_hf_to_gguf.py.")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") not in ("default", "llama3") or (
+            rope.get("rope_type") == "llama3" and GGUF_ARCHS[model_type] != "llama"):
+        raise FastkitError(f"save_gguf: config.rope_parameters rope_type={rope.get('rope_type')!r} is not written "
+                           "by save_gguf yet; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", True):
+        raise FastkitError("save_gguf: llama.cpp's qwen3moe always renormalizes the top-k router weights, but "
+                           "config.norm_topk_prob is False; this model cannot be expressed in GGUF as is.")
+    if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
+        raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
+                           "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
+    if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
+                                      getattr(config, "decoder_sparse_step", 1) != 1):
+        raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
+                           "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = json.loads(backend.to_str()) if backend is not None else {}
+    if spec.get("model", {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
+        raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
+                           "Qwen / SmolLM style); pass the model's own AutoTokenizer.")
+    if path.exists() and not path.is_dir():
+        raise FastkitError(f"save_gguf(path={str(path)!r}) is a file; pass a folder to write the .gguf into.")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise FastkitError(f"save_gguf(path={str(path)!r}): {str(existing)!r} is a file; pass a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise FastkitError(f"save_gguf(path={str(path)!r}): {str(existing)!r} is not writable; pick another folder.")
+    return config, spec
+
+
+# ------------------------------------------------------------------------------- merged tensors
+
+
+def _quantized(model: torch.nn.Module) -> bool:
+    """bitsandbytes / fastkit 4-bit storage, whose raw tensors are packed codes, not weights."""
+    base = unwrap(model)
+    return bool(getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False)
+                or any(p.dtype in (torch.uint8, torch.int8) for p in base.parameters()))
+
+
+def _clean(name: str) -> str:
+    """A parameter's transformers name, PEFT wrappers removed (``base_layer``, ``modules_to_save.<a>``)."""
+    name = re.sub(r"\.modules_to_save\.[^.]+\.", ".", name)
+    return name.replace(".base_layer", "")
+
+
+def merged_parameters(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tensor], torch.Size]]:
+    """``(transformers name, load, shape)`` per parameter of ``model`` with its LoRA merged in.
+
+    ``load()`` builds ONE merged fp32 CPU tensor when called (base + every active adapter's ``s·B·A``:
+    PEFT layers, PEFT ``target_parameters`` experts, fastkit expert factors); nothing is merged ahead.
+    """
+    from fastkit.patches.moe.patch import LORA_ATTR
+
+    base = unwrap(model)
+    layers = _hf.peft_lora_layers(base)
+    out = []
+    for raw, p in base.named_parameters():
+        if _SKIP.search(raw):
+            continue
+        parts = raw.split(".")
+        owners = [layers[".".join(parts[:i])] for i, s in enumerate(parts) if s == "base_layer"
+                  and ".".join(parts[:i]) in layers]
+        module = base.get_submodule(".".join(parts[:-1]))
+        expert = getattr(module, LORA_ATTR, None)
+
+        def load(p=p, leaf=parts[-1], owners=owners, module=module, expert=expert) -> torch.Tensor:
+            with torch.no_grad():
+                w = p.detach().float()
+                for layer in owners:
+                    d = _hf.peft_delta(layer, leaf)
+                    if d is not None:
+                        w = w + d.to(w.device, torch.float32)
+                if expert is not None and leaf in getattr(expert, "targets", ()):
+                    d = expert.delta(leaf).float()  # (E, out, in)
+                    w = w + (d.transpose(-2, -1) if module.is_transposed else d)
+                return w.cpu()
+
+        out.append((_clean(raw), load, p.shape))
+    return out
+
+
+# ------------------------------------------------------------------------------------ tensor plan
+
+
+@dataclass
+class _Entry:
+    """One GGUF tensor, planned before the header is written and built only when its bytes are."""
+
+    name: str
+    """llama.cpp's tensor name (``blk.3.attn_q.weight``)."""
+    load: Callable[[], torch.Tensor]
+    """Builds the merged fp32 CPU tensor in llama.cpp's layout."""
+    shape: tuple[int, ...]
+    """Its shape, torch order (GGUF stores the dims reversed; the writer handles that)."""
+    qtype: object
+    """``gguf.GGMLQuantizationType`` it is stored as."""
+
+
+def _flat(w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(-1)  # (1, H) -> (H,)
+
+
+def _permute(n_head: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """llama.cpp's q/k row order for rope on interleaved pairs; transformers' GGUF loader undoes it."""
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        # (H·D, in) -> (H, 2, D/2, in) -> (H, D/2, 2, in) -> (H·D, in)
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return fn
+
+
+def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[_Entry]:
+    import gguf
+
+    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
+    qt, qtypes = _qtypes()[quantization], _qtypes()
+    entries, unmapped = [], []
+    for hf_name, load, shape in merged_parameters(model):
+        stem, _, suffix = hf_name.rpartition(".")
+        pieces: list[tuple[str, Callable]] = []
+        if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.gate_up_proj", hf_name):
+            half = shape[1] // 2  # (E, 2I, H): gate rows first, then up
+            pieces = [(f"blk.{m[1]}.ffn_gate_exps.weight", lambda w, h=half: w[:, :h]),
+                      (f"blk.{m[1]}.ffn_up_exps.weight", lambda w, h=half: w[:, h:])]
+        elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
+            unmapped.append(hf_name)
+            continue
+        else:
+            full = f"{gname}.{suffix}" if suffix in ("weight", "bias") else f"{gname}.weight"
+            fn = None
+            if arch in _PERMUTED_ROPE and gname.endswith(("attn_q", "attn_k")):
+                heads = config.num_attention_heads if gname.endswith("attn_q") else config.num_key_value_heads
+                fn = _permute(heads)
+            elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
+                fn = _flat
+            pieces = [(full, fn)]
+        for gguf_name, fn in pieces:
+            out_shape = tuple(fn(torch.empty(shape, device="meta")).shape if fn else shape)
+            if gguf_name == "output.weight" and getattr(config, "tie_word_embeddings", False):
+                continue
+            entries.append(_Entry(gguf_name, (lambda ld=load, f=fn: f(ld()) if f else ld()), out_shape,
+                                  _tensor_qtype(gguf_name, out_shape, quantization, qt, qtypes)))
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type") == "llama3":  # llama.cpp reads Llama-3's frequency scaling from this tensor
+        factors = llama3_rope_factors(config)
+        entries.append(_Entry("rope_freqs.weight", lambda f=factors: f, tuple(factors.shape),
+                              gguf.GGMLQuantizationType.F32))
+    if unmapped:
+        raise FastkitError(f"save_gguf: no llama.cpp name for {unmapped[:4]} ({len(unmapped)} tensors) in "
+                           f"architecture {arch!r}; this checkpoint layout is not supported.")
+    return entries
+
+
+def llama3_rope_factors(config) -> torch.Tensor:
+    """Llama-3 rope scaling as per-frequency divisors ``(head_dim/2,)``: ``inv_freq_scaled = inv_freq / factors``
+    (1 for short wavelengths, ``factor`` for long ones, smoothly in between)."""
+    rope = config.rope_parameters
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # (dim/2,)
+    old, low, high = rope["original_max_position_embeddings"], rope["low_freq_factor"], rope["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old / wavelen - low) / (high - low)
+    mid = 1.0 / ((1 - smooth) / rope["factor"] + smooth)
+    factors = torch.where(wavelen < old / high, torch.ones_like(wavelen),
+                          torch.where(wavelen > old / low, torch.full_like(wavelen, rope["factor"]), mid))
+    return factors.float()
+
+
+def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt, qtypes):
+    import gguf
+
+    if len(shape) == 1 or any(part in name for part in _F32_PARTS):
+        return gguf.GGMLQuantizationType.F32
+    if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
+        qt = qtypes["q8_0"]  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
+    block = gguf.GGML_QUANT_SIZES[qt][0]
+    if shape[-1] % block:
+        return gguf.GGMLQuantizationType.F16  # rows not a whole number of blocks (as llama.cpp falls back)
+    return qt
+
+
+def _encode(w: torch.Tensor, qtype) -> np.ndarray:
+    import gguf
+
+    t = gguf.GGMLQuantizationType
+    if qtype == t.F32:
+        return w.contiguous().numpy()
+    if qtype == t.F16:
+        return w.to(torch.float16).contiguous().numpy()
+    if qtype == t.BF16:  # round-to-nearest-even, as torch and llama.cpp do
+        return w.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
+    return gguf.quants.quantize(w.contiguous().numpy(), qtype)
+
+
+def _add_info(writer, e: _Entry) -> None:
+    import gguf
+
+    t = gguf.GGMLQuantizationType
+    if e.qtype in (t.F32, t.F16):
+        dtype = np.float32 if e.qtype == t.F32 else np.float16
+        writer.add_tensor_info(e.name, e.shape, np.dtype(dtype), int(np.prod(e.shape)) * np.dtype(dtype).itemsize)
+    else:
+        byte_shape = gguf.quants.quant_shape_to_byte_shape(e.shape, e.qtype)
+        writer.add_tensor_info(e.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=e.qtype)
+
+
+# -------------------------------------------------------------------------------------- metadata
+
+
+def _add_model_kv(writer, config, model_type: str, name: str, quantization: str) -> None:
+    import gguf
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    writer.add_name(name)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if model_type == "qwen2_moe":
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    writer.add_file_type(_file_type(quantization))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+# ------------------------------------------------------------------------------------------- entry
+
+
+@torch.no_grad()
+def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
+              name: str | None = None) -> str:
+    """Write ``model`` (LoRA merged in) as ``<path>/<name>-<quantization>.gguf`` plus an Ollama ``Modelfile``.
+
+    ``quantization``: ``"f16"``, ``"bf16"``, ``"q8_0"`` (8-bit, ~half of f16) or ``"q4_0"`` (4-bit).
+    ``name`` defaults to the model's folder / Hub name. Returns the .gguf path. The in-memory model is
+    not changed; tensors are merged and written one at a time.
+    """
+    import gguf
+
+    path = Path(path)
+    config, spec = _check(model, tokenizer, path, quantization)
+    model_type = config.model_type
+    arch = GGUF_ARCHS[model_type]
+    name = name or (Path(str(getattr(config, "name_or_path", "") or "")).name or f"{model_type}-finetune")
+    if _quantized(model):  # 4/8-bit storage: merge into the 16-bit base reloaded on the CPU (as save_merged)
+        from fastkit.export.save import _merged_from_disk
+
+        logger.info("fastkit: %s is 4/8-bit; merging LoRA into its fp16 base reloaded on the CPU", model_type)
+        model = _merged_from_disk(model, config.name_or_path, torch.float16)
+    entries = _plan(model, config, arch, quantization)  # raises on unmapped tensors, before writing
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / f"{name}-{quantization}.gguf"
+    tmp = target.with_name(target.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        _add_model_kv(writer, config, model_type, name, quantization)
+        add_tokenizer_kv(writer, tokenizer, spec, config.vocab_size)
+        for e in entries:
+            _add_info(writer, e)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for e in entries:  # one merged tensor alive at a time
+            writer.write_tensor_data(_encode(e.load(), e.qtype))
+        writer.close()
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(target)
+    (path / "Modelfile").write_text(modelfile(tokenizer, target.name))
+    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, len(entries),
+                quantization, target.stat().st_size / 1e6)
+    return str(target)
+
+
+__all__ = ["GGUF_ARCHS", "QUANTIZATIONS", "llama3_rope_factors", "merged_parameters", "save_gguf"]

@@ -1,0 +1,19 @@
+"""Packed-sequence attention (registry name ``packing``).
+
+    patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
+    attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
+"""
+
+from fastkit.patches.packing.attention import PackedBatch, packed_attention
+from fastkit.patches.packing.patch import (
+    LENGTHS_KWARG,
+    PACKED_KWARG,
+    SUPPORTED_BACKENDS,
+    PackedAttentionPatch,
+    PackedCollator,
+    batch_lengths,
+    wrap_collator,
+)
+
+__all__ = ["LENGTHS_KWARG", "PACKED_KWARG", "SUPPORTED_BACKENDS", "PackedAttentionPatch", "PackedBatch",
+           "PackedCollator", "batch_lengths", "packed_attention", "wrap_collator"]

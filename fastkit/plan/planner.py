@@ -1,0 +1,395 @@
+"""Will this run fit? A training-memory planner that reads only the model's config.
+
+``plan("Qwen/Qwen3-14B", gpu="t4", load_in_4bit=True)`` builds the model on the meta device (no
+weights, no memory), counts its parameters by kind, and predicts the peak of one LoRA (or full)
+training step by component:
+
+- weights, per dtype / quantization (NF4 = 0.5 byte per weight plus absmax: one 8-bit scale per
+  64 weights and one fp32 scale per 256 blocks with double quantization); embeddings and lm_head
+  stay 16-bit under 4-bit (fastkit does not upcast them);
+- LoRA parameters (fp32), their gradients and the optimizer state (AdamW 32-bit: 8 bytes per
+  parameter; 8-bit: 2);
+- activations saved for backward: with checkpointing one layer input per layer plus one layer's
+  full recompute, without it every layer's activations (:mod:`fastkit.plan.terms` has the per-token
+  counts);
+- the attention workspace (eager attention keeps ``heads x T x T`` scores; SDPA does not);
+- logits and loss: TRL's fused LM head (tiles of 4096 tokens x 32768 vocabulary, what
+  ``fastkit.make_trainer`` trains with), fastkit's chunked loss, or full fp32 logits;
+- on CUDA, the context outside the allocator and the allocator's slack.
+
+It says whether that fits the GPU and, if not, which knob brings it under. ``fastkit plan MODEL``
+prints the same table; ``FastModel.from_pretrained`` logs the verdict and refuses a run that cannot fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fastkit.errors import FastkitError
+from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
+
+GiB = 2**30
+logger = logging.getLogger("fastkit")
+
+GPUS: dict[str, float] = {
+    "t4": 15.0,  # Colab free: 15 GiB usable of 16
+    "l4": 22.0,
+    "a100-40": 39.4,
+    "rtx-8g": 7.6,
+    "rtx-16g": 15.6,
+    "spark": 128.0,  # DGX Spark, unified memory
+}
+"""Usable GPU memory in GiB by name (``--gpu`` accepts these or a number of GiB)."""
+
+CUDA_CONTEXT = int(0.6 * GiB)
+"""CUDA context, cuBLAS workspace and kernels: memory the allocator does not see."""
+ALLOCATOR_SLACK = 0.08
+"""Fragmentation of PyTorch's caching allocator, as a fraction of what the step allocates."""
+OFF_PEAK = "(not at the peak) "
+"""Prefix of a component that happens at another time than the peak (shown, not added)."""
+REFUSE_ABOVE = 1.10
+"""``from_pretrained`` refuses a run only when the prediction exceeds the budget by this factor (the
+planner's error on measured twins is within 15%; runs just above the line get a warning instead)."""
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+"""Bytes per 4-bit weight with double quantization (NF4 + 8-bit absmax per 64 + fp32 per 256 blocks)."""
+NF4_BYTES_NO_DOUBLE = 0.5 + 4 / 64
+"""Bytes per 4-bit weight without double quantization (one fp32 absmax per 64 weights)."""
+DEQUANT_BYTES_PER_WEIGHT = 8
+"""Transient bytes per weight of the ONE 4-bit expert being dequantized (patches/moe/nf4.py): int32 byte
+index (2) + fp32 values (4) + the 16-bit result (2)."""
+
+
+@dataclass
+class PlanInputs:
+    """What the plan assumes about the run."""
+
+    gpu: str = "t4"
+    """A name in :data:`GPUS`, a number of GiB, or ``"cpu"`` (no CUDA context, no budget check)."""
+    max_seq_length: int = 2048
+    """Tokens per row (a packed row counts as one)."""
+    batch_size: int = 1
+    """Rows per micro-batch."""
+    r: int | None = 16
+    """LoRA rank on every linear layer but the lm_head; ``None`` for full fine-tuning."""
+    load_in_4bit: bool = False
+    """NF4 base weights (QLoRA)."""
+    offload: bool = False
+    """fastkit's checkpoint offload: layer inputs live on the host, two stay on the GPU."""
+    checkpointing: bool = True
+    """Activation checkpointing (``use_gradient_checkpointing``)."""
+    optimizer: str = "auto"
+    """``"adamw_8bit"``, ``"adamw_32bit"`` or ``"auto"`` (8-bit on CUDA with 4-bit, as make_trainer)."""
+    loss: str = "trl"
+    """``"trl"`` (SFTTrainer's fused LM head), ``"chunked"`` (fastkit's) or ``"full"`` (fp32 logits)."""
+    dtype: torch.dtype | None = None
+    """Compute / weight dtype; default 16-bit on a GPU, fp32 for ``gpu="cpu"``."""
+    attn: str = "sdpa"
+    """Attention backend: ``"sdpa"`` / ``"flash_attention_2"`` (no T x T scores kept) or ``"eager"``."""
+    expert_lora: bool = True
+    """4-bit MoE: fastkit's per-group LoRA on the experts too (what ``get_peft_model`` adds for
+    ``"all-linear"``); False: LoRA on the linear layers only."""
+
+
+@dataclass
+class Plan:
+    """The predicted training peak by component, and the verdict."""
+
+    model: str
+    """What was planned (name or model_type)."""
+    inputs: PlanInputs
+    """The assumptions."""
+    components: dict[str, int] = field(default_factory=dict)
+    """Component name -> bytes at the peak."""
+    budget: int | None = None
+    """Usable GPU bytes (None on CPU)."""
+    advice: list[str] = field(default_factory=list)
+    """Knobs that bring the run under the budget, best first (empty when it fits)."""
+
+    @property
+    def total(self) -> int:
+        """Predicted peak bytes (components marked "not at the peak" excluded)."""
+        return _peak(self.components)
+
+    @property
+    def fits(self) -> bool:
+        """True when the predicted peak is within the budget (always on CPU)."""
+        return self.budget is None or self.total <= self.budget
+
+    def verdict(self) -> str:
+        """One line: fits or not, with the numbers."""
+        where = "host" if self.budget is None else f"{self.inputs.gpu} ({self.budget / GiB:.1f} GiB usable)"
+        word = "fits" if self.fits else "does NOT fit"
+        line = f"{self.model}: predicted peak {self.total / GiB:.2f} GiB, {word} on {where}"
+        return line if self.fits else f"{line}. {' '.join(self.advice[:2])}"
+
+    def table(self) -> str:
+        """The component table (markdown) followed by the verdict."""
+        unit, scale = ("GiB", GiB) if self.total >= GiB else ("MiB", 2**20)
+        rows = [f"| component | {unit} |", "|---|---:|"]
+        rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.components.items()]
+        rows.append(f"| **predicted peak** | **{self.total / scale:.2f}** |")
+        return "\n".join(rows) + "\n\n" + self.verdict()
+
+
+def gpu_budget(gpu: str | float | int) -> int | None:
+    """Usable bytes of a GPU name or a number of GiB; None for ``"cpu"``."""
+    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool) and gpu > 0:
+        return int(gpu * GiB)
+    name = str(gpu).strip().lower()
+    if name == "cpu":
+        return None
+    if name in GPUS:
+        return int(GPUS[name] * GiB)
+    try:
+        gib = float(name.removesuffix("gib").removesuffix("gb"))
+    except ValueError:
+        gib = -1.0
+    if gib > 0:
+        return int(gib * GiB)
+    raise FastkitError(f"gpu={gpu!r} is not a GPU the planner knows. Use one of {', '.join(GPUS)}, "
+                       "'cpu', or a number of GiB (e.g. gpu=24).")
+
+
+def read_config(model_or_config: Any):
+    """A transformers config from a config object, a model, a local folder / config.json, or a Hub id."""
+    from transformers import PretrainedConfig
+
+    if isinstance(model_or_config, PretrainedConfig):
+        return model_or_config
+    if isinstance(model_or_config, torch.nn.Module) and hasattr(model_or_config, "config"):
+        return model_or_config.config
+    if isinstance(model_or_config, dict):
+        return _config_from_dict(dict(model_or_config))
+    name = os.path.expanduser(str(model_or_config))
+    path = os.path.join(name, "config.json") if os.path.isdir(name) else name
+    if not os.path.exists(path):
+        path = _hub_config(name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return _config_from_dict(json.load(f))
+    except (OSError, ValueError) as exc:
+        raise FastkitError(f"Could not read a model config from {path!r}: {exc}") from exc
+
+
+def _config_from_dict(values: dict):
+    from transformers import CONFIG_MAPPING
+
+    model_type = values.pop("model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise FastkitError(f"config model_type {model_type!r} is not one transformers knows; pass a config "
+                           "with a known model_type (e.g. 'qwen3', 'llama').")
+    return CONFIG_MAPPING[model_type](**values)
+
+
+def _hub_config(name: str) -> str:
+    if os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1:
+        raise FastkitError(f"{name!r} is neither a local model folder / config.json nor a Hub id "
+                           "like 'Qwen/Qwen3-14B'.")
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        try:
+            from huggingface_hub import hf_hub_download
+
+            return hf_hub_download(name, "config.json", local_files_only=True)
+        except Exception as exc:
+            raise FastkitError(f"HF_HUB_OFFLINE=1 and {name!r}'s config.json is not in the local cache: pass a "
+                               "local folder or config object, or go online (only config.json is read).") from exc
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(name, "config.json")  # the config only, never the weights
+    except Exception as exc:
+        raise FastkitError(f"Could not read {name!r}'s config.json from the Hub: {exc}") from exc
+
+
+def default_optimizer(device_type: str, load_in_4bit: bool) -> str:
+    """What fastkit trains with: paged 8-bit AdamW on CUDA with 4-bit weights, 32-bit AdamW elsewhere."""
+    return "paged_adamw_8bit" if device_type == "cuda" and load_in_4bit else "adamw_torch"
+
+
+def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 2048, batch_size: int = 1,
+         r: int | None = 16, load_in_4bit: bool = False, offload: bool = False, **options: Any) -> Plan:
+    """Predict the training peak of ``model_or_config`` on ``gpu``, by component, with a verdict and advice.
+
+    ``options`` are the other fields of :class:`PlanInputs` (``checkpointing``, ``optimizer``, ``loss``,
+    ``dtype``, ``attn``). Nothing is downloaded but a Hub id's ``config.json``; no weights are built.
+    """
+    unknown = set(options) - set(PlanInputs.__dataclass_fields__)
+    if unknown:
+        raise FastkitError(f"plan() got unknown option(s) {sorted(unknown)}; known: "
+                           f"{', '.join(PlanInputs.__dataclass_fields__)}")
+    inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, batch_size=batch_size, r=r,
+                        load_in_4bit=load_in_4bit, offload=offload, **options)
+    _check_inputs(inputs)
+    budget = gpu_budget(gpu)
+    config = read_config(model_or_config)
+    inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
+    shape = shape_of(config)
+    name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
+    result = Plan(name or config.model_type, inputs, budget=budget)
+    result.components = components(shape, inputs, cuda=budget is not None)
+    if not result.fits:
+        result.advice = advise(shape, inputs, budget)
+    return result
+
+
+def _check_inputs(inputs: PlanInputs) -> None:
+    for name in ("max_seq_length", "batch_size"):
+        value = getattr(inputs, name)
+        if not isinstance(value, int) or value <= 0:
+            raise FastkitError(f"{name} must be a positive int, got {value!r}.")
+    if inputs.r is not None and (not isinstance(inputs.r, int) or inputs.r <= 0):
+        raise FastkitError(f"r must be a positive int (LoRA rank) or None (full fine-tuning), got {inputs.r!r}.")
+    if inputs.optimizer not in ("auto", "adamw_8bit", "adamw_32bit"):
+        raise FastkitError(f"optimizer must be 'auto', 'adamw_8bit' or 'adamw_32bit', got {inputs.optimizer!r}.")
+    if inputs.loss not in ("trl", "chunked", "full"):
+        raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
+    if inputs.load_in_4bit and inputs.r is None:
+        raise FastkitError("load_in_4bit=True trains LoRA adapters only: give a LoRA rank r (e.g. r=16).")
+
+
+def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
+    """Bytes at the training peak, by component (see the module docstring)."""
+    dtype = inputs.dtype or (torch.float32 if not cuda else torch.float16 if inputs.gpu == "t4" else torch.bfloat16)
+    size = torch.tensor([], dtype=dtype).element_size()
+    tokens = inputs.max_seq_length * inputs.batch_size
+    out: dict[str, int] = {}
+    if inputs.load_in_4bit and not shape.mxfp4:
+        out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
+    else:  # an MXFP4 checkpoint (GPT-OSS) loads through transformers' MXFP4 quantizer: no bitsandbytes linears
+        out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
+    out[f"weights: embeddings + lm_head, {_dtype_name(dtype)}"] = shape.embedding_params * size
+    experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
+    if inputs.load_in_4bit and experts:  # fastkit stores MoE experts NF4 too (patches/moe/nf4.py)
+        out["weights: MoE experts, NF4 + absmax"] = int(experts * NF4_BYTES)
+        experts_16 = 0
+    else:
+        experts_16 = experts
+    what = "norms, router, experts, other" if experts_16 else "norms, router, other"
+    out[f"weights: {what}, {_dtype_name(dtype)}"] = (shape.other_params - experts + experts_16) * size
+    trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
+    optimizer = inputs.optimizer
+    if optimizer == "auto":
+        optimizer = "adamw_8bit" if cuda and inputs.load_in_4bit else "adamw_32bit"
+    four_bit_experts = bool(inputs.load_in_4bit and experts and inputs.r is not None)
+    if four_bit_experts:  # PEFT adapts the linear layers (fp32); fastkit's factors the 4-bit experts (compute dtype)
+        on_experts = sum(inputs.r * (i + o) * n for i, o, n in shape.lora_dims if n > 1)
+        trainable -= on_experts
+        out[f"LoRA r={inputs.r} on linear layers (PEFT): parameters + gradients (fp32)"] = trainable * 8
+        if inputs.expert_lora:
+            out[f"LoRA r={inputs.r} on experts (fastkit): parameters + gradients"] = on_experts * 2 * size
+            trainable += on_experts
+        largest = max((i * o for i, o, n in shape.lora_dims if n > 1), default=0)  # one expert matrix
+        out["one expert dequantized at a time (fastkit, fwd and bwd)"] = largest * DEQUANT_BYTES_PER_WEIGHT
+    elif inputs.r is not None:  # PEFT keeps adapters (and so their gradients) in fp32
+        out[f"LoRA r={inputs.r}: parameters + gradients (fp32)"] = trainable * 8
+    else:  # the parameters are the weights above
+        out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
+    out[f"optimizer state ({optimizer})"] = trainable * (2 if optimizer == "adamw_8bit" else 8)
+    kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4)
+    out.update(kept)
+    if inputs.load_in_4bit:
+        out["4-bit dequantized weight (largest layer)"] = shape.largest_linear * size * 2
+    transient["logits + loss (" + inputs.loss + ")"] = loss_bytes(shape, inputs.loss, tokens, size)
+    smaller = min(transient, key=transient.get)
+    for name, nbytes in transient.items():  # the loss and the layers' backward do not overlap: peak = larger
+        out[name if name != smaller else f"{OFF_PEAK}{name}"] = nbytes
+    if cuda:
+        out["CUDA context (outside the allocator)"] = CUDA_CONTEXT
+        out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = int(ALLOCATOR_SLACK * _peak(out))
+    return out
+
+
+def _peak(components: dict[str, int]) -> int:
+    return sum(v for k, v in components.items() if not k.startswith(OFF_PEAK))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
+    """Single knobs that bring the plan under ``budget``, cheapest in quality first."""
+    tries: list[tuple[str, dict]] = []
+    if not inputs.checkpointing:
+        tries.append(("turn on use_gradient_checkpointing=True", dict(checkpointing=True)))
+    if inputs.loss == "full":
+        tries.append(("train through make_trainer (TRL's fused LM head) or fastkit's chunked loss",
+                      dict(loss="trl")))
+    if inputs.optimizer != "adamw_8bit":
+        tries.append(("use the 8-bit optimizer (optim='paged_adamw_8bit')", dict(optimizer="adamw_8bit")))
+    if not inputs.offload:
+        tries.append(("use_gradient_checkpointing='offload' (layer inputs on the host)",
+                      dict(offload=True, checkpointing=True)))
+    if not inputs.load_in_4bit and inputs.r is not None:
+        tries.append(("load_in_4bit=True (QLoRA)", dict(load_in_4bit=True)))
+    if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
+        tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
+                      dict(expert_lora=False)))
+    seq = inputs.max_seq_length
+    while seq > 256:
+        seq //= 2
+        tries.append((f"shorter rows: max_seq_length={seq}", dict(max_seq_length=seq)))
+    if inputs.batch_size > 1:
+        tries.append(("batch_size=1 with gradient_accumulation_steps", dict(batch_size=1)))
+    if inputs.r is not None and inputs.r > 8:
+        tries.append(("smaller LoRA rank: r=8", dict(r=8)))
+    cuda = True
+    fixes = []
+    for text, change in tries:
+        trial = PlanInputs(**{**inputs.__dict__, **change})
+        total = _peak(components(shape, trial, cuda))
+        if total <= budget:
+            fixes.append(f"Fix: {text} (predicted {total / GiB:.1f} GiB).")
+            if "max_seq_length" in change:
+                break
+    if not fixes:
+        fixes.append("No single knob is enough: combine 4-bit, offload and shorter rows, or use a larger GPU.")
+    return fixes
+
+
+def prequantized_4bit(config) -> bool:
+    """True when ``config.json`` carries a bitsandbytes 4-bit ``quantization_config`` (a pre-quantized checkpoint)."""
+    values = quantization_values(config)
+    return values.get("quant_method", "").endswith("bitsandbytes") and bool(values.get("load_in_4bit"))
+
+
+def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_length: int,
+               load_in_4bit: bool) -> Plan | None:
+    """The load-time verdict (LoRA r=16, checkpointing, batch 1): None off CUDA without a ``gpu`` target.
+
+    Raises :class:`FastkitError` with the advice when the run cannot fit, before any weight is read.
+    """
+    if gpu is None:
+        if device.type != "cuda":
+            return None
+        gpu = torch.cuda.get_device_properties(device).total_memory / GiB * 0.97  # what the allocator can get
+    try:
+        result = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit)
+    except FastkitError:
+        raise
+    except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
+        logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
+        return None
+    unmeasured = any(k.startswith("weights: MoE experts, NF4") for k in result.components)  # 4-bit experts
+    if result.total > REFUSE_ABOVE * result.budget and not unmeasured:
+        raise FastkitError(f"{result.verdict()} Nothing was loaded. See `fastkit plan` for the table, or pass "
+                           "gpu=<GiB> to plan for another GPU.")
+    if result.fits:
+        logger.info("fastkit: %s", result.verdict())
+    elif unmeasured:  # fastkit's 4-bit experts have not been measured against the planner: warn, never refuse
+        logger.warning("fastkit: %s (4-bit MoE experts: an estimate not yet checked on a GPU; the run goes on)",
+                       result.verdict())
+    else:  # within the planner's margin: say so, let the run try
+        logger.warning("fastkit: %s (within %d%% of the budget: it may still fit; watch the first steps)",
+                       result.verdict(), round((REFUSE_ABOVE - 1) * 100))
+    return result
+
+
+__all__ = ["GPUS", "Plan", "PlanInputs", "check_fits", "default_optimizer", "gpu_budget", "plan", "prequantized_4bit",
+           "read_config"]
