@@ -4,9 +4,9 @@ Adding a model is adding a row, and a row is admitted only when the census (:mod
 ``tests/test_census.py``, ``docs/coverage.md``) proves it on a tiny twin: no row, no patch. A model type
 that is not in the table is self-checked at load on a twin of its own config (``loader.self_check``):
 patched only if it passes, else it loads unpatched and packed batches are refused, naming the check.
-The patch implementations live in :mod:`fastkit.patches` (``packing.py``,
-``moe.py``, ``offload.py``, ``moe_lora.py``); :data:`PATCH_FACTORIES` names the load-time ones so this
-module imports none of them (they import the patch names from here).
+The patch implementations live in :mod:`fastkit.patches` (``packing/``, ``moe/``, ``offload/``);
+:data:`PATCH_FACTORIES` names the load-time ones so this module imports none of them (they import the
+patch names from here).
 """
 
 from __future__ import annotations
