@@ -3,7 +3,8 @@
 - :func:`bench_parser`: ``--quick``, ``--gpu``, ``--repeats``, ``--out`` with the same meaning in every bench.
 - :func:`bench_device`: ``--gpu`` without CUDA raises :class:`~fastkit.errors.GPUOnlyError` before any
   work; :func:`run_cli` prints that message and returns exit status 2.
-- :func:`markdown_table` and :func:`fmt_bytes`: one table renderer, one byte formatter.
+- :func:`markdown_table` and ``fmt_bytes`` (:mod:`fastkit.units`, fastkit's own): one table renderer, one byte
+  formatter.
 - :func:`write_outputs`: ``bench_<name>.md`` (+ ``.png``) into ``--out``, and nowhere else: a full run without
   ``--out`` is refused by :func:`parse_bench_args` before any work; a ``--quick`` run without ``--out`` writes to
   a fresh temp folder (so it never overwrites the committed tables in ``assets/``).
@@ -35,7 +36,6 @@ from fastkit.errors import GPUOnlyError
 ASSETS = "assets"
 """Where the committed tables live (pass ``--out assets`` from the repo root to refresh them)."""
 
-_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 _QUICK_DIRS: dict[str, Path] = {}
 NOISY = 0.10
 """Spread ((max-min)/median) above which a cell is marked noisy."""
@@ -238,24 +238,6 @@ def fmt_ratio(num: Sequence[float], den: Sequence[float], digits: int = 2) -> st
 
 
 # -- formatting --------------------------------------------------------------------------------
-def fmt_bytes(n: float | None, unit: str | None = None, *, unknown: str = "-") -> str:
-    """Bytes for a table: ``1.50 GiB``, ``12.0 MiB``, ``24.0 KiB``, ``512 B``; ``0`` for none at all.
-
-    ``unit`` ('GiB', 'MiB', 'KiB', 'B') fixes the unit (a column that compares sizes); by default the
-    largest unit that keeps the number >= 1. GiB get two decimals, MiB and KiB one. ``None`` -> ``unknown``.
-    """
-    if n is None:
-        return unknown
-    if n == 0:
-        return "0"
-    if unit is None:
-        unit = next((u for u, size in _UNITS.items() if abs(n) >= size), "B")
-    value = n / _UNITS[unit]
-    if unit == "B":
-        return f"{int(value)} B"
-    return f"{value:.2f} {unit}" if unit == "GiB" else f"{value:.1f} {unit}"
-
-
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
     """A markdown table: header, separator, one line per row (cells through ``str``).
 

@@ -34,7 +34,6 @@ from benchmarks.common import (
     agg_pyplot,
     bench_device,
     bench_parser,
-    fmt_bytes,
     fmt_ms,
     fmt_ratio,
     load_line,
@@ -46,6 +45,7 @@ from benchmarks.common import (
 )
 from benchmarks.moe_4bit import bench_4bit, table_4bit
 from benchmarks.moe_layer import PeakMemory, experts_module, inputs, share_weights, step
+from fastkit.units import fmt_bytes
 
 SHAPES = {
     "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_local_experts=32,

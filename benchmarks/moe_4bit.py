@@ -22,8 +22,9 @@ import gc
 
 import torch
 
-from benchmarks.common import fmt_bytes, fmt_ms, fmt_ratio, markdown_table, timed
+from benchmarks.common import fmt_ms, fmt_ratio, markdown_table, timed
 from benchmarks.moe_layer import PeakMemory, experts_module, inputs, share_weights, step
+from fastkit.units import fmt_bytes
 
 REFERENCE = "fastkit 16-bit experts"
 LOOP = "Linear4bit loop (anchor-style)"

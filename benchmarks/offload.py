@@ -29,7 +29,6 @@ from benchmarks.common import (
     agg_pyplot,
     bench_device,
     bench_parser,
-    fmt_bytes,
     fmt_ms,
     fmt_ratio,
     load_line,
@@ -45,6 +44,8 @@ from fastkit.device import GiB
 from fastkit.patches.offload.patch import OffloadConfig, enable_offload, offload_controller
 from fastkit.patches.offload.streams import Throttle
 from fastkit.patching import revert
+from fastkit.testing import OffloadTestConfig
+from fastkit.units import fmt_bytes
 
 MODES = ["no checkpointing", "plain checkpointing", "transformers offload=True", "TRL activation_offloading",
          "fastkit single buffer", "fastkit double buffer"]
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     load = load_line()
     p = QUICK if args.quick else GPU if args.gpu else CPU
     p = replace(p, layers=args.layers or p.layers, seq=args.seq or p.seq, reps=args.repeats or p.reps)
-    config = OffloadConfig(min_tokens=0, min_bytes=0, force_cpu_stream=device.type == "cpu",
+    config = OffloadTestConfig(min_tokens=0, min_bytes=0, force_cpu_stream=device.type == "cpu",
                            pinned_budget_bytes=8 * GiB)
     torch.manual_seed(0)
     shape = (f"llama layers: {p.layers} x (hidden {p.hidden}, {p.heads}/{p.kv_heads} heads, intermediate "

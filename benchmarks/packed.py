@@ -5,6 +5,10 @@ forward, forward+backward (the SFT step's compute; activation checkpointing on, 
 host-device syncs per step, bytes of attention mask the layers receive. Also:
 
 - attention alone (one layer's kernel, fwd+bwd): dense-mask SDPA vs one causal SDPA per document;
+- a hybrid row (qwen3_5-shaped twin: 3 gated-DeltaNet layers per attention layer): fastkit on one packed
+  row (state reset per document, :mod:`fastkit.patches.packing.state`) vs the best correct alternative a
+  user has today, unpacked right-padded batches in plain transformers; plain transformers on the packed row
+  is timed too but marked wrong (its DeltaNet state leaks across documents);
 - the time model ``T_saved ≈ (L-1)·m``: ``m`` is the cost of deriving the document boundaries from
   ``position_ids`` once (measured alone). A "per-layer" variant re-derives them in every layer (what
   transformers' flash path does given only ``position_ids``); fastkit derives them once per batch
@@ -33,7 +37,6 @@ from benchmarks.common import (
     agg_pyplot,
     bench_device,
     bench_parser,
-    fmt_bytes,
     fmt_ms,
     fmt_ratio,
     load_line,
@@ -45,6 +48,7 @@ from benchmarks.common import (
     write_outputs,
 )
 from fastkit.syncs import SyncCounter
+from fastkit.units import fmt_bytes
 
 
 @dataclass
@@ -269,6 +273,97 @@ def _attention_alone(tokens: int, args, shape: Shape, dtype, device) -> dict:
     return dict(tokens=tokens, docs=len(lengths), dense=t["dense"], per_doc=t["per_doc"], mask=tokens * tokens)
 
 
+HYBRID_CPU = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
+                  linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32)
+HYBRID_GPU = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=2, head_dim=128,
+                  intermediate_size=2048, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=128,
+                  linear_value_head_dim=128)
+
+
+def _hybrid_batches(lengths: list[int], device: torch.device) -> tuple[dict, dict]:
+    """The same documents as one packed row (labels -100 at each start, as TRL) and as a right-padded batch."""
+    from fastkit.patches.packing import LENGTHS_KWARG
+
+    docs = [torch.randint(3, 300, (n,)) for n in lengths]
+    ids = torch.cat(docs)[None]  # (1, T)
+    labels = ids.clone()
+    labels[0, torch.tensor([0] + torch.tensor(lengths).cumsum(0)[:-1].tolist())] = -100
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, T)
+    packed = dict(input_ids=ids, position_ids=pos, labels=labels, use_cache=False, **{LENGTHS_KWARG: [lengths]})
+    width = max(lengths)
+    padded_ids = torch.zeros(len(docs), width, dtype=torch.long)  # (D, Lmax), right-padded
+    mask = torch.zeros(len(docs), width, dtype=torch.long)
+    for i, d in enumerate(docs):
+        padded_ids[i, :len(d)], mask[i, :len(d)] = d, 1
+    padded = dict(input_ids=padded_ids, attention_mask=mask, labels=padded_ids.masked_fill(mask == 0, -100),
+                  use_cache=False)
+    move = lambda b: {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}  # noqa: E731
+    return move(packed), move(padded)
+
+
+def _hybrid(tokens: int, args, dtype, device, gpu: bool) -> list[dict]:
+    """qwen3_5-shaped twin: fastkit packed vs plain transformers on padded batches (and packed, wrong)."""
+    import copy
+
+    from fastkit.loader import FastModel
+    from fastkit.twins import twin
+
+    shape = HYBRID_GPU if gpu else HYBRID_CPU
+    with torch.device(device):
+        base = twin("qwen3_5_text", num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                    dtype=dtype, **shape).train()
+    fast = copy.deepcopy(base)
+    FastModel.patch(fast, patches=["packing"])
+    if not args.no_checkpointing:
+        for m in (base, fast):
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    lengths = _doc_lengths(tokens, args.mean_doc)
+    packed, padded = _hybrid_batches(lengths, device)
+    paths = {"transformers, padded batches": (base, padded), "fastkit, packed": (fast, packed),
+             "transformers, packed (WRONG: state leaks)": (base, {k: v for k, v in packed.items()
+                                                                  if not k.startswith("fastkit")})}
+
+    def step(model, batch):
+        model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    losses = {p: model(**batch).loss.item() for p, (model, batch) in paths.items()}
+    for model, batch in paths.values():  # warm-up: first calls (allocator, lazy imports) off the clock
+        step(model, batch)
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    cpu: dict[str, list[float]] = {p: [] for p in paths}  # this process's CPU ms: robust to other processes' load
+    for _ in range(max(args.reps, 3)):  # at least 3 interleaved repeats: the row is small
+        for p, (model, batch) in paths.items():
+            c0 = time.process_time()
+            times[p].append(_timed(lambda m=model, b=batch: step(m, b), device))
+            cpu[p].append((time.process_time() - c0) * 1e3)
+    rows = []
+    for p, (model, batch) in paths.items():
+        with SyncCounter() as sc:
+            step(model, batch)
+        rows.append(dict(tokens=tokens, docs=len(lengths), path=p, step=times[p], cpu=cpu[p], syncs=sc.total,
+                         slots=batch["input_ids"].numel(), loss=losses[p]))
+    return rows
+
+
+def _render_hybrid(rows: list[dict], gpu: bool) -> list[str]:
+    shape = HYBRID_GPU if gpu else HYBRID_CPU
+    ref = next(r for r in rows if r["path"].endswith("padded batches"))
+    cells = [[r["tokens"], r["docs"], r["path"], fmt_ms(r["step"], 0),
+              "1 (reference)" if r is ref else fmt_ratio(ref["step"], r["step"]), fmt_ms(r["cpu"], 0),
+              "1 (reference)" if r is ref else fmt_ratio(ref["cpu"], r["cpu"]), r["syncs"], r["slots"],
+              f"{r['loss']:.5f}"] for r in rows]
+    return [f"Hybrid (qwen3_5 twin, 4 layers: 3 gated DeltaNet + 1 attention, hidden {shape['hidden_size']}, "
+            f"{shape['linear_num_value_heads']} value heads × {shape['linear_value_head_dim']}), fwd+bwd per step; "
+            "'padded batches' is the best correct alternative without fastkit (one document per row). The loss "
+            "column is the same documents' mean loss: equal for the two correct paths. 'process CPU ms' is this "
+            "process's CPU time per step (on a shared CPU it is far less noisy than wall time; on a GPU it is host "
+            "time only).", "",
+            markdown_table(["tokens", "docs", "path", "fwd+bwd ms", "speed-up vs padded [range]",
+                            "process CPU ms", "CPU ratio vs padded [range]", "syncs/step", "token slots", "loss"],
+                           cells, align="rrlrrrrrrr")]
+
+
 def _mib(n: int) -> str:
     return fmt_bytes(n, "MiB")
 
@@ -278,7 +373,8 @@ def _diff(xs: list[float]) -> str:
     return f"{median(xs):.1f} [{min(xs):.1f} to {max(xs):.1f}]" if len(xs) > 1 else f"{median(xs):.1f} (1 rep)"
 
 
-def render(rows, model_rows, attn_rows, header: str, device: torch.device, note: str = "") -> str:
+def render(rows, model_rows, attn_rows, header: str, device: torch.device, note: str = "",
+           hybrid_rows: list[dict] | None = None) -> str:
     base = {(r["layers"], r["tokens"]): r for r in rows if r["path"] == "transformers"}
     cells = []
     for r in rows:
@@ -309,6 +405,8 @@ def render(rows, model_rows, attn_rows, header: str, device: torch.device, note:
                      "predicted fwd+bwd saved ms", "measured fwd+bwd saved ms"],
                     [[t["layers"], t["tokens"], f"{t['m']:.2f}", f"{t['pred_fwd']:.1f}", _diff(t["meas_fwd"]),
                       f"{t['pred_step']:.1f}", _diff(t["meas_step"])] for t in model_rows], align="rrrrrrr")]
+    if hybrid_rows:
+        out += _render_hybrid(hybrid_rows, device.type == "cuda")
     if note:
         out.append(note)
     return "\n".join(out)
@@ -353,7 +451,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens per packed row (default 1024 2048; gpu 2048 8192 16384)")
     parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
     parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 keeps a shared CPU's timings stable; default: torch's)")
     args = parse_bench_args(parser, argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = bench_device(args.gpu)
     budget = TimeBudget(args.budget_s)
@@ -372,16 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     from fastkit.device import describe_device
 
     header = (f"Packed-sequence benchmark on {describe_device(device)}, torch {torch.__version__}, {str(dtype)[6:]}; "
-              f"{load}. {shape.describe()}; documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
+              f"{load}, {torch.get_num_threads()} torch threads. {shape.describe()};"
+              f" documents of ~{args.mean_doc} tokens (uniform ±50%), one packed row; "
               f"activation checkpointing {'off' if args.no_checkpointing else 'on'}; {reps} interleaved repetitions, "
               "each time cell median (min, spread = (max−min)/median). 'transformers' is its sdpa path with the dense "
               "(B,1,T,T) packed mask; 'fastkit' gets host lengths (wrap_collator); 'positions only' derives them "
               "once from position_ids; 'per-layer metadata' re-derives them in every layer"
               + (" (transformers' flash_attention_2 path needs CUDA: not run here)." if device.type != "cuda" else "."))
-    rows, model_rows, attn_rows = [], [], []
+    rows, model_rows, attn_rows, hybrid_rows = [], [], [], []
 
     def write(figure=None):
-        md = render(rows, model_rows, attn_rows, header, device, budget.note())
+        md = render(rows, model_rows, attn_rows, header, device, budget.note(), hybrid_rows)
         return write_outputs("packed", md, figure, out=args.out, quick=args.quick)
 
     last = None  # (seconds, layers, tokens) of the last configuration: the next one's estimate
@@ -396,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
             _measure_config(n_layers, t, args, shape, dtype, device, rows, model_rows, budget)
             last = (time.monotonic() - t0, n_layers, t)
             write()  # the table so far: a run capped from outside still leaves it
+    if budget.allows():
+        hybrid_rows.extend(_hybrid(tokens[0], args, dtype, device, args.gpu))
+    else:
+        budget.skip("hybrid row")
     write(lambda: plot(rows, attn_rows))
     return 0
 

@@ -26,7 +26,6 @@ from benchmarks.common import (
     agg_pyplot,
     bench_device,
     bench_parser,
-    fmt_bytes,
     fmt_ms,
     fmt_ratio,
     machine_line,
@@ -39,6 +38,7 @@ from benchmarks.common import (
 )
 from fastkit import _hf
 from fastkit.syncs import SyncCounter
+from fastkit.units import fmt_bytes
 
 WARMUP_STEPS = 2
 

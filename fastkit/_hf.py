@@ -29,6 +29,7 @@ from unittest import mock
 
 import torch
 
+from fastkit import registry
 from fastkit.patching import Swapper
 
 CHECKED = "transformers 5.24, trl 1.16, peft 0.21.2"
@@ -60,6 +61,15 @@ def has_causal_lm_head(model_type: str) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def is_stateful_model(model: torch.nn.Module) -> bool:
+    """True when the model class declares recurrent / SSM state along the sequence.
+
+    Reads ``PreTrainedModel._is_stateful`` (set by mamba, jamba, qwen3_next, qwen3_5, falcon_h1, ... in 5.24;
+    not by lfm2, whose ``ShortConv`` is caught as a ``Conv1d``). checked: transformers 5.24.
+    """
+    return bool(getattr(type(model), "_is_stateful", False))
 
 
 def attn_implementation(config) -> str | None:
@@ -350,10 +360,81 @@ def prepare_inputs(trainer, batch: dict) -> dict:
     return trainer._prepare_inputs(batch)
 
 
+# ---------------------------------------------------------------------------------------- class identity
+# Upstream classes recognized by what they are (isinstance where the class imports, its name where the
+# family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
+# bitsandbytes 0.50.2, tokenizers 0.22. Stays while the families have no shared interface to test for.
+
+# The class lists are the table's (``ModelFacts.looped_experts`` / ``no_4bit_experts``); here only which
+# fastkit forward runs each looped class (no @use_experts_implementation upstream).
+_LOOPED_EXPERTS = {c: k for c, k in {"DbrxExperts": "dbrx", "Llama4TextMoe": "llama4"}.items()
+                   if c in registry.LOOPED_EXPERTS}
+_NO_4BIT_LAYOUT = registry.NO_4BIT_EXPERTS
+
+
+def is_bnb_linear(module: Any) -> bool:
+    """A bitsandbytes ``Linear4bit`` / ``Linear8bitLt`` (False when bitsandbytes does not import)."""
+    try:
+        import bitsandbytes.nn as bnb
+    except Exception:  # noqa: BLE001 - no bitsandbytes (or no GPU build): nothing can be a bnb layer
+        return False
+    return isinstance(module, (bnb.Linear4bit, bnb.Linear8bitLt))
+
+
+def is_fused_experts_class(module: torch.nn.Module) -> bool:
+    """A fused 3-D experts module by its class name (``...Experts``), decorated or not."""
+    return type(module).__name__.endswith("Experts")
+
+
+def looped_experts_kind(module: torch.nn.Module) -> str | None:
+    """``"dbrx"`` (``DbrxExperts`` with ``mlp.w1``) or ``"llama4"`` (``Llama4TextMoe`` over
+    ``Llama4TextExperts``): the families whose experts loop in Python; else None."""
+    kind = _LOOPED_EXPERTS.get(type(module).__name__)
+    if kind == "dbrx" and not (hasattr(module, "mlp") and hasattr(module.mlp, "w1")):
+        return None
+    if kind == "llama4" and type(getattr(module, "experts", None)).__name__ != "Llama4TextExperts":
+        return None
+    return kind
+
+
+def modules_of_classes(module: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Module]:
+    """The submodules of ``module`` whose class is one of ``names`` (a row's ``stateful`` layer classes)."""
+    return [m for m in module.modules() if type(m).__name__ in names]
+
+
+def has_no_4bit_layout(module: torch.nn.Module) -> bool:
+    """Experts fastkit cannot store 4-bit (DBRX, Llama-4, JetMoE, transformers' own ``Mxfp4`` modules)."""
+    cls = type(module).__name__
+    return cls in _NO_4BIT_LAYOUT or cls.startswith("Mxfp4")
+
+
+def is_progress_callback(callback: Any) -> bool:
+    """transformers' progress printers (``ProgressCallback``, ``PrinterCallback``, ``NotebookProgressCallback``)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    return isinstance(callback, (ProgressCallback, PrinterCallback, NotebookProgressCallback))
+
+
+BYTE_LEVEL = "ByteLevel"
+"""tokenizers' ``"type"`` of its byte-level pre-tokenizer / decoder in ``tokenizer.json`` (tokenizers 0.22)."""
+
+
+def byte_level_bpe(spec: dict) -> bool:
+    """A ``tokenizer.json`` (as a dict) of a byte-level BPE tokenizer: ``model.type`` BPE, a ``ByteLevel``
+    pre-tokenizer somewhere in its tree."""
+    import json
+
+    return spec.get("model", {}).get("type") == "BPE" and BYTE_LEVEL in json.dumps(spec.get("pre_tokenizer"))
+
+
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
+    "byte_level_bpe", "has_no_4bit_layout", "is_bnb_linear", "is_fused_experts_class", "is_progress_callback",
+    "looped_experts_kind", "modules_of_classes",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
-    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "on_param_loaded",
+    "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
+    "on_param_loaded",
     "peft_delta",
     "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",

@@ -200,24 +200,16 @@ def _grad_err(got: dict, want: dict) -> float:
     return worst
 
 
-def _guard_hooks() -> tuple:
-    # The packed-batch guard (fastkit.checks) is installed beside the patches, not through them, and outlives
-    # revert: issue 20 moves it into the patch mechanism. Until then it is the one hook not compared here.
-    from fastkit import checks
-
-    return (checks.refuse_packed_batch, checks.refuse_packed_positions)
-
-
 def fingerprint(model: torch.nn.Module) -> dict:
-    """Everything a patch may change, by content: instance attributes, hooks, config, parameters."""
-    guards = _guard_hooks()
+    """Everything a patch may change, by content: instance attributes, hooks (the packed-batch guard too: it goes
+    through the patch mechanism, so revert removes it), config, parameters."""
     mods = {}
     for name, m in model.named_modules():
         own = {k: repr(v) if not isinstance(v, torch.Tensor) else ("tensor", v.data_ptr())
                for k, v in vars(m).items() if k not in ("_parameters", "_buffers", "_modules")
                and "hooks" not in k and not k.startswith("_fastkit_report")}
-        hooks = {k: [(h, repr(f)) for h, f in v.items() if f not in guards] for k, v in vars(m).items()
-                 if k.endswith("hooks") and isinstance(v, dict) and not k.endswith("with_kwargs")}
+        hooks = {k: [(h, repr(f)) for h, f in v.items()] for k, v in vars(m).items()
+                 if "hooks" in k and isinstance(v, dict)}
         mods[name] = (own, hooks)
     params = {n: (p.data_ptr(), tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()}
     configs = {k: repr(v) for k, v in sorted(vars(model.config).items())}

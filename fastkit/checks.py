@@ -170,11 +170,16 @@ def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None
     The hook sits on the decoder (``decoder``, else ``model``): PEFT calls the causal-LM ``forward``
     directly, which skips hooks on the causal-LM module but not on the decoder it calls.
     ``check_positions`` (families not in fastkit's table) also refuses rows packed by ``position_ids`` alone.
+    The hook is registered through :func:`fastkit.patching.change` (record ``"packed_guard"``), so
+    ``fastkit.revert`` removes it.
     """
+    from fastkit import _torch
+    from fastkit.patching import change
+
     target = decoder if decoder is not None else model
     hook = refuse_packed_positions if check_positions else refuse_packed_batch
-    if not any(h in target._forward_pre_hooks.values() for h in (refuse_packed_batch, refuse_packed_positions)):
-        target.register_forward_pre_hook(hook, with_kwargs=True)
+    if not any(h in _torch.forward_pre_hooks(target) for h in (refuse_packed_batch, refuse_packed_positions)):
+        change(model, "packed_guard", lambda swap: swap.hook(target, hook, with_kwargs=True))
 
 
 __all__ = ["check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-GiB = 1024**3
+from fastkit.units import GiB
 
 
 def pick_device() -> torch.device:

@@ -23,7 +23,7 @@ from fastkit.patches.moe.loading import QuantizeWhileLoading
 from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
 from fastkit.patches.moe.nf4 import has_4bit_experts, quantize_experts
 from fastkit.patches.offload.patch import enable_offload
-from fastkit.patching import active_patches, apply_patch, report, set_report, unwrap
+from fastkit.patching import active_patches, apply_patch, change, report, set_report, unwrap
 
 logger = logging.getLogger("fastkit")
 
@@ -67,10 +67,6 @@ class LoadReport:
         if self.memory_plan:
             lines.append(f"fastkit: plan: {self.memory_plan}")
         return "\n".join(lines)
-
-
-base_model = unwrap
-"""Alias of :func:`fastkit.patching.unwrap` (the transformers model under a PEFT wrapper); use that."""
 
 
 def _check_source(name_or_path: str, gguf_file: str | None) -> None:
@@ -165,15 +161,6 @@ def _from_pretrained(auto_cls, name_or_path: str, load_kwargs: dict, may_fall_ba
         return auto_cls.from_pretrained(name_or_path, **{**load_kwargs, "attn_implementation": "eager"})
 
 
-def _quantization(load_in_4bit: bool, dtype: torch.dtype):
-    if not load_in_4bit:
-        return None
-    from transformers import BitsAndBytesConfig
-
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=dtype)
-
-
 def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int,
                     hf_kwargs: dict | None = None):
     from transformers import AutoTokenizer
@@ -200,6 +187,93 @@ def require_chat_template(tokenizer) -> None:
         raise FastkitError("This tokenizer has no chat template, but the data is chat messages. Set "
                            "tokenizer.chat_template (for example fastkit.twins.CHATML_TEMPLATE) or give "
                            "plain 'text' data.")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How the weights are stored, decided once before loading (:func:`_quantization_mode`)."""
+
+    linear: str = "16bit"
+    """``"16bit"``; ``"bnb_4bit"``: bitsandbytes NF4 linear layers quantized as loaded (CUDA);
+    ``"prequantized"``: the checkpoint is bitsandbytes 4-bit already (its own ``quantization_config``)."""
+    mxfp4: bool = False
+    """GPT-OSS' MXFP4 checkpoint, dequantized layer by layer as read (its kernels are inference-only)."""
+    experts_4bit: bool = False
+    """fastkit stores the MoE experts 4-bit (NF4, or MXFP4 kept as shipped), as read and after loading."""
+
+    @property
+    def on_device_map(self) -> bool:
+        """Loaded straight onto the GPU through ``device_map`` (bitsandbytes places its own weights)."""
+        return self.linear != "16bit"
+
+    def load_kwargs(self, dtype: torch.dtype, device: torch.device) -> dict:
+        """The ``from_pretrained`` arguments this mode needs."""
+        kwargs: dict[str, Any] = {}
+        if self.linear == "bnb_4bit":
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype)
+        if self.mxfp4:
+            from transformers import Mxfp4Config
+
+            kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+        if self.on_device_map:
+            kwargs["device_map"] = {"": device.index or 0}
+        return kwargs
+
+
+def _quantization_mode(config, facts, device: torch.device, load_in_4bit: bool, name: str) -> Quantization:
+    """The one quantization value for this load: the checkpoint's own format, the request, the device."""
+    from fastkit.plan.planner import prequantized_4bit
+    from fastkit.plan.terms import mxfp4_checkpoint
+
+    prequantized = prequantized_4bit(config)  # its own quantization_config: never pass a second one
+    if prequantized and device.type != "cuda":
+        raise GPUOnlyError(f"{name} is a bitsandbytes 4-bit checkpoint: it needs a CUDA GPU. Load the "
+                           "16-bit original on a CPU.")
+    mxfp4 = mxfp4_checkpoint(config)
+    if prequantized:
+        linear = "prequantized"
+    elif load_in_4bit and device.type == "cuda" and not mxfp4:  # CPU: no bnb
+        linear = "bnb_4bit"
+    else:
+        linear = "16bit"
+    return Quantization(linear, mxfp4, experts_4bit=load_in_4bit and facts is not None and facts.moe)
+
+
+def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, max_seq_length, load_in_4bit, gpu):
+    """Everything checked before a weight is read: the files, the options, the config, the memory plan."""
+    from fastkit.plan.planner import check_fits
+
+    _check_source(name_or_path, gguf_file)
+    if not gguf_file:
+        checks.check_safetensors_files(name_or_path)
+    _check_options(device, max_seq_length, load_in_4bit)
+    config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
+    _check_context(config, max_seq_length)
+    facts = registry.facts_for(config.model_type)
+    quant = _quantization_mode(config, facts, device, load_in_4bit, str(name_or_path))
+    if load_in_4bit:
+        _check_4bit(config, facts, device)
+    memory_plan = check_fits(config, device, gpu, max_seq_length, load_in_4bit or quant.linear == "prequantized")
+    return config, facts, quant, memory_plan
+
+
+def _load(name_or_path: str, load_kwargs: dict, quant: Quantization, may_fall_back: bool) -> torch.nn.Module:
+    """The transformers load; 4-bit experts are stored as each tensor is read (Note: [quantize as read]).
+
+    ``may_fall_back``: the backend was fastkit's pick, so a family with no sdpa upstream loads eager instead.
+    """
+    from transformers import AutoModelForCausalLM
+
+    loading = QuantizeWhileLoading(keep_mxfp4=quant.mxfp4) if quant.experts_4bit else None
+    with _hf.on_param_loaded(loading) if loading else contextlib.nullcontext():
+        model = _from_pretrained(AutoModelForCausalLM, name_or_path, load_kwargs, may_fall_back)
+    if loading is not None:
+        logger.info("fastkit: 4-bit experts stored as read: %s", loading.summary())
+    return model
 
 
 class FastModel:
@@ -239,61 +313,28 @@ class FastModel:
         stops here with the knob to turn. A checkpoint already quantized with bitsandbytes 4-bit
         (``quantization_config`` in its config.json) loads as it is, ~4x smaller to download.
         """
-        from transformers import AutoModelForCausalLM
-
-        from fastkit.plan.planner import check_fits, prequantized_4bit
-        from fastkit.plan.terms import mxfp4_checkpoint
-
         device = pick_device()
         dtype = checks.resolve_dtype(dtype)
         checks.check_hf_kwargs(hf_kwargs)
         if twin:
             checks.check_twin_options(dtype, load_in_4bit)
             return _load_twin(str(name_or_path), device, max_seq_length, patches, dtype)
-        _check_source(name_or_path, gguf_file)
-        if not gguf_file:
-            checks.check_safetensors_files(name_or_path)
-        _check_options(device, max_seq_length, load_in_4bit)
-        config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
-        _check_context(config, max_seq_length)
-        facts = registry.facts_for(config.model_type)
-        composite = facts.text_config if facts is not None else None
-        prequantized = prequantized_4bit(config)  # its own quantization_config: never pass a second one
-        if prequantized and device.type != "cuda":
-            raise GPUOnlyError(f"{name_or_path} is a bitsandbytes 4-bit checkpoint: it needs a CUDA GPU. Load the "
-                               "16-bit original on a CPU.")
-        if load_in_4bit:
-            _check_4bit(config, facts, device)
-        memory_plan = check_fits(config, device, gpu, max_seq_length, load_in_4bit or prequantized)
+        config, facts, quant, memory_plan = _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device,
+                                                       max_seq_length, load_in_4bit, gpu)
         dtype = dtype or auto_dtype(device)
-        attn = attn_implementation or _pick_attention(facts, device)
-        load_kwargs = dict(dtype=dtype, attn_implementation=attn, trust_remote_code=trust_remote_code)
-        if gguf_file:
-            load_kwargs["gguf_file"] = gguf_file
-        else:
-            load_kwargs["use_safetensors"] = True
+        load_kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or _pick_attention(facts, device),
+                           trust_remote_code=trust_remote_code, **quant.load_kwargs(dtype, device))
+        load_kwargs.update({"gguf_file": gguf_file} if gguf_file else {"use_safetensors": True})
+        composite = facts.text_config if facts is not None else None
         if composite:  # vision + text checkpoint: load the text model alone, under its own keys
             load_kwargs.update(config=getattr(config, composite), key_mapping=dict(facts.text_keys))
-        mxfp4 = mxfp4_checkpoint(config)  # GPT-OSS: expand MXFP4 layer by layer (kernels are inference-only)
-        quant = _quantization(load_in_4bit and device.type == "cuda" and not prequantized and not mxfp4, dtype)
-        if quant is not None:  # CPU: no bnb
-            load_kwargs["quantization_config"] = quant
-        if mxfp4:
-            from transformers import Mxfp4Config
-
-            load_kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
-        if quant is not None or prequantized:
-            load_kwargs["device_map"] = {"": device.index or 0}
         load_kwargs.update(hf_kwargs)
-        loading = QuantizeWhileLoading(keep_mxfp4=mxfp4) if load_in_4bit and facts is not None and facts.moe else None
-        with _hf.on_param_loaded(loading) if loading else contextlib.nullcontext():  # Note: [quantize as read]
-            model = _from_pretrained(AutoModelForCausalLM, name_or_path, load_kwargs, attn_implementation is None)
-        if loading is not None:
-            logger.info("fastkit: 4-bit experts stored as read: %s", loading.summary())
-        if quant is None and not prequantized and device.type != "cpu" and "device_map" not in hf_kwargs:
+        model = _load(name_or_path, load_kwargs, quant, may_fall_back=attn_implementation is None)
+        if not quant.on_device_map and device.type != "cpu" and "device_map" not in hf_kwargs:
             model.to(device)
-        if load_in_4bit and facts is not None and facts.moe:
-            quantize_experts(model)  # NF4 per expert, layer by layer (patches/moe/nf4.py)
+        if quant.experts_4bit:
+            # NF4 per expert, layer by layer (patches/moe/nf4.py); revert dequantizes back
+            change(model, "4bit_experts", lambda swap: quantize_experts(model, swap=swap))
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
         if composite and facts.note not in report(model).notes:
@@ -438,13 +479,17 @@ def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offloa
     if mode is False:
         return "off"
     base = unwrap(model)
-    _hf.enable_activation_checkpointing(base)
-    if hasattr(model, "enable_input_require_grads"):
-        model.enable_input_require_grads()
+
+    def turn_on(swap):  # transformers' own switch, its per-layer flags and input-grad hooks recorded for revert
+        swap.record(model, lambda: _hf.enable_activation_checkpointing(base))
+        if hasattr(model, "enable_input_require_grads"):
+            swap.record(model, model.enable_input_require_grads)
+
+    change(base, "checkpointing", turn_on)
     if mode == "offload":
         return enable_offload(base, offload_config)
     return "checkpoint"
 
 
-__all__ = ["FastModel", "LoadReport", "active_patches", "base_model", "enable_checkpointing", "report",
+__all__ = ["FastModel", "LoadReport", "active_patches", "enable_checkpointing", "report",
            "require_chat_template", "unwrap"]

@@ -3,10 +3,15 @@
 Every fastkit optimization is a :class:`Patch`. A patch never edits a class or a module
 global; it swaps attributes on *instances* (a module's ``forward``, a config's
 ``_attn_implementation``, a layer's ``_gradient_checkpointing_func``) through a
-:class:`Swapper`, which remembers the exact original object. Functions that transformers looks up
-by name (attention, experts) are added to its own registries (``AttentionInterface``,
-``ExpertsInterface``) under fastkit keys; adding a new key changes nothing for models that do not
-select it, so those registrations are left in place on revert. Patches reach those private
+:class:`Swapper`, which remembers the exact original object. The same ``Swapper`` registers
+forward hooks (:meth:`Swapper.hook`), replaces parameters (:meth:`Swapper.parameter`), flips
+``requires_grad`` (:meth:`Swapper.requires_grad`) and records what an upstream call changes on a
+model (:meth:`Swapper.record`: gradient checkpointing). Changes that are not optimizations (the
+packed-batch guard, ``use_cache=False`` for training, 4-bit experts, checkpointing) go through
+:func:`change`: recorded like a patch, undone by :func:`revert`, not listed by :func:`active_patches`.
+Functions that transformers looks up by name (attention, experts) are added to its own registries
+(``AttentionInterface``, ``ExpertsInterface``) under fastkit keys; adding a new key changes nothing
+for models that do not select it, so those registrations are left in place on revert. Patches reach those private
 transformers / PEFT names only through :mod:`fastkit._hf`, which takes the ``Swapper`` for writes.
 
 Per-model state lives here too: the records of active patches and the load report sit on the
@@ -15,7 +20,8 @@ transformers model, and :func:`unwrap` is the one place that looks through a PEF
 
 Guarantees (tests/test_patching.py proves each):
 - idempotent: applying a patch that is already active changes nothing;
-- revertible: :func:`revert` restores the very objects that were there (``is``, not ``==``);
+- revertible: :func:`revert` restores the very objects that were there (``is``, not ``==``): instance
+  attributes, hook dicts, parameter dicts and config values compared by content;
 - atomic: a patch whose ``check`` refuses, or whose ``apply`` raises half-way, leaves the model
   exactly as it was and logs why.
 """
@@ -23,11 +29,13 @@ Guarantees (tests/test_patching.py proves each):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+from fastkit import _torch
 
 logger = logging.getLogger(__name__)
 
@@ -83,32 +91,120 @@ class Patch(Protocol):
 
 @dataclass
 class _Swap:
+    """An attribute set on an instance (``setattr``): undo sets the original back or deletes it."""
+
     target: Any
     attr: str
     original: Any  # _MISSING when the instance had no own attribute (class default showed through)
 
+    def undo(self) -> None:
+        if self.original is _MISSING:
+            if attr_is_own(self.target, self.attr):
+                delattr(self.target, self.attr)
+        else:
+            setattr(self.target, self.attr, self.original)
+
+
+@dataclass
+class _Entry:
+    """A key of a dict that belongs to a module (hooks, parameters, buffers, submodules, ``__dict__``).
+
+    The dict is held, not the module: a deepcopy of the patched model copies it with the model, so the
+    copy's revert edits the copy's dict.
+    """
+
+    mapping: dict
+    key: Any
+    original: Any  # _MISSING: the key was added
+
+    def undo(self) -> None:
+        if self.original is _MISSING:
+            self.mapping.pop(self.key, None)
+        else:
+            self.mapping[self.key] = self.original
+
+
+@dataclass
+class _Undo:
+    """An undo step that is a call (``restore``), e.g. putting back a parameter that was quantized away."""
+
+    restore: Callable[[], None]
+
+    def undo(self) -> None:
+        self.restore()
+
 
 @dataclass
 class Swapper:
-    """Records every attribute a patch changes, so :func:`revert` can put the originals back."""
+    """Records every change a patch makes, so :func:`revert` can put the originals back."""
 
     patch_name: str
-    swaps: list[_Swap] = field(default_factory=list)
+    swaps: list = field(default_factory=list)
+    listed: bool = True
+    """Shown by :func:`active_patches` (a patch); False for a :func:`change`."""
 
     def setattr(self, target: Any, attr: str, value: Any) -> None:
         """Set ``target.attr = value``, remembering the original object the first time."""
-        if not any(s.target is target and s.attr == attr for s in self.swaps):
+        if not any(isinstance(s, _Swap) and s.target is target and s.attr == attr for s in self.swaps):
             self.swaps.append(_Swap(target, attr, _original(target, attr)))
         setattr(target, attr, value)
+
+    def hook(self, module: torch.nn.Module, fn: Callable, *, with_kwargs: bool = False) -> None:
+        """Register ``fn`` as a forward pre-hook of ``module``; revert removes it (and only it)."""
+        self.record(module, lambda: module.register_forward_pre_hook(fn, with_kwargs=with_kwargs), recurse=False)
+
+    def parameter(self, module: torch.nn.Module, name: str, value: Any,
+                  restore: Callable[[], Any] | None = None) -> None:
+        """Replace parameter ``module.<name>`` by ``value`` (a tensor subclass or a module holding its storage).
+
+        Revert puts back the original ``Parameter`` object, or, when the original must not be kept
+        (4-bit experts drop their 16-bit weight to save memory), what ``restore()`` builds.
+        """
+        params = _torch.module_dicts(module)["_parameters"]
+        original = params.get(name)
+        if original is None:
+            raise ValueError(f"{type(module).__name__} has no parameter {name!r} to replace")
+        keep = original if restore is None else None
+
+        def put_back(module=module, name=name, keep=keep, restore=restore):
+            for attr in ("_modules", "_buffers", "__dict__"):
+                _torch.module_dicts(module)[attr].pop(name, None)
+            module.register_parameter(name, keep if keep is not None else restore())
+
+        del params[name]
+        setattr(module, name, value)
+        self.swaps.append(_Undo(put_back))
+
+    def on_undo(self, restore: Callable[[], None]) -> None:
+        """Run ``restore()`` on revert (in newest-first order with the other changes)."""
+        self.swaps.append(_Undo(restore))
+
+    def requires_grad(self, tensor: torch.Tensor, flag: bool) -> None:
+        """``tensor.requires_grad_(flag)``, undone by revert."""
+        before = tensor.requires_grad
+        tensor.requires_grad_(flag)
+        self.swaps.append(_Undo(lambda t=tensor, b=before: t.requires_grad_(b)))
+
+    def record(self, root: torch.nn.Module, fn: Callable[[], Any], *, recurse: bool = True) -> Any:
+        """Run ``fn`` (an upstream call that edits modules under ``root``) and record what it changed.
+
+        Every module's own attributes and its parameter, buffer, submodule and hook dicts are compared
+        before and after; revert restores each changed entry (and removes each added one).
+        """
+        modules = list(root.modules()) if recurse else [root]
+        before = [(m, {k: dict(d) for k, d in _torch.module_dicts(m).items()}) for m in modules]
+        result = fn()
+        for m, old in before:
+            for kind, d in _torch.module_dicts(m).items():
+                was = old[kind]
+                for key in [k for k in d if k not in was or d[k] is not was[k]] + [k for k in was if k not in d]:
+                    self.swaps.append(_Entry(d, key, was.get(key, _MISSING)))
+        return result
 
     def undo(self) -> None:
         """Restore the originals, newest first."""
         for s in reversed(self.swaps):
-            if s.original is _MISSING:
-                if attr_is_own(s.target, s.attr):
-                    delattr(s.target, s.attr)
-            else:
-                setattr(s.target, s.attr, s.original)
+            s.undo()
         self.swaps.clear()
 
 
@@ -117,7 +213,8 @@ def attr_is_own(target: Any, attr: str) -> bool:
     if hasattr(target, "__dict__") and attr in vars(target):
         return True
     if isinstance(target, torch.nn.Module):
-        return attr in target._parameters or attr in target._buffers or attr in target._modules
+        own = _torch.module_dicts(target)
+        return any(attr in own.get(k, ()) for k in ("_parameters", "_buffers", "_modules"))
     return False
 
 
@@ -132,7 +229,30 @@ def _original(target: Any, attr: str) -> Any:
 
 def active_patches(model: torch.nn.Module) -> list[str]:
     """Names of the fastkit patches active on ``model``, in the order they were applied."""
-    return list(getattr(unwrap(model), _STATE_ATTR, {}))
+    return [n for n, s in getattr(unwrap(model), _STATE_ATTR, {}).items() if s.listed]
+
+
+def change(model: torch.nn.Module, name: str, fn: Callable[[Swapper], Any]) -> Any:
+    """Make a change that is not a patch (``fn(swap)``) through the mechanism, so :func:`revert` undoes it.
+
+    Calling it again under the same ``name`` adds to the same record (an attribute keeps its first
+    original). A failure half-way is rolled back (only this call's part) and re-raised. Returns ``fn``'s result.
+    """
+    model = unwrap(model)
+    state: dict[str, Swapper] = dict(getattr(model, _STATE_ATTR, {}))
+    swap = state.get(name) or Swapper(name, listed=False)
+    done = len(swap.swaps)
+    try:
+        result = fn(swap)
+    except Exception:
+        tail, swap.swaps = swap.swaps[done:], swap.swaps[:done]
+        for s in reversed(tail):
+            s.undo()
+        raise
+    if swap.swaps:
+        state[name] = swap
+        object.__setattr__(model, _STATE_ATTR, state)
+    return result
 
 
 def apply_patch(model: torch.nn.Module, patch: Patch) -> tuple[bool, str]:
@@ -167,16 +287,18 @@ def apply_patch(model: torch.nn.Module, patch: Patch) -> tuple[bool, str]:
 def revert(model: torch.nn.Module, names: Iterable[str] | None = None) -> list[str]:
     """Undo fastkit patches on ``model`` (all of them, or only ``names``), newest first.
 
-    Returns the names reverted. After reverting everything the model carries no fastkit state. A PEFT
-    wrapper is looked through (``fastkit.revert`` is this function).
+    Returns the names of the patches reverted; everything :func:`change` recorded is undone too (all of
+    it, or the records named in ``names``). After reverting everything the model carries no fastkit
+    state. A PEFT wrapper is looked through (``fastkit.revert`` is this function).
     """
     model = unwrap(model)
     state: dict[str, Swapper] = dict(getattr(model, _STATE_ATTR, {}))
     wanted = list(state) if names is None else [n for n in names if n in state]
+    listed = [n for n in wanted if state[n].listed]
     for name in reversed([n for n in state if n in wanted]):
         state.pop(name).undo()
     if state:
         object.__setattr__(model, _STATE_ATTR, state)
     elif _STATE_ATTR in vars(model):
         object.__delattr__(model, _STATE_ATTR)
-    return wanted
+    return listed

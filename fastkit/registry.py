@@ -66,6 +66,9 @@ class ModelFacts:
     """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.twins`)."""
     note: str = ""
     """Anything a user should know, shown in the load banner."""
+    stateful: tuple[str, ...] = ()
+    """Class names of the layers that carry state along the sequence (linear attention, causal conv, SSM);
+    the packing patch restarts each at every document start (:mod:`fastkit.patches.packing.state`)."""
 
 
 _TEXT_KEYS = ((r"^model\.language_model\.", "model."), (r"^language_model\.model\.", "model."),
@@ -194,14 +197,60 @@ MODEL_TABLE: dict[str, ModelFacts] = {
     ]
 }
 
-REFUSED: dict[str, str] = {
-    "lfm2": "hybrid: short-conv layers in real checkpoints carry state across packed documents (the default "
-            "config the census twin uses has none); packing waits for state resets",
-}
+# ---- Hybrid (stateful) families: packing exact because their stateful layers restart per document
+# (fastkit/patches/packing/state.py; proof: tests/test_packing_state.py, table: docs/packing.md). ----
+_GDN = "gated DeltaNet (causal conv1d + chunked delta-rule state) restarts per document"
+_MAMBA = "Mamba mixer (causal conv1d + SSM scan state) restarts per document"
+_CONV = "short causal conv restarts per document"
+# Hybrid twins: one stateful + one attention layer at 2 layers (the default).
+_LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
+_MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
+MODEL_TABLE.update({f.model_type: f for f in [
+    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), note=_GDN,
+               twin=dict(_ATTN, **_LIN, intermediate_size=128)),
+    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), moe=True, note=_GDN,
+               twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
+    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), moe=True, note=_GDN,
+               twin=dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32)),
+    ModelFacts("lfm2", stateful=("Lfm2ShortConv",), note=_CONV,
+               twin=dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3)),
+    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), moe=True, note=_CONV,
+               twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
+                         layer_types=["conv", "full_attention"])),
+    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                         mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
+    ModelFacts("jamba", stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
+                         expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+                         mamba_d_state=8, mamba_dt_rank=8)),
+    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), moe=True, note=_MAMBA,
+               twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
+                         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
+    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
+                         mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8)),
+    ModelFacts("bamba", stateful=("BambaMixer",), note=_MAMBA,
+               twin=dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1])),
+    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
+                         mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
+                         attention_head_dim=32)),
+    ModelFacts("kimi_linear", stateful=("KimiLinearDeltaAttention",), moe=True, mla=True,
+               note="Kimi delta attention (causal convs + chunked delta-rule state) restarts per document",
+               twin=dict(_ATTN, **_MOE4, num_key_value_heads=4, intermediate_size=128,  # MLA: kv heads = heads
+                         layer_types=["linear_attention", "full_attention"],
+                         mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16,
+                         kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)),
+]})
+
+REFUSED: dict[str, str] = {}
 """Types the census must not admit although their default-config twin passes, and why."""
 
 LOOPED_EXPERTS: tuple[str, ...] = tuple(c for f in MODEL_TABLE.values() for c in f.looped_experts)
-"""Every looped-experts class fastkit routes (``patches/moe/patch.py`` matches modules against these)."""
+"""Every looped-experts class fastkit routes (``_hf.looped_experts_kind`` matches modules against these)."""
 NO_4BIT_EXPERTS: tuple[str, ...] = ("JetMoeMoE", "JetMoeMoA") + tuple(
     c for f in MODEL_TABLE.values() for c in f.no_4bit_experts)
 """Experts classes with no NF4 layout (JetMoE has no row: its attention is not exact packed)."""

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from fastkit import checks
+from fastkit import _hf, checks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
 from fastkit.data import check_dataset
 from fastkit.errors import FastkitError
-from fastkit.patching import active_patches, report, unwrap
+from fastkit.patching import active_patches, change, report, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -101,22 +101,14 @@ def make_trainer(
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                                      drop_invalid=drop_invalid)
     dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
-    unwrap(model).config.use_cache = False  # never mix documents through a KV cache while training
-    config = dict(
-        output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
-        per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-        max_length=max_seq_length, packing=packing, packing_strategy="bfd",
-        completion_only_loss=completion_only_loss, activation_checkpointing=False,
-        logging_steps=1, report_to=[], seed=seed, data_seed=seed,
-        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 2} if save_steps
-           else {"save_strategy": "no"}),
-        **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, max_steps // 10),
-            "per_device_eval_batch_size": batch_size} if eval_dataset is not None else {}),
-        lr_scheduler_type="linear", warmup_steps=min(5, max_steps // 10), weight_decay=0.0,
-        dataloader_pin_memory=model.device.type == "cuda", disable_tqdm=True,
-        optim=_default_optim(model), **_precision(model),
-    )
-    config.update(sft_overrides)
+    # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    config = sft_config(output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate, batch_size=batch_size,
+                        gradient_accumulation_steps=gradient_accumulation_steps, max_seq_length=max_seq_length,
+                        packing=packing, completion_only_loss=completion_only_loss, seed=seed, save_steps=save_steps,
+                        eval_steps=eval_steps if eval_dataset is not None else None, evaluate=eval_dataset is not None,
+                        cuda=model.device.type == "cuda", optim=_default_optim(model), precision=_precision(model),
+                        overrides=sft_overrides)
     check_distributed_mode(model, config)
     trainer = SFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
                          processing_class=tokenizer, callbacks=list(callbacks))
@@ -129,6 +121,32 @@ def make_trainer(
         if not ok:
             logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
     return trainer
+
+
+def sft_config(*, output_dir: str, max_steps: int, learning_rate: float, batch_size: int,
+               gradient_accumulation_steps: int, max_seq_length: int, packing: bool, completion_only_loss: bool,
+               seed: int, save_steps: int | None, eval_steps: int | None, evaluate: bool, cuda: bool, optim: str,
+               precision: dict[str, bool], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The ``SFTConfig`` values :func:`make_trainer` uses: a pure function of its arguments (no model, no I/O).
+
+    Checkpointing is fastkit's (``activation_checkpointing=False`` here); ``overrides`` (make_trainer's
+    ``**sft_overrides``) win over every default.
+    """
+    config = dict(
+        output_dir=output_dir, max_steps=max_steps, learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        max_length=max_seq_length, packing=packing, packing_strategy="bfd",
+        completion_only_loss=completion_only_loss, activation_checkpointing=False,
+        logging_steps=1, report_to=[], seed=seed, data_seed=seed,
+        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 2} if save_steps
+           else {"save_strategy": "no"}),
+        **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, max_steps // 10),
+            "per_device_eval_batch_size": batch_size} if evaluate else {}),
+        lr_scheduler_type="linear", warmup_steps=min(5, max_steps // 10), weight_decay=0.0,
+        dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
+    )
+    config.update(overrides)
+    return config
 
 
 def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> None:
@@ -165,7 +183,6 @@ def _attach_packed_metadata(trainer) -> None:
 
 
 # -- running a trainer under the dashboard -----------------------------------------------------
-_PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterCallback")
 
 
 def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
@@ -189,7 +206,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     kwargs["examples"] = getattr(attached, "examples", None)
     callback = dashboard_callback(view, title, **kwargs)
     set_aside = [cb for cb in list(trainer.callback_handler.callbacks)
-                 if type(cb).__name__ in _PROGRESS_CALLBACKS or isinstance(cb, MetricsCallback)]
+                 if _hf.is_progress_callback(cb) or isinstance(cb, MetricsCallback)]
     for cb in set_aside:
         trainer.remove_callback(cb)
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys

@@ -32,6 +32,8 @@ TWIN_VOCAB_SIZE = 320  # 256 byte symbols + 3 specials, rounded up for aligned e
 # with no row: the census, the loader's self-check) gets its config class's defaults, shrunk (``tiny_config``).
 TWIN_FAMILIES = tuple(t for t, f in registry.MODEL_TABLE.items() if f.twin)
 """Families whose row carries hand-picked twin sizes (the traits tests rely on)."""
+HYBRID_FAMILIES = tuple(t for t, f in registry.MODEL_TABLE.items() if f.stateful)
+"""Twins of the families whose stateful layers fastkit restarts per packed document (rows with ``stateful``)."""
 
 # Size fields a config may carry under any of its names -> the twin's value. A twin of a type with no
 # row-specific overrides (``ModelFacts.twin``) is its config class's defaults with these shrunk.
@@ -77,6 +79,16 @@ def _shrunk(d: dict[str, Any], layers: int, mixed: bool = True) -> dict[str, Any
     for key in _LAYER_KEYS:
         if key in out:
             out[key] = layers
+    _shrink_layer_lists(d, out, layers, mixed)
+    if "kv_lora_rank" in d:  # MLA: one k/v head per query head, rope part of the q/k head
+        out.update(num_key_value_heads=out.get("num_attention_heads", 4), head_dim=_SHRINK["qk_rope_head_dim"])
+    if d.get("n_group") not in (None, 1):
+        out.update(n_group=2, topk_group=1)  # grouped routing over the twin's 8 experts
+    return out
+
+
+def _shrink_layer_lists(d: dict[str, Any], out: dict[str, Any], layers: int, mixed: bool) -> None:
+    """Per-layer lists of ``d`` (``layer_types`` ...) cut to the twin's layers, into ``out``."""
     depth = next((d[k] for k in _LAYER_KEYS if isinstance(d.get(k), int)), None)
     per_layer = [k for k, v in d.items() if isinstance(v, list) and depth and len(v) == depth and k not in out]
     if per_layer and not mixed:
@@ -91,11 +103,6 @@ def _shrunk(d: dict[str, Any], layers: int, mixed: bool = True) -> dict[str, Any
                 out[key] = len(keep)
         for k in per_layer:
             out[k] = [d[k][i] for i in keep]
-    if "kv_lora_rank" in d:  # MLA: one k/v head per query head, rope part of the q/k head
-        out.update(num_key_value_heads=out.get("num_attention_heads", 4), head_dim=_SHRINK["qk_rope_head_dim"])
-    if d.get("n_group") not in (None, 1):
-        out.update(n_group=2, topk_group=1)  # grouped routing over the twin's 8 experts
-    return out
 
 
 def tiny_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -> PretrainedConfig:
@@ -196,6 +203,42 @@ def twin_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    tok.model_max_length = 32768
+    return tok
+
+
+# A small corpus the BPE twin tokenizer learns its merges from (prose, quotes, code, numbers).
+TWIN_BPE_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. It's 12:30, isn't it? \"Yes,\" she said.",
+    "def add(a, b):\n    return a + b  # sum of 2 numbers\n\nprint(add(3, 4))",
+    "Total: $1,234.56 (approx.) -- that's 3.5% more than in 2023!",
+    "<div class='note'>a <= b && c >= d | e ~ f</div>",
+    "the theme of the thesis: there, then, these, those, other, another, mother, brother",
+)
+
+
+def twin_bpe_tokenizer(pre: str = "gpt-2", corpus: tuple[str, ...] = TWIN_BPE_CORPUS) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer WITH merges (what llama.cpp needs; :func:`twin_tokenizer` has none) that
+    splits text like llama.cpp's pre-tokenizer ``pre`` ("gpt-2", "smollm", "llama-bpe", "qwen2", ...),
+    ChatML specials at ids 0-2, trained on ``corpus`` up to ``TWIN_VOCAB_SIZE`` entries."""
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from tokenizers import pre_tokenizers as pt
+
+    from fastkit.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_object
+
+    facts = next(p for p in PRE_TOKENIZERS if p.name == pre)
+    backend = Tokenizer(models.BPE(ignore_merges=facts.ignore_merges))
+    backend.pre_tokenizer = pre_tokenizer_object(pre)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TWIN_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pt.ByteLevel.alphabet())
+    backend.train_from_iterator(list(corpus) * 4, trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",

@@ -97,8 +97,9 @@ SPECS = [
          "Packed SFT on a gated Llama model (needs a Hub token)", 2048, 60),
     Spec("03_qwen3_14b_qlora.ipynb", "Qwen3-14B: QLoRA (4-bit)", "unsloth/Qwen3-14B-bnb-4bit",
          "QLoRA on Qwen3-14B from a pre-quantized bitsandbytes NF4 checkpoint (about 8 GB to download instead "
-         "of 29.5 GB; `Qwen/Qwen3-14B` with `load_in_4bit=True` works too). LoRA trains in 16-bit, embeddings "
-         "and lm_head stay 16-bit, the loss is chunked (no full-row fp32 logits), the optimizer is paged 8-bit "
+         "of 29.5 GB; `Qwen/Qwen3-14B` with `load_in_4bit=True` works too). The LoRA factors train in fp32 (PEFT "
+         "keeps adapters in fp32) over the NF4 base, embeddings and lm_head stay 16-bit, no full-row fp32 logits "
+         "are built (TRL's fused LM head on CUDA), the optimizer is paged 8-bit "
          "AdamW, and activations are checkpointed with fastkit's double-buffered CPU offload.",
          "Needs a CUDA GPU (bitsandbytes 4-bit). `fastkit plan Qwen/Qwen3-14B --gpu t4 --4bit` predicts a "
          "13.4 GiB peak of 15 GiB on a free Colab T4 at 2,048 tokens, batch 1, r=16 (see docs/plan.md; "

@@ -10,8 +10,8 @@ from peft import PeftModel
 
 from fastkit import FastkitError, FastModel
 from fastkit.export import load_lora, save_lora
-from fastkit.patches.moe.lora import add_expert_lora, expert_lora_modules, load_expert_lora
-from fastkit.patches.moe.peft_format import add_to_peft_adapter
+from fastkit.patches.moe.lora import add_expert_lora, expert_lora_modules
+from fastkit.patches.moe.peft_format import add_to_peft_adapter, load_expert_lora
 from fastkit.twins import twin
 from tests.helpers import train_lora_steps
 
@@ -107,3 +107,30 @@ def test_peft_own_expert_adapter_is_refused_by_the_factor_loader_but_loads_in_pe
     loaded = PeftModel.from_pretrained(fresh, str(tmp_path)).eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=x).logits, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("damage", ["drop_key", "wrong_shape"])
+def test_a_damaged_expert_adapter_leaves_the_model_unchanged(tmp_path, damage):
+    """A key missing from the adapter file is refused before the factors are attached; a factor whose shape
+    does not fit detaches them again: either way no expert LoRA is left on the model."""
+    from safetensors.torch import load_file, save_file
+
+    from fastkit.patches.moe.peft_format import load_into
+    from fastkit.patching import active_patches
+
+    model, tok = _trained("gpt_oss", steps=1)
+    save_lora(model, tok, tmp_path)
+    experts = ["gate_up_proj", "down_proj"]  # the router's adapter is PEFT's to load
+    assert load_into(twin("gpt_oss"), str(tmp_path), targets=experts)  # intact: it loads
+    path = tmp_path / "adapter_model.safetensors"
+    tensors = load_file(path)
+    key = next(k for k in tensors if "experts" in k and k.endswith("lora_A.weight"))
+    if damage == "drop_key":
+        tensors.pop(key)
+    else:
+        tensors[key] = tensors[key][:, :-1].contiguous()  # one input column short
+    save_file(tensors, path)
+    fresh = twin("gpt_oss")
+    with pytest.raises((FastkitError, RuntimeError), match="lacks|size|shape"):
+        load_into(fresh, str(tmp_path), targets=experts)
+    assert not expert_lora_modules(fresh) and "moe_lora" not in active_patches(fresh)

@@ -14,6 +14,7 @@ import torch
 from benchmarks import common
 from fastkit.cli import main as cli_main
 from fastkit.errors import GPUOnlyError
+from fastkit.units import fmt_bytes
 
 BENCHES = ["packed", "offload", "moe", "sft"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,10 +72,10 @@ def test_table_is_written_before_the_plot_and_survives_a_missing_matplotlib(tmp_
 
 
 def test_one_byte_formatter_and_one_table_renderer():
-    assert common.fmt_bytes(3 * 2**29) == "1.50 GiB" and common.fmt_bytes(12 * 2**20) == "12.0 MiB"
-    assert common.fmt_bytes(24 * 1024) == "24.0 KiB" and common.fmt_bytes(512) == "512 B"
-    assert common.fmt_bytes(16 * 1024, "MiB") == "0.0 MiB" and common.fmt_bytes(0) == "0"
-    assert common.fmt_bytes(None, unknown="n/a (CPU)") == "n/a (CPU)"
+    assert fmt_bytes(3 * 2**29) == "1.50 GiB" and fmt_bytes(12 * 2**20) == "12.0 MiB"
+    assert fmt_bytes(24 * 1024) == "24.0 KiB" and fmt_bytes(512) == "512 B"
+    assert fmt_bytes(16 * 1024, "MiB") == "0.0 MiB" and fmt_bytes(0) == "0"
+    assert fmt_bytes(None, unknown="n/a (CPU)") == "n/a (CPU)"
     table = common.markdown_table(["name", "ms"], [["a", 1.5], ["b", 2]], align="lr")
     assert table == "| name | ms |\n|---|---:|\n| a | 1.5 |\n| b | 2 |\n"
 

@@ -42,13 +42,20 @@ LIVE_STEPS = 20
 """Steps to wait for before the live screenshot, so the curves have some shape."""
 
 
+def _missing(reason: str) -> None:
+    """Skip locally; in CI (``CI=true``: .ci/run installs both) a missing browser is a failure, not a skip."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true but {reason}: the browser tests would not run")
+    pytest.skip(reason)
+
+
 def _require_browser():
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing (Debian: apt-get install -y chromium)")
+        _missing(f"{CHROMIUM} is missing (Debian: apt-get install -y chromium)")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        pytest.skip("the playwright Python package is missing (pip install playwright; not `playwright install`)")
+        _missing("the playwright Python package is missing (pip install playwright; not `playwright install`)")
 
 
 def _free_port() -> int:
@@ -239,5 +246,14 @@ def _screenshot_summary(page, summary, path: Path) -> None:
 def test_install_hint_when_browser_missing(monkeypatch):
     """The skip reason names the install command (only when chromium or playwright is absent)."""
     monkeypatch.setattr(os.path, "exists", lambda p: False if p == CHROMIUM else os.path.isfile(p))
+    monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+        _require_browser()
+
+
+def test_a_missing_browser_fails_in_ci(monkeypatch):
+    """CI=true: a Chromium install that failed makes the browser tests fail instead of skipping silently."""
+    monkeypatch.setattr(os.path, "exists", lambda p: False if p == CHROMIUM else os.path.isfile(p))
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true but .*apt-get install -y chromium"):
         _require_browser()

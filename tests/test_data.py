@@ -63,7 +63,7 @@ def test_load_chat_dataset_sources(tmp_path):
     assert to_prompt_completion(Dataset.from_list([{"text": "t"}])).column_names == ["text"]
 
 
-def test_drop_long_rows_instead_of_refusing(tokenizer, caplog):
+def test_check_dataset_drop_long_drops_rows_instead_of_refusing(tokenizer, caplog):
     import logging
 
     rows = [_chat("short", "ok"), _chat("a long question " * 3, "x"), _chat("hi", "yo")]

@@ -7,6 +7,7 @@ logits up to ~38, LoRA merged): q8_0 max |Δlogit| ~1.2, argmax identical at eve
 
 from __future__ import annotations
 
+import json
 import os
 
 import gguf
@@ -16,20 +17,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fastkit import FastkitError, FastModel
 from fastkit.export.gguf import merged_parameters, save_gguf
-from fastkit.twins import twin, twin_tokenizer
+from fastkit.export.gguf_vocab import pre_tokenizer_name
+from fastkit.twins import twin, twin_bpe_tokenizer, twin_tokenizer
 from tests.helpers import save_twin, train_lora_steps
 
 HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B",
        "qwen2_moe": "qwen2_moe"}
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 TOLERANCE = {"bf16": 1e-2, "q8_0": 2e-2, "q4_0": 1.5e-1}  # max |Δlogit| on the llama twin (see top)
+# The pre-tokenizer each family's real tokenizer has (SmolLM2, Mistral Nemo, Qwen2/3), given to its twin.
+PRE = {"llama": "smollm", "mistral": "tekken", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2",
+       "qwen2_moe": "qwen2"}
 
 
 def _trained(family: str, steps: int = 2):
     """A fastkit twin with LoRA on every linear layer (qwen3_moe: experts too), trained a few steps."""
-    model, tok = FastModel.from_pretrained(HUB[family], max_seq_length=64, twin=True)
+    model, _ = FastModel.from_pretrained(HUB[family], max_seq_length=64, twin=True)
     model = FastModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False)
-    return train_lora_steps(model, steps), tok
+    return train_lora_steps(model, steps), twin_bpe_tokenizer(PRE[family])  # llama.cpp needs BPE merges
 
 
 def _load(path: str, config=None):
@@ -73,13 +78,13 @@ def test_f16_round_trip_plain_models(tmp_path, family):
                              eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     else:
-        model = twin(family)
+        model = twin(family, sliding_window=None)  # llama.cpp's llama graph has no window (see the refusal test)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_()  # zero-initialised upstream: make a bias layout mistake visible
         ref = model(input_ids=_x()).logits
-        back = _load(save_gguf(model, twin_tokenizer(), tmp_path, quantization="f16"))
+        back = _load(save_gguf(model, twin_bpe_tokenizer(PRE[family]), tmp_path, quantization="f16"))
         for name, p in model.named_parameters():
             assert torch.equal(dict(back.named_parameters())[name], p.half().float() if p.dim() > 1 else p), name
         torch.testing.assert_close(back(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
@@ -121,25 +126,83 @@ def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
     want = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert back.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == want
     assert back(want)["input_ids"] == tok(want)["input_ids"]
-    modelfile = (tmp_path / "Modelfile").read_text()
-    assert modelfile.startswith("FROM ./tiny-q8_0.gguf\n")
-    assert 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert field("tokenizer.ggml.pre") == "qwen2"
+    assert len(reader.fields["tokenizer.ggml.merges"].data) == len(json.loads(tok.backend_tokenizer.to_str())[
+        "model"]["merges"]) > 0
+    # No TEMPLATE: Ollama then uses the template embedded above; stop on the template's end-of-turn token.
+    assert (tmp_path / "Modelfile").read_text() == 'FROM ./tiny-q8_0.gguf\nPARAMETER stop "<|im_end|>"\n'
 
 
 def test_pre_tokenizer_names_llama_cpp_knows():
-    from fastkit.export.gguf_vocab import _pre_tokenizer
-
-    def split(regex):
-        return {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": regex}}, {"type": "ByteLevel", "use_regex": False}]}}
+    """Read off the tokenizer's own pre_tokenizer: GPT-2's ByteLevel regex is llama.cpp's "gpt-2" (its "default"
+    splits differently), SmolLM2's digits rule "smollm"; an unknown split is refused, not written as "default"."""
+    def split(regex, ignore_merges=False):
+        return {"model": {"ignore_merges": ignore_merges}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}}
 
     llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    assert _pre_tokenizer(split(llama3)) == "llama-bpe"
-    assert _pre_tokenizer(split(llama3.replace(r"\p{N}{1,3}", r"\p{N}"))) == "qwen2"
-    assert _pre_tokenizer({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, {"type": "ByteLevel"}]}}) == "smollm"  # SmolLM2
-    assert _pre_tokenizer({"pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}) == "default"  # GPT-2
+    assert pre_tokenizer_name(split(llama3, ignore_merges=True)) == "llama-bpe"
+    assert pre_tokenizer_name(split(llama3.replace(r"\p{N}{1,3}", r"\p{N}"))) == "qwen2"
+    smollm2 = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [  # SmolLM2's tokenizer.json
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}}
+    assert pre_tokenizer_name(smollm2) == "smollm"
+    assert pre_tokenizer_name({"pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}) == "gpt-2"
+    with pytest.raises(FastkitError, match="ignore_merges=False"):  # llama.cpp's llama-bpe always ignores merges
+        pre_tokenizer_name(split(llama3))
+    with pytest.raises(FastkitError, match="no llama.cpp pre-tokenizer"):
+        pre_tokenizer_name(split(r"\w+|[^\w\s]+"))
+    with pytest.raises(FastkitError, match="no llama.cpp counterpart"):
+        pre_tokenizer_name({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}})
+    for name in ("gpt-2", "smollm", "llama-bpe", "qwen2", "tekken"):  # each twin splits as its name says
+        assert pre_tokenizer_name(json.loads(twin_bpe_tokenizer(name).backend_tokenizer.to_str())) == name
+
+
+def test_tokenizer_llama_cpp_cannot_load_is_refused(tmp_path):
+    """A BPE vocabulary without merges loads in transformers but not in llama.cpp: refused before writing."""
+    with pytest.raises(FastkitError, match="without merges"):
+        save_gguf(twin("llama"), twin_tokenizer(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_stop_tokens_come_from_the_template():
+    from fastkit.export.gguf_vocab import modelfile, stop_tokens
+
+    tok = twin_bpe_tokenizer()
+    assert stop_tokens(tok) == ["<|im_end|>"]
+    tok.add_special_tokens({"additional_special_tokens": ["<|eot_id|>", "<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|eot_id|>\n{% endfor %}"
+    tok.eos_token = "<|im_end|>"
+    assert stop_tokens(tok) == ["<|eot_id|>", "<|im_end|>"]  # the turn's end first, then EOS
+    assert "TEMPLATE" not in modelfile(tok, "m.gguf")
+
+
+def test_sliding_window_llama_cpp_cannot_express_is_refused(tmp_path):
+    tok = twin_bpe_tokenizer("tekken")
+    with pytest.raises(FastkitError, match="64-token sliding window"):
+        save_gguf(twin("mistral"), tok, tmp_path / "out")  # the twin's window: 64 of 32768 positions
+    with pytest.raises(FastkitError, match="sliding window"):
+        save_gguf(twin("qwen3", use_sliding_window=True, sliding_window=32), twin_bpe_tokenizer("qwen2"),
+                  tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_k_quants_without_llama_cpp_say_how_to_get_them(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_llama_cpp(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise ImportError("No module named 'llama_cpp'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    with pytest.raises(FastkitError, match=r"fastkit-llm\[llamacpp\]"):
+        save_gguf(twin("llama"), twin_bpe_tokenizer("smollm"), tmp_path / "out", quantization="q4_k_m")
+    assert not (tmp_path / "out").exists()
 
 
 def test_llama3_rope_scaling_travels_as_rope_freqs(tmp_path):
@@ -148,7 +211,7 @@ def test_llama3_rope_scaling_travels_as_rope_freqs(tmp_path):
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     model = twin("llama", rope_parameters=rope)
-    path = save_gguf(model, twin_tokenizer(), tmp_path, quantization="f16")
+    path = save_gguf(model, twin_bpe_tokenizer("llama-bpe"), tmp_path, quantization="f16")
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     factors = torch.from_numpy(tensors["rope_freqs.weight"].data.copy())
     default = twin("llama", rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -173,6 +236,7 @@ def test_4bit_model_merges_into_its_base_reloaded_in_16_bit(tmp_path):
     save_twin(twin("llama"), tmp_path / "base")
     model, tok = FastModel.from_pretrained(str(tmp_path / "base"), max_seq_length=64, patches=None)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False).eval()
+    tok = twin_bpe_tokenizer("smollm")
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05)
@@ -187,7 +251,7 @@ def test_4bit_model_merges_into_its_base_reloaded_in_16_bit(tmp_path):
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    model, tok = twin("llama"), twin_tokenizer()
+    model, tok = twin("llama"), twin_bpe_tokenizer("smollm")
     out = tmp_path / "out"
     with pytest.raises(FastkitError, match="quantization='q5_k'"):
         save_gguf(model, tok, out, quantization="q5_k")
@@ -234,3 +298,32 @@ def test_smollm2_quickstart_model_round_trips(tmp_path):
     back = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path))
     assert back.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == prompt
     assert back(prompt)["input_ids"] == tok(prompt)["input_ids"]
+    field = gguf.GGUFReader(path).fields["tokenizer.ggml.pre"]
+    assert bytes(field.parts[field.data[0]]).decode() == "smollm"  # the name llama.cpp gives SmolLM2's split
+
+
+def test_4bit_experts_are_dequantized_into_the_file(tmp_path):
+    """fastkit's NF4 experts hold their codes in buffers: the file must carry them dequantized (it had no expert
+    tensors at all), equal to the 16-bit model with the dequantized expert weights."""
+    from tests.gguf_round_trip import moe_4bit_model
+
+    quantized, reference, tok = moe_4bit_model()
+    path = save_gguf(quantized, tok, tmp_path, quantization="f16")
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert {f"blk.{i}.ffn_{k}_exps.weight" for i in range(2) for k in ("gate", "up", "down")} <= names
+    back = _load(path, reference.config)
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=_x()).logits, reference(input_ids=_x()).logits, rtol=0, atol=2e-3)
+
+
+def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
+    import fastkit.export.gguf as ge
+
+    model = twin("qwen3_moe")
+    monkeypatch.setattr(ge, "_dequantized_experts", lambda base: [])  # a storage fastkit cannot read
+    from fastkit.patches.moe.nf4 import quantize_experts
+
+    quantize_experts(model)
+    with pytest.raises(FastkitError, match="expert tensors"):
+        save_gguf(model, twin_bpe_tokenizer("qwen2"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

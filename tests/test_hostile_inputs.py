@@ -22,6 +22,7 @@ from datasets import Dataset
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.data import check_dataset, load_chat_dataset
 from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedCollator, batch_lengths
+from fastkit.testing import OffloadTestConfig
 from fastkit.twins import twin
 from tests.helpers import save_twin
 
@@ -102,9 +103,8 @@ def _save_merged(ctx: Ctx, model=None, path=None):
 
 
 def _offload_peft():
-    from fastkit.patches.offload.patch import OffloadConfig
 
-    cfg = OffloadConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
+    cfg = OffloadTestConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
     model = FastModel.get_peft_model(_twin_model()[0], r=4, use_gradient_checkpointing="offload", offload_config=cfg)
     assert "offload" in active_patches(model.get_base_model())
     return model

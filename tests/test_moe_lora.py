@@ -18,11 +18,11 @@ from fastkit.patches.moe.lora import (
     expert_lora_modules,
     expert_lora_state_dict,
     factors_from_peft,
-    load_expert_lora,
     merge_expert_lora,
     save_expert_lora,
 )
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, experts_modules
+from fastkit.patches.moe.peft_format import load_expert_lora
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.syncs import SyncCounter
 from fastkit.twins import twin

@@ -28,6 +28,7 @@ from fastkit.patches.offload.patch import (
 from fastkit.patches.offload.pipeline import HostPool
 from fastkit.patches.offload.streams import CpuStreams, Throttle
 from fastkit.patching import active_patches, apply_patch, revert
+from fastkit.testing import OffloadTestConfig
 from fastkit.twins import twin
 
 LAYERS = 4
@@ -37,7 +38,7 @@ def cfg(**kw) -> OffloadConfig:
     """Offload everything (tiny twins are far below the production size thresholds)."""
     base = dict(min_tokens=0, min_bytes=0, force_cpu_stream=True, throttle=Throttle(0.002, poison=True))
     base.update(kw)
-    return OffloadConfig(**base)
+    return OffloadTestConfig(**base)
 
 
 def build(model_type="llama", lora=False, layers=LAYERS, dropout=0.2, **overrides):
@@ -268,7 +269,7 @@ def test_cpu_only_machine_trains_with_plain_checkpointing(caplog):
 
 def test_small_activations_and_short_sequences_stay_on_device():
     model = build()
-    enable_offload(model, OffloadConfig(force_cpu_stream=True))  # production thresholds: 512 tokens, 1 MiB
+    enable_offload(model, OffloadTestConfig(force_cpu_stream=True))  # production thresholds: 512 tokens, 1 MiB
     ref = train_steps(build(), steps=1)
     assert_bitwise(ref, train_steps(model, steps=1))
     stats = offload_controller(model).stats
@@ -299,7 +300,7 @@ def test_host_ram_check_raises_before_training_with_the_numbers():
     with pytest.raises(FastkitError, match=r"needs [\d.]+ GiB of host RAM \(3 layers x 10000000000 tokens"):
         enable_offload(model, cfg(expected_tokens=10**10))
     assert active_patches(model) == []  # nothing applied
-    assert check_host_budget(model, 1000, OffloadConfig()) == 3 * 1000 * 64 * 4
+    assert check_host_budget(model, 1000, OffloadTestConfig()) == 3 * 1000 * 64 * 4
 
 
 def test_host_pool_runtime_ram_check_and_pin_fallback(monkeypatch, caplog):
@@ -314,7 +315,7 @@ def test_host_pool_runtime_ram_check_and_pin_fallback(monkeypatch, caplog):
 
     from fastkit.patches.offload.pipeline import OffloadStats
 
-    pool = HostPool(PinFails(), OffloadConfig(), budget=10**11)
+    pool = HostPool(PinFails(), OffloadTestConfig(), budget=10**11)
     pool.stats = OffloadStats()
     with caplog.at_level(logging.WARNING, logger="fastkit"):
         buf = pool.acquire(1000, torch.float32)
@@ -332,17 +333,17 @@ def test_decide_on_gpus(monkeypatch):
     props = SimpleNamespace(name="NVIDIA GB10", is_integrated=True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (100 * 1024**3, 128 * 1024**3))
-    d = decide(model, OffloadConfig())
+    d = decide(model, OffloadTestConfig())
     assert d.mode == "checkpoint" and "unified memory" in d.reason
     props.is_integrated, props.name = False, "Tesla T4"
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (512 * 1024**2, 15 * 1024**3))
-    d = decide(model, OffloadConfig())
+    d = decide(model, OffloadTestConfig())
     assert d.mode == "single-buffer" and "headroom" in d.reason
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (10 * 1024**3, 15 * 1024**3))
-    assert decide(model, OffloadConfig()).mode == "double-buffer"
-    assert decide(model, OffloadConfig(double_buffer=False)).mode == "single-buffer"
+    assert decide(model, OffloadTestConfig()).mode == "double-buffer"
+    assert decide(model, OffloadTestConfig(double_buffer=False)).mode == "single-buffer"
     with pytest.raises(FastkitError, match="force_cpu_stream"):
-        decide(model, OffloadConfig(force_cpu_stream=True))
+        decide(model, OffloadTestConfig(force_cpu_stream=True))
 
 
 def test_refuses_without_checkpointing_or_with_reentrant_checkpointing():
@@ -379,3 +380,12 @@ def test_bench_offload_quick(tmp_path, capsys):
         assert row in md
     assert "| fastkit double buffer | n/a" not in md and "| fastkit single buffer | n/a" not in md
     assert md in printed
+
+
+def test_the_users_offload_config_has_no_test_seams():
+    """force_cpu_stream / throttle / trace live in fastkit.testing.OffloadTestConfig, not in the user's config."""
+    from dataclasses import fields
+
+    seams = {"force_cpu_stream", "throttle", "trace"}
+    assert not seams & {f.name for f in fields(OffloadConfig)}
+    assert seams <= {f.name for f in fields(OffloadTestConfig)}

@@ -22,3 +22,9 @@ def test_bench_packed_quick_writes_table_and_plot(tmp_path, capsys):
     assert "MiB" in paths["transformers"][9]
     assert "(1 rep)" in paths["fastkit"][5]  # one repetition: no spread claimed
     assert "not meaningful on CPU" in table  # the time model is a GPU model
+    # the hybrid row (qwen3_5 twin): fastkit packed vs plain transformers on padded batches, same documents
+    hybrid = {r[3].strip(): r for r in (line.split("|") for line in table.splitlines()) if len(r) == 12}
+    assert {"transformers, padded batches", "fastkit, packed"} <= set(hybrid), sorted(hybrid)
+    assert hybrid["fastkit, packed"][8].strip() == "0"  # syncs per step
+    loss = {p: float(hybrid[p][10]) for p in ("transformers, padded batches", "fastkit, packed")}
+    assert abs(loss["fastkit, packed"] - loss["transformers, padded batches"]) < 1e-4  # the same loss: exact

@@ -131,13 +131,6 @@ def test_counts_parameters_on_the_meta_device():
     assert shape.embedding_params == 2 * config.vocab_size * config.hidden_size
 
 
-def test_chunk_budget_matches_the_kernel():
-    from fastkit.patches.loss.chunked import CHUNK_BYTES
-    from fastkit.plan.terms import CHUNK_BYTES as PLANNED
-
-    assert CHUNK_BYTES == PLANNED
-
-
 def test_default_optimizer():
     assert default_optimizer("cuda", True) == "paged_adamw_8bit"
     assert default_optimizer("cuda", False) == "adamw_torch"

@@ -46,10 +46,15 @@ def test_a_family_that_fails_the_self_check_loads_unpatched_and_packing_is_refus
         _check_packing_supported(model, packing=True)
 
 
-def test_a_hybrid_fails_the_self_check_naming_the_check():
-    model = FastModel.patch(_model("falcon_h1"))  # mamba state carries across documents
+def test_a_hybrid_fails_the_self_check_naming_the_check(monkeypatch):
+    """With its row (``stateful``) falcon_h1 packs exactly; without one the self-check's plain row names no
+    stateful layer, so the packing patch refuses it (mamba state would carry across documents)."""
+    assert "packing" in active_patches(FastModel.patch(_model("falcon_h1")))
+    monkeypatch.delitem(registry.MODEL_TABLE, "falcon_h1")
+    model = FastModel.patch(_model("falcon_h1"))
     assert active_patches(model) == []
-    assert "self-check failed (packed)" in report(model).skipped["all"]
+    why = report(model).skipped["all"]
+    assert "self-check failed (refused)" in why and "carry state across packed documents" in why
 
 
 def test_a_composite_checkpoint_loads_its_text_model_with_a_banner_line(tmp_path):

@@ -5,14 +5,14 @@ import torch
 
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.export import save_lora, save_merged
-from fastkit.patches.offload.patch import OffloadConfig
 from fastkit.quickstart import quickstart_dataset
+from fastkit.testing import OffloadTestConfig
 from fastkit.training import make_trainer
 
 
 def _model(mode=True):
     model, tok = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=128, twin=True)
-    cfg = OffloadConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
+    cfg = OffloadTestConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
     return FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=mode, offload_config=cfg), tok
 
 

@@ -10,11 +10,10 @@
 from fastkit.data.formats import detect_format, normalize_dataset, preview_masks, tokenize_chat
 from fastkit.data.load import (
            check_dataset,
-           drop_long_rows,
            load_chat_dataset,
            to_chat_training_form,
            to_prompt_completion,
 )
 
-__all__ = ["check_dataset", "detect_format", "drop_long_rows", "load_chat_dataset", "normalize_dataset",
+__all__ = ["check_dataset", "detect_format", "load_chat_dataset", "normalize_dataset",
            "preview_masks", "to_chat_training_form", "to_prompt_completion", "tokenize_chat"]

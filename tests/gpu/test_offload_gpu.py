@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from fastkit.loader import enable_checkpointing
-from fastkit.patches.offload.patch import OffloadConfig, enable_offload, offload_controller
+from fastkit.patches.offload.patch import enable_offload, offload_controller
+from fastkit.testing import OffloadTestConfig
 from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu
@@ -50,7 +51,7 @@ def step(model, seq=1024, seed=0):
 def test_gpu_gradients_match_plain_checkpointing(lora, double):
     ref = [step(build(lora=lora), seed=s) for s in (0, 1)]
     model = build(lora=lora)
-    mode = enable_offload(base(model), OffloadConfig(min_tokens=0, min_bytes=0, double_buffer=double))
+    mode = enable_offload(base(model), OffloadTestConfig(min_tokens=0, min_bytes=0, double_buffer=double))
     assert mode == ("double-buffer" if double else "single-buffer")
     got = [step(model, seed=s) for s in (0, 1)]
     # fp32; the recompute reads the same values (an exact copy), so differences can only come from
@@ -78,7 +79,7 @@ def _sync_warnings(model) -> int:
 def test_gpu_offload_adds_no_host_sync():
     plain = _sync_warnings(build())
     model = build()
-    enable_offload(model, OffloadConfig(min_tokens=0, min_bytes=0))
+    enable_offload(model, OffloadTestConfig(min_tokens=0, min_bytes=0))
     _sync_warnings(model)  # warm: buffers allocated (allocation may sync once)
     assert _sync_warnings(model) == plain
 
@@ -94,7 +95,7 @@ def test_gpu_peak_memory_is_lower_and_buffers_are_reused(lora):
     for offload in (False, True):
         model = build(layers=8, dropout=0.0, lora=lora, dtype=torch.bfloat16, **shape)
         if offload:
-            assert enable_offload(base(model), OffloadConfig()) == "double-buffer"
+            assert enable_offload(base(model), OffloadTestConfig()) == "double-buffer"
         step(model, seq=4096)
         torch.cuda.reset_peak_memory_stats()
         step(model, seq=4096)
@@ -116,7 +117,7 @@ def test_gpu_peak_memory_is_lower_and_buffers_are_reused(lora):
 def test_gpu_current_stream_is_taken_at_call_time():
     ref = step(build(dropout=0.0))
     model = build(dropout=0.0)
-    enable_offload(model, OffloadConfig(min_tokens=0, min_bytes=0))
+    enable_offload(model, OffloadTestConfig(min_tokens=0, min_bytes=0))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

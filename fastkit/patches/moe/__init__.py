@@ -20,7 +20,8 @@ from fastkit.patches.moe.patch import (
     experts_modules,
     fastkit_experts_forward,
 )
+from fastkit.patches.moe.peft_format import load_expert_lora
 
 __all__ = ["EXPERTS_KEY", "LORA_ATTR", "ExpertLoRA", "MoEConfig", "MoEExpertsPatch", "add_expert_lora",
            "attach_experts", "detach_experts", "expert_lora_modules", "experts_modules", "fastkit_experts_forward",
-           "has_4bit_experts", "peft_adapts_experts", "quantize_experts"]
+           "has_4bit_experts", "load_expert_lora", "peft_adapts_experts", "quantize_experts"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastkit import _hf
+from fastkit import _hf, _torch
 from fastkit.patches.moe.nf4 import BLOCKSIZE, E2M1, MXFP4Experts, _quantize_param
 from fastkit.patches.moe.patch import experts_modules, projection_names
 
@@ -85,7 +85,7 @@ class QuantizeWhileLoading:
 
     def _alive_16bit(self) -> int:
         return sum(p.numel() * p.element_size() for m in self._experts for pname in projection_names(m)
-                   if isinstance(p := m._parameters.get(pname), torch.Tensor) and not p.is_meta)
+                   if isinstance(p := _torch.module_dicts(m)["_parameters"].get(pname), torch.Tensor) and not p.is_meta)
 
     def __call__(self, model: nn.Module, target_name: str) -> None:
         module_path, _, pname = target_name.rpartition(".")
@@ -95,11 +95,11 @@ class QuantizeWhileLoading:
         if self._experts is None:
             self._experts = [e for _, e in experts_modules(model)]
         self.peak_16bit_bytes = max(self.peak_16bit_bytes, self._alive_16bit())
-        w = m._parameters.get(pname)
+        w = _torch.module_dicts(m)["_parameters"].get(pname)
         if self.keep_mxfp4 and w is not None and not w.is_meta and m.is_transposed:
             kept = mxfp4_from_values(w.data)  # GPT-OSS experts are (E, in, out): is_transposed
             if kept is not None:
-                del m._parameters[pname]
+                del _torch.module_dicts(m)["_parameters"][pname]
                 setattr(m, pname, kept)
                 self.mxfp4 += 1
                 return

@@ -22,7 +22,7 @@ Composing with PEFT (``target_modules="all-linear"`` for attention and dense MLP
     ...train...
     peft_model.save_pretrained(out)                       # PEFT's adapters
     save_expert_lora(peft_model, out)                     # + out/fastkit_expert_lora.safetensors
-    load_expert_lora(other_peft_model, out)               # attaches and fills the factors
+    load_expert_lora(other_peft_model, out)               # (peft_format.py) attaches and fills the factors
 
 ``peft_model.disable_adapter()`` does not switch these factors off; use
 ``expert_lora_enabled(model, False)``. PEFT 0.21's ``target_modules="all-linear"`` already adapts the
@@ -200,38 +200,6 @@ def save_expert_lora(model: nn.Module, directory: str) -> str:
     return path
 
 
-def load_expert_lora(model: nn.Module, directory: str) -> list[str]:
-    """Attach expert LoRA with the saved hyper-parameters and load the saved factors (strict).
-
-    Reads ``fastkit_expert_lora.safetensors`` or, without it, the PEFT ``target_parameters`` expert adapter
-    that ``fastkit.export.save_lora`` writes (:mod:`fastkit.patches.moe.peft_format`).
-    """
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from fastkit.patches.moe.peft_format import factors_from_adapter, load_into
-
-    path = os.path.join(directory, FILE_NAME)
-    if not os.path.exists(path) and factors_from_adapter(directory) is not None:
-        return load_into(model, directory)
-    if not os.path.exists(path):
-        raise FastkitError(f"No {FILE_NAME} in {directory!r} (save it with fastkit.patches.moe.lora.save_expert_lora).")
-    with safe_open(path, framework="pt") as f:
-        meta = json.loads(f.metadata()["fastkit_expert_lora"])
-    tensors = load_file(path)
-    names = add_expert_lora(model, **meta)
-    own = dict(expert_lora_modules(model))
-    expected = set(expert_lora_state_dict(model))
-    if set(tensors) != expected:
-        missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
-        raise FastkitError(f"{path}: factors do not match this model (missing {missing[:3]}, unexpected {extra[:3]}).")
-    for key, value in tensors.items():
-        mod_name, _, pname = key.rpartition(f".{LORA_ATTR}.")
-        with torch.no_grad():
-            getattr(own[mod_name], pname).copy_(value)
-    return names
-
-
 @torch.no_grad()
 def merge_expert_lora(model: nn.Module) -> list[str]:
     """Fold ``s·B·A`` into the expert weights and remove the factors (for export). Returns module names."""
@@ -279,5 +247,5 @@ def factors_from_peft(peft_model: nn.Module, model: nn.Module) -> int:
 
 
 __all__ = ["ExpertLoRA", "ExpertLoRAPatch", "add_expert_lora", "expert_lora_enabled", "expert_lora_modules",
-           "expert_lora_state_dict", "factors_from_peft", "load_expert_lora", "merge_expert_lora",
+           "expert_lora_state_dict", "factors_from_peft", "merge_expert_lora",
            "peft_adapts_experts", "save_expert_lora"]

@@ -48,7 +48,7 @@ import logging
 import torch
 from torch import nn
 
-from fastkit import _hf, registry
+from fastkit import _hf, _torch
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -338,52 +338,75 @@ class _NF4GroupMM(torch.autograd.Function):
 # A model's experts: quantize layer by layer, storage bytes, the MXFP4 requantization error.
 # ----------------------------------------------------------------------------------------------
 
-_NO_4BIT_LAYOUT = registry.NO_4BIT_EXPERTS  # the table's experts classes with no NF4 layout
 
 
-def _quantize_param(m: nn.Module, pname: str, blocksize: int, double_quant: bool) -> int:
-    """Replace the 16-bit ``(E, a, b)`` parameter ``m.<pname>`` by :class:`NF4Experts`; 1 if it did."""
-    w = m._parameters.get(pname)
+def _quantize_param(m: nn.Module, pname: str, blocksize: int, double_quant: bool, swap=None) -> int:
+    """Replace the 16-bit ``(E, a, b)`` parameter ``m.<pname>`` by :class:`NF4Experts`; 1 if it did.
+
+    With ``swap`` (:class:`fastkit.patching.Swapper`) revert puts back a parameter of the same name, shape,
+    dtype and ``requires_grad`` holding the dequantized values: the 16-bit original is dropped on purpose
+    (keeping it would cost the memory 4-bit saves), so revert is exact in layout, NF4-rounded in values.
+    """
+    w = _torch.module_dicts(m)["_parameters"].get(pname)
     if w is None or w.dim() != 3 or w.is_meta or not w.dtype.is_floating_point:
         return 0
     q = NF4Experts(w.data, transposed=m.is_transposed, blocksize=blocksize, double_quant=double_quant)
-    del m._parameters[pname]
+    if swap is not None:
+        grad = w.requires_grad  # a bool: the closure below must not hold the 16-bit weight
+        del w
+        swap.parameter(m, pname, q, restore=lambda: nn.Parameter(q.dequantize(), requires_grad=grad))
+        return 1
+    del _torch.module_dicts(m)["_parameters"][pname]
     setattr(m, pname, q)
     return 1
 
 
-def quantize_experts(model: nn.Module, blocksize: int = BLOCKSIZE, double_quant: bool = True) -> int:
+def _dequantize_on_undo(m: nn.Module, pname: str, swap) -> None:
+    """Revert of experts that were stored 4-bit as the checkpoint was read: a dequantized parameter back."""
+    def put_back():
+        q = getattr(m, pname)
+        delattr(m, pname)
+        m.register_parameter(pname, nn.Parameter(q.dequantize(), requires_grad=True))
+
+    swap.on_undo(put_back)
+
+
+def quantize_experts(model: nn.Module, blocksize: int = BLOCKSIZE, double_quant: bool = True, swap=None) -> int:
     """Store every expert weight of ``model`` as :class:`NF4Experts`, one layer at a time. Returns the count.
 
     Each 16-bit ``(E, ·, ·)`` parameter is quantized and dropped before the next one, so the extra
     memory is one projection's codes. Biases (GPT-OSS) stay 16-bit and are frozen. Raises
     :class:`FastkitError` before changing anything for expert parallelism, or a MoE whose experts have no
     4-bit layout here (DBRX, Llama-4, JetMoE, already-quantized experts such as GPT-OSS' ``Mxfp4`` modules).
+    ``swap`` (the loader passes one, through :func:`fastkit.patching.change`): revert dequantizes back
+    (see :func:`_quantize_param`), also experts that were stored 4-bit while the checkpoint loaded.
     """
     from fastkit.patches.moe.patch import experts_modules, projection_names  # glue: moe imports nothing from here
 
     found = experts_modules(model)
     for name, m in model.named_modules():
-        cls = type(m).__name__
-        if cls in _NO_4BIT_LAYOUT or cls.startswith("Mxfp4"):
-            raise FastkitError(f"{name} ({cls}): no 4-bit expert layout in fastkit for this family yet; load it "
-                               "with load_in_4bit=False (16-bit experts).")
+        if _hf.has_no_4bit_layout(m):
+            raise FastkitError(f"{name} ({type(m).__name__}): no 4-bit expert layout in fastkit for this family yet; "
+                               "load it with load_in_4bit=False (16-bit experts).")
     for name, m in found:
         if _hf.is_expert_parallel(m):
             raise FastkitError(f"{name}: 4-bit experts with expert parallelism are not supported; turn expert "
                                "parallelism off (no distributed_config / tp_plan) or load_in_4bit=False.")
         for pname in projection_names(m):
-            w = m._parameters.get(pname)
+            w = _torch.module_dicts(m)["_parameters"].get(pname)
             if not isinstance(getattr(m, pname, None), NF4Experts) and (w is None or w.dim() != 3):
                 raise FastkitError(f"{name}.{pname}: expected an (E, a, b) parameter to quantize, got "
                                    f"{type(getattr(m, pname, None)).__name__}.")
     count = 0
     for _name, m in found:
         for pname in projection_names(m):
-            count += _quantize_param(m, pname, blocksize, double_quant)  # 0 when already NF4Experts (idempotent)
+            if swap is not None and isinstance(getattr(m, pname, None), NF4Experts):
+                _dequantize_on_undo(m, pname, swap)  # stored 4-bit as read: nothing to quantize, revert still undoes
+                continue
+            count += _quantize_param(m, pname, blocksize, double_quant, swap)  # 0 when already NF4 (idempotent)
         for pname, p in m.named_parameters(recurse=False):
             if pname.endswith("_bias"):
-                p.requires_grad_(False)
+                swap.requires_grad(p, False) if swap is not None else p.requires_grad_(False)
     if count:
         logger.info("fastkit: 4-bit experts: %d expert tensors stored NF4 (block %d%s)", count, blocksize,
                 ", double quantization" if double_quant else "")

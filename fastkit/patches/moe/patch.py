@@ -108,6 +108,8 @@ class _LayerState:
     """The model's MoE settings."""
     checked: bool = False
     """The data checks passed once (``validate="auto"|"first"`` on the grouped path)."""
+    original: str | None = None
+    """The experts implementation selected before :func:`attach_experts` (put back by :func:`detach_experts`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,13 +295,11 @@ def llama4_moe_forward(self, hidden_states):
 
 def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, object]]:
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
-    forwards = {"DbrxExperts": dbrx_experts_forward, "Llama4TextMoe": llama4_moe_forward}
     found = []
     for name, m in model.named_modules():
-        cls = type(m).__name__  # the class names are the table's (registry.LOOPED_EXPERTS)
-        if cls in registry.LOOPED_EXPERTS and cls in forwards and (hasattr(getattr(m, "mlp", None), "w1") or (
-                hasattr(m, "experts") and hasattr(m, "shared_expert"))):
-            found.append((name, m, forwards[cls]))
+        kind = _hf.looped_experts_kind(m)  # the classes are the table's (registry.LOOPED_EXPERTS)
+        if kind is not None:
+            found.append((name, m, dbrx_experts_forward if kind == "dbrx" else llama4_moe_forward))
     return found
 
 
@@ -434,15 +434,20 @@ def attach_experts(module: torch.nn.Module, config: MoEConfig | None = None, *, 
     if not is_decorated_experts(module):
         raise FastkitError(f"{type(module).__name__} is not a @use_experts_implementation experts module.")
     register()
+    before = vars(module).get(_STATE_ATTR)
+    original = before.original if before is not None else _hf.experts_implementation(module.config)
     _hf.set_experts_implementation(module.config, EXPERTS_KEY)
-    setattr(module, _STATE_ATTR, _LayerState(name=name or type(module).__name__, config=config or MoEConfig()))
+    setattr(module, _STATE_ATTR, _LayerState(name=name or type(module).__name__, config=config or MoEConfig(),
+                                             original=original))
 
 
-def detach_experts(module: torch.nn.Module, implementation: str = "eager") -> None:
-    """Undo :func:`attach_experts`: select transformers' ``implementation`` (``"eager"``, ``"grouped_mm"``)
-    on ``module.config`` and drop the module's fastkit state."""
+def detach_experts(module: torch.nn.Module, implementation: str | None = None) -> None:
+    """Undo :func:`attach_experts`: select the experts implementation that was there before it (or
+    ``implementation``: ``"eager"``, ``"grouped_mm"``) on ``module.config``; drop the module's fastkit state."""
+    state = vars(module).pop(_STATE_ATTR, None)
+    if implementation is None:
+        implementation = state.original if state is not None else _hf.experts_implementation(module.config)
     _hf.set_experts_implementation(module.config, implementation)
-    vars(module).pop(_STATE_ATTR, None)
 
 
 __all__ = ["EXPERTS_KEY", "LORA_ATTR", "MoEConfig", "MoEExpertsPatch", "Routing", "attach_experts",

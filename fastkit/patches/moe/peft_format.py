@@ -26,7 +26,16 @@ import torch
 
 from fastkit import _hf
 from fastkit.errors import FastkitError
-from fastkit.patching import unwrap
+from fastkit.patches.moe.lora import (
+    FILE_NAME,
+    PATCH_NAME,
+    add_expert_lora,
+    expert_lora_modules,
+    expert_lora_state_dict,
+    peft_adapts_experts,
+)
+from fastkit.patches.moe.patch import LORA_ATTR
+from fastkit.patching import revert, unwrap
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -63,7 +72,6 @@ def add_to_peft_adapter(model: torch.nn.Module, directory: str) -> list[str]:
     """
     from safetensors.torch import load_file, save_file
 
-    from fastkit.patches.moe.lora import expert_lora_modules
 
     mods = expert_lora_modules(model)
     if not mods:
@@ -74,7 +82,6 @@ def add_to_peft_adapter(model: torch.nn.Module, directory: str) -> list[str]:
                            "(save the PEFT model there first).")
     with open(config_path) as f:
         config = json.load(f)
-    from fastkit.patches.moe.lora import peft_adapts_experts
 
     if peft_adapts_experts(model):
         raise FastkitError(f"{config_path} already adapts expert parameters {config['target_parameters'][:2]}; "
@@ -152,11 +159,11 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
     ``directory`` (the inverse of :func:`add_to_peft_adapter`). Returns the experts module names.
     ``targets``: load only these expert projections (see :func:`expert_targets`); default all of the adapter's.
 
-    Everything is checked before the factors are attached. An adapter fastkit's factors cannot hold
+    Names, ranks and tensor keys are checked before the factors are attached; a shape that does not fit
+    detaches them again (the model is left as it was) and raises. An adapter fastkit's factors cannot hold
     (a router target, ranks differing per projection) raises; ``PeftModel.from_pretrained`` loads it,
     and fastkit's ``moe`` patch runs PEFT's expert adapters per expert group as well.
     """
-    from fastkit.patches.moe.lora import add_expert_lora, expert_lora_modules
     from fastkit.patches.moe.patch import experts_modules, projection_names
 
     found = factors_from_adapter(directory)
@@ -183,8 +190,20 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
         raise FastkitError(f"{directory}: expert projections use several (rank, alpha) pairs {sorted(hyper)}; "
                            "fastkit's expert LoRA has one; load it with peft.PeftModel.from_pretrained instead.")
     (r, alpha), = hyper
+    missing = [f"{w}.lora_{ab}.weight" for w in paths.values() for ab in "AB" if f"{w}.lora_{ab}.weight" not in tensors]
+    if missing:
+        raise FastkitError(f"{directory}: the adapter file lacks {missing[:3]} (a truncated or foreign adapter).")
     names = add_expert_lora(model, r=r, lora_alpha=alpha, use_rslora=bool(config.get("use_rslora", False)))
-    own = dict(expert_lora_modules(model))
+    try:
+        _fill(dict(expert_lora_modules(model)), paths, tensors)
+    except Exception:  # shapes that do not fit this model: detach again, the model is as it was
+        revert(model, [PATCH_NAME])
+        raise
+    return names
+
+
+def _fill(own: dict, paths: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
+    """Copy PEFT's ``(r·E, in)`` / ``(out, r·E)`` factors into fastkit's ``(E, r, in)`` / ``(E, out, r)``."""
     for key, wrapper in paths.items():
         name, _, proj = key.rpartition(".")
         a_peft = tensors[f"{wrapper}.lora_A.weight"]  # (r·E, in)
@@ -194,7 +213,38 @@ def load_into(model: torch.nn.Module, directory: str, targets: list[str] | None 
         with torch.no_grad():
             a_ours.copy_(a_peft.reshape(e, -1, a_peft.shape[-1]))  # (E, r, in)
             b_ours.copy_(b_peft.reshape(b_peft.shape[0], -1, e).permute(2, 0, 1))  # (E, out, r)
+
+
+__all__ = ["add_to_peft_adapter", "expert_targets", "factors_from_adapter", "load_expert_lora", "load_into",
+           "peft_wrapper_paths"]
+
+
+def load_expert_lora(model: torch.nn.Module, directory: str) -> list[str]:
+    """Attach expert LoRA with the saved hyper-parameters and load the saved factors (strict).
+
+    Reads ``fastkit_expert_lora.safetensors`` or, without it, the PEFT ``target_parameters`` expert adapter
+    that ``fastkit.export.save_lora`` writes (:mod:`fastkit.patches.moe.peft_format`).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = os.path.join(directory, FILE_NAME)
+    if not os.path.exists(path) and factors_from_adapter(directory) is not None:
+        return load_into(model, directory)
+    if not os.path.exists(path):
+        raise FastkitError(f"No {FILE_NAME} in {directory!r} (save it with fastkit.patches.moe.lora.save_expert_lora).")
+    with safe_open(path, framework="pt") as f:
+        meta = json.loads(f.metadata()["fastkit_expert_lora"])
+    tensors = load_file(path)
+    names = add_expert_lora(model, **meta)
+    own = dict(expert_lora_modules(model))
+    expected = set(expert_lora_state_dict(model))
+    if set(tensors) != expected:  # the names are known once attached: detach again, so the model is unchanged
+        revert(model, [PATCH_NAME])
+        missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        raise FastkitError(f"{path}: factors do not match this model (missing {missing[:3]}, unexpected {extra[:3]}).")
+    for key, value in tensors.items():
+        mod_name, _, pname = key.rpartition(f".{LORA_ATTR}.")
+        with torch.no_grad():
+            getattr(own[mod_name], pname).copy_(value)
     return names
-
-
-__all__ = ["add_to_peft_adapter", "expert_targets", "factors_from_adapter", "load_into", "peft_wrapper_paths"]

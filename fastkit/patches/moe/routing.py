@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
+from fastkit import _torch
 from fastkit.errors import FastkitError
 
 # ----------------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class _ExpertBias(torch.autograd.Function):
 # Backends: which grouped GEMM runs where.
 # ----------------------------------------------------------------------------------------------
 
-_HAS_GROUPED = hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
+_GROUPED_MM = _torch.grouped_mm_function()
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -202,7 +202,7 @@ def grouped_mm_runs(w: torch.Tensor) -> bool:
     CUDA: sm80+ and bf16 (other dtypes go through ATen's fallback, which copies the offsets to the
     host). CPU: torch >= 2.9 has a kernel (no device, so no sync to worry about). Elsewhere: no.
     """
-    if not _HAS_GROUPED:
+    if _GROUPED_MM is None:
         return False
     if w.device.type == "cuda":
         if w.dtype != torch.bfloat16 or torch.cuda.get_device_capability(w.device) < (8, 0):
@@ -215,8 +215,7 @@ def grouped_mm_runs(w: torch.Tensor) -> bool:
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:
     """``x (S, in)`` sorted rows times ``w (E, in, out)``: one grouped GEMM, no host sync."""
-    fn = F.grouped_mm if hasattr(F, "grouped_mm") else torch._grouped_mm
-    return fn(x, w, offs=routing.ends)  # (S, out)
+    return _GROUPED_MM(x, w, offs=routing.ends)  # (S, out)
 
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:

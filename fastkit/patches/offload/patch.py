@@ -40,17 +40,12 @@ from typing import Any
 import torch
 
 from fastkit import _hf, registry
-from fastkit.device import GiB, host_ram
+from fastkit.device import host_ram
 from fastkit.errors import FastkitError
-from fastkit.patches.offload.pipeline import (
-    MiB,
-    OffloadController,
-    OffloadedCheckpoint,
-    OffloadStats,
-    fmt_bytes,
-)
+from fastkit.patches.offload.pipeline import OffloadController, OffloadedCheckpoint, OffloadStats
 from fastkit.patches.offload.streams import CopyStreams, CpuStreams, CudaStreams, Throttle
 from fastkit.patching import Swapper, apply_patch, report, unwrap
+from fastkit.units import GiB, MiB, fmt_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +80,6 @@ class OffloadConfig:
     fastkit load report's ``max_seq_length`` (batch 1) when there is one, else no up-front check."""
     pin_memory: bool = True
     """Use page-locked host buffers (fast async copies); falls back to pageable when pinning fails."""
-    force_cpu_stream: bool = False
-    """Run the pipeline on a CPU model with the worker-thread copy stream (tests, benchmarks)."""
-    throttle: Throttle | None = None
-    """CPU stream only: slow, poisoning copies (race tests, the time-model benchmark)."""
-    trace: bool = False
-    """Record copy and compute spans (``controller.streams.trace``) for the overlap test."""
 
     def check_host_ram(self, nbytes: int, held: int) -> None:
         """Raise :class:`FastkitError` when ``nbytes`` more of host RAM (``held`` already in staging buffers)
@@ -130,9 +119,9 @@ def decide(model: torch.nn.Module, config: OffloadConfig) -> Decision:
     """Pick the offload mode for ``model`` on this machine. Reads device facts; changes nothing."""
     device = _model_device(model)
     buffers = "double-buffer" if config.double_buffer else "single-buffer"
-    if config.force_cpu_stream:
+    if _seam(config, "force_cpu_stream", False):  # fastkit.testing.OffloadTestConfig only
         if device.type != "cpu":
-            raise FastkitError(f"OffloadConfig.force_cpu_stream=True runs the pipeline on a CPU model; this model "
+            raise FastkitError(f"OffloadTestConfig.force_cpu_stream=True runs the pipeline on a CPU model; this model "
                                f"is on {device}. Leave force_cpu_stream off on a GPU.")
         return Decision(buffers, "CPU copy stream forced (test/benchmark pipeline)", device)
     if device.type != "cuda":
@@ -231,10 +220,16 @@ class OffloadPatch:
         swap.setattr(model, CONTROLLER_ATTR, controller)
 
 
+def _seam(config: OffloadConfig, name: str, default):
+    """A test seam's value: only :class:`fastkit.testing.OffloadTestConfig` has them, a user's config never."""
+    return getattr(config, name, default)
+
+
 def _make_streams(decision: Decision, config: OffloadConfig) -> CopyStreams:
+    trace = _seam(config, "trace", False)
     if decision.device.type == "cuda":
-        return CudaStreams(decision.device, trace=config.trace)
-    return CpuStreams(throttle=config.throttle, trace=config.trace)
+        return CudaStreams(decision.device, trace=trace)
+    return CpuStreams(throttle=_seam(config, "throttle", None), trace=trace)
 
 
 def _host_budget(config: OffloadConfig) -> int:

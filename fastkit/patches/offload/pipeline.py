@@ -40,12 +40,12 @@ from typing import Any, Protocol
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from fastkit import _torch
 from fastkit.patches.offload.streams import CopyStreams, Span
+from fastkit.units import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
-MiB = 1024**2
-GiB = 1024**3
 
 
 class PipelineConfig(Protocol):
@@ -90,14 +90,6 @@ class OffloadStats:
     """Reloads started only when the layer was unpacked (single buffer, or an unpredicted order)."""
 
 
-def fmt_bytes(n: float) -> str:
-    """``1.50 GiB``, ``12.0 MiB``, ``24.0 KiB``: the unit that keeps the number readable."""
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 # --------------------------------------------------------------------------------------------
 # Buffers
 # --------------------------------------------------------------------------------------------
@@ -114,7 +106,7 @@ def _capacity(numel: int) -> int:
 def _other_readers(buf: torch.Tensor) -> int:
     """References to ``buf``'s storage besides ``buf`` itself (views held by autograd, copies in flight)."""
     storage = buf.untyped_storage()  # this temporary Python object holds one reference too
-    return torch._C._storage_Use_Count(storage._cdata) - 2
+    return _torch.storage_use_count(storage) - 2
 
 
 class HostPool:
@@ -366,7 +358,7 @@ class OffloadController:
             return
         now = time.perf_counter()
         self._open_compute = Span("compute", layer, now, now)
-        torch.autograd.Variable._execution_engine.queue_callback(self._trace_end_compute)
+        _torch.queue_backward_callback(self._trace_end_compute)
 
 
 # Note: [copy after produce]

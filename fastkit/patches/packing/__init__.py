@@ -2,6 +2,8 @@
 
     patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
     attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
+    state.py       stateful layers (linear attention, causal conv, SSM) restart per document: the
+                   per-document regroup (torch) and the instance swaps the patch makes for a ``stateful`` row
 """
 
 from fastkit.patches.packing.attention import PackedBatch, packed_attention

@@ -18,6 +18,10 @@ keys in transformers' ``AttentionInterface`` and wraps the decoder's ``forward``
   function, so every ``create_*_mask`` returns ``None`` at once (no T×T mask, no sync). Attention runs
   per document with the fastest exact kernel (:mod:`fastkit.patches.packing.attention`, pure torch).
 
+Stateful layers (a registry row with ``stateful`` layer classes: linear attention, causal conv, SSM) restart
+their state at each document start from the same :class:`PackedBatch` (:mod:`fastkit.patches.packing.state`);
+a model with a stateful layer its row does not name is refused.
+
 Every private transformers name (the config's attention key, the attention registries' global
 mappings, a family's own eager function) is reached through :mod:`fastkit._hf`.
 
@@ -46,12 +50,13 @@ import torch
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.patches.packing import attention as kernels
+from fastkit.patches.packing import state as packing_state
 from fastkit.patches.packing.attention import PackedBatch, lengths_from_cu, log_once
 from fastkit.patching import Swapper
 
 logger = logging.getLogger(__name__)
 
-PACKED_KWARG = "fastkit_packed"
+PACKED_KWARG = packing_state.PACKED_KWARG
 """Forward kwarg carrying the :class:`PackedBatch` from the decoder down to the attention function."""
 LENGTHS_KWARG = "fastkit_seq_lens"
 """Batch key (added by :func:`wrap_collator`): per-row document lengths as Python ints."""
@@ -434,13 +439,18 @@ class PackedAttentionPatch:
             return "bidirectional attention (config.is_causal=False)"
         if "kwargs" not in inspect.signature(inner.forward).parameters:
             return "the decoder forward takes no **kwargs (metadata cannot reach the layers)"
-        return None
+        return packing_state.check(model, inner, self._stateful())
+
+    def _stateful(self) -> tuple[str, ...]:
+        return tuple(getattr(self.facts, "stateful", ()) or ())
 
     def apply(self, model: torch.nn.Module, swap: Swapper) -> None:
         config, inner = model.config, _decoder(model)
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)
         swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))
+        if self._stateful():  # recurrent / conv / SSM layers restart at each document (packing/state.py)
+            packing_state.apply(inner, self._stateful(), swap)
         logger.debug("fastkit packing: %s -> %s (packed batches: %s)", type(model).__name__, permanent, packed)
 
 

@@ -1,0 +1,68 @@
+"""Compat layer for torch: every private or version-fragile torch name fastkit uses, in one file.
+
+Each accessor says the torch versions it was checked on, the upstream issue where there is one, and
+when it can go. Nothing else in fastkit may reach a torch private name (tests/test_hf_compat.py scans
+every file for underscore attributes on objects that are not fastkit's). This file imports torch only,
+so the pure-torch files (patches/*/routing.py, pipeline.py, ...) may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+# nn.Module's own dicts that a patch may change: parameters, buffers, submodules, and every hook dict.
+# checked: torch 2.10-2.13 (names unchanged since 2.0; missing ones are skipped). Stays: torch has no
+# public API that lists or removes a hook without its RemovableHandle, and a handle does not survive
+# deepcopy (it holds a weak reference to the ORIGINAL module's dict).
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
+                 "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_hooks",
+                 "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                 "_load_state_dict_post_hooks")
+
+
+def module_dicts(module: torch.nn.Module) -> dict[str, dict]:
+    """The module's ``__dict__`` and its parameter / buffer / submodule / hook dicts, by name (live objects)."""
+    own = vars(module)
+    return {"__dict__": own, **{k: own[k] for k in _MODULE_DICTS if isinstance(own.get(k), dict)}}
+
+
+def forward_pre_hooks(module: torch.nn.Module) -> list[Callable]:
+    """The functions registered with ``register_forward_pre_hook`` on ``module``, in order.
+    checked: torch 2.10-2.13 (``Module._forward_pre_hooks``). Stays: no public accessor."""
+    return list(module._forward_pre_hooks.values())
+
+
+def storage_use_count(storage: torch.UntypedStorage) -> int:
+    """How many references the C++ side holds to ``storage`` (``torch._C._storage_Use_Count``).
+
+    checked: torch 2.10-2.13. Stays until torch exposes a public use count (none planned; torchtune's
+    ``OffloadActivations`` reads the same private for the same reason: is a pinned buffer still read).
+    """
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+def queue_backward_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the current backward pass ends (``Variable._execution_engine.queue_callback``).
+
+    checked: torch 2.10-2.13. Only valid inside a backward (a hook or an autograd Function's backward).
+    Stays: no public equivalent (pytorch/pytorch#102356 asks for one; FSDP uses this private too).
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def grouped_mm_function() -> Callable | None:
+    """``torch.nn.functional.grouped_mm`` (public from torch 2.10), else the private ``torch._grouped_mm``
+    (torch 2.8-2.9), else None. checked: torch 2.9, 2.11, 2.13. Remove the private branch when
+    ``requires-python``'s torch floor (pyproject: torch>=2.10) makes it dead: it is dead already for
+    the declared floor, kept for the GPU machine's older builds.
+    """
+    if hasattr(F, "grouped_mm"):
+        return F.grouped_mm
+    return getattr(torch, "_grouped_mm", None)
+
+
+__all__ = ["forward_pre_hooks", "grouped_mm_function", "module_dicts", "queue_backward_callback",
+           "storage_use_count"]

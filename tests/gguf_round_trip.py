@@ -1,0 +1,324 @@
+"""The real-client GGUF round trip: a fastkit export loaded by llama.cpp (llama-cpp-python) and compared with
+the transformers model and tokenizer it came from.
+
+Shared by tests/test_llamacpp_round_trip.py (which asserts on every row) and by
+``python -m tests.gguf_round_trip`` (which runs the same rows and rewrites the table in docs/export.md).
+
+Per row (family x quantization): the file loads; llama.cpp's token ids equal the HF tokenizer's on a chat
+corpus (punctuation, quotes, contractions, code, numbers, emoji, CJK, runs of spaces and newlines, and the
+chat-template special tokens); the chat prompt llama-cpp-python renders from the embedded template equals
+``apply_chat_template`` (system-less, system, multi-turn); greedy continuations are the same tokens and
+text; and the max |Δ| of the first generated token's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHATS = [
+    [{"role": "user", "content": "What's 12 + 30? Answer with the number only."}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": 'Quote: "It\'s fine," she said -- isn\'t it? I\'ve \'RE \'M \'D We\'Ve a\'lL'}],
+    [{"role": "user", "content": "def f(x):\n    return x ** 2  # square\n\nprint(f(3.14))"},
+     {"role": "assistant", "content": "```python\nf(3.14) == 9.8596\n```"},
+     {"role": "user", "content": "And $1,234.56 (approx.) <= 3.5%? a|b ~c && d >= e; [x] {y} @z #t ^u"}],
+    [{"role": "user", "content": "Numbers: 3 33 333 3333 33333 1e-5 0x1F 2023-12-01 12:30"},
+     {"role": "assistant", "content": "Emoji 🚀 (ok) 😶‍🌫️ ✅ 🦙🦙; ünïcödé café; 我想在apple工作1314天～"},
+     {"role": "user", "content": "Spaces:  two   three\t\ttabs\n\n\nnewlines ------======= ......!!!!!!??????"}],
+]
+"""The chat corpus (also the text the twins are trained on)."""
+TEMPLATE_CHATS = {
+    "system-less": [{"role": "user", "content": "Name a colour."}],
+    "system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+    "multi-turn": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour."}],
+}
+GREEDY_PROMPT = [{"role": "user", "content": "What's 12 + 30? Answer with the number only."}]
+NEW_TOKENS = 12
+TABLE_BEGIN, TABLE_END = "<!-- round-trip table: begin -->", "<!-- round-trip table: end -->"
+
+
+@dataclass
+class Row:
+    """One family x quantization through llama.cpp."""
+
+    family: str
+    """What was exported (model type, tokenizer's pre-tokenizer)."""
+    quantization: str
+    """The GGUF's quantization."""
+    loads: bool = False
+    """llama.cpp loaded the file."""
+    pre: str = ""
+    """``tokenizer.ggml.pre`` as llama.cpp read it."""
+    tokens: tuple[int, int] = (0, 0)
+    """Texts whose llama.cpp token ids equal the HF tokenizer's, of all texts tried."""
+    template: tuple[int, int] = (0, 0)
+    """Chats whose rendered prompt equals ``apply_chat_template``, of all chats tried."""
+    greedy: bool = False
+    """The greedy continuation is the same tokens (and so the same text)."""
+    logits_delta: float = float("nan")
+    """max |Δ| of the first generated token's logits (llama.cpp vs transformers, fp32)."""
+    logits_scale: float = float("nan")
+    """max |logit| there (for scale)."""
+    notes: list[str] = field(default_factory=list)
+    """Mismatches, for the test's message."""
+
+    def cells(self) -> list[str]:
+        def frac(pair):
+            return f"{pair[0]}/{pair[1]}"
+
+        logits = f"{self.logits_delta:.3g} (of {self.logits_scale:.3g})"
+        return [self.family, self.quantization, "yes" if self.loads else "NO", self.pre, frac(self.tokens),
+                frac(self.template), "yes" if self.greedy else "no", logits]
+
+
+def texts(tokenizer, chats=CHATS) -> list[str]:
+    """The corpus as rendered chats (special tokens included) and as raw message contents."""
+    rendered = [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
+    return rendered + [m["content"] for c in chats for m in c]
+
+
+def hf_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def load(path: str):
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=path, n_ctx=512, logits_all=True, verbose=False, n_threads=2, seed=0)
+
+
+def _greedy_llama(llm, ids: list[int], eos: int) -> tuple[list[int], np.ndarray]:
+    llm.reset()
+    llm.eval(ids)
+    first = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    out = []
+    for _ in range(NEW_TOKENS):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(nxt)
+        if nxt == eos:
+            break
+        llm.eval([nxt])
+    return out, first
+
+
+@torch.no_grad()
+def _greedy_hf(model, ids: list[int], eos: int) -> tuple[list[int], np.ndarray]:
+    x = torch.tensor([ids], device=model.device)
+    first = model(input_ids=x).logits[0, -1].float().cpu().numpy()
+    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                         do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    return out[0, len(ids):].tolist(), first
+
+
+def check(path: str, model, tokenizer, family: str, quantization: str, extra_texts=()) -> Row:
+    """Load ``path`` in llama.cpp and compare it with ``model`` / ``tokenizer`` (see the module docstring)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    row = Row(family, quantization)
+    llm = load(path)
+    try:
+        row.loads = True
+        row.pre = llm.metadata.get("tokenizer.ggml.pre", "")
+        corpus = texts(tokenizer) + list(extra_texts)
+        same = 0
+        for text in corpus:
+            got, want = llm.tokenize(text.encode(), add_bos=False, special=True), hf_ids(tokenizer, text)
+            same += got == want
+            if got != want and len(row.notes) < 3:
+                row.notes.append(f"tokens differ on {text[:60]!r}: llama.cpp {got[:12]} vs HF {want[:12]}")
+        row.tokens = (same, len(corpus))
+        formatter = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"],
+                                        eos_token=tokenizer.eos_token or "", bos_token=tokenizer.bos_token or "")
+        same = 0
+        for name, chat in TEMPLATE_CHATS.items():
+            got = formatter(messages=chat).prompt
+            want = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            same += got == want
+            if got != want:
+                row.notes.append(f"template differs ({name}): {got!r} vs {want!r}")
+        row.template = (same, len(TEMPLATE_CHATS))
+        prompt = hf_ids(tokenizer, tokenizer.apply_chat_template(GREEDY_PROMPT, tokenize=False,
+                                                                 add_generation_prompt=True))
+        eos = tokenizer.eos_token_id
+        got, got_first = _greedy_llama(llm, prompt, eos)
+        want, want_first = _greedy_hf(model, prompt, eos)
+        row.greedy = got == want
+        if not row.greedy:
+            row.notes.append(f"greedy: llama.cpp {tokenizer.decode(got)!r} vs HF {tokenizer.decode(want)!r}")
+        row.logits_delta = float(np.abs(got_first - want_first).max())
+        row.logits_scale = float(np.abs(want_first).max())
+    finally:
+        llm.close()
+    return row
+
+
+# ----------------------------------------------------------------------------------- the models
+
+
+def train_on_chats(model, tokenizer, steps: int = 40, lr: float = 3e-3, seed: int = 0):
+    """A few AdamW steps on the chat corpus (LoRA if the model has it, else every parameter), so greedy
+    continuations are confident enough to compare; returns ``model.eval()``."""
+    torch.manual_seed(seed)
+    rows = [hf_ids(tokenizer, t)[:128] for t in texts(tokenizer)[: len(CHATS)]]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    model.train()
+    for step in range(steps):
+        ids = torch.tensor([rows[step % len(rows)]])
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
+TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
+    "llama (smollm)": ("llama", {}, "smollm"),
+    "llama-3 (llama-bpe, rope llama3)": ("llama", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, "llama-bpe"),
+    "mistral (tekken)": ("mistral", {"sliding_window": None}, "tekken"),
+    "qwen2 (qwen2)": ("qwen2", {}, "qwen2"),
+    "qwen3 (qwen2)": ("qwen3", {}, "qwen2"),
+    "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
+    "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
+}
+
+
+def twin_model(label: str, steps: int = 30):
+    """A fastkit twin of ``label`` with LoRA (experts too) trained on the chat corpus, and its BPE tokenizer."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from fastkit import FastModel
+    from fastkit.twins import twin, twin_bpe_tokenizer
+
+    model_type, overrides, pre = TWINS[label]
+    tokenizer = twin_bpe_tokenizer(pre, corpus=tuple(texts_raw()))
+    if model_type == "qwen2":  # no twin family: from its config, q/k/v biases included
+        torch.manual_seed(0)
+        config = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                             num_hidden_layers=2, vocab_size=320, max_position_embeddings=4096, bos_token_id=1,
+                             eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+        base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        base = twin(model_type, **overrides)
+    model = FastModel.get_peft_model(base, r=8, lora_alpha=16, use_gradient_checkpointing=False)
+    return train_on_chats(model, tokenizer, steps=steps, lr=1e-2), tokenizer
+
+
+def texts_raw() -> list[str]:
+    return [m["content"] for c in CHATS for m in c]
+
+
+# ------------------------------------------------------------------------------------- the table
+
+
+def table(rows: list[Row]) -> str:
+    head = ["family (pre-tokenizer)", "quant", "loads", "tokenizer.ggml.pre", "tokens equal", "template equal",
+            "greedy equal", "first-token logits max |Δ|"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_table(rows: list[Row], doc: Path) -> None:
+    """Replace the table between the markers in ``doc`` (docs/export.md)."""
+    text = doc.read_text()
+    block = f"{TABLE_BEGIN}\n{table(rows)}\n{TABLE_END}"
+    doc.write_text(re.sub(re.escape(TABLE_BEGIN) + r".*?" + re.escape(TABLE_END), lambda _: block, text, flags=re.S))
+
+
+def dump(rows: list[Row], path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+
+
+def smollm2_model(steps: int = 4):
+    """The real SmolLM2-135M-Instruct (offline, from the quickstart package) with LoRA trained ``steps`` steps on
+    the quickstart chats, and its tokenizer."""
+    from fastkit import FastModel
+    from fastkit.quickstart import smollm2_135m_instruct
+    from fastkit.quickstart.data import quickstart_records
+
+    model, tokenizer = FastModel.from_pretrained(smollm2_135m_instruct(), max_seq_length=256, dtype=torch.float32)
+    model = FastModel.get_peft_model(model, r=8, lora_alpha=16, use_gradient_checkpointing=False)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    chats = [r["messages"] for r in quickstart_records()]
+    model.train()
+    for step in range(steps):
+        ids = torch.tensor([hf_ids(tokenizer, tokenizer.apply_chat_template(chats[step], tokenize=False))])
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval(), tokenizer
+
+
+def quickstart_texts(tokenizer) -> list[str]:
+    """The 106 quickstart training chats, rendered as they were trained on."""
+    from fastkit.quickstart.data import quickstart_records
+
+    return [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in quickstart_records()]
+
+
+def all_rows(tmp: Path) -> list[Row]:
+    """Every family twin in f16 / q8_0, the 4-bit-expert MoE, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
+    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
+
+    rows = []
+    for label in TWINS:
+        model, tokenizer = twin_model(label)
+        for quantization in ("f16", "q8_0"):
+            path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
+            rows.append(check(path, model, tokenizer, label, quantization))
+    quantized, reference, tokenizer = moe_4bit_model()
+    for quantization in ("f16", "q8_0"):
+        path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)
+        rows.append(check(path, reference, tokenizer, "qwen3_moe, NF4 experts (qwen2)", quantization))
+    model, tokenizer = smollm2_model()
+    extra = quickstart_texts(tokenizer)
+    label = "SmolLM2-135M-Instruct (smollm), LoRA"
+    for quantization in ("f16", "q8_0"):
+        path = save_gguf(model, tokenizer, tmp / "smollm2", quantization=quantization)
+        rows.append(check(path, model, tokenizer, label, quantization, extra))
+    for quantization in LLAMA_CPP_QUANTS:
+        out = tmp / "smollm2" / f"k-{quantization}.gguf"
+        quantize_with_llama_cpp(tmp / "smollm2" / "SmolLM2-135M-Instruct-f16.gguf", out, quantization)
+        rows.append(check(str(out), model, tokenizer, label, quantization, extra))
+        out.unlink()
+    return rows
+
+
+def moe_4bit_model():
+    """A qwen3_moe twin with fastkit's NF4 experts, and the 16-bit model computing the same function (its
+    expert weights set to the dequantized NF4 values): the reference the GGUF must reproduce."""
+    import copy
+
+    from fastkit.patches.moe.nf4 import NF4Experts, quantize_experts
+    from fastkit.twins import twin, twin_bpe_tokenizer
+
+    tokenizer = twin_bpe_tokenizer("qwen2", corpus=tuple(texts_raw()))
+    reference = train_on_chats(twin("qwen3_moe"), tokenizer, steps=30, lr=1e-2)
+    quantized = copy.deepcopy(reference)
+    quantize_experts(quantized)
+    with torch.no_grad():
+        for name, q in quantized.named_modules():
+            if isinstance(q, NF4Experts):
+                reference.get_parameter(name).copy_(q.dequantize())
+    return quantized, reference, tokenizer
+
+
+if __name__ == "__main__":  # python -m tests.gguf_round_trip: rerun every row and rewrite docs/export.md's table
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = all_rows(Path(tmp))
+    for r in result:
+        print(r.cells(), r.notes)
+    write_table(result, Path(__file__).resolve().parents[1] / "docs" / "export.md")
