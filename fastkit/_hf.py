@@ -29,6 +29,7 @@ from unittest import mock
 
 import torch
 
+from fastkit import registry
 from fastkit.patching import Swapper
 
 CHECKED = "transformers 5.24, trl 1.16, peft 0.21.2"
@@ -424,8 +425,11 @@ def sft_tp_size(trainer) -> int:
 # family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
 # bitsandbytes 0.50.2, tokenizers 0.22. Stays while the families have no shared interface to test for.
 
-_LOOPED_EXPERTS = {"DbrxExperts": "dbrx", "Llama4TextMoe": "llama4"}  # no @use_experts_implementation
-_NO_4BIT_LAYOUT = ("DbrxExperts", "Llama4TextExperts", "JetMoeMoE", "JetMoeMoA")
+# The class lists are the table's (``ModelFacts.looped_experts`` / ``no_4bit_experts``); here only which
+# fastkit forward runs each looped class (no @use_experts_implementation upstream).
+_LOOPED_EXPERTS = {c: k for c, k in {"DbrxExperts": "dbrx", "Llama4TextMoe": "llama4"}.items()
+                   if c in registry.LOOPED_EXPERTS}
+_NO_4BIT_LAYOUT = registry.NO_4BIT_EXPERTS
 
 
 def class_name_in(module: Any, names: tuple[str, ...]) -> bool:
@@ -459,6 +463,11 @@ def looped_experts_kind(module: torch.nn.Module) -> str | None:
     return kind
 
 
+def modules_of_classes(module: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Module]:
+    """The submodules of ``module`` whose class is one of ``names`` (a row's ``stateful`` layer classes)."""
+    return [m for m in module.modules() if type(m).__name__ in names]
+
+
 def has_no_4bit_layout(module: torch.nn.Module) -> bool:
     """Experts fastkit cannot store 4-bit (DBRX, Llama-4, JetMoE, transformers' own ``Mxfp4`` modules)."""
     cls = type(module).__name__
@@ -473,18 +482,23 @@ def is_progress_callback(callback: Any) -> bool:
     return isinstance(callback, (ProgressCallback, PrinterCallback, NotebookProgressCallback))
 
 
+BYTE_LEVEL = "ByteLevel"
+"""tokenizers' ``"type"`` of its byte-level pre-tokenizer / decoder in ``tokenizer.json`` (tokenizers 0.22)."""
+
+
 def byte_level_bpe(spec: dict) -> bool:
     """A ``tokenizer.json`` (as a dict) of a byte-level BPE tokenizer: ``model.type`` BPE, a ``ByteLevel``
     pre-tokenizer somewhere in its tree."""
     import json
 
-    return spec.get("model", {}).get("type") == "BPE" and "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+    return spec.get("model", {}).get("type") == "BPE" and BYTE_LEVEL in json.dumps(spec.get("pre_tokenizer"))
 
 
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
     "byte_level_bpe", "class_name_in", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
+    "modules_of_classes",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded",

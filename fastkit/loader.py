@@ -51,6 +51,8 @@ class LoadReport:
     checkpointing: bool | str = True
     """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on: ``"offload"`` where the plan
     fits only with checkpoint offload (:attr:`fastkit.plan.Plan.needs_offload`), else ``True``."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about this family (the row's note, a self-check verdict), one line each."""
 
     def banner(self) -> str:
         mem = memory_snapshot(pick_device())
@@ -63,6 +65,8 @@ class LoadReport:
             lines.append(f"fastkit:   + {name}: {how}")
         for name, why in self.skipped.items():
             lines.append(f"fastkit:   - {name}: {why}")
+        for note in self.notes:
+            lines.append(f"fastkit: note: {note}")
         if self.memory_plan:
             lines.append(f"fastkit: plan: {self.memory_plan}")
         return "\n".join(lines)
@@ -95,7 +99,7 @@ def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool
             raise FastkitError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from exc
 
 
-_NO_4BIT_EXPERTS = ("dbrx", "llama4_text", "llama4", "jetmoe")
+_NO_4BIT_EXPERTS = ("llama4", "jetmoe") + tuple(t for t, f in registry.MODEL_TABLE.items() if f.no_4bit_experts)
 
 
 def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device) -> None:
@@ -147,6 +151,17 @@ def _pick_attention(facts: registry.ModelFacts | None, device: torch.device) -> 
         except ImportError:
             pass
     return default
+
+
+def _from_pretrained(auto_cls, name_or_path: str, load_kwargs: dict, may_fall_back: bool):
+    """``from_pretrained``; a family transformers has no sdpa for (and no row saying so) loads eager instead."""
+    try:
+        return auto_cls.from_pretrained(name_or_path, **load_kwargs)
+    except ValueError as exc:
+        if not may_fall_back or load_kwargs.get("attn_implementation") != "sdpa" or "sdpa" not in str(exc).lower():
+            raise
+        logger.info("fastkit: %s has no sdpa attention in transformers; loading with eager", name_or_path)
+        return auto_cls.from_pretrained(name_or_path, **{**load_kwargs, "attn_implementation": "eager"})
 
 
 def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int,
@@ -251,17 +266,19 @@ def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, ma
     return config, facts, quant, memory_plan
 
 
-def _load(name_or_path: str, load_kwargs: dict, quant: Quantization) -> torch.nn.Module:
-    """The transformers load; 4-bit experts are stored as each tensor is read (Note: [quantize as read])."""
+def _load(name_or_path: str, load_kwargs: dict, quant: Quantization, may_fall_back: bool) -> torch.nn.Module:
+    """The transformers load; 4-bit experts are stored as each tensor is read (Note: [quantize as read]).
+
+    ``may_fall_back``: the backend was fastkit's pick, so a family with no sdpa upstream loads eager instead.
+    """
     from transformers import AutoModelForCausalLM
 
     loading = QuantizeWhileLoading(keep_mxfp4=quant.mxfp4) if quant.experts_4bit else None
     with _hf.on_param_loaded(loading) if loading else contextlib.nullcontext():
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
+        model = _from_pretrained(AutoModelForCausalLM, name_or_path, load_kwargs, may_fall_back)
     if loading is not None:
         logger.info("fastkit: 4-bit experts stored as read: %s", loading.summary())
     return model
-
 
 
 class FastModel:
@@ -313,8 +330,11 @@ class FastModel:
         load_kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or _pick_attention(facts, device),
                            trust_remote_code=trust_remote_code, **quant.load_kwargs(dtype, device))
         load_kwargs.update({"gguf_file": gguf_file} if gguf_file else {"use_safetensors": True})
+        composite = facts.text_config if facts is not None else None
+        if composite:  # vision + text checkpoint: load the text model alone, under its own keys
+            load_kwargs.update(config=getattr(config, composite), key_mapping=dict(facts.text_keys))
         load_kwargs.update(hf_kwargs)
-        model = _load(name_or_path, load_kwargs, quant)
+        model = _load(name_or_path, load_kwargs, quant, may_fall_back=attn_implementation is None)
         if not quant.on_device_map and device.type != "cpu" and "device_map" not in hf_kwargs:
             model.to(device)
         if quant.experts_4bit:
@@ -327,6 +347,8 @@ class FastModel:
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
         FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
         _protect_fp16(model, config, dtype)
+        if composite and facts.note not in report(model).notes:
+            report(model).notes.append(facts.note)
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
             report(model).checkpointing = "offload" if memory_plan.needs_offload else True
@@ -335,30 +357,18 @@ class FastModel:
     @staticmethod
     def patch(model: torch.nn.Module, *, max_seq_length: int = 2048,
               patches: str | list[str] | None = "auto") -> torch.nn.Module:
-        """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent."""
-        model = unwrap(model)
-        config = model.config
-        facts = registry.facts_for(config.model_type)
-        rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
-                         str(_hf.attn_implementation(config)), max_seq_length)
-        if facts is None:
-            logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
-                           "transformers). Known: %s", config.model_type, ", ".join(sorted(registry.MODEL_TABLE)))
-            rep.skipped["all"] = f"unknown model_type {config.model_type!r}"
-        else:
-            wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
-            wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
-            for name in wanted:
-                ok, how = apply_patch(model, registry.build_patch(name, facts))
-                (rep.active if ok else rep.skipped)[name] = how
-            rep.attn_implementation = str(_hf.attn_implementation(config))
-        if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
-            from fastkit.patches.packing.patch import _decoder
+        """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent.
 
-            checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
-        set_report(model, rep)
-        logger.info(rep.banner())
-        return model
+        A family not in fastkit's table is first checked on a tiny twin of its own config (the census,
+        :mod:`fastkit.census`, about a second): it is patched only if every check passes.
+        """
+        model = unwrap(model)
+        facts = registry.facts_for(model.config.model_type)
+        if facts is not None or patches is None:
+            return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
+        from fastkit.census import self_check
+
+        return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
 
     @staticmethod
     def get_peft_model(
@@ -453,6 +463,41 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
         raise FastkitError(f"get_peft_model: the model already has a LoRA adapter, with other options: "
                            f"{', '.join(diff)}. Re-load the model (FastModel.from_pretrained) for a new adapter.")
     logger.info("fastkit: the model already has this LoRA adapter; returned as it is (re-run cell)")
+
+def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, verdict: str | None = None, *,
+                     max_seq_length: int = 2048, patches: str | list[str] | None = "auto",
+                     self_verified: bool = False) -> torch.nn.Module:
+    """Patch ``model`` by the row ``facts`` (None: unpatched, packed batches refused) and log the banner.
+
+    ``verdict`` is the self-check's line for a family not in the table (shown in the banner).
+    """
+    model = unwrap(model)
+    config = model.config
+    self_verified = self_verified or bool(verdict and verdict.startswith("self-verified"))
+    rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
+                     str(_hf.attn_implementation(config)), max_seq_length)
+    if facts is None:
+        if verdict is None:
+            logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
+                           "transformers). Known: see docs/coverage.md", config.model_type)
+        rep.skipped["all"] = verdict or f"unknown model_type {config.model_type!r}"
+    else:
+        if self_verified:
+            rep.notes.append(verdict or "self-verified on a tiny twin of its own config")
+        if facts.note:
+            rep.notes.append(facts.note)
+        wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
+        wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
+        for name in wanted:
+            ok, how = apply_patch(model, registry.build_patch(name, facts))
+            (rep.active if ok else rep.skipped)[name] = how
+        rep.attn_implementation = str(_hf.attn_implementation(config))
+    if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
+        from fastkit.patches.packing.patch import _decoder
+
+        checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
+    set_report(model, rep)
+    logger.info(rep.banner())
     return model
 
 

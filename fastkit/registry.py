@@ -1,15 +1,19 @@
 """Per-model facts in one table: which fastkit patches apply to which ``model_type``.
 
-Adding a model is adding a row. A model type that is not in the table loads unpatched, with one
-log line saying so. The patch implementations live in :mod:`fastkit.patches` (``packing.py``,
-``moe.py``, ``offload.py``, ``moe_lora.py``); :data:`PATCH_FACTORIES` names the load-time ones so this
-module imports none of them (they import the patch names from here).
+Adding a model is adding a row, and a row is admitted only when the census (:mod:`fastkit.census`,
+``tests/test_census.py``, ``docs/coverage.md``) proves it on a tiny twin: no row, no patch. A model type
+that is not in the table is self-checked at load on a twin of its own config (``loader.self_check``):
+patched only if it passes, else it loads unpatched and packed batches are refused, naming the check.
+The patch implementations live in :mod:`fastkit.patches` (``packing/``, ``moe/``, ``offload/``);
+:data:`PATCH_FACTORIES` names the load-time ones so this module imports none of them (they import the
+patch names from here).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 PACKING = "packing"
 """Packed-sequence attention (:mod:`fastkit.patches.packing`), applied at load."""
@@ -29,22 +33,37 @@ PATCH_FACTORIES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What fastkit needs to know about one ``model_type``."""
+    """What fastkit knows about one ``model_type``, each fact proven by the census (:mod:`fastkit.census`)."""
 
     model_type: str
     """The ``config.model_type`` this row describes."""
     packing: bool = True
-    """The packed-attention patch supports this family's attention module."""
+    """The packed-attention patch applies; the census proved packed rows exact on this family's twin."""
     moe: bool = False
-    """The family has ``@use_experts_implementation`` experts that fastkit's router can run."""
+    """The family has experts fastkit's router runs (``@use_experts_implementation``, or ``looped_experts``)."""
     attention_sinks: bool = False
     """Per-head learned sinks in the softmax (GPT-OSS): SDPA cannot express them."""
     sliding_window: bool = False
     """Some or all layers attend within a window (``config.sliding_window`` / ``layer_types``)."""
     softcap: bool = False
-    """Attention logits are soft-capped (Gemma-2 style): needs a kernel that supports it."""
+    """Attention logits are soft-capped (``config.attn_logit_softcapping``, Gemma-2 style)."""
+    mla: bool = False
+    """Multi-head latent attention (DeepSeek): q/k and v head sizes differ, so no varlen flash kernel."""
     default_attn: str = "sdpa"
-    """The exact attention backend to load with when flash-attn is not installed."""
+    """The exact attention backend to load with when flash-attn is not installed (``eager``: no sdpa upstream)."""
+    text_config: str | None = None
+    """A composite checkpoint (vision + text): the sub-config its text model is built from; fastkit trains
+    that text model only."""
+    text_keys: tuple[tuple[str, str], ...] = ()
+    """``(pattern, replacement)`` checkpoint key renames that load the text model of a composite checkpoint."""
+    looped_experts: tuple[str, ...] = ()
+    """Experts classes transformers loops over without the decorator, that fastkit routes itself."""
+    no_4bit_experts: tuple[str, ...] = ()
+    """Experts classes with no NF4 layout in fastkit (``load_in_4bit`` refused)."""
+    gguf_arch: str | None = None
+    """llama.cpp's architecture name, where ``save_gguf`` writes (and a round trip tests) this family."""
+    twin: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.twins`)."""
     note: str = ""
     """Anything a user should know, shown in the load banner."""
     stateful: tuple[str, ...] = ()
@@ -52,22 +71,129 @@ class ModelFacts:
     the packing patch restarts each at every document start (:mod:`fastkit.patches.packing.state`)."""
 
 
+_TEXT_KEYS = ((r"^model\.language_model\.", "model."), (r"^language_model\.model\.", "model."),
+              (r"^language_model\.lm_head\.", "lm_head."))
+"""Checkpoint key renames that load a composite checkpoint's text model alone (transformers' key_mapping)."""
+_ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+_LOOPED = "experts looped upstream; fastkit routes them"
+
 MODEL_TABLE: dict[str, ModelFacts] = {
     f.model_type: f
     for f in [
-        ModelFacts("llama"),
-        ModelFacts("mistral", sliding_window=True),
-        ModelFacts("qwen2", sliding_window=True),
-        ModelFacts("qwen3", sliding_window=True),
-        ModelFacts("qwen3_moe", moe=True, sliding_window=True),
-        ModelFacts("qwen2_moe", moe=True, sliding_window=True),
-        ModelFacts("mixtral", moe=True, sliding_window=True),
-        ModelFacts("olmoe", moe=True),
-        ModelFacts("deepseek_v3", moe=True, note="MLA attention: q/k and v head sizes differ"),
-        ModelFacts("dbrx", packing=False, moe=True, note="experts looped upstream; fastkit routes them"),
-        ModelFacts("llama4_text", packing=False, moe=True, note="experts looped upstream; fastkit routes them"),
+        ModelFacts("llama", gguf_arch="llama",  # SmolLM2 / Llama-3.2 style
+                   twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
+        ModelFacts("mistral", sliding_window=True, gguf_arch="llama",
+                   twin=dict(_ATTN, intermediate_size=128, sliding_window=64)),
+        ModelFacts("qwen2", gguf_arch="qwen2"),  # windows only with use_sliding_window
+        ModelFacts("qwen3", gguf_arch="qwen3",  # q/k RMSNorm
+                   twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
+        ModelFacts("qwen3_moe", moe=True, gguf_arch="qwen3moe",
+                   twin=dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                             num_experts_per_tok=2, norm_topk_prob=True)),
+        ModelFacts("qwen2_moe", moe=True, gguf_arch="qwen2moe",
+                   twin=dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                             num_experts_per_tok=2, shared_expert_intermediate_size=64)),
+        ModelFacts("mixtral", moe=True,
+                   twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2)),
+        ModelFacts("olmoe", moe=True, twin=dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
+        ModelFacts("deepseek_v3", moe=True, mla=True, note="MLA attention: q/k and v head sizes differ",
+                   twin=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
+                             moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                             n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        ModelFacts("dbrx", moe=True, looped_experts=("DbrxExperts",), no_4bit_experts=("DbrxExperts",),
+                   note=_LOOPED, twin=dict(d_model=64, n_heads=4, attn_config=dict(kv_n_heads=2, rope_theta=1e4,
+                                                                                   clip_qkv=8.0),
+                                           ffn_config=dict(ffn_hidden_size=32, moe_num_experts=8, moe_top_k=2))),
+        ModelFacts("llama4_text", packing=False, moe=True, looped_experts=("Llama4TextMoe",),
+                   no_4bit_experts=("Llama4TextExperts",), note=_LOOPED),
         ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
-                   note="attention sinks: sdpa cannot express them upstream"),
+                   note="attention sinks: sdpa cannot express them upstream",
+                   twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                             sliding_window=16, layer_types=None)),  # alternating sliding/full, sinks
+        # Every row below: a plain row, proven by the census (docs/coverage.md) on transformers 5.24.
+        ModelFacts("afmoe", sliding_window=True, moe=True),
+        ModelFacts("apertus"),
+        ModelFacts("apertus1p5_text"),
+        ModelFacts("arcee"),
+        ModelFacts("aria_text", moe=True),
+        ModelFacts("axk1", mla=True, moe=True),
+        ModelFacts("beam", sliding_window=True, moe=True),
+        ModelFacts("bitnet"),
+        ModelFacts("codegen"),
+        ModelFacts("cohere"),
+        ModelFacts("cohere2", sliding_window=True),
+        ModelFacts("cohere2_moe", sliding_window=True, moe=True),
+        ModelFacts("cwm", sliding_window=True),
+        ModelFacts("deepseek_v2", mla=True, moe=True),
+        ModelFacts("diffllama"),
+        ModelFacts("dory", sliding_window=True),
+        ModelFacts("emu3"),
+        ModelFacts("ernie4_5"),
+        ModelFacts("ernie4_5_moe", moe=True),
+        ModelFacts("exaone"),
+        ModelFacts("exaone4", sliding_window=True),
+        ModelFacts("exaone_moe", sliding_window=True, moe=True),
+        ModelFacts("flex_olmo", moe=True),
+        ModelFacts("flint", sliding_window=True, attention_sinks=True, default_attn="eager"),
+        ModelFacts("gemma"),
+        ModelFacts("gemma2", sliding_window=True, softcap=True, default_attn="eager",
+                   note="soft-capped attention: eager (transformers has no sdpa for Gemma 2)"),
+        ModelFacts("gemma3_text", sliding_window=True),
+        ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
+                   note="composite checkpoint (vision + text): fastkit loads and trains the text model only"),
+        ModelFacts("glm"),
+        ModelFacts("glm4"),
+        ModelFacts("glm4_moe", moe=True),
+        ModelFacts("glm4_moe_lite", mla=True, moe=True),
+        ModelFacts("gpt-sw3"),
+        ModelFacts("gpt2"),
+        ModelFacts("gpt_bigcode"),
+        ModelFacts("gpt_neox"),
+        ModelFacts("gptj"),
+        ModelFacts("granite"),
+        ModelFacts("granite_swa", sliding_window=True, attention_sinks=True, default_attn="eager"),
+        ModelFacts("granitemoe", moe=True),
+        ModelFacts("granitemoe_swa", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
+        ModelFacts("granitemoeshared", moe=True),
+        ModelFacts("helium"),
+        ModelFacts("hrm_text"),
+        ModelFacts("hunyuan_v1_dense"),
+        ModelFacts("hy_v3", moe=True),
+        ModelFacts("hyperclovax"),
+        ModelFacts("internlm3"),
+        ModelFacts("iquestcoder"),
+        ModelFacts("jais2"),
+        ModelFacts("jetmoe"),
+        ModelFacts("kolibri1", sliding_window=True, moe=True),
+        ModelFacts("laguna", sliding_window=True, moe=True),
+        ModelFacts("mellum", sliding_window=True, moe=True),
+        ModelFacts("mimo_v2_flash", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
+        ModelFacts("minicpm3", mla=True),
+        ModelFacts("minimax_m2", moe=True),
+        ModelFacts("minimax_m3_vl_text", moe=True),
+        ModelFacts("ministral", sliding_window=True),
+        ModelFacts("ministral3"),
+        ModelFacts("mllama"),
+        ModelFacts("moshi", sliding_window=True),
+        ModelFacts("nanochat"),
+        ModelFacts("olmo"),
+        ModelFacts("olmo2"),
+        ModelFacts("olmo3", sliding_window=True),
+        ModelFacts("persimmon"),
+        ModelFacts("phi"),
+        ModelFacts("phi3"),
+        ModelFacts("phi4_multimodal"),
+        ModelFacts("phimoe", moe=True),
+        ModelFacts("sarvam_mla", mla=True, moe=True),
+        ModelFacts("sarvam_moe", moe=True),
+        ModelFacts("seed_oss"),
+        ModelFacts("smollm3"),
+        ModelFacts("solar_open", moe=True),
+        ModelFacts("starcoder2"),
+        ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
+        ModelFacts("youtu", mla=True),
     ]
 }
 
@@ -75,21 +201,61 @@ MODEL_TABLE: dict[str, ModelFacts] = {
 # (fastkit/patches/packing/state.py; proof: tests/test_packing_state.py, table: docs/packing.md). ----
 _GDN = "gated DeltaNet (causal conv1d + chunked delta-rule state) restarts per document"
 _MAMBA = "Mamba mixer (causal conv1d + SSM scan state) restarts per document"
+_CONV = "short causal conv restarts per document"
+# Hybrid twins: one stateful + one attention layer at 2 layers (the default).
+_LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
+_MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
 MODEL_TABLE.update({f.model_type: f for f in [
-    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), note=_GDN),
-    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), note=_GDN),
-    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), note=_GDN),
-    ModelFacts("lfm2", stateful=("Lfm2ShortConv",), note="short causal conv restarts per document"),
-    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), note="short causal conv restarts per document"),
-    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), note=_MAMBA),
-    ModelFacts("jamba", stateful=("JambaMambaMixer",), note=_MAMBA),
-    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), note=_MAMBA),
-    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), note=_MAMBA),
-    ModelFacts("bamba", stateful=("BambaMixer",), note=_MAMBA),
-    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), note=_MAMBA),
-    ModelFacts("kimi_linear", stateful=("KimiLinearDeltaAttention",),
-               note="Kimi delta attention (causal convs + chunked delta-rule state) restarts per document"),
+    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), note=_GDN,
+               twin=dict(_ATTN, **_LIN, intermediate_size=128)),
+    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), moe=True, note=_GDN,
+               twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
+    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), moe=True, note=_GDN,
+               twin=dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32)),
+    ModelFacts("lfm2", stateful=("Lfm2ShortConv",), note=_CONV,
+               twin=dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3)),
+    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), moe=True, note=_CONV,
+               twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
+                         layer_types=["conv", "full_attention"])),
+    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                         mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
+    ModelFacts("jamba", stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
+                         expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
+                         mamba_d_state=8, mamba_dt_rank=8)),
+    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), moe=True, note=_MAMBA,
+               twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
+                         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
+    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
+                         mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8)),
+    ModelFacts("bamba", stateful=("BambaMixer",), note=_MAMBA,
+               twin=dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1])),
+    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), note=_MAMBA,
+               twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
+                         mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
+                         attention_head_dim=32)),
+    ModelFacts("kimi_linear", stateful=("KimiLinearDeltaAttention",), moe=True, mla=True,
+               note="Kimi delta attention (causal convs + chunked delta-rule state) restarts per document",
+               twin=dict(_ATTN, **_MOE4, num_key_value_heads=4, intermediate_size=128,  # MLA: kv heads = heads
+                         layer_types=["linear_attention", "full_attention"],
+                         mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16,
+                         kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)),
 ]})
+
+REFUSED: dict[str, str] = {}
+"""Types the census must not admit although their default-config twin passes, and why."""
+
+LOOPED_EXPERTS: tuple[str, ...] = tuple(c for f in MODEL_TABLE.values() for c in f.looped_experts)
+"""Every looped-experts class fastkit routes (``_hf.looped_experts_kind`` matches modules against these)."""
+NO_4BIT_EXPERTS: tuple[str, ...] = ("JetMoeMoE", "JetMoeMoA") + tuple(
+    c for f in MODEL_TABLE.values() for c in f.no_4bit_experts)
+"""Experts classes with no NF4 layout (JetMoE has no row: its attention is not exact packed)."""
+GGUF_ARCHS: dict[str, str] = {t: f.gguf_arch for t, f in MODEL_TABLE.items() if f.gguf_arch}
+"""transformers ``model_type`` -> llama.cpp architecture, for every row ``save_gguf`` writes."""
 
 
 def facts_for(model_type: str) -> ModelFacts | None:

@@ -26,7 +26,7 @@ from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.errors import FastkitError
-from fastkit.patching import active_patches, change, unwrap
+from fastkit.patching import active_patches, change, report, unwrap
 from fastkit.run_identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -306,9 +306,12 @@ def _check_packing_supported(model: torch.nn.Module, packing: bool) -> None:
     """packing=True on a model without fastkit's packing patch would let packed documents attend to each other."""
     base = unwrap(model)
     if packing and "packing" not in active_patches(base) and getattr(base.config, "model_type", None) is not None:
+        rep = report(base)
+        why = "" if rep is None else next(iter(v for k, v in rep.skipped.items() if k in ("packing", "all")), "")
         raise FastkitError(f"packing=True, but model_type {base.config.model_type!r} has no active fastkit packing "
-                           "patch, so packed documents would attend to each other. Pass packing=False (or load the "
-                           "model through FastModel with patches='auto' for a family in fastkit's table).")
+                           f"patch{f' ({why})' if why else ''}, so packed documents would attend to each other. Pass "
+                           "packing=False (or load the model through FastModel with patches='auto' for a family in "
+                           "fastkit's table, docs/coverage.md).")
 
 
 def _attach_packed_metadata(trainer) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 
+from fastkit import registry
+
 # ChatML, the template SmolLM2-Instruct and Qwen ship; generation prompt "<|im_start|>assistant\n".
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -26,62 +28,104 @@ CHATML_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TWIN_VOCAB_SIZE = 320  # 256 byte symbols + 3 specials, rounded up for aligned embeddings
 
-_ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+# The twin sizes of a family live in its table row (``ModelFacts.twin``); a row without them (and a type
+# with no row: the census, the loader's self-check) gets its config class's defaults, shrunk (``tiny_config``).
+TWIN_FAMILIES = tuple(t for t, f in registry.MODEL_TABLE.items() if f.twin)
+"""Families whose row carries hand-picked twin sizes (the traits tests rely on)."""
+HYBRID_FAMILIES = tuple(t for t, f in registry.MODEL_TABLE.items() if f.stateful)
+"""Twins of the families whose stateful layers fastkit restarts per packed document (rows with ``stateful``)."""
 
-# Per-family overrides on top of the family's default config: the family traits stay, sizes shrink.
-TWIN_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": dict(_ATTN, intermediate_size=128, tie_word_embeddings=True),  # SmolLM2 / Llama-3.2 style
-    "qwen3": dict(_ATTN, intermediate_size=128, tie_word_embeddings=True),  # q/k RMSNorm
-    "mistral": dict(_ATTN, intermediate_size=128, sliding_window=64),
-    "qwen3_moe": dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
-                      num_experts_per_tok=2, norm_topk_prob=True),
-    "qwen2_moe": dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
-                      num_experts_per_tok=2, shared_expert_intermediate_size=64),
-    "mixtral": dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
-    "olmoe": dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2),
-    "gpt_oss": dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
-                    sliding_window=16, layer_types=None),  # alternating sliding/full, sinks
-    "deepseek_v3": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
-                        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-                        n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
-                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-}
+# Size fields a config may carry under any of its names -> the twin's value. A twin of a type with no
+# row-specific overrides (``ModelFacts.twin``) is its config class's defaults with these shrunk.
+_SHRINK: dict[str, int] = dict(
+    vocab_size=TWIN_VOCAB_SIZE, vocab_size_per_layer_input=TWIN_VOCAB_SIZE,
+    hidden_size=64, n_embd=64, d_model=64, embedding_size=64, attention_hidden_size=64, backbone_hidden_size=64,
+    num_hidden_layers=2, n_layer=2, num_layers=2, n_layers=2, decoder_layers=2, encoder_layers=2,
+    num_attention_heads=4, n_head=4, num_heads=4, n_heads=4, decoder_attention_heads=4, encoder_attention_heads=4,
+    swa_num_attention_heads=4, num_key_value_heads=2, num_kv_heads=2, kv_n_heads=2,
+    head_dim=16, attention_head_dim=16, kv_channels=16, dim_head=16, swa_head_dim=16, qk_head_dim=16,
+    intermediate_size=128, ffn_dim=128, n_inner=128, ffn_hidden_size=128, decoder_ffn_dim=128, encoder_ffn_dim=128,
+    dim_ff=128, dff=128,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32, shared_intermediate_size=32,
+    shared_experts_intermediate_size=32, expert_intermediate_size=32,
+    num_experts=8, num_local_experts=8, n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2, moe_top_k=2,
+    q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, o_lora_rank=16,
+    index_head_dim=16, index_n_heads=2, index_topk=8,
+    max_position_embeddings=4096, n_positions=4096, n_ctx=4096, max_seq_len=4096,
+    linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+    mamba_d_state=16, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16, mamba_dt_rank=8, mamba_d_ssm=64,
+    sliding_window=8, sliding_window_size=8, attention_window_size=8,  # shorter than a census document
+    emb_dim=64, hidden_size_global=64, encoder_hash_byte_group_vocab=TWIN_VOCAB_SIZE, expert_ffn_hidden_size=32,
+    zero_expert_num=2, linear_head_dim=16, local_attention_window_len=8,
+    attention_chunk_size=8,
+    rotary_dim=8, query_pre_attn_scalar=16, hidden_size_per_layer_input=16, laurel_rank=8,
+)
+_NONE_OK = ("head_dim", "num_key_value_heads", "num_experts_per_tok")  # a None default is sized too
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
-# ---- Hybrid (stateful) families: one stateful + one attention layer at 2 layers (the default). ----
-_LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-            linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
-_MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
-_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
-TWIN_CONFIGS.update({
-    "qwen3_5_text": dict(_ATTN, **_LIN, intermediate_size=128),
-    "qwen3_5_moe_text": dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32),
-    "qwen3_next": dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32),
-    "lfm2": dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3),
-    "lfm2_moe": dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
-                     layer_types=["conv", "full_attention"]),
-    "falcon_h1": dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
-                      mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1),
-    "jamba": dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                  expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=8),
-    "granitemoehybrid": dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
-                             num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32),
-    "nemotron_h": dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
-                       mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8),
-    "bamba": dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1]),
-    "zamba2": dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
-                   mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
-                   attention_head_dim=32),
-    "kimi_linear": dict(_ATTN, **_MOE4, num_key_value_heads=4, intermediate_size=128,  # MLA: kv heads = heads
-                        layer_types=["linear_attention", "full_attention"],
-                        mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16,
-                        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
-})
-HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "lfm2_moe", "falcon_h1", "jamba",
-                   "granitemoehybrid", "nemotron_h", "bamba", "zamba2", "kimi_linear")
-"""Twins of the families whose stateful layers fastkit restarts per packed document."""
 
-TWIN_FAMILIES = tuple(TWIN_CONFIGS)
+def _shrunk(d: dict[str, Any], layers: int, mixed: bool = True) -> dict[str, Any]:
+    """Overrides that shrink one config dict ``d`` (``config.to_dict()``) to a twin of ``layers`` layers."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        sized = isinstance(v, int) and not isinstance(v, bool)
+        if k in _SHRINK and (sized or (v is None and k in _NONE_OK)):
+            out[k] = _SHRINK[k]
+        elif (k.endswith("_token_id") or k.endswith("_token_index")) and sized and v >= TWIN_VOCAB_SIZE:
+            out[k] = TWIN_VOCAB_SIZE - 1 - len(out) % 16  # special ids inside the twin's vocabulary
+        elif k.endswith("_config") and isinstance(v, dict) and k not in ("text_config", "quantization_config"):
+            out[k] = {**v, **_shrunk(v, layers)}  # nested parts (DBRX attn_config / ffn_config)
+    out = {k: v for k, v in out.items() if k not in _LAYER_KEYS or k in d}
+    for key in _LAYER_KEYS:
+        if key in out:
+            out[key] = layers
+    _shrink_layer_lists(d, out, layers, mixed)
+    if "kv_lora_rank" in d:  # MLA: one k/v head per query head, rope part of the q/k head
+        out.update(num_key_value_heads=out.get("num_attention_heads", 4), head_dim=_SHRINK["qk_rope_head_dim"])
+    if d.get("n_group") not in (None, 1):
+        out.update(n_group=2, topk_group=1)  # grouped routing over the twin's 8 experts
+    return out
+
+
+def _shrink_layer_lists(d: dict[str, Any], out: dict[str, Any], layers: int, mixed: bool) -> None:
+    """Per-layer lists of ``d`` (``layer_types`` ...) cut to the twin's layers, into ``out``."""
+    depth = next((d[k] for k in _LAYER_KEYS if isinstance(d.get(k), int)), None)
+    per_layer = [k for k, v in d.items() if isinstance(v, list) and depth and len(v) == depth and k not in out]
+    if per_layer and not mixed:
+        for k in per_layer:
+            out[k] = d[k][:layers]
+    elif per_layer:  # per-layer lists (layer_types...): keep one layer of every kind, so the twin has each trait
+        kinds = [str(x) for x in (d["layer_types"] if "layer_types" in per_layer else d[per_layer[0]])]
+        firsts = sorted({kind: i for i, kind in reversed(list(enumerate(kinds)))}.values())  # 1st of each kind
+        keep = sorted(firsts + [i for i in range(depth) if i not in firsts][:max(0, layers - len(firsts))])
+        for key in _LAYER_KEYS:
+            if key in out:
+                out[key] = len(keep)
+        for k in per_layer:
+            out[k] = [d[k][i] for i in keep]
+
+
+def tiny_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -> PretrainedConfig:
+    """A tiny config of ANY ``model_type``: its config class's defaults with every size shrunk.
+
+    A composite config (``text_config``) has its text part shrunk the same way. ``overrides`` win.
+    Raises whatever the config class raises when its defaults cannot be shrunk this way.
+    """
+    cls = CONFIG_MAPPING[model_type]
+    defaults = cls().to_dict()
+    try:
+        return cls(**_tiny_kwargs(defaults, num_hidden_layers, True, overrides))
+    except Exception:  # a layout whose layer lists must stay a prefix (dory's input/recurrent/output blocks)
+        return cls(**_tiny_kwargs(defaults, num_hidden_layers, False, overrides))
+
+
+def _tiny_kwargs(defaults: dict[str, Any], layers: int, mixed: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+    kwargs = _shrunk(defaults, layers, mixed)
+    text = defaults.get("text_config")
+    if isinstance(text, dict):
+        kwargs["text_config"] = {**text, **_shrunk(text, layers, mixed)}
+    kwargs.update(overrides)
+    return kwargs
 
 # Models the notebooks use -> the family of their twin, plus traits worth keeping.
 HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -92,6 +136,8 @@ HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
     "unsloth/Qwen3-14B-bnb-4bit": ("qwen3", {"tie_word_embeddings": False}),  # pre-quantized NF4 of the above
     "openai/gpt-oss-20b": ("gpt_oss", {}),
     "Qwen/Qwen3-30B-A3B": ("qwen3_moe", {}),
+    "google/gemma-3-4b-it": ("gemma3_text", {}),  # composite checkpoint: fastkit trains its text model
+    "microsoft/Phi-3-mini-4k-instruct": ("phi3", {}),
 }
 
 
@@ -99,17 +145,20 @@ def twin_family(name: str) -> tuple[str, dict[str, Any]]:
     """``(model_type, overrides)`` of the twin standing in for a Hub model (or a model_type itself)."""
     if name in HUB_TWINS:
         return HUB_TWINS[name]
-    if name in TWIN_CONFIGS:
+    if name in registry.MODEL_TABLE:
         return name, {}
-    raise ValueError(f"No twin for {name!r}; known models: {', '.join(HUB_TWINS)}; "
-                     f"families: {', '.join(TWIN_FAMILIES)}")
+    raise ValueError(f"No twin for {name!r}; known models: {', '.join(HUB_TWINS)}; or any model_type in "
+                     "fastkit's table (fastkit.registry.MODEL_TABLE, docs/coverage.md)")
 
 
 def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -> PretrainedConfig:
-    """The config of a tiny twin of ``model_type`` (see ``TWIN_CONFIGS``); ``overrides`` win."""
-    if model_type not in TWIN_CONFIGS:
-        raise ValueError(f"No twin for model_type {model_type!r}; known: {', '.join(TWIN_FAMILIES)}")
-    kwargs = dict(TWIN_CONFIGS[model_type], num_hidden_layers=num_hidden_layers,
+    """The config of a tiny twin of ``model_type``: its row's twin sizes, else its defaults shrunk."""
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"No twin for model_type {model_type!r}: transformers has no config class for it")
+    facts = registry.facts_for(model_type)
+    if facts is None or not facts.twin:
+        return tiny_config(model_type, num_hidden_layers, **overrides)
+    kwargs = dict(facts.twin, num_hidden_layers=num_hidden_layers,
                   vocab_size=TWIN_VOCAB_SIZE, max_position_embeddings=32768,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     kwargs.update(overrides)
@@ -119,12 +168,25 @@ def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -
     return CONFIG_MAPPING[model_type](**kwargs)
 
 
+def twin_of(config: PretrainedConfig, num_hidden_layers: int = 2) -> PretrainedConfig:
+    """A tiny twin config of a real ``config`` (the loader's self-check): same class and traits, sizes shrunk."""
+    values = {k: v for k, v in config.to_dict().items() if not k.startswith("_")}  # no loader bookkeeping
+    values.update(_shrunk(values, num_hidden_layers))
+    text = values.get("text_config")
+    if isinstance(text, dict):
+        values["text_config"] = {**text, **_shrunk(text, num_hidden_layers)}
+    for key in ("model_type", "transformers_version", "architectures", "quantization_config"):
+        values.pop(key, None)
+    return type(config)(**values)
+
+
 def twin(model_type: str, num_hidden_layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.float32,
          attn_implementation: str | None = None, **overrides: Any) -> torch.nn.Module:
     """A randomly initialised tiny causal LM of ``model_type`` (deterministic for a ``seed``)."""
     config = twin_config(model_type, num_hidden_layers=num_hidden_layers, **overrides)
     if attn_implementation is None:
-        attn_implementation = "eager" if model_type == "gpt_oss" else "sdpa"  # sinks: no sdpa upstream
+        facts = registry.facts_for(model_type)
+        attn_implementation = facts.default_attn if facts is not None else "sdpa"  # gpt_oss sinks: eager
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval()

@@ -123,6 +123,27 @@ SPECS = [
          colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
          lora_r=8, gguf="fastkit's save_gguf refuses gpt_oss (no GGUF layout verified for it); convert the "
          "merged folder with llama.cpp's convert_hf_to_gguf.py"),
+    Spec("05_gemma3_4b_text_qlora.ipynb", "Gemma-3-4B-it: text-only QLoRA, packed", "google/gemma-3-4b-it",
+         "QLoRA on Gemma 3 4B: the checkpoint is composite (vision + text); fastkit's table row says so, loads "
+         "the text model alone and says it in the banner. Sliding-window and full-attention layers both run "
+         "packed, per document, proven on a twin by the census (docs/coverage.md). Gemma is gated: accept its "
+         "license on the Hugging Face Hub and log in first.",
+         "Needs a CUDA GPU (bitsandbytes 4-bit); sized for a free Colab T4 at 2,048 tokens (check with "
+         "`fastkit plan google/gemma-3-4b-it --gpu t4 --4bit`; not yet measured on a GPU).",
+         "not measured (T4 target)", "Composite checkpoint, text model only; sliding-window layers packed",
+         2048, 60, load_args=", load_in_4bit=not USE_TWIN",
+         gguf="fastkit's save_gguf has no GGUF layout for gemma3 yet (refused, not guessed); convert the merged "
+         "folder with llama.cpp's convert_hf_to_gguf.py"),
+    Spec("06_phi3_mini_packed.ipynb", "Phi-3-mini-4k-instruct: packed QLoRA", "microsoft/Phi-3-mini-4k-instruct",
+         "Packed QLoRA on Phi-3-mini (3.8B). Phi-3 was not in fastkit's first table; the census proved it "
+         "exact (packed logits and gradients equal each document alone, no host syncs), so it now has a row "
+         "and the packing patch applies.",
+         "Needs a CUDA GPU (bitsandbytes 4-bit); sized for a free Colab T4 at 2,048 tokens (check with "
+         "`fastkit plan microsoft/Phi-3-mini-4k-instruct --gpu t4 --4bit`; not yet measured on a GPU).",
+         "not measured (T4 target)", "A family the census added: packed QLoRA on Phi-3", 2048, 60,
+         load_args=", load_in_4bit=not USE_TWIN",
+         gguf="fastkit's save_gguf has no GGUF layout for phi3 yet (refused, not guessed); convert the merged "
+         "folder with llama.cpp's convert_hf_to_gguf.py"),
 ]
 
 

@@ -25,6 +25,7 @@ from fastkit.twins import twin, twin_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1] / "fastkit"
 COMPAT = ("_hf.py", "_torch.py")  # the compat layers: the only files that may reach upstream private names
+TABLE = "registry.py"  # the one table of family facts: its rows name upstream classes (experts, stateful layers)
 
 # Deep module paths only the compat layer may import from.
 FRAGILE_MODULES = (
@@ -435,6 +436,12 @@ def check_looped_experts_kind():
     for model_type, kind in (("dbrx", "dbrx"), ("llama4_text", "llama4")):
         assert {_hf.looped_experts_kind(m) for m in _looped(model_type).modules()} - {None} == {kind}
     assert {_hf.looped_experts_kind(m) for m in twin("qwen3_moe").modules()} == {None}
+
+
+def check_modules_of_classes():
+    found = _hf.modules_of_classes(twin("qwen3_5_text"), ("Qwen3_5GatedDeltaNet",))
+    assert found and all(type(m).__name__ == "Qwen3_5GatedDeltaNet" for m in found)
+    assert _hf.modules_of_classes(twin("qwen3"), ("Qwen3_5GatedDeltaNet",)) == []
 
 
 def check_has_no_4bit_layout():

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from fastkit import registry
 from fastkit.twins import HUB_TWINS, TWIN_FAMILIES, twin, twin_config, twin_family
 from tests.helpers import forward_backward
 
@@ -48,6 +49,7 @@ def test_tokenizer_roundtrip_and_chat_template(tokenizer):
 
 def test_hub_twin_table():
     assert twin_family("openai/gpt-oss-20b")[0] == "gpt_oss"
-    assert set(fam for fam, _ in HUB_TWINS.values()) <= set(TWIN_FAMILIES)
+    assert set(fam for fam, _ in HUB_TWINS.values()) <= set(registry.MODEL_TABLE)  # every twin family has a row
+    assert twin_family("phi3") == ("phi3", {})  # any row is a twin: sizes from the row, else shrunk defaults
     with pytest.raises(ValueError, match="No twin"):
         twin_family("nobody/nothing")

@@ -45,16 +45,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastkit import _hf
+from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer, modelfile
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-# transformers model_type -> llama.cpp architecture (only those whose round trip is tested).
-GGUF_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2_moe": "qwen2moe",
-              "qwen3_moe": "qwen3moe"}
+# transformers model_type -> llama.cpp architecture (only those whose round trip is tested): the table's gguf_arch.
+GGUF_ARCHS = registry.GGUF_ARCHS
 WRITTEN = ("f16", "bf16", "q8_0", "q4_0")
 """Quantizations fastkit writes itself (pure Python, gguf-py)."""
 LLAMA_CPP_QUANTS = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}

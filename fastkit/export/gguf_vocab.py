@@ -25,6 +25,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from fastkit import _hf
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ PRE_TOKENIZERS = (
 
 # The inverse: a tokenizer.json pre_tokenizer for a name (for tokenizers rebuilt from a GGUF, whose
 # reader in transformers drops tokenizer.ggml.pre and falls back to GPT-2's split).
-_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
+_BYTE_LEVEL = {"type": _hf.BYTE_LEVEL, "add_prefix_space": False, "trim_offsets": True}
 
 
 def _known(name: str) -> PreTokenizer:
@@ -99,7 +100,7 @@ def pre_tokenizer_spec(name: str) -> dict:
             steps.append(dict(_BYTE_LEVEL, use_regex=True))
         else:
             steps.append(_split_node(regex))
-    if steps[-1]["type"] != "ByteLevel":
+    if steps[-1]["type"] != _hf.BYTE_LEVEL:
         steps.append(dict(_BYTE_LEVEL, use_regex=False))
     return {"type": "Sequence", "pretokenizers": steps}
 
@@ -144,7 +145,7 @@ def _splits(spec: dict) -> tuple[str, ...]:
     out = []
     for step in _pre_steps(spec.get("pre_tokenizer")):
         kind = step.get("type")
-        if kind == "ByteLevel":
+        if kind == _hf.BYTE_LEVEL:
             if step.get("use_regex", True):
                 out.append(GPT2_SPLIT)
             if step.get("add_prefix_space"):

@@ -297,7 +297,7 @@ def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, 
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
     found = []
     for name, m in model.named_modules():
-        kind = _hf.looped_experts_kind(m)
+        kind = _hf.looped_experts_kind(m)  # the classes are the table's (registry.LOOPED_EXPERTS)
         if kind is not None:
             found.append((name, m, dbrx_experts_forward if kind == "dbrx" else llama4_moe_forward))
     return found

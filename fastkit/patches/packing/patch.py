@@ -36,7 +36,9 @@ make exact is refused in ``check`` (the model stays as it was) or raises :class:
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import contextvars
 import inspect
 import logging
 from collections.abc import Callable
@@ -59,6 +61,21 @@ PACKED_KWARG = packing_state.PACKED_KWARG
 LENGTHS_KWARG = "fastkit_seq_lens"
 """Batch key (added by :func:`wrap_collator`): per-row document lengths as Python ints."""
 SUPPORTED_BACKENDS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+_NOT_PASSED = object()
+"""Default of the dispatcher's ``sliding_window``: tells "not passed" from "passed as None" (full attention)."""
+
+# Attention calls seen during the packed forward that is running now: "packed" (with the PackedBatch)
+# and "plain" (without it). See Note [attention ran per document].
+_CALLS: contextvars.ContextVar[collections.Counter | None] = contextvars.ContextVar("fastkit_packed_calls",
+                                                                                   default=None)
+
+# Note: [attention ran per document]
+# Packing is exact only if EVERY attention call of a packed forward runs per document. A decoder layer
+# that drops **kwargs (nemotron, stablelm in transformers 5.24) calls attention without the PackedBatch;
+# under the packed key there is then no mask either, so its documents attend to each other silently. A
+# family that computes attention without AttentionInterface never reaches fastkit at all. So the packed
+# forward counts the calls of fastkit's dispatcher (host ints, no sync) and raises when one ran without
+# the metadata or none ran. The gradient-checkpoint recompute replays the same calls with the same kwargs.
 
 # Note: [packed metadata lifetime]
 # One PackedBatch per decoder forward call, never cached anywhere else:
@@ -312,12 +329,31 @@ def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callab
                 raise FastkitError("position_ids=None was passed positionally next to packed lengths; pass "
                                    "position_ids (or pass it by keyword).")
             kwargs["position_ids"] = _positions(meta, call)
-        with _attn_key(config, packed_key):
-            return original(*args, **kwargs)
+        calls = collections.Counter()
+        token = _CALLS.set(calls)
+        try:
+            with _attn_key(config, packed_key):
+                out = original(*args, **kwargs)
+        finally:
+            _CALLS.reset(token)
+        _check_calls(calls)
+        return out
 
     forward.__wrapped__ = original
     forward._fastkit_packing = True
     return forward
+
+
+def _check_calls(calls: collections.Counter) -> None:
+    """Raise unless every attention call of a packed forward ran per document (Note [attention ran per document])."""
+    if calls["plain"]:
+        raise FastkitError(f"packed batch: {calls['plain']} of {calls['plain'] + calls['packed']} attention calls "
+                           "ran without the packed metadata (a decoder layer drops **kwargs), so their documents "
+                           "would attend to each other. This family cannot train packed: use packing=False.")
+    if not calls["packed"]:
+        raise FastkitError("packed batch: no attention call reached fastkit's attention function (this family "
+                           "computes attention without transformers' AttentionInterface), so documents would attend "
+                           "to each other. This family cannot train packed: use packing=False.")
 
 
 def _positions(meta: PackedBatch, call: dict) -> torch.Tensor:
@@ -333,21 +369,27 @@ def make_dispatcher(orig: str) -> Callable:
     """The attention function registered under both fastkit keys for an original backend ``orig``."""
 
     def fastkit_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                          scaling: float | None = None, sliding_window: int | None = None,
+                          scaling: float | None = None, sliding_window: Any = _NOT_PASSED,
                           softcap: float | None = None, s_aux: torch.Tensor | None = None, **kwargs):
         meta = kwargs.pop(PACKED_KWARG, None)
         kwargs.pop(LENGTHS_KWARG, None)
-        if meta is None:
+        calls = _CALLS.get()
+        if calls is not None:
+            calls["plain" if meta is None else "packed"] += 1
+        if meta is None:  # the very call the original backend would get
             target = _hf.AttentionView(module, orig) if orig.startswith("flash") else module
             extra = {k: v for k, v in (("sliding_window", sliding_window), ("softcap", softcap), ("s_aux", s_aux))
-                     if v is not None}
+                     if v is not None and v is not _NOT_PASSED}
             return _hf.attention_function(module, orig)(target, query, key, value, attention_mask,
                                                         dropout=dropout, scaling=scaling, **extra, **kwargs)
         if query.shape[2] != key.shape[2]:
             raise FastkitError("A packed batch met cached keys (query and key lengths differ): packed documents "
                                "cannot continue a cache. Use use_cache=False.")
-        window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
-        out = kernels.packed_attention(query, key, value, meta, scaling=scaling, dropout=dropout, window=window,
+        if sliding_window is _NOT_PASSED:  # the family did not say (qwen2_moe): the layer's own attribute
+            sliding_window = getattr(module, "sliding_window", None)
+        # passed as None = full attention on this layer (exaone4, kolibri1 keep a window attribute on every layer)
+        out = kernels.packed_attention(query, key, value, meta, scaling=scaling, dropout=dropout,
+                                       window=sliding_window,
                                        softcap=softcap, sinks=s_aux, training=module.training)
         return out, None
 

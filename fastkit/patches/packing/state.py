@@ -247,7 +247,7 @@ def stateful_modules(decoder: torch.nn.Module, names: tuple[str, ...]
         return []
     out = []
     for layer in layers:
-        found = [m for m in layer.modules() if _hf.class_name_in(m, names)]
+        found = _hf.modules_of_classes(layer, names)
         if found:
             out.append((layer, found))
     return out
@@ -258,7 +258,11 @@ def check(model: torch.nn.Module, decoder: torch.nn.Module, names: tuple[str, ..
     covered = {id(m) for _, mods in stateful_modules(decoder, names) for mod in mods for m in mod.modules()}
     if names and not covered:
         return f"none of the stateful layers {', '.join(names)} found inside the decoder's layers"
-    stray = sorted({type(m).__name__ for m in decoder.modules()
+    # Only the decoder layers carry the token sequence: a Conv1d in another modality's encoder (phi4_multimodal's
+    # audio embedding, run on audio features, never on the packed text) carries no state across its documents.
+    layers = getattr(decoder, "layers", None)
+    scope = layers if isinstance(layers, torch.nn.ModuleList) else decoder
+    stray = sorted({type(m).__name__ for m in scope.modules()
                     if isinstance(m, torch.nn.Conv1d) and id(m) not in covered})
     if stray:
         return (f"a causal convolution ({', '.join(stray)}) outside the layers fastkit resets per document would "
