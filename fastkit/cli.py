@@ -26,17 +26,6 @@ BENCHES = ("packed", "offload", "moe", "sft")
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: a positive integer (``--steps -1`` is refused here, naming the option)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def _quickstart(args: argparse.Namespace) -> int:
     from fastkit.quickstart import QuickstartConfig, run
 
@@ -83,17 +72,18 @@ def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fastkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     qs = sub.add_parser("quickstart", help="LoRA-tune SmolLM2-135M-Instruct offline and show before/after answers")
-    qs.add_argument("--steps", type=_positive_int, default=20, help="optimizer steps (default 20)")
-    qs.add_argument("--max-seq-length", type=_positive_int, default=256, help="tokens per packed row (default 256)")
+    qs.add_argument("--steps", type=cli_train.positive_int, default=20, help="optimizer steps (default 20)")
+    qs.add_argument("--max-seq-length", type=cli_train.positive_int, default=256,
+                    help="tokens per packed row (default 256)")
     qs.add_argument("--output-dir", default="outputs/quickstart")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
     cli_train.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
     pl.add_argument("model", help="local folder, config.json, or Hub id (only its config.json is read)")
     pl.add_argument("--gpu", default="t4", help="t4, l4, a100-40, rtx-8g, rtx-16g, spark, or GiB (default t4)")
-    pl.add_argument("--max-seq-length", type=_positive_int, default=2048, help="tokens per row (default 2048)")
-    pl.add_argument("--batch-size", type=_positive_int, default=1, help="rows per micro-batch (default 1)")
-    pl.add_argument("--r", type=_positive_int, default=16, help="LoRA rank (default 16)")
+    pl.add_argument("--max-seq-length", type=cli_train.positive_int, default=2048, help="tokens per row (default 2048)")
+    pl.add_argument("--batch-size", type=cli_train.positive_int, default=1, help="rows per micro-batch (default 1)")
+    pl.add_argument("--r", type=cli_train.positive_int, default=16, help="LoRA rank (default 16)")
     pl.add_argument("--4bit", dest="load_in_4bit", action="store_true", help="QLoRA: NF4 base weights")
     pl.add_argument("--offload", action="store_true", help="fastkit's checkpoint offload")
     pl.add_argument("--no-expert-lora", dest="expert_lora", action="store_false",

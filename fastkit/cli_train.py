@@ -17,7 +17,8 @@ DEFAULTS = dict(max_seq_length=2048, steps=60, batch_size=1, grad_accumulation=1
 """The notebooks' parameters-cell defaults (notebooks/_build.py), which the options below share."""
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: a positive integer (``--steps -1`` is refused here, naming the option)."""
     try:
         value = int(text)
     except ValueError:
@@ -46,26 +47,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="Hub id or local folder (e.g. Qwen/Qwen3-0.6B)")
     p.add_argument("--data", required=True, help="Hub dataset id, a .json/.jsonl file, or 'quickstart' (offline)")
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=_positive_int, default=None,
+    length.add_argument("--steps", type=positive_int, default=None,
                         help=f"optimizer steps (default {d['steps']} unless --epochs)")
     length.add_argument("--epochs", type=_positive_float, default=None, help="passes over the data instead of --steps")
-    p.add_argument("--max-seq-length", type=_positive_int, default=d["max_seq_length"],
+    p.add_argument("--max-seq-length", type=positive_int, default=d["max_seq_length"],
                    help=f"tokens per packed row (default {d['max_seq_length']})")
-    p.add_argument("--batch-size", type=_positive_int, default=d["batch_size"],
+    p.add_argument("--batch-size", type=positive_int, default=d["batch_size"],
                    help=f"packed rows per micro-batch (default {d['batch_size']})")
-    p.add_argument("--grad-accumulation", type=_positive_int, default=d["grad_accumulation"],
+    p.add_argument("--grad-accumulation", type=positive_int, default=d["grad_accumulation"],
                    help=f"micro-batches per optimizer step (default {d['grad_accumulation']})")
     p.add_argument("--lr", type=_positive_float, default=d["lr"], help=f"learning rate (default {d['lr']:g})")
     p.add_argument("--eval-split", type=float, default=d["eval_split"],
                    help="fraction of rows held out for eval loss, e.g. 0.05 (default none)")
     p.add_argument("--report-to", default=d["report_to"],
                    help="none, tensorboard, wandb or trackio (installed ones only; default none)")
-    p.add_argument("--lora-r", type=_positive_int, default=d["lora_r"], help=f"LoRA rank (default {d['lora_r']})")
+    p.add_argument("--lora-r", type=positive_int, default=d["lora_r"], help=f"LoRA rank (default {d['lora_r']})")
     p.add_argument("--4bit", dest="load_in_4bit", action="store_true", help="QLoRA: NF4 base weights (CUDA)")
     p.add_argument("--checkpointing", choices=("on", "off", "offload"), default="on",
                    help="gradient checkpointing: on (default), off, or offload (double-buffered CPU offload)")
     p.add_argument("--output-dir", default="outputs/train", help="checkpoints and saved models (default outputs/train)")
-    p.add_argument("--save-steps", type=_positive_int, default=d["save_steps"],
+    p.add_argument("--save-steps", type=positive_int, default=d["save_steps"],
                    help=f"a checkpoint every that many steps (default {d['save_steps']})")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
     p.add_argument("--merged", action="store_true", help="also save a merged 16-bit model")

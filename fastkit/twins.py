@@ -192,6 +192,18 @@ def twin(model_type: str, num_hidden_layers: int = 2, seed: int = 0, dtype: torc
     return model.eval()
 
 
+def _chatml_tokenizer(backend) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer around a ``tokenizers`` backend, with ChatML specials and chat template."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    tok.model_max_length = 32768
+    return tok
+
+
 def twin_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer (every string round-trips) with ChatML specials and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -203,14 +215,7 @@ def twin_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    tok.chat_template = CHATML_TEMPLATE
-    tok.model_max_length = 32768
-    return tok
+    return _chatml_tokenizer(backend)
 
 
 # A small corpus the BPE twin tokenizer learns its merges from (prose, quotes, code, numbers).
@@ -239,11 +244,4 @@ def twin_bpe_tokenizer(pre: str = "gpt-2", corpus: tuple[str, ...] = TWIN_BPE_CO
     trainer = trainers.BpeTrainer(vocab_size=TWIN_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pt.ByteLevel.alphabet())
     backend.train_from_iterator(list(corpus) * 4, trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    tok.chat_template = CHATML_TEMPLATE
-    tok.model_max_length = 32768
-    return tok
+    return _chatml_tokenizer(backend)
