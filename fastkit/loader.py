@@ -463,6 +463,8 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
         raise FastkitError(f"get_peft_model: the model already has a LoRA adapter, with other options: "
                            f"{', '.join(diff)}. Re-load the model (FastModel.from_pretrained) for a new adapter.")
     logger.info("fastkit: the model already has this LoRA adapter; returned as it is (re-run cell)")
+    return model
+
 
 def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, verdict: str | None = None, *,
                      max_seq_length: int = 2048, patches: str | list[str] | None = "auto",

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from types import SimpleNamespace
 
 import pytest
-from transformers import TrainerControl, TrainerState
+from transformers import PrinterCallback, TrainerControl, TrainerState  # the log printer fit() sets aside
 
 from fastkit import dashboard as dash
 from fastkit.dashboard import MetricsCallback, Row, TrainingMetrics
 from fastkit.dashboard.render import insert_after, stat_rows, without
 from fastkit.device import GiB, MemorySnapshot
+from fastkit.errors import FastkitError
 from fastkit.training import fit
 from tests.helpers import FakeClock
 
@@ -133,10 +135,6 @@ def shown(monkeypatch):
     return out
 
 
-class PrinterCallback:
-    """Stands in for transformers' log printer, which fit() sets aside while the dashboard runs."""
-
-
 class FakeTrainer:
     """Just enough of transformers.Trainer for fit(): callbacks, train() emitting events, a model, a state."""
 
@@ -144,6 +142,10 @@ class FakeTrainer:
         import torch
 
         self.model = torch.nn.Linear(2, 2)
+        self.model.config = SimpleNamespace(model_type="fake", name_or_path="fake")  # what the run identity reads
+        self.train_dataset = [{"input_ids": [1, 2, 3]}]
+        self.args = SimpleNamespace(output_dir=tempfile.mkdtemp(prefix="fastkit-fake-run-"),
+                                    logging_nan_inf_filter=True)
         self.state = TrainerState(max_steps=steps)
         self.callback_handler = SimpleNamespace(callbacks=[PrinterCallback()])
         self.seen_during_train: list[str] = []
@@ -192,7 +194,7 @@ def test_fit_widget_view_finished(shown):
     assert view_bar.value == 1.0 and view_bar.bar_style == "success"
     assert "fastkit-has-curves" in box.children[2].children[0]._dom_classes
     assert "Steps/s" in box.children[2].children[1].value
-    assert trainer.seen_during_train == ["MetricsCallback"]           # the printer was set aside...
+    assert trainer.seen_during_train == ["MetricsCallback", "RunGuard"]  # the printer was set aside...
     assert [type(c).__name__ for c in trainer.callback_handler.callbacks] == ["PrinterCallback"]  # ...and is back
 
 
@@ -350,7 +352,10 @@ def test_html_view_redraws_the_curves_on_a_step_event_too(handles):
     assert "fastkit-has-curves" in handles[-1][1]["text/html"]
 
 
-def test_fit_resume_continues_from_the_newest_checkpoint(tmp_path):
+def test_fit_resume_picks_the_newest_checkpoint_and_refuses_an_incomplete_one(tmp_path):
+    # Resuming a complete, matching checkpoint is tested on real trainers in tests/test_resume.py; here: the
+    # newest checkpoint is the one looked at, one without optimizer state is refused before training, and
+    # resume=True with no checkpoint yet starts a new run.
     class Resumable(FakeTrainer):
         def train(self, **kw):
             self.train_kwargs = kw
@@ -359,10 +364,11 @@ def test_fit_resume_continues_from_the_newest_checkpoint(tmp_path):
     for step in (3, 10):
         (tmp_path / f"checkpoint-{step}").mkdir()
     trainer = Resumable(steps=2)
-    trainer.args = SimpleNamespace(output_dir=str(tmp_path))
-    fit(trainer, view="none", clock=trainer.clock, resume=True)
-    assert trainer.train_kwargs == {"resume_from_checkpoint": str(tmp_path / "checkpoint-10")}
+    trainer.args.output_dir = str(tmp_path)
+    with pytest.raises(FastkitError, match="checkpoint-10 .* has no optimizer state"):
+        fit(trainer, view="none", clock=trainer.clock, resume=True)
+    assert not hasattr(trainer, "train_kwargs")  # refused before any step
     fresh = Resumable(steps=2)
-    fresh.args = SimpleNamespace(output_dir=str(tmp_path / "missing"))
+    fresh.args.output_dir = str(tmp_path / "missing")
     fit(fresh, view="none", clock=fresh.clock, resume=True)   # no checkpoint yet: starts fresh
     assert fresh.train_kwargs == {}

@@ -71,14 +71,15 @@ def _saved_llama(ctx: Ctx) -> Path:
     return Path(save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "llama"))
 
 
-def _phi3():
-    """phi3: not in fastkit's table, and its upstream attention mixes packed documents."""
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+def _unknown():
+    """nemotron: not in fastkit's table, and refused by the self-check (its decoder layer drops **kwargs, so
+    packed metadata never reaches attention): loaded unpatched, packed batches must be refused."""
+    from transformers import AutoModelForCausalLM
 
-    cfg = CONFIG_MAPPING["phi3"](hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                                 num_hidden_layers=1, vocab_size=320, max_position_embeddings=512, pad_token_id=0,
-                                 bos_token_id=1, eos_token_id=2)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    from fastkit.twins import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("nemotron"), attn_implementation="sdpa")
     return FastModel.patch(model)
 
 
@@ -235,24 +236,25 @@ CASES = [
     Case("twin_refuses_load_in_4bit", lambda ctx: _twin_model(load_in_4bit=True),
          Raises(FastkitError, "load_in_4bit", "twin")),
     Case("unknown_family_packed_batch_raises",
-         lambda ctx: _phi3()(input_ids=torch.randint(3, 300, (1, 8)), max_length_q=4,
+         lambda ctx: _unknown()(input_ids=torch.randint(3, 300, (1, 8)), max_length_q=4,
                              cu_seq_lens_q=torch.tensor([0, 4, 8], dtype=torch.int32)),
-         Raises(FastkitError, "cu_seq_lens_q", "phi3", "packing=False")),
+         Raises(FastkitError, "cu_seq_lens_q", "nemotron", "packing=False")),
     Case("unknown_family_packed_batch_raises_under_peft",
-         lambda ctx: FastModel.get_peft_model(_phi3(), r=4, use_gradient_checkpointing=False)(
+         lambda ctx: FastModel.get_peft_model(_unknown(), r=4, use_gradient_checkpointing=False)(
              input_ids=torch.randint(3, 300, (1, 8)), **{LENGTHS_KWARG: [[4, 4]]}),
-         Raises(FastkitError, LENGTHS_KWARG, "phi3")),
+         Raises(FastkitError, LENGTHS_KWARG, "nemotron")),
     Case("unknown_family_position_ids_packed_batch_raises",
-         lambda ctx: _phi3().train()(input_ids=torch.randint(3, 300, (1, 8)),
+         lambda ctx: _unknown().train()(input_ids=torch.randint(3, 300, (1, 8)),
                                      position_ids=torch.cat([torch.arange(4), torch.arange(4)])[None]),
-         Raises(FastkitError, "position_ids", "phi3", "packing=False")),
+         Raises(FastkitError, "position_ids", "nemotron", "packing=False")),
     Case("unknown_family_left_padded_batch_is_not_mistaken_for_packing",
-         lambda ctx: _phi3().train()(input_ids=torch.randint(3, 300, (1, 6)),
+         lambda ctx: _unknown().train()(input_ids=torch.randint(3, 300, (1, 6)),
                                      attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1]]),
                                      position_ids=torch.tensor([[1, 1, 0, 1, 2, 3]])),
          lambda out, ctx: _eq(tuple(out.logits.shape), (1, 6, 320))),
     Case("unknown_family_make_trainer_packing_refused",
-         lambda ctx: _make_trainer(ctx, model=_phi3(), max_steps=1), Raises(FastkitError, "packing=True", "phi3")),
+         lambda ctx: _make_trainer(ctx, model=_unknown(), max_steps=1),
+         Raises(FastkitError, "packing=True", "nemotron")),
     Case("packing_patched_after_an_unpatched_load_still_packs",
          lambda ctx: _packed_after_plain(), lambda out, ctx: _eq(tuple(out.logits.shape), (1, 12, 320))),
     Case("use_safetensors_false_refused",
