@@ -84,13 +84,9 @@ class OffloadConfig:
     def check_host_ram(self, nbytes: int, held: int) -> None:
         """Raise :class:`FastkitError` when ``nbytes`` more of host RAM (``held`` already in staging buffers)
         would leave less than ``host_ram_reserve_bytes`` available. Called by the pipeline's host pool."""
-        avail, total = host_ram()
-        if nbytes > avail - self.host_ram_reserve_bytes:
-            raise FastkitError(
-                f"Activation offload needs another {nbytes / MiB:.0f} MiB of host RAM (already holding "
-                f"{held / GiB:.2f} GiB), but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available "
-                f"and {self.host_ram_reserve_bytes / GiB:.2f} GiB is kept in reserve. Use "
-                "use_gradient_checkpointing=True (no offload) or shorter sequences.")
+        _require_host_ram(nbytes, self.host_ram_reserve_bytes,
+                          f"another {nbytes / MiB:.0f} MiB of host RAM (already holding {held / GiB:.2f} GiB)",
+                          " or shorter sequences")
 
 
 @dataclass
@@ -163,14 +159,23 @@ def check_host_budget(model: torch.nn.Module, tokens: int, config: OffloadConfig
     n_off = len(layers) - (1 if config.skip_last_layer else 0)
     elem = next(model.parameters()).element_size()
     need = n_off * tokens * hidden * elem
-    avail, total = host_ram()
-    if need > avail - config.host_ram_reserve_bytes:
-        raise FastkitError(
-            f"Activation offload needs {need / GiB:.2f} GiB of host RAM ({n_off} layers x {tokens} tokens x "
-            f"hidden {hidden} x {elem} B), but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available and "
-            f"{config.host_ram_reserve_bytes / GiB:.2f} GiB is kept in reserve. Use "
-            "use_gradient_checkpointing=True (no offload), a shorter max_seq_length or a smaller batch.")
+    _require_host_ram(need, config.host_ram_reserve_bytes,
+                      f"{need / GiB:.2f} GiB of host RAM ({n_off} layers x {tokens} tokens x hidden {hidden} x "
+                      f"{elem} B)",
+                      ", a shorter max_seq_length or a smaller batch")
     return need
+
+
+def _require_host_ram(need: int, reserve: int, what: str, advice: str) -> None:
+    """Raise :class:`FastkitError` when ``need`` more bytes of host RAM would leave less than ``reserve``
+    available: the up-front check (:func:`check_host_budget`) and the pipeline's runtime one share it.
+    ``advice`` follows "Use use_gradient_checkpointing=True (no offload)" as written (its own separator)."""
+    avail, total = host_ram()
+    if need > avail - reserve:
+        raise FastkitError(
+            f"Activation offload needs {what}, but only {avail / GiB:.2f} of {total / GiB:.2f} GiB is available "
+            f"and {reserve / GiB:.2f} GiB is kept in reserve. Use use_gradient_checkpointing=True (no offload)"
+            f"{advice}.")
 
 
 def _is_plain_checkpoint(func: Any) -> str | None:
