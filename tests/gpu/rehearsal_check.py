@@ -24,27 +24,29 @@ def problems(out: Path, rc: int) -> list[str]:
         return [f"the run was refused or left no summary (exit {rc})"]
     if rc != 0:
         found.append(f"the device command exited {rc}")
-    for line in summary.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 3 and cells[0] in {s.name for s in gpu_run.STEPS}:
-            if not (cells[1] == "ok" or cells[1].startswith("skipped: needs TRL")):
-                found.append(f"step {cells[0]}: {cells[1]}")
-    ran = [ln for ln in summary.splitlines() if ln.startswith("| ") and ln.split("|")[1].strip() in
-           {s.name for s in gpu_run.STEPS}]
-    if len(ran) != len(gpu_run.STEPS):
-        found.append(f"{len(ran)} of {len(gpu_run.STEPS)} steps recorded")
+    results = _step_results(summary)
+    found += [f"step {name}: {result}" for name, result in results.items()
+              if not (result == "ok" or result.startswith("skipped: needs TRL"))]
+    if len(results) != len(gpu_run.STEPS):
+        found.append(f"{len(results)} of {len(gpu_run.STEPS)} steps recorded")
     found += _junit(out / "junit.xml")
-    for step in gpu_run.STEPS:
-        name = step.name.removeprefix("bench-")
-        if step.name.startswith("bench-") and f"| {step.name} | ok |" in summary and \
-                not (out / f"bench_{name}.md").exists():
-            found.append(f"{step.name} ran but bench_{name}.md is not in $OUT")
+    for name, result in results.items():
+        table = f"bench_{name.removeprefix('bench-')}.md"
+        if name.startswith("bench-") and result == "ok" and not (out / table).exists():
+            found.append(f"{name} ran but {table} is not in $OUT")
     files = [p for p in out.rglob("*") if p.is_file()]
     if len(files) > gpu_run.MAX_FILES:
         found.append(f"{len(files)} result files, more than {gpu_run.MAX_FILES}: {[p.name for p in files]}")
     wheels = [w for p, _ in gpu_run.pins() if (w := gpu_run._wheel_for(p, gpu_run.WHEELS))]
     found += gpu_run.check_budget(wheels)
     return found
+
+
+def _step_results(summary: str) -> dict[str, str]:
+    """step name -> its result cell, from summary.md's step table."""
+    names = {s.name for s in gpu_run.STEPS}
+    rows = ([c.strip() for c in line.strip().strip("|").split("|")] for line in summary.splitlines())
+    return {cells[0]: cells[1] for cells in rows if len(cells) == 3 and cells[0] in names}
 
 
 def _junit(path: Path) -> list[str]:
