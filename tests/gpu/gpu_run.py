@@ -185,6 +185,11 @@ def _probe(code: str, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True)
 
 
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit {proc.returncode}, nothing on stderr"
+
+
 def prepare(work: Path, summary: Summary) -> tuple[dict, bool, str] | str:
     """Install the carried wheels and check them; ``(env, trl_usable, versions)`` or why the run is refused."""
     carried = pins()
@@ -202,13 +207,12 @@ def prepare(work: Path, summary: Summary) -> tuple[dict, bool, str] | str:
     probe = _probe("import datasets, trl", env)
     if probe.returncode:  # datasets needs pyarrow / pandas / xxhash: not importable here; drop the whole group
         trl_usable = False
-        why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "unknown"
-        summary.header.append(f"TRL group not usable here ({why}); steps needing TRL are skipped")
+        summary.header.append(f"TRL group not usable here ({_last_line(probe)}); steps needing TRL are skipped")
         env = _env([s for g, s in sites.items() if g != "trl"])
     active = [p for p, g in carried if trl_usable or g != "trl"]
     check = _probe(VERSION_CHECK, env, ",".join(str(s) for s in sites.values()), *active)
     if check.returncode:
-        return f"carried packages are not the ones imported: {check.stderr.strip().splitlines()[-1]}"
+        return f"carried packages are not the ones imported: {_last_line(check)}"
     return env, trl_usable, check.stdout.strip()
 
 
