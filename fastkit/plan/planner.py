@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from fastkit.errors import FastkitError
+from fastkit.patches.moe.nf4 import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
 
@@ -60,9 +61,6 @@ NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 """Bytes per 4-bit weight with double quantization (NF4 + 8-bit absmax per 64 + fp32 per 256 blocks)."""
 NF4_BYTES_NO_DOUBLE = 0.5 + 4 / 64
 """Bytes per 4-bit weight without double quantization (one fp32 absmax per 64 weights)."""
-DEQUANT_BYTES_PER_WEIGHT = 8
-"""Transient bytes per weight of the ONE 4-bit expert being dequantized (patches/moe/nf4.py): int32 byte
-index (2) + fp32 values (4) + the 16-bit result (2)."""
 
 
 @dataclass
@@ -94,6 +92,9 @@ class PlanInputs:
     expert_lora: bool = True
     """4-bit MoE: fastkit's per-group LoRA on the experts too (what ``get_peft_model`` adds for
     ``"all-linear"``); False: LoRA on the linear layers only."""
+    moe_dequant_group_bytes: int | None = None
+    """4-bit MoE: the bound on one dequantization call's transient (``MoEConfig.dequant_group_bytes``, the
+    same meaning: None = 64 MiB, 0 = one expert per call)."""
 
 
 @dataclass
@@ -312,8 +313,8 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         if inputs.expert_lora:
             out[f"LoRA r={inputs.r} on experts (fastkit): parameters + gradients"] = on_experts * 2 * size
             trainable += on_experts
-        largest = max((i * o for i, o, n in shape.lora_dims if n > 1), default=0)  # one expert matrix
-        out["one expert dequantized at a time (fastkit, fwd and bwd)"] = largest * DEQUANT_BYTES_PER_WEIGHT
+        out["4-bit experts dequantized per hit group (fastkit, fwd and bwd)"] = dequant_group_bytes(
+            shape, inputs.moe_dequant_group_bytes)
     elif inputs.r is not None:  # PEFT keeps adapters (and so their gradients) in fp32
         out[f"LoRA r={inputs.r}: parameters + gradients (fp32)"] = trainable * 8
     else:  # the parameters are the weights above
@@ -332,6 +333,13 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         out["CUDA context (outside the allocator)"] = CUDA_CONTEXT
         out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = int(ALLOCATOR_SLACK * _peak(out))
     return out
+
+
+def dequant_group_bytes(shape: ModelShape, bound: int | None = None) -> int:
+    """Transient of the largest 4-bit experts dequantization call: ``group_size`` experts of the projection
+    that needs most (``fastkit.patches.moe.nf4``: the same function picks the group in the forward)."""
+    return max((group_size(i * o, n, bound) * i * o * DEQUANT_BYTES_PER_WEIGHT
+                for i, o, n in shape.lora_dims if n > 1), default=0)
 
 
 def _peak(components: dict[str, int]) -> int:

@@ -1,4 +1,4 @@
-"""4-bit MoE experts: bitsandbytes NF4 storage per expert, dequantized one expert group at a time.
+"""4-bit MoE experts: bitsandbytes NF4 storage per expert, dequantized one hit group of experts at a time.
 
 What it replaces. ``load_in_4bit=True`` through transformers' bitsandbytes quantizer turns ``nn.Linear``
 into ``Linear4bit`` only; the 3-D expert tensors (``gate_up_proj`` / ``up_proj`` / ``down_proj``
@@ -14,16 +14,24 @@ multiple of 64, no block crosses an expert, so expert ``e`` is the slice ``packe
 How the experts run. :class:`NF4Experts` is a "weight provider": fastkit's experts forward
 (:mod:`fastkit.patches.moe.patch`) hands it the sorted rows and the host-side group ends (the loop path,
 one count read-back per layer per forward, see Note: [host counts] in ``moe_routing``), and
-:class:`_NF4GroupMM` dequantizes ONLY the experts that received tokens, ONE at a time, right before
-its GEMM, and again in backward for ``grad_x``. Nothing dequantized is saved for backward (ctx keeps
-a reference to the module, whose storage lives anyway), so the extra memory of a layer is one
-expert's dequantized weight plus its unpacking temporaries, never ``E`` of them. The base weights are
+:class:`_NF4GroupMM` dequantizes ONLY the experts that received tokens, one hit group at a time
+(:func:`hit_groups`: consecutive hit experts, as many as ``MoEConfig.dequant_group_bytes`` allows, at
+least one), right before their GEMMs, and again in backward for ``grad_x``. Nothing dequantized is saved
+for backward (ctx keeps a reference to the module, whose storage lives anyway), so the extra memory of a
+layer is one group's dequantized weights plus their unpacking temporaries (:func:`group_size`: the same
+bound ``fastkit.plan`` counts), never ``E`` of them unless they fit the bound. The base weights are
 buffers: frozen by construction; LoRA (fastkit's ``ExpertLoRA``) is added per group on top.
 
-CPU. The dequantization is pure torch (a 256-entry byte -> two-values table, times the absmax): it is
-bit-exact with bitsandbytes' ``dequantize_4bit`` and runs on any device. bitsandbytes' own CPU
-inference path (``Linear4bit`` repacks its weight after an eval forward and then computes gradients
-outside autograd) is never entered: experts never become ``Linear4bit`` here.
+Dequantization. ONE call per hit group (Note: [hit groups]). On CUDA the 4-bit values go through
+bitsandbytes' kernel (``bitsandbytes.functional.dequantize_4bit`` with a ``QuantState`` of the group's
+codes and fp32 absmax; the double quantization is undone first, in torch, because bitsandbytes' nested
+state covers the whole tensor and a group's absmax codes need not start on one of its 256-value
+blocks). Elsewhere (CPU), or without bitsandbytes, it is pure torch: a 256-entry byte -> two-values
+table, times the absmax. Both are bit-exact with bitsandbytes' ``dequantize_4bit`` and with the
+per-expert path (``dequant_group_bytes=0``): every value is computed elementwise, the same way, whatever
+the group (tests/test_moe_4bit_groups.py). bitsandbytes' own CPU inference path (``Linear4bit`` repacks
+its weight after an eval forward and then computes gradients outside autograd) is never entered:
+experts never become ``Linear4bit`` here.
 
 GPT-OSS MXFP4 checkpoints. Two ways were built and measured: dequantize + requantize to NF4 (one
 format for all six families; NF4 with double quantization costs 4.127 bits per weight vs MXFP4's
@@ -36,9 +44,11 @@ shipped MXFP4 values (:func:`requantize_error`, tests/test_moe_4bit.py; NF4 of t
 at a time (:mod:`fastkit.patches.moe.loading`), so no load holds the 16-bit experts.
 
 What must not change. Logits and LoRA gradients equal those of the same model whose expert weights
-are the dequantized values (fp32: to rounding); at most one expert is dequantized at a time; no
-dequantized tensor is saved for backward; unsupported layouts fail in :func:`quantize_experts` with
-a :class:`fastkit.errors.FastkitError` that names the module.
+are the dequantized values (fp32: to rounding), and equal the per-expert path bit for bit; a hit group
+holds at most :func:`group_size` experts (one, when one expert alone exceeds the bound); the hit groups
+come from the host ends, never from a device read; no dequantized tensor is saved for backward;
+unsupported layouts fail in :func:`quantize_experts` with a :class:`fastkit.errors.FastkitError` that
+names the module.
 """
 
 from __future__ import annotations
@@ -60,6 +70,84 @@ NESTED_BLOCKSIZE = 256
 CHUNK_VALUES = 1 << 22
 """Values quantized per pass: temporaries stay ~16 bytes x 4M (64 MiB), whatever the tensor's size (a
 GPT-OSS-20B ``gate_up_proj`` has 531M values: quantized in one pass it would need ~8 GB of temporaries)."""
+DEQUANT_BYTES_PER_WEIGHT = 8
+"""Transient bytes per weight of a dequantization, an upper bound on every path: NF4 in torch peaks at the
+int32 byte index (2) + the fp32 values (4), then the fp32 values + the 16-bit result (2), + the gathered
+codes (0.5) when the group is not consecutive; MXFP4 the same (its scale multiply is in place);
+bitsandbytes' CUDA kernel writes the 16-bit result (2) + fp32 absmax (1/16) directly."""
+DEQUANT_GROUP_BYTES = 64 * 2**20
+"""Default bound on one hit group's dequantization transient (``MoEConfig.dequant_group_bytes``): a
+group holds ``bound // (weights per expert x DEQUANT_BYTES_PER_WEIGHT)`` experts, at least one. 64 MiB:
+every expert of a tiny or quick-bench layer in one call; 2 Qwen3-30B-A3B experts (24 MiB each); one
+GPT-OSS-20B expert (127 MiB alone), i.e. GPT-OSS plans exactly as per-expert dequantization did."""
+
+BNB_DEVICES = ("cuda",)
+"""Device types whose 4-bit NF4 values go through bitsandbytes' ``dequantize_4bit`` (when it imports);
+tests add ``"cpu"`` to run the same call through bitsandbytes' CPU kernel."""
+
+
+def group_size(weights_per_expert: int, num_experts: int, max_bytes: int | None = None) -> int:
+    """Experts dequantized in one call: as many as ``max_bytes`` of transient allows, at least 1, at most E.
+
+    ``max_bytes`` None: :data:`DEQUANT_GROUP_BYTES`; 0: one expert per call (the per-expert path).
+    ``fastkit.plan`` counts ``group_size(...) x weights_per_expert x DEQUANT_BYTES_PER_WEIGHT``.
+    """
+    bound = DEQUANT_GROUP_BYTES if max_bytes is None else max_bytes
+    return max(1, min(num_experts, bound // max(1, weights_per_expert * DEQUANT_BYTES_PER_WEIGHT)))
+
+
+def hit_groups(host_ends: tuple[int, ...], size: int) -> list[tuple[tuple[int, int, int], ...]]:
+    """The experts that received rows, ``(expert, first row, end row)``, in chunks of at most ``size``.
+
+    # Note: [hit groups]
+    Built from the host ends the loop path already read back (Note: [host counts] in ``routing``): no
+    device read, and the backward reuses the same plan from ctx. A chunk of consecutive experts is one
+    slice of the codes (no copy, no index); otherwise its index is built on the host (CPU: free; CUDA:
+    copied from pinned memory with ``non_blocking=True``, which does not wait for the device). Rows
+    stay sorted by expert, so a chunk's rows are one contiguous range too.
+    """
+    hits, start = [], 0
+    for e, end in enumerate(host_ends):
+        if end > start:
+            hits.append((e, start, end))
+        start = end
+    return [tuple(hits[i:i + size]) for i in range(0, len(hits), size)]
+
+
+def _consecutive(ids: tuple[int, ...]) -> bool:
+    return ids[-1] - ids[0] == len(ids) - 1
+
+
+def _index(ids: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
+    """``(G,)`` int64 index of non-consecutive experts on ``device`` (Note: [hit groups]); None when consecutive."""
+    if _consecutive(ids):
+        return None
+    if device.type == "cuda":
+        return torch.tensor(ids, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def _select(t: torch.Tensor, ids: tuple[int, ...], idx: torch.Tensor | None) -> torch.Tensor:
+    """``t (E, ...)`` -> ``(G, ...)`` rows ``ids``: a slice (consecutive) or one ``index_select``."""
+    return t.narrow(0, ids[0], len(ids)) if idx is None else t.index_select(0, idx)
+
+
+def _bnb_dequantize(codes: torch.Tensor, absmax: torch.Tensor, blocksize: int, dtype: torch.dtype):
+    """bitsandbytes' NF4 kernel on ``codes (G, n/2)`` uint8 and ``absmax (G, n/bs)`` fp32 -> ``(G·n,)``, or None.
+
+    The shape is given flat: bitsandbytes' CPU kernel blocks per row of its shape, its CUDA kernel over
+    the flat buffer; flat, both read the format as it is stored (blocks of ``blocksize`` consecutive values).
+    """
+    if codes.device.type not in BNB_DEVICES:
+        return None
+    try:
+        from bitsandbytes.functional import QuantState, dequantize_4bit
+    except ImportError:
+        return None
+    n = 2 * codes.numel()
+    state = QuantState(absmax=absmax.reshape(-1), shape=torch.Size((n,)), blocksize=blocksize, quant_type="nf4",
+                       dtype=dtype)
+    return dequantize_4bit(codes.reshape(-1, 1), quant_state=state).reshape(-1)  # (n,) (CPU returns (1, n))
 
 NF4_CODE = torch.tensor([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -215,39 +303,74 @@ class NF4Experts(nn.Module):
             self._pairs = self._pairs.to(self.packed.device)
         return self._pairs
 
-    def absmax_of(self, e: int) -> torch.Tensor:
-        """Expert ``e``'s block absmax ``(a·b/64,)`` fp32 (double quantization undone as bitsandbytes does)."""
+    def absmax_rows(self, ids: tuple[int, ...], idx: torch.Tensor | None = None) -> torch.Tensor:
+        """Block absmax of experts ``ids`` ``(G, a·b/64)`` fp32 (double quantization undone as bitsandbytes does)."""
+        rows = _select(self.absmax, ids, idx)  # (G, nb)
         if not hasattr(self, "absmax2"):
-            return self.absmax[e]
+            return rows
         nb = self.absmax.size(1)
-        idx = torch.arange(e * nb, (e + 1) * nb, device=self.absmax.device) // NESTED_BLOCKSIZE  # (nb,) nested block
-        return self.code2[self.absmax[e].long()] * self.absmax2[idx] + self.offset  # (nb,) fp32
+        first = (torch.arange(ids[0], ids[0] + len(ids), device=rows.device) if idx is None else idx) * nb  # (G,)
+        block = (first.unsqueeze(1) + torch.arange(nb, device=rows.device)) // NESTED_BLOCKSIZE  # (G, nb) nested block
+        return self.code2[rows.long()] * self.absmax2[block] + self.offset  # (G, nb) fp32
+
+    def dequant(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """Experts ``ids`` dequantized in ONE call: ``(G, a, b)`` stored layout, compute dtype (bit-exact with bnb).
+
+        Note: [hit groups] for the gather; bitsandbytes' kernel where :data:`BNB_DEVICES` says, else torch.
+        """
+        g, (_, a, b) = len(ids), self.stored_shape
+        idx = _index(ids, self.device)
+        codes = _select(self.packed, ids, idx)  # (G, a·b/2) uint8
+        absmax = self.absmax_rows(ids, idx)  # (G, nb) fp32
+        out = _bnb_dequantize(codes, absmax, self.blocksize, self._dtype)
+        if out is not None:
+            return out.view(g, a, b)
+        vals = self.pairs[codes.int()]  # (G, a·b/2, 2) fp32
+        vals = vals.view(g, -1, self.blocksize).mul_(absmax.unsqueeze(-1))  # (G, nb, bs)
+        return vals.view(g, a, b).to(self._dtype)
 
     def stored(self, e: int) -> torch.Tensor:
         """Expert ``e`` dequantized, in the stored layout ``(a, b)`` and compute dtype (bit-exact with bnb)."""
-        _, a, b = self.stored_shape
-        vals = self.pairs[self.packed[e].int()]  # (a·b/2, 2) fp32
-        vals = vals.view(-1, self.blocksize).mul_(self.absmax_of(e).view(-1, 1))  # (nb, bs)
-        return vals.view(a, b).to(self._dtype)
+        return self.dequant((e,))[0]
 
     def in_out(self, e: int) -> torch.Tensor:
         """Expert ``e`` as ``(in, out)`` (a view of one fresh dequantized matrix)."""
         w = self.stored(e)
         return w if self.transposed else w.t()
 
+    def in_out_group(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """Experts ``ids`` as ``(G, in, out)`` (a view of one fresh dequantized group)."""
+        w = self.dequant(ids)  # (G, a, b)
+        return w if self.transposed else w.transpose(-2, -1)
+
     def dequantize(self) -> torch.Tensor:
-        """ALL experts in the stored layout ``(E, a, b)`` (tests and export only; the forward never calls it)."""
-        return torch.stack([self.stored(e) for e in range(self.num_experts)])
+        """ALL experts in the stored layout ``(E, a, b)`` (tests and export only; the forward never calls it).
+
+        Filled group by group (:func:`group_size` at the default bound): the temporaries stay one group's.
+        """
+        e, a, b = self.stored_shape
+        out = torch.empty(e, a, b, dtype=self._dtype, device=self.device)  # (E, a, b)
+        size = group_size(a * b, e)
+        for first in range(0, e, size):
+            ids = tuple(range(first, min(e, first + size)))
+            out[first:first + len(ids)] = self.dequant(ids)
+        return out
 
     def nbytes(self) -> int:
         """Bytes of the quantized storage (codes + statistics)."""
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def group_matmul(self, x: torch.Tensor, host_ends: tuple[int, ...] | None) -> torch.Tensor:
-        """``x (S, in)`` sorted rows -> ``(S, out)``: ``x[rows of e] @ W_e`` per expert that got rows."""
+    def group_matmul(self, x: torch.Tensor, host_ends: tuple[int, ...] | None,
+                     max_bytes: int | None = None) -> torch.Tensor:
+        """``x (S, in)`` sorted rows -> ``(S, out)``: ``x[rows of e] @ W_e`` per expert that got rows.
+
+        Experts are dequantized by hit group (:func:`hit_groups`, :func:`group_size` with ``max_bytes``).
+        """
         if host_ends is None:
             raise FastkitError("4-bit experts run on the host-count loop path (MoEConfig.mode='auto' or 'loop').")
-        return _NF4GroupMM.apply(x.to(self._dtype), self, host_ends)
+        _, a, b = self.stored_shape
+        groups = hit_groups(host_ends, group_size(a * b, self.num_experts, max_bytes))
+        return _NF4GroupMM.apply(x.to(self._dtype), self, groups)
 
     def extra_repr(self) -> str:
         dq = "double-quant" if hasattr(self, "absmax2") else "fp32 absmax"
@@ -291,33 +414,42 @@ class MXFP4Experts(NF4Experts):
             self._dtype = probe.dtype
         return nn.Module._apply(self, fn, recurse)
 
-    def stored(self, e: int) -> torch.Tensor:
-        """Expert ``e`` as ``(out, in)`` in the compute dtype: ``e2m1 · 2**(scale - 127)``."""
-        _, rows, cols = self.stored_shape
-        vals = self.pairs[self.packed[e].int()].view(rows, -1, 32)  # (rows, G, 32) fp32
-        vals = torch.ldexp(vals, self.scales[e].int().sub_(127).unsqueeze(-1))  # (rows, G, 32)
-        return vals.view(rows, cols).to(self._dtype)
+    def dequant(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """Experts ``ids`` as ``(G, out, in)`` in the compute dtype, in ONE call: ``e2m1 · 2**(scale - 127)``.
+
+        The scale multiply is in place (``x · 2**k`` is what ``torch.ldexp`` computes, exact for a power of two).
+        """
+        g, (_, rows, cols) = len(ids), self.stored_shape
+        idx = _index(ids, self.device)
+        vals = self.pairs[_select(self.packed, ids, idx).int()].view(g, rows, -1, 32)  # (G, rows, Gc, 32) fp32
+        scale = torch.pow(2.0, _select(self.scales, ids, idx).int().sub_(127))  # (G, rows, Gc) fp32
+        vals.mul_(scale.unsqueeze(-1))  # (G, rows, Gc, 32)
+        return vals.view(g, rows, cols).to(self._dtype)
 
     def extra_repr(self) -> str:
         return f"E={self.num_experts}, in_out={tuple(self.shape[1:])}, mxfp4 (kept from the checkpoint)"
 
 
 class _NF4GroupMM(torch.autograd.Function):
-    """``x (S, in) @ W_e (in, out)`` per expert group, W_e dequantized in forward AND again in backward.
+    """``x (S, in) @ W_e (in, out)`` per expert, W dequantized per hit group in forward AND again in backward.
 
-    ctx keeps the module (its quantized buffers exist anyway) and the host ends, never a dequantized
-    matrix: each one is freed after its GEMM. The base weight is frozen, so backward is ``grad_x`` only.
+    ``groups`` is :func:`hit_groups`' plan (host ints). ctx keeps the module (its quantized buffers exist
+    anyway) and the plan, never a dequantized matrix: each group is freed after its GEMMs. The GEMM of
+    expert ``e`` is the same ``torch.mm`` on the same rows whatever the group (a slice of a contiguous
+    ``(G, a, b)`` group has the strides of a lone expert, and, ``a·b`` being a multiple of 64 values, the
+    alignment too), so the result is the per-expert path's bit for bit. The base weight is frozen, so
+    backward is ``grad_x`` only.
     """
 
     @staticmethod
-    def forward(ctx, x, weight: NF4Experts, host_ends):
-        out = x.new_empty(x.size(0), weight.shape[-1])  # (S, out)
-        start = 0
-        for e, end in enumerate(host_ends):
-            if end > start:
-                torch.mm(x[start:end], weight.in_out(e), out=out[start:end])  # (n_e, in) @ (in, out)
-            start = end
-        ctx.weight, ctx.host_ends = weight, host_ends
+    def forward(ctx, x, weight: NF4Experts, groups):
+        out = x.new_empty(x.size(0), weight.shape[-1])  # (S, out): every row lies in one hit expert
+        for group in groups:
+            w = weight.in_out_group(tuple(e for e, _, _ in group))  # (G, in, out)
+            for j, (_, start, end) in enumerate(group):
+                torch.mm(x[start:end], w[j], out=out[start:end])  # (n_e, in) @ (in, out)
+            del w
+        ctx.weight, ctx.groups = weight, groups
         return out
 
     @staticmethod
@@ -325,12 +457,12 @@ class _NF4GroupMM(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         grad_out = grad_out.contiguous()
-        grad_x = grad_out.new_empty(grad_out.size(0), ctx.weight.shape[1])  # (S, in): every row in one group
-        start = 0
-        for e, end in enumerate(ctx.host_ends):
-            if end > start:
-                torch.mm(grad_out[start:end], ctx.weight.in_out(e).t(), out=grad_x[start:end])  # (n_e, in)
-            start = end
+        grad_x = grad_out.new_empty(grad_out.size(0), ctx.weight.shape[1])  # (S, in)
+        for group in ctx.groups:  # Note: [hit groups] the forward's plan: no read-back
+            w = ctx.weight.in_out_group(tuple(e for e, _, _ in group))  # (G, in, out)
+            for j, (_, start, end) in enumerate(group):
+                torch.mm(grad_out[start:end], w[j].t(), out=grad_x[start:end])  # (n_e, out) @ (out, in)
+            del w
         return grad_x, None, None
 
 
@@ -435,5 +567,6 @@ def requantize_error(w: torch.Tensor) -> float:
     return float((d - w.float()).norm() / w.float().norm().clamp(min=1e-30))
 
 
-__all__ = ["BLOCKSIZE", "E2M1", "MXFP4Experts", "NF4Experts", "NF4_CODE", "dynamic_code", "expert_storage_bytes",
-           "has_4bit_experts", "quantize_experts", "quantize_nf4", "requantize_error"]
+__all__ = ["BLOCKSIZE", "BNB_DEVICES", "DEQUANT_BYTES_PER_WEIGHT", "DEQUANT_GROUP_BYTES", "E2M1", "MXFP4Experts",
+           "NF4Experts", "NF4_CODE", "dynamic_code", "expert_storage_bytes", "group_size", "has_4bit_experts",
+           "hit_groups", "quantize_experts", "quantize_nf4", "requantize_error"]

@@ -90,12 +90,21 @@ class MoEConfig:
     free), only the first forward of each layer on the grouped path (one sync, once). ``"always"``:
     every forward (one sync per layer on the grouped path). ``"first"``: first forward per layer only.
     ``"off"``: never. The environment variable ``FASTKIT_MOE_DEBUG=1`` turns ``"auto"`` into ``"always"``."""
+    dequant_group_bytes: int | None = None
+    """4-bit experts: bound on the transient bytes of ONE dequantization call. The experts that received
+    tokens are dequantized together, ``bound // (weights per expert x 8 bytes)`` of them per call (at
+    least one; ``fastkit.patches.moe.nf4.group_size``). ``None``: ``nf4.DEQUANT_GROUP_BYTES`` (64 MiB), the
+    bound ``fastkit.plan`` counts (``PlanInputs.moe_dequant_group_bytes``); ``0``: one expert per call."""
 
     def __post_init__(self):
         if self.mode not in _MODES:
             raise FastkitError(f"MoEConfig.mode must be one of {_MODES}, got {self.mode!r}.")
         if self.validate not in _VALIDATE:
             raise FastkitError(f"MoEConfig.validate must be one of {_VALIDATE}, got {self.validate!r}.")
+        if self.dequant_group_bytes is not None and (not isinstance(self.dequant_group_bytes, int)
+                                                     or self.dequant_group_bytes < 0):
+            raise FastkitError(f"MoEConfig.dequant_group_bytes must be None or an int >= 0 (bytes), got "
+                               f"{self.dequant_group_bytes!r}.")
 
 
 @dataclass
@@ -206,6 +215,7 @@ def _routed(state: _LayerState, num_experts: int, hidden, top_k_index, top_k_wei
                            "lower config.num_experts_per_tok.")
     loop = _use_loop(state, weights)
     routing = route(top_k_index, num_experts)  # (S,) perm, ends...
+    routing.dequant_group_bytes = state.config.dequant_group_bytes
     check = _wants_check(state, loop)
     if loop or check:
         routing.host_ends, facts = read_back(routing, top_k_weights, num_experts, check, with_ends=loop)

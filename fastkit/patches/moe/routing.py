@@ -53,6 +53,8 @@ class Routing:
     """(E,) int64 rows per expert (what ``bincount(ids, minlength=E)`` gives), on the device."""
     host_ends: tuple[int, ...] | None = None
     """``ends`` on the host (loop path only): read back once per layer per forward."""
+    dequant_group_bytes: int | None = None
+    """Bound on one hit group's dequantization (4-bit weight providers; ``MoEConfig.dequant_group_bytes``)."""
 
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
@@ -222,10 +224,11 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.
     """Per-expert ``x @ w[e]`` on the path this forward chose (host ends present: the loop).
 
     ``w`` may be a weight provider instead of a tensor (``fastkit.patches.moe.nf4.NF4Experts``): an object
-    with ``group_matmul(x, host_ends)`` that materializes one expert at a time; it always takes the loop.
+    with ``group_matmul(x, host_ends, max_bytes)`` that materializes one group of hit experts at a time
+    (at most ``max_bytes`` of transient); it always takes the loop.
     """
     if not isinstance(w, torch.Tensor):
-        return w.group_matmul(x, routing.host_ends)  # (S, out)
+        return w.group_matmul(x, routing.host_ends, routing.dequant_group_bytes)  # (S, out)
     x = x.to(w.dtype)
     if routing.host_ends is not None:
         return _LoopGroupedMM.apply(x, w, routing.host_ends)  # (S, out)
