@@ -111,3 +111,31 @@ def test_gpt_oss_mxfp4_checkpoint_on_cuda_keeps_exact_values(tmp_path):
         assert isinstance(q, MXFP4Experts) and q.device.type == "cuda", name
         want = mods[name].gate_up_proj
         assert torch.equal(torch.stack([q.in_out(i) for i in range(q.num_experts)]), want.to(q.device))
+
+
+def test_bitsandbytes_cuda_kernel_gives_the_torch_bits_and_the_per_expert_bits(monkeypatch):
+    """On CUDA NF4 groups go through bitsandbytes' ``dequantize_4bit``: the same values as the pure-torch path,
+    and a GPT-OSS-20B-shaped layer (8192 tokens) gives the per-expert path's output and grad_x bit for bit."""
+    pytest.importorskip("bitsandbytes")
+    from fastkit.patches.moe import nf4
+
+    torch.manual_seed(0)
+    q = NF4Experts(torch.randn(8, 128, 192, device="cuda") * 0.05, transposed=False).to(torch.bfloat16)
+    groups = [(0,), (1, 2, 3), (0, 2, 7), tuple(range(8))]
+    kernel = {ids: q.dequant(ids) for ids in groups}
+    monkeypatch.setattr(nf4, "BNB_DEVICES", ())
+    for ids in groups:
+        assert torch.equal(q.dequant(ids), kernel[ids]), ids  # bnb CUDA kernel == torch (== bnb reference)
+    monkeypatch.undo()
+    experts, h, idx, w = _gpt_oss_layer(tokens=8192)
+    holder = torch.nn.Module()
+    holder.experts = experts
+    quantize_experts(holder)
+    per = copy.copy(experts)  # same NF4 modules, its own per-layer state
+    attach_experts(experts, MoEConfig(validate="off"))
+    attach_experts(per, MoEConfig(validate="off", dequant_group_bytes=0))
+    results = []
+    for m in (experts, per):
+        out = m(h, idx, w)
+        results.append((out.detach(), torch.autograd.grad(out.float().square().mean(), h)[0]))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
