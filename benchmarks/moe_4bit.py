@@ -3,17 +3,22 @@
 Side by side, interleaved in one process, at the layer shapes of :mod:`benchmarks.moe`:
 
 - ``fastkit 16-bit experts``: fastkit's experts forward on the 16-bit weights (the reference);
-- ``fastkit 4-bit experts``: the same weights stored NF4 (:mod:`fastkit.patches.moe.nf4`), each expert
-  that received tokens dequantized once in forward and once in backward, one at a time;
+- ``fastkit 4-bit, per-expert dequant``: the same weights stored NF4 (:mod:`fastkit.patches.moe.nf4`), each
+  expert that received tokens dequantized once in forward and once in backward, one call per expert
+  (``MoEConfig(dequant_group_bytes=0)``);
+- ``fastkit 4-bit, hit groups``: the same NF4 modules, the experts that received tokens dequantized in
+  one call per hit group (the default bound, 8 MiB of transient per call); on CUDA through
+  bitsandbytes' ``dequantize_4bit``, on CPU in torch. Its time is also given against the per-expert row;
 - ``Linear4bit loop (anchor-style)``, CUDA + bitsandbytes only: one ``bnb.nn.Linear4bit`` per expert
   projection, tokens gathered per expert with ``nonzero`` and scattered back with ``index_add_``,
   the way per-expert QLoRA kits run MoE layers (SwiGLU for both shapes: for GPT-OSS it stands in for
   the clamped SwiGLU, the GEMMs are the same). Its CPU path is never timed (see moe_4bit).
 
 Forward + backward with the expert weights frozen (the QLoRA setting): input and routing-weight
-gradients. Per path: time (median, min, spread), the ratio to 16-bit with its range, the bytes the
-expert weights take, and the peak extra memory of one forward + backward (the dispatch-mode tracker
-of the LoRA rows, so CPU and GPU numbers mean the same).
+gradients. Per path: time (median, min, spread), the ratio to 16-bit with its range, host syncs of
+one forward / backward (:class:`fastkit.SyncCounter`), the bytes the expert weights take, and the peak
+extra memory of one forward + backward (the dispatch-mode tracker of the LoRA rows, so CPU and GPU
+numbers mean the same).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from benchmarks.moe_layer import PeakMemory, experts_module, inputs, share_weigh
 from fastkit.units import fmt_bytes
 
 REFERENCE = "fastkit 16-bit experts"
+PER_EXPERT = "fastkit 4-bit, per-expert dequant"
+GROUPS = "fastkit 4-bit, hit groups"
 LOOP = "Linear4bit loop (anchor-style)"
 
 
@@ -58,6 +65,18 @@ def _loop_forward(layers: torch.nn.ModuleList, h: torch.Tensor, idx: torch.Tenso
     return out
 
 
+def _syncs(fn, h, idx, w) -> tuple[int, int]:
+    """Host syncs of one forward and of its backward."""
+    from fastkit.syncs import SyncCounter
+
+    with SyncCounter() as fwd:
+        out = fn(h, idx, w)
+    with SyncCounter() as bwd:
+        out.float().square().mean().backward()
+    h.grad = w.grad = None
+    return fwd.total, bwd.total
+
+
 def _storage(obj) -> int:
     return sum(b.numel() * b.element_size() for b in list(obj.parameters()) + list(obj.buffers()))
 
@@ -73,17 +92,22 @@ def bench_4bit(name: str, shape: dict, tokens: int, reps: int, dtype, device) ->
     holder = torch.nn.Module()
     holder.experts = share_weights(sixteen)  # its own parameter dict: NF4 replaces the 16-bit tensors there only
     quantize_experts(holder)
+    per_expert = share_weights(holder.experts)  # the same NF4 modules, its own per-layer config
+    attach_experts(holder.experts, MoEConfig(validate="off"), name="bench.experts")
+    attach_experts(per_expert, MoEConfig(validate="off", dequant_group_bytes=0), name="bench.experts")
+    four = expert_storage_bytes(holder)[0]
     runs = {REFERENCE: (sixteen, sum(p.numel() * p.element_size() for p in sixteen.parameters() if p.dim() == 3)),
-            "fastkit 4-bit experts": (holder.experts, expert_storage_bytes(holder)[0])}
+            PER_EXPERT: (per_expert, four), GROUPS: (holder.experts, four)}
     if device.type == "cuda":
         try:
             loop = _loop_linear4bit(sixteen, dtype)
             runs[LOOP] = (lambda a, b, c: _loop_forward(loop, a, b, c), _storage(loop))
         except ImportError:
             pass
-    peaks, times = {}, {impl: [] for impl in runs}
+    peaks, syncs, times = {}, {}, {impl: [] for impl in runs}
     for impl, (fn, _) in runs.items():
         step(fn, h, idx, w, True)  # warm-up
+        syncs[impl] = _syncs(fn, h, idx, w)
         gc.collect()
         tracker = PeakMemory()
         with tracker:
@@ -93,8 +117,9 @@ def bench_4bit(name: str, shape: dict, tokens: int, reps: int, dtype, device) ->
         for impl, (fn, _) in runs.items():  # interleaved: every path sees the same machine state
             times[impl].append(1e3 * timed(lambda fn=fn: step(fn, h, idx, w, True), device))
     rows = [dict(shape=name, impl=impl, tokens=tokens, fwd_bwd_ms=times[impl], storage_bytes=nbytes,
-                 peak_bytes=peaks[impl]) for impl, (_, nbytes) in runs.items()]
-    del runs, holder, sixteen
+                 peak_bytes=peaks[impl], syncs_fwd=syncs[impl][0], syncs_bwd=syncs[impl][1])
+            for impl, (_, nbytes) in runs.items()]
+    del runs, holder, sixteen, per_expert
     gc.collect()
     return rows
 
@@ -104,16 +129,20 @@ def table_4bit(rows: list[dict]) -> str:
     for shape in dict.fromkeys(r["shape"] for r in rows):
         group = [r for r in rows if r["shape"] == shape]
         ref = next(r for r in group if r["impl"] == REFERENCE)
+        per = next((r for r in group if r["impl"] == PER_EXPERT), None)
         for r in group:
+            vs_per = fmt_ratio(per["fwd_bwd_ms"], r["fwd_bwd_ms"]) if r["impl"] == GROUPS and per else ""
             cells.append([shape, r["tokens"], r["impl"], fmt_ms(r["fwd_bwd_ms"]),
-                          "1 (reference)" if r is ref else fmt_ratio(r["fwd_bwd_ms"], ref["fwd_bwd_ms"]),
-                          fmt_bytes(r["storage_bytes"], "MiB"), f"{r['storage_bytes'] / ref['storage_bytes']:.3f}x",
-                          fmt_bytes(r["peak_bytes"], "MiB")])
+                          "1 (reference)" if r is ref else fmt_ratio(r["fwd_bwd_ms"], ref["fwd_bwd_ms"]), vs_per,
+                          f"{r['syncs_fwd']} / {r['syncs_bwd']}", fmt_bytes(r["storage_bytes"], "MiB"),
+                          f"{r['storage_bytes'] / ref['storage_bytes']:.3f}x", fmt_bytes(r["peak_bytes"], "MiB")])
     return "\n".join([
-        "4-bit experts, one layer forward+backward (expert weights frozen; peak extra memory is counted, not "
-        "timed). time / 16-bit > 1 means slower than fastkit on 16-bit weights:", "",
-        markdown_table(["shape", "tokens", "path", "fwd+bwd ms", "time / 16-bit [range]", "expert weights",
-                        "bytes vs reference", "peak extra memory"], cells)])
+        "4-bit experts, one layer forward+backward (expert weights frozen; peak extra memory and syncs are counted, "
+        "not timed). time / 16-bit > 1 means slower than fastkit on 16-bit weights; per-expert / hit groups > 1 "
+        "means the hit groups are faster than one dequantization per expert (same process, interleaved):", "",
+        markdown_table(["shape", "tokens", "path", "fwd+bwd ms", "time / 16-bit [range]",
+                        "per-expert / hit groups [range]", "syncs fwd/bwd", "expert weights", "bytes vs reference",
+                        "peak extra memory"], cells)])
 
 
-__all__ = ["bench_4bit", "table_4bit"]
+__all__ = ["GROUPS", "LOOP", "PER_EXPERT", "REFERENCE", "bench_4bit", "table_4bit"]

@@ -1,7 +1,7 @@
 """4-bit experts dequantized per hit group: the same bits as per expert, no added sync, the planned bound.
 
 ``MoEConfig.dequant_group_bytes=0`` is the per-expert path (one expert per dequantization call); the default
-groups every hit expert that fits 64 MiB of transient into one call (all of a twin's), and a small bound
+groups every hit expert that fits 8 MiB of transient into one call (all of a twin's), and a small bound
 gives groups of two or three, consecutive (one slice of the codes) or not (one ``index_select``).
 """
 

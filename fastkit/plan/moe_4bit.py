@@ -2,7 +2,7 @@
 
 :func:`fastkit.plan.plan` itself counts what fastkit's 4-bit experts change when ``load_in_4bit=True`` on a
 MoE: experts stored NF4 (or MXFP4), no PEFT ``W + B·A`` merge (LoRA runs per expert group in the compute
-dtype), one hit group of experts dequantized at a time (``PlanInputs.moe_dequant_group_bytes``, 64 MiB by
+dtype), one hit group of experts dequantized at a time (``PlanInputs.moe_dequant_group_bytes``, 8 MiB by
 default: ~8 bytes per weight of as many expert matrices as fit, at least one). :func:`plan_4bit_experts`
 is that call with the experts' LoRA switch spelled out, and :data:`GPT_OSS_20B` / :data:`QWEN3_30B_A3B` are
 the published ``config.json`` values that matter (built on the meta device: no download, no memory).

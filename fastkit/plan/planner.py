@@ -94,7 +94,7 @@ class PlanInputs:
     ``"all-linear"``); False: LoRA on the linear layers only."""
     moe_dequant_group_bytes: int | None = None
     """4-bit MoE: the bound on one dequantization call's transient (``MoEConfig.dequant_group_bytes``, the
-    same meaning: None = 64 MiB, 0 = one expert per call)."""
+    same meaning: None = 8 MiB, 0 = one expert per call)."""
 
 
 @dataclass

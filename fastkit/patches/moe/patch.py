@@ -93,7 +93,7 @@ class MoEConfig:
     dequant_group_bytes: int | None = None
     """4-bit experts: bound on the transient bytes of ONE dequantization call. The experts that received
     tokens are dequantized together, ``bound // (weights per expert x 8 bytes)`` of them per call (at
-    least one; ``fastkit.patches.moe.nf4.group_size``). ``None``: ``nf4.DEQUANT_GROUP_BYTES`` (64 MiB), the
+    least one; ``fastkit.patches.moe.nf4.group_size``). ``None``: ``nf4.DEQUANT_GROUP_BYTES`` (8 MiB), the
     bound ``fastkit.plan`` counts (``PlanInputs.moe_dequant_group_bytes``); ``0``: one expert per call."""
 
     def __post_init__(self):
