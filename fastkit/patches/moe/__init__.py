@@ -4,7 +4,7 @@
     routing.py       pure torch: one-sort routing, autograd pieces, grouped / loop GEMMs
     lora.py          LoRA on experts per expert group (``add_expert_lora``, save / load / merge)
     peft_format.py   the same factors in PEFT's ``target_parameters`` adapter format
-    nf4.py           4-bit experts: NF4 and MXFP4 storage, dequantized per expert in the forward
+    nf4.py           4-bit experts: NF4 and MXFP4 storage, dequantized per hit group in the forward
     loading.py       quantize experts while the checkpoint loads (peak ~ one layer, not the model)
 """
 
