@@ -118,7 +118,9 @@ def make_trainer(
     if eval_dataset is not None and eval_split == 0:
         eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                                      drop_invalid=drop_invalid, where="eval_dataset")
-    dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs)
+    # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
+    dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs,
+                              log_every_step="logging_steps" not in sft_overrides)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     config = sft_config(output_dir=output_dir, max_steps=max_steps, epochs=epochs, learning_rate=learning_rate,

@@ -31,6 +31,16 @@ def test_steps_by_default_and_the_coverage_line(twin_model, tmp_path):
     assert f"{100 * 6 / rows:.1f}% of one epoch" in line and "examples" in line, line
 
 
+@pytest.mark.parametrize("every", [None, 2])
+def test_logging_steps_chosen_by_the_caller_wins_over_the_dashboards_every_step(twin_model, tmp_path, every):
+    """The dashboard callback asks for a log every step (live curves); ``logging_steps=N`` passed to make_trainer
+    must still give N-1 steps without the log point's device reads (docs/step.md)."""
+    trainer = _make(twin_model, tmp_path, max_steps=4, **({} if every is None else {"logging_steps": every}))
+    trainer.train()
+    logged = [h["step"] for h in trainer.state.log_history if "loss" in h]
+    assert logged == ([1, 2, 3, 4] if every is None else [2, 4])
+
+
 def test_epochs_run_every_packed_row(twin_model, tmp_path):
     trainer = _make(twin_model, tmp_path, epochs=2, batch_size=2, gradient_accumulation_steps=2)
     rows = len(trainer.train_dataset)
