@@ -233,6 +233,32 @@ def test_an_off_by_one_boundary_goes_red(model_type, monkeypatch):
     assert (got - want).abs().max().item() > 1e-4
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "bamba"])
+def test_two_rows_run_as_one_varlen_row_and_training_hands_the_fused_kernel_seq_idx(model_type, monkeypatch):
+    """Documents of two packed rows, flattened into one kernel row; in training mode Mamba-2 mixers call
+    mamba-ssm's fused split-conv-scan first: it must get the same ``seq_idx``."""
+    fakes = install(monkeypatch, model_type)
+    monkeypatch.setattr(varlen, "on_cuda", lambda t: True)
+    base, patched = _pair(model_type)
+    for model in (base, patched):
+        model.train()
+    _no_regroup(monkeypatch)
+    rows = [[30, 2, 16], [5, 40, 3]]
+    ids = torch.randint(3, 300, (2, 48), generator=torch.Generator().manual_seed(1))
+    pos = torch.stack([torch.cat([torch.arange(n) for n in r]) for r in rows])  # (2, T)
+    with torch.no_grad():
+        want = torch.cat([_per_doc(base, ids[i:i + 1], r) for i, r in enumerate(rows)])
+        fakes.calls.clear()
+        got = patched(input_ids=ids, position_ids=pos, use_cache=False, **{LENGTHS_KWARG: rows}).logits
+    torch.testing.assert_close(got, want, **TIGHT)
+    cu, seq_idx = _expected([n for r in rows for n in r])
+    assert fakes.varlen_calls("conv") and all(kw["seq_idx"] == seq_idx for kw in fakes.varlen_calls("conv"))
+    if model_type == "bamba":
+        assert [kw["seq_idx"] for kw in fakes.varlen_calls("fused")] == [seq_idx]
+    else:
+        assert [kw["cu_seqlens"] for kw in fakes.varlen_calls("gdn")] == [cu]
+
+
 def test_host_arrays_are_fla_and_causal_conv1d_layouts():
     lengths = [[64, 65, 1], [130]]
     cu, seq_idx, chunks = varlen.host_arrays(lengths)
