@@ -177,3 +177,22 @@ def test_optimizer_names_are_the_trainers_spelling():
         "optimizer state (paged_adamw_8bit)"]
     with pytest.raises(FastkitError, match="transformers' optim names"):
         plan(_qwen3_14b(), gpu="t4", optimizer="adamw_32bit")  # the planner's old private spelling
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_one_dtype_rule_for_loader_trainer_and_planner(monkeypatch, bf16):
+    """auto_dtype (loader), _precision (SFTConfig flags) and the planner read device.compute_dtype."""
+    from types import SimpleNamespace
+
+    from fastkit.device import auto_dtype, compute_dtype
+    from fastkit.training import _precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    cuda = torch.device("cuda")
+    want = torch.bfloat16 if bf16 else torch.float16
+    assert auto_dtype(cuda) == compute_dtype(True, bf16) == want
+    assert _precision(SimpleNamespace(device=cuda)) == {"bf16": bf16, "fp16": not bf16}
+    gpu = "l4" if bf16 else "t4"
+    label = f"weights: embeddings + lm_head, {str(want).replace('torch.', '')}"
+    assert label in plan(_qwen3_14b(), gpu=gpu, load_in_4bit=True).components
+    assert auto_dtype(torch.device("cpu")) == torch.float32

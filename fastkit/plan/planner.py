@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
@@ -46,6 +47,8 @@ GPUS: dict[str, float] = {
     "spark": 128.0,  # DGX Spark, unified memory
 }
 """Usable GPU memory in GiB by name (``--gpu`` accepts these or a number of GiB)."""
+NO_BF16 = frozenset({"t4"})
+"""GPUs in :data:`GPUS` without bf16 (pre-Ampere), where fastkit trains in fp16; a GiB number is planned as bf16."""
 
 CUDA_CONTEXT = int(0.6 * GiB)
 """CUDA context, cuBLAS workspace and kernels: memory the allocator does not see."""
@@ -296,7 +299,7 @@ def _check_inputs(inputs: PlanInputs) -> None:
 
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """Bytes at the training peak, by component (see the module docstring)."""
-    dtype = inputs.dtype or (torch.float32 if not cuda else torch.float16 if inputs.gpu == "t4" else torch.bfloat16)
+    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
