@@ -42,13 +42,8 @@ def _check_source(name_or_path: str, gguf_file: str | None) -> None:
         raise FastkitError(f"gguf_file {gguf_file!r} is not in {path!r}.")
 
 
-def _check_max_seq_length(max_seq_length: int) -> None:
-    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length <= 0:
-        raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
-
-
 def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
-    _check_max_seq_length(max_seq_length)
+    checks.check_max_seq_length(max_seq_length)
     if load_in_4bit and device.type == "cuda":  # CPU: MoE experts only, checked once the config is read
         try:
             import bitsandbytes  # noqa: F401
@@ -88,13 +83,6 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
         raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
                            "fine-tunes causal language models (AutoModelForCausalLM).")
     return config
-
-
-def _check_context(config, max_seq_length: int) -> None:
-    context = getattr(config, "max_position_embeddings", None)
-    if context is not None and max_seq_length > context:
-        raise FastkitError(f"max_seq_length={max_seq_length} is above the model's context "
-                           f"(config.max_position_embeddings={context}); lower max_seq_length.")
 
 
 def _pick_attention(facts: registry.ModelFacts | None, device: torch.device) -> str:
@@ -214,7 +202,7 @@ def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, ma
         checks.check_safetensors_files(name_or_path)
     _check_options(device, max_seq_length, load_in_4bit)
     config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
-    _check_context(config, max_seq_length)
+    checks.check_max_seq_length(max_seq_length, config)
     facts = registry.facts_for(config.model_type)
     quant = _quantization_mode(config, facts, device, load_in_4bit, str(name_or_path))
     if load_in_4bit:
@@ -454,7 +442,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
     from fastkit.twins import twin, twin_bpe_tokenizer, twin_family
 
-    _check_max_seq_length(max_seq_length)
+    checks.check_max_seq_length(max_seq_length)
     try:
         family, overrides = twin_family(name)
     except ValueError as exc:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fastkit import checks
 from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
@@ -266,19 +267,12 @@ def _check_decoder(config, max_seq_length: int) -> None:
             or getattr(config, "is_encoder_decoder", False):
         raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
                            "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
-    text = getattr(config, "get_text_config", lambda: config)()
-    context = getattr(text, "max_position_embeddings", None)
-    if isinstance(context, int) and max_seq_length > context:
-        raise FastkitError(f"max_seq_length={max_seq_length} is longer than the model's context "
-                           f"(max_position_embeddings={context}); positions past it are untrained. Use at most "
-                           f"{context}.")
+    checks.check_max_seq_length(max_seq_length, config)
 
 
 def _check_inputs(inputs: PlanInputs) -> None:
-    for name in ("max_seq_length", "batch_size"):
-        value = getattr(inputs, name)
-        if not isinstance(value, int) or value <= 0:
-            raise FastkitError(f"{name} must be a positive int, got {value!r}.")
+    checks.check_max_seq_length(inputs.max_seq_length)
+    checks.check_positive("batch_size", inputs.batch_size)
     if inputs.r is not None and (not isinstance(inputs.r, int) or inputs.r <= 0):
         raise FastkitError(f"r must be a positive int (LoRA rank) or None (full fine-tuning), got {inputs.r!r}.")
     if inputs.optimizer != "auto" and inputs.optimizer not in OPTIMIZER_STATE_BYTES:
