@@ -507,7 +507,7 @@ def varlen_unavailable(module_cls: type, kind: str) -> str | None:
         return f"transformers {transformers.__version__} not checked (varlen read on [{lo}, {hi}))"
     for name, package in VARLEN_KERNELS[kind]:
         if resolved_kernel(module_cls, name) is None:
-            return f"{name} runs transformers' torch reference ({package} not importable)"
+            return f"{name} runs transformers' torch reference: {package} is not importable"
         version = package_version(package)
         _, lo, hi = VARLEN_PACKAGES[package]
         if not _in_range(version, lo, hi):

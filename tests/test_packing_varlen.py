@@ -318,3 +318,14 @@ def test_the_varlen_path_is_logged_once(monkeypatch, caplog):
 def test_families_without_a_varlen_kernel_say_so():
     assert {f for f in HYBRID_FAMILIES if not facts_for(f).varlen} == {"jamba", "kimi_linear"}
     assert "no varlen kernel" in varlen.decide(torch.nn.Linear(1, 1), "")
+
+
+def test_the_hybrid_cuda_extra_pins_the_checked_ranges():
+    from pathlib import Path
+
+    import tomllib
+
+    extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["hybrid-cuda"]
+    want = [f"{dists[-1]}>={lo},<{hi}" for dists, lo, hi in _hf.VARLEN_PACKAGES.values()]
+    assert sorted(extra) == sorted(want)
