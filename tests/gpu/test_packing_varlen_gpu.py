@@ -47,6 +47,12 @@ def _have(*packages: str) -> bool:
     return all(importlib.util.find_spec(p) is not None for p in packages)
 
 
+def _missing(*packages: str) -> bool:
+    """Skip for a missing library only where there is CUDA; without it the gpu marker's "needs a CUDA GPU"
+    skip applies (the rehearsal checks that every GPU test skipped for want of CUDA, and nothing else)."""
+    return torch.cuda.is_available() and not _have(*packages)
+
+
 @contextlib.contextmanager
 def _no_cuda_sync():
     torch.cuda.synchronize()
@@ -62,7 +68,7 @@ def _args(lengths, device="cuda"):
     return varlen.varlen_args(meta, torch.device(device))
 
 
-@pytest.mark.skipif(not _have("fla"), reason="flash-linear-attention not installed")
+@pytest.mark.skipif(_missing("fla"), reason="flash-linear-attention not installed")
 def test_fla_takes_fastkit_chunk_indices_without_a_sync():
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.utils import prepare_chunk_indices
@@ -98,7 +104,7 @@ def test_fla_takes_fastkit_chunk_indices_without_a_sync():
     torch.testing.assert_close(got.float(), alone.float(), **BF16)
 
 
-@pytest.mark.skipif(not _have("causal_conv1d"), reason="causal-conv1d not installed")
+@pytest.mark.skipif(_missing("causal_conv1d"), reason="causal-conv1d not installed")
 def test_causal_conv1d_seq_idx_restarts_at_each_document():
     from causal_conv1d import causal_conv1d_fn
 
@@ -115,7 +121,7 @@ def test_causal_conv1d_seq_idx_restarts_at_each_document():
 
 
 def _families():
-    return [pytest.param(f, mode, marks=pytest.mark.skipif(not _have(*PACKAGES[facts_for(f).varlen]),
+    return [pytest.param(f, mode, marks=pytest.mark.skipif(_missing(*PACKAGES[facts_for(f).varlen]),
                                                            reason=" + ".join(PACKAGES[facts_for(f).varlen])
                                                            + " not installed"))
             for f in HYBRID_FAMILIES if facts_for(f).varlen for mode in ("train", "eval")]
