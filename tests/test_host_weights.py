@@ -66,7 +66,9 @@ def test_streamed_cross_entropy_equals_full_logits(rows, bias):
     n, h, v = 29, 12, 50
     hidden = torch.randn(n, h, requires_grad=True)
     weight, b = torch.randn(v, h) / 2, (torch.randn(v) if bias else None)
-    weight[7] = weight[3]  # a tie in the logits: the first maximum is the top-1, as argmax
+    weight[3] = weight[7] = 3 * hidden[1].detach()  # a tie at token 1's maximum, across chunks for rows < 7:
+    if b is not None:  # the first maximum is the top-1, as argmax
+        b[7] = b[3]
     labels = _labels(n, v)
     labels[1] = 3
     nll, entropy, top1 = streamed_token_losses(hidden, weight, labels, bias=b, rows=rows)

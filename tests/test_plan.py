@@ -187,10 +187,10 @@ def test_streamed_head_is_planned_with_the_chunk_the_patch_uses():
     from fastkit.patches.host.patch import head_rows
     from fastkit.plan.terms import shape_of, streamed_rows
 
-    model = twin("qwen3", num_hidden_layers=1, tie_word_embeddings=False, vocab_size=3000).requires_grad_(False)
+    model = twin("qwen3", num_hidden_layers=1, tie_word_embeddings=False, vocab_size=30000).requires_grad_(False)
     enable_host_weights(model, HostWeights(lm_head=True, block_bytes=2**20))
     shape = shape_of(model.config)
-    for tokens in (1, 100, 2048):
+    for tokens in (1, 100, 2048):  # the head-chunk cap binds at 1 token, the (tokens x rows) block at 100 and 2048
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("fastkit.plan.terms.CHUNK_BYTES", 2**20)
             assert streamed_rows(shape, tokens, 4) == head_rows(model.get_output_embeddings(), tokens)
