@@ -77,7 +77,7 @@ def vocab_rows(tokens: int, vocab: int, block_bytes: int) -> int:
 
 
 def device_chunks(weight: torch.Tensor, bounds: list[tuple[int, int]], device: torch.device):
-    """Yield ``weight[start:stop]`` on ``device`` for each ``(start, stop)`` of ``bounds``, in order.
+    """Yield ``(start, stop, weight[start:stop] on device)`` for each ``(start, stop)`` of ``bounds``, in order.
 
     On the weight's own device: views. To CUDA from pinned host memory: two buffers, copies on a side
     stream one chunk ahead (Note: [streamed chunk stream ordering]). Otherwise plain copies.
@@ -85,7 +85,7 @@ def device_chunks(weight: torch.Tensor, bounds: list[tuple[int, int]], device: t
     device = torch.device(device)
     if weight.device == device or device.type != "cuda" or not weight.is_pinned():
         for start, stop in bounds:
-            yield weight[start:stop].to(device, non_blocking=weight.is_pinned())  # (C, H)
+            yield start, stop, weight[start:stop].to(device, non_blocking=weight.is_pinned())  # (C, H)
         return
     yield from _double_buffered(weight, bounds, device)
 
@@ -115,7 +115,7 @@ def _double_buffered(weight: torch.Tensor, bounds: list[tuple[int, int]], device
             issue(i + 1)
         slot = i % slots
         compute.wait_event(ready[slot])
-        yield buffers[slot][: stop - start]
+        yield start, stop, buffers[slot][: stop - start]
         free[slot].record(compute)  # the consumer's kernels for chunk i are queued: the buffer may refill
     compute.wait_stream(side)
 
@@ -123,9 +123,9 @@ def _double_buffered(weight: torch.Tensor, bounds: list[tuple[int, int]], device
 def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, chunk: int) -> torch.Tensor:
     parts = []
     bounds = row_bounds(weight.shape[0], chunk)
-    for (start, stop), w in zip(bounds, device_chunks(weight, bounds, x.device)):
+    for start, stop, w in device_chunks(weight, bounds, x.device):
         out = x @ w.t()  # (N, H) @ (H, C) -> (N, C)
-        parts.append(out if bias is None else out + bias[start:stop].to(x.device))
+        parts.append(out if bias is None else out + bias[start:stop].to(x.device, non_blocking=True))
     return torch.cat(parts, dim=-1)  # (N, V)
 
 
@@ -149,7 +149,7 @@ class StreamedLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             bounds = row_bounds(weight.shape[0], ctx.chunk)
             grad_x = torch.zeros(grad_out.shape[0], weight.shape[1], dtype=torch.float32, device=grad_out.device)
-            for (start, stop), w in zip(bounds, device_chunks(weight, bounds, grad_out.device)):
+            for start, stop, w in device_chunks(weight, bounds, grad_out.device):
                 grad_x += (grad_out[:, start:stop].to(w.dtype) @ w).float()  # (N, C) @ (C, H) -> (N, H)
             grad_x = grad_x.to(ctx.x_dtype)
         return grad_x, None, None, None

@@ -31,7 +31,7 @@ IGNORE_INDEX = -100
 def _logits(hidden, w, bias, start, stop):
     logits = hidden @ w.t()  # (N, H) @ (H, C) -> (N, C), in the compute dtype
     if bias is not None:
-        logits = logits + bias[start:stop].to(logits.device)
+        logits = logits + bias[start:stop].to(logits.device, non_blocking=True)
     return logits.float()
 
 
@@ -54,7 +54,7 @@ class StreamedCrossEntropy(torch.autograd.Function):
         picked = torch.zeros(n, **f32)  # the label's logit (N,)
         best_idx = torch.zeros(n, dtype=torch.long, device=hidden.device)  # running argmax (N,)
         bounds = row_bounds(weight.shape[0], rows)
-        for (start, stop), w in zip(bounds, device_chunks(weight, bounds, hidden.device)):
+        for start, stop, w in device_chunks(weight, bounds, hidden.device):
             logits = _logits(hidden, w, bias, start, stop)  # (N, C) fp32
             cmax, cidx = logits.max(dim=-1)  # (N,), (N,)
             best_idx = torch.where(cmax > m, cidx + start, best_idx)  # strict: the first maximum wins
@@ -85,7 +85,7 @@ class StreamedCrossEntropy(torch.autograd.Function):
         scale = (grad_nll.float() * (labels != IGNORE_INDEX)).unsqueeze(1)  # (N, 1), 0 where ignored
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)  # (N, H)
         bounds = row_bounds(weight.shape[0], ctx.rows)
-        for (start, stop), w in zip(bounds, device_chunks(weight, bounds, hidden.device)):
+        for start, stop, w in device_chunks(weight, bounds, hidden.device):
             grad = _logits(hidden, w, bias, start, stop).sub_(lse.unsqueeze(1)).exp_()  # (N, C) softmax
             hit, col = _in_chunk(labels, start, stop)
             grad.scatter_add_(1, col, -hit.to(grad.dtype).unsqueeze(1))  # - onehot where the label is here
