@@ -199,3 +199,15 @@ def test_streamed_head_is_planned_with_the_chunk_the_patch_uses():
     assert not tied.host and any(k.startswith("weights: embeddings + lm_head") for k in tied.components)
     with pytest.raises(FastkitError, match="FROZEN"):
         plan(_qwen3_14b(), gpu="t4", r=None, host_embedding=True)
+
+
+def test_cli_plans_the_host_weights(tmp_path, capsys):
+    from fastkit.cli import main
+    from fastkit.plan.moe_4bit import GPT_OSS_20B
+
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    args = ["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--offload"]
+    assert main(args) != 0 and "Fix: keep the frozen input embedding" in capsys.readouterr().out
+    assert main(args + ["--host-embedding", "--host-lm-head"]) == 0
+    out = capsys.readouterr().out
+    assert "lm_head streamed from the host" in out and "host (pinned): lm_head" in out and "fits on t4" in out
