@@ -142,6 +142,10 @@ def make_trainer(
         from fastkit.patches.loss.patch import route_trainer_loss
 
         ok, how = route_trainer_loss(trainer)
+        if not ok and chunked_loss is True and "host_lm_head" in active_patches(unwrap(trainer.model)):
+            raise FastkitError(f"The lm_head is kept on the host, but fastkit's chunked loss (which streams it) cannot "
+                               f"apply: {how}. Keep the head on the GPU (get_peft_model(host_weights="
+                               "fastkit.HostWeights(lm_head=False))).")
         if not ok:
             logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
     return trainer

@@ -59,7 +59,8 @@ _HOST_IDS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
 # model that is not bitsandbytes-quantized, which moves every parameter, the host ones included, back to
 # the GPU. The patched forwards therefore check (a host-side attribute read, no sync) that the weight is
 # still on the host and, if not, move its storage back there once (logged; it costs one copy, at the
-# first step, before any activation is alive). Revert moves the storage to the device the weight had
+# first step, before any activation is alive); a cast (``model.half()``) leaves an unpinned host tensor,
+# which is pinned again the same way. Revert moves the storage to the device the weight had
 # when the patch was applied. The Parameter object itself never changes, so optimizers, PEFT and
 # state_dict keep seeing the same object.
 
@@ -147,11 +148,12 @@ def _move_storage(param: torch.Tensor, swap) -> None:
 
 
 def _keep_on_host(param: torch.Tensor, name: str, stats: HostStats | None) -> None:
-    """Note: [host weights survive model.to]."""
-    if param.device.type == "cpu":
+    """Note: [host weights survive model.to] (a ``model.half()`` leaves an unpinned host copy: pinned again)."""
+    if param.device.type == "cpu" and (param.is_pinned() or not torch.cuda.is_available()):
         return
+    where = param.device
     param.data = to_host(param.data)
-    logger.info("fastkit: %s was moved to %s (model.to); back on the host", name, param.device)
+    logger.info("fastkit: %s was moved to %s (model.to / a cast); back in pinned host memory", name, where)
     if stats is not None:
         stats.rehomed.append(name)
 
@@ -188,7 +190,7 @@ def _embedding_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         stats.host_ids += 1
         return gather_rows(self.weight, host, input_ids.device)
     stats.no_host_ids += 1
-    if input_ids.device.type != "cpu" and not stats.warned:
+    if input_ids.device.type != "cpu" and torch.is_grad_enabled() and not stats.warned:  # training, not generate()
         stats.warned = True
         logger.warning("fastkit: host embedding: token ids came without their host copy (%s); reading them "
                            "back from the device costs one sync per forward. fastkit.make_trainer's collator "
