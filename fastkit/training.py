@@ -25,6 +25,7 @@ from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callba
 from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
+from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, report, unwrap
 from fastkit.run_identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
@@ -36,9 +37,8 @@ def _precision(model: torch.nn.Module) -> dict[str, Any]:
     """Mixed-precision flags for SFTConfig from where the model lives."""
     if model.device.type != "cuda":
         return dict(use_cpu=True, bf16=False, fp16=False)
-    if torch.cuda.is_bf16_supported(including_emulation=False):
-        return dict(bf16=True, fp16=False)
-    return dict(bf16=False, fp16=True)  # T4 (sm75): no bf16
+    dtype = auto_dtype(model.device)  # T4 (sm75): no bf16, so fp16
+    return dict(bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
 
 
 def _default_optim(model: torch.nn.Module) -> str:

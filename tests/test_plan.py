@@ -54,7 +54,7 @@ def test_planner_within_15_percent_of_measured_peak_on_twins(family, checkpointi
     model = twin(family, num_hidden_layers=4, dtype=dtype, **over)
     tokens = 1024
     predicted = plan(model.config, gpu="cpu", max_seq_length=tokens, r=8, checkpointing=checkpointing,
-                     loss="full", dtype=dtype, optimizer="adamw_32bit")
+                     loss="full", dtype=dtype, optimizer="adamw_torch")
     measured = _measured_step_peak(model, checkpointing, tokens)
     assert abs(predicted.total / measured - 1) <= 0.15, (predicted.table(), measured)
 
@@ -86,8 +86,8 @@ def test_runs_that_do_not_fit_name_the_knob():
 
 
 def test_offload_and_8bit_optimizer_shrink_their_components():
-    base = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_32bit")
-    offload = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_8bit", offload=True)
+    base = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_torch")
+    offload = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="paged_adamw_8bit", offload=True)
     assert offload.total < base.total
     assert any("2 on the GPU" in k for k in offload.components)
 
@@ -160,6 +160,42 @@ def test_cli_4bit_moe_counts_expert_lora_unless_switched_off(tmp_path, capsys):
     assert "LoRA r=8 on experts (fastkit)" in out and "MoE experts, NF4" in out and "merged" not in out
     assert main(args + ["--no-expert-lora"]) == 0
     assert "on experts" not in capsys.readouterr().out
+
+
+def test_optimizer_names_are_the_trainers_spelling():
+    """The planner takes the ``optim`` names make_trainer passes to TrainingArguments, nothing else."""
+    from transformers.training_args import OptimizerNames
+
+    from fastkit.plan import OPTIMIZER_STATE_BYTES
+
+    assert set(OPTIMIZER_STATE_BYTES) <= {o.value for o in OptimizerNames}
+    for device, four_bit in [("cpu", False), ("cuda", False), ("cuda", True)]:
+        assert default_optimizer(device, four_bit) in OPTIMIZER_STATE_BYTES
+    rows = {o: plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer=o).components for o in
+            ("adamw_torch", "paged_adamw_8bit")}
+    assert rows["adamw_torch"]["optimizer state (adamw_torch)"] == 4 * rows["paged_adamw_8bit"][
+        "optimizer state (paged_adamw_8bit)"]
+    with pytest.raises(FastkitError, match="transformers' optim names"):
+        plan(_qwen3_14b(), gpu="t4", optimizer="adamw_32bit")  # the planner's old private spelling
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_one_dtype_rule_for_loader_trainer_and_planner(monkeypatch, bf16):
+    """auto_dtype (loader), _precision (SFTConfig flags) and the planner read device.compute_dtype."""
+    from types import SimpleNamespace
+
+    from fastkit.device import auto_dtype, compute_dtype
+    from fastkit.training import _precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    cuda = torch.device("cuda")
+    want = torch.bfloat16 if bf16 else torch.float16
+    assert auto_dtype(cuda) == compute_dtype(True, bf16) == want
+    assert _precision(SimpleNamespace(device=cuda)) == {"bf16": bf16, "fp16": not bf16}
+    gpu = "l4" if bf16 else "t4"
+    label = f"weights: embeddings + lm_head, {str(want).replace('torch.', '')}"
+    assert label in plan(_qwen3_14b(), gpu=gpu, load_in_4bit=True).components
+    assert auto_dtype(torch.device("cpu")) == torch.float32
 
 
 # -- frozen embedding / lm_head on the host (fastkit.patches.host) --------------------------------------------

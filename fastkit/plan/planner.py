@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from fastkit import checks
+from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
@@ -46,6 +48,8 @@ GPUS: dict[str, float] = {
     "spark": 128.0,  # DGX Spark, unified memory
 }
 """Usable GPU memory in GiB by name (``--gpu`` accepts these or a number of GiB)."""
+NO_BF16 = frozenset({"t4"})
+"""GPUs in :data:`GPUS` without bf16 (pre-Ampere), where fastkit trains in fp16; a GiB number is planned as bf16."""
 
 CUDA_CONTEXT = int(0.6 * GiB)
 """CUDA context, cuBLAS workspace and kernels: memory the allocator does not see."""
@@ -84,7 +88,8 @@ class PlanInputs:
     checkpointing: bool = True
     """Activation checkpointing (``use_gradient_checkpointing``)."""
     optimizer: str = "auto"
-    """``"adamw_8bit"``, ``"adamw_32bit"`` or ``"auto"`` (8-bit on CUDA with 4-bit, as make_trainer)."""
+    """An ``optim`` name of transformers' ``TrainingArguments`` (a key of :data:`OPTIMIZER_STATE_BYTES`, the
+    same spelling ``make_trainer(optim=...)`` takes) or ``"auto"``: :func:`default_optimizer`, as make_trainer."""
     loss: str = "trl"
     """``"trl"`` (SFTTrainer's fused LM head), ``"chunked"`` (fastkit's) or ``"full"`` (fp32 logits)."""
     dtype: torch.dtype | None = None
@@ -226,9 +231,20 @@ def _hub_config(name: str) -> str:
         raise FastkitError(f"Could not read {name!r}'s config.json from the Hub: {exc}") from exc
 
 
+OPTIMIZER_STATE_BYTES = {
+    "adamw_torch": 8, "adamw_torch_fused": 8, "paged_adamw_32bit": 8,
+    "paged_adamw_8bit": 2, "adamw_8bit": 2, "adamw_bnb_8bit": 2,
+}
+"""Optimizer state bytes per trainable parameter, by transformers' ``optim`` name: AdamW keeps two moments,
+fp32 (8 bytes) or bitsandbytes' 8-bit blockwise (2 bytes; its per-block scales are noise at LoRA sizes)."""
+EIGHT_BIT = "paged_adamw_8bit"
+"""The 8-bit optimizer fastkit picks (and the planner suggests): bitsandbytes' paged AdamW."""
+
+
 def default_optimizer(device_type: str, load_in_4bit: bool) -> str:
-    """What fastkit trains with: paged 8-bit AdamW on CUDA with 4-bit weights, 32-bit AdamW elsewhere."""
-    return "paged_adamw_8bit" if device_type == "cuda" and load_in_4bit else "adamw_torch"
+    """What fastkit trains with (``make_trainer``'s ``optim`` and the planner's ``"auto"``): paged 8-bit AdamW on
+    CUDA with 4-bit weights, 32-bit AdamW elsewhere."""
+    return EIGHT_BIT if device_type == "cuda" and load_in_4bit else "adamw_torch"
 
 
 def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 2048, batch_size: int = 1,
@@ -268,23 +284,17 @@ def _check_decoder(config, max_seq_length: int) -> None:
             or getattr(config, "is_encoder_decoder", False):
         raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
                            "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
-    text = getattr(config, "get_text_config", lambda: config)()
-    context = getattr(text, "max_position_embeddings", None)
-    if isinstance(context, int) and max_seq_length > context:
-        raise FastkitError(f"max_seq_length={max_seq_length} is longer than the model's context "
-                           f"(max_position_embeddings={context}); positions past it are untrained. Use at most "
-                           f"{context}.")
+    checks.check_max_seq_length(max_seq_length, config)
 
 
 def _check_inputs(inputs: PlanInputs) -> None:
-    for name in ("max_seq_length", "batch_size"):
-        value = getattr(inputs, name)
-        if not isinstance(value, int) or value <= 0:
-            raise FastkitError(f"{name} must be a positive int, got {value!r}.")
+    checks.check_max_seq_length(inputs.max_seq_length)
+    checks.check_positive("batch_size", inputs.batch_size)
     if inputs.r is not None and (not isinstance(inputs.r, int) or inputs.r <= 0):
         raise FastkitError(f"r must be a positive int (LoRA rank) or None (full fine-tuning), got {inputs.r!r}.")
-    if inputs.optimizer not in ("auto", "adamw_8bit", "adamw_32bit"):
-        raise FastkitError(f"optimizer must be 'auto', 'adamw_8bit' or 'adamw_32bit', got {inputs.optimizer!r}.")
+    if inputs.optimizer != "auto" and inputs.optimizer not in OPTIMIZER_STATE_BYTES:
+        known = ", ".join(repr(k) for k in ("auto", *OPTIMIZER_STATE_BYTES))
+        raise FastkitError(f"optimizer must be one of {known} (transformers' optim names), got {inputs.optimizer!r}.")
     if inputs.loss not in ("trl", "chunked", "full"):
         raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
     for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora", "host_embedding", "host_lm_head"):
@@ -303,7 +313,7 @@ def _check_inputs(inputs: PlanInputs) -> None:
 
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """Bytes at the training peak, by component (see the module docstring)."""
-    dtype = inputs.dtype or (torch.float32 if not cuda else torch.float16 if inputs.gpu == "t4" else torch.bfloat16)
+    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
@@ -323,7 +333,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer
     if optimizer == "auto":
-        optimizer = "adamw_8bit" if cuda and inputs.load_in_4bit else "adamw_32bit"
+        optimizer = default_optimizer("cuda" if cuda else "cpu", inputs.load_in_4bit)
     four_bit_experts = bool(inputs.load_in_4bit and experts and inputs.r is not None)
     if four_bit_experts:  # PEFT adapts the linear layers (fp32); fastkit's factors the 4-bit experts (compute dtype)
         on_experts = sum(inputs.r * (i + o) * n for i, o, n in shape.lora_dims if n > 1)
@@ -338,7 +348,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         out[f"LoRA r={inputs.r}: parameters + gradients (fp32)"] = trainable * 8
     else:  # the parameters are the weights above
         out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
-    out[f"optimizer state ({optimizer})"] = trainable * (2 if optimizer == "adamw_8bit" else 8)
+    out[f"optimizer state ({optimizer})"] = trainable * OPTIMIZER_STATE_BYTES[optimizer]
     stream = 4 if dtype == torch.float16 and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
     kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)
@@ -381,7 +391,7 @@ def _embedding_weights(shape: ModelShape, inputs: PlanInputs, dtype: torch.dtype
 
 def host_terms(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """What the host weights cost off the GPU: pinned host memory, and host-to-GPU bytes per step."""
-    dtype = inputs.dtype or (torch.float32 if not cuda else torch.float16 if inputs.gpu == "t4" else torch.bfloat16)
+    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
@@ -426,8 +436,8 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
     if inputs.loss == "full":
         tries.append(("train through make_trainer (TRL's fused LM head) or fastkit's chunked loss",
                       dict(loss="trl")))
-    if inputs.optimizer != "adamw_8bit":
-        tries.append(("use the 8-bit optimizer (optim='paged_adamw_8bit')", dict(optimizer="adamw_8bit")))
+    if inputs.optimizer == "auto" or OPTIMIZER_STATE_BYTES[inputs.optimizer] > OPTIMIZER_STATE_BYTES[EIGHT_BIT]:
+        tries.append((f"use the 8-bit optimizer (optim={EIGHT_BIT!r})", dict(optimizer=EIGHT_BIT)))
     if not inputs.offload:
         tries.append(("use_gradient_checkpointing='offload' (layer inputs on the host)",
                       dict(offload=True, checkpointing=True)))
@@ -533,5 +543,5 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     return result
 
 
-__all__ = ["GPUS", "Plan", "PlanInputs", "check_fits", "default_optimizer", "gpu_budget", "plan", "prequantized_4bit",
-           "read_config"]
+__all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "Plan", "PlanInputs", "check_fits", "default_optimizer",
+           "gpu_budget", "plan", "prequantized_4bit", "read_config"]
