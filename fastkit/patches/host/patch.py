@@ -320,7 +320,9 @@ def enable_host_weights(model: torch.nn.Module, config: HostWeights) -> dict[str
             raise FastkitError(f"{patch.name}: cannot keep it on the host: {how}. Drop it from HostWeights "
                                "(it then stays on the GPU).")
         done[patch.name] = how
-        logger.info("fastkit: %s: %s", patch.name, how)
+        w = (base.get_input_embeddings() if patch.name == HOST_EMBEDDING else base.get_output_embeddings()).weight
+        logger.info("fastkit: %s: %s (%s, %.2f GiB in %s host memory)", patch.name, how, "x".join(map(str, w.shape)),
+                    w.numel() * w.element_size() / 2**30, "pinned" if w.is_pinned() else "pageable")
     return done
 
 
