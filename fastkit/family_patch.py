@@ -13,6 +13,7 @@ import torch
 
 from fastkit import _hf, checks, registry
 from fastkit.device import GiB, describe_device, memory_snapshot, pick_device
+from fastkit.patches.host.patch import HostWeights
 from fastkit.patching import active_patches, apply_patch, set_report, unwrap
 
 logger = logging.getLogger("fastkit")
@@ -41,6 +42,9 @@ class LoadReport:
     checkpointing: bool | str = True
     """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on: ``"offload"`` where the plan
     fits only with checkpoint offload (:attr:`fastkit.plan.Plan.needs_offload`), else ``True``."""
+    host_weights: HostWeights = field(default_factory=HostWeights)
+    """What ``get_peft_model(host_weights="auto")`` keeps in host memory: the frozen input embedding and / or
+    lm_head where the load-time plan needs them (:func:`fastkit.plan.check_fits`)."""
     notes: list[str] = field(default_factory=list)
     """What the user should know about this family (the row's note, a self-check verdict), one line each."""
 

@@ -20,6 +20,7 @@ from fastkit import _hf, checks, registry
 from fastkit.device import auto_dtype, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
 from fastkit.family_patch import LoadReport, patch_with_facts
+from fastkit.patches.host.patch import HostWeights, enable_host_weights
 from fastkit.patches.moe.loading import QuantizeWhileLoading
 from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
 from fastkit.patches.moe.nf4 import has_4bit_experts, quantize_experts
@@ -297,6 +298,7 @@ class FastModel:
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
             report(model).checkpointing = "offload" if memory_plan.needs_offload else True
+            report(model).host_weights = memory_plan.host_weights
         return model, tokenizer
 
     @staticmethod
@@ -327,6 +329,7 @@ class FastModel:
         random_state: int = 3407,
         offload_config=None,
         target_experts: bool = False,
+        host_weights: HostWeights | str = "auto",
         **lora_kwargs: Any,
     ):
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
@@ -340,6 +343,10 @@ class FastModel:
         (:mod:`fastkit.patches.moe.lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
         the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
         PEFT's adapter per expert group instead of adding a second one.
+
+        ``host_weights``: a :class:`fastkit.HostWeights` saying which frozen weights stay in host memory (the
+        input embedding, the lm_head streamed in vocabulary chunks: :mod:`fastkit.patches.host`), or
+        ``"auto"`` (the default): those the load-time memory plan needs to fit, else none.
         """
         from peft import LoraConfig, get_peft_model
 
@@ -364,6 +371,11 @@ class FastModel:
             rep = report(model)
             use_gradient_checkpointing = rep.checkpointing if rep is not None else True
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
+        if host_weights == "auto":
+            rep = report(model)
+            host_weights = rep.host_weights if rep is not None else HostWeights()
+        if not isinstance(host_weights, HostWeights) or host_weights.any:  # a wrong type is refused there
+            enable_host_weights(peft_model, host_weights)  # after PEFT: only frozen weights go to the host
         return peft_model
 
 

@@ -196,3 +196,54 @@ def test_one_dtype_rule_for_loader_trainer_and_planner(monkeypatch, bf16):
     label = f"weights: embeddings + lm_head, {str(want).replace('torch.', '')}"
     assert label in plan(_qwen3_14b(), gpu=gpu, load_in_4bit=True).components
     assert auto_dtype(torch.device("cpu")) == torch.float32
+
+
+# -- frozen embedding / lm_head on the host (fastkit.patches.host) --------------------------------------------
+def test_gpt_oss_20b_qlora_is_planned_under_13_5_gib_on_a_t4():
+    """r=16, 2,048 tokens, batch 1: what from_pretrained plans on a T4 (offload + both weights on the host)."""
+    from fastkit.plan import GPT_OSS_20B, check_fits, read_config
+
+    result = check_fits(read_config(dict(GPT_OSS_20B)), torch.device("cpu"), "t4", 2048, True)
+    assert result.fits and result.total <= 13.5 * 2**30, result.table()
+    assert result.needs_offload and result.host_weights.input_embedding and result.host_weights.lm_head
+    assert not any(k.startswith("weights: embeddings") or "lm_head," in k for k in result.components), result.table()
+    head = 201088 * 2880 * 2
+    assert result.host["host (pinned): lm_head"] == head and result.host["host (pinned): input embedding"] == head
+    assert result.host["host→GPU per step: lm_head streamed (forward + backward)"] == 2 * head
+    assert "host→GPU per step" in result.table()
+    offload_only = plan(dict(GPT_OSS_20B), gpu="t4", load_in_4bit=True, offload=True)
+    assert not offload_only.fits and offload_only.total - result.total > 2 * 2**30
+    # a run that fits with plain checkpointing keeps everything on the GPU
+    assert not check_fits(_qwen3_14b(), torch.device("cpu"), "t4", 2048, True).host_weights.any
+
+
+def test_streamed_head_is_planned_with_the_chunk_the_patch_uses():
+    """The planner's streamed-loss rows are what fastkit.patches.host uses for the same head and tokens."""
+    from fastkit.patches.host import HostWeights, enable_host_weights
+    from fastkit.patches.host.patch import head_rows
+    from fastkit.plan.terms import shape_of, streamed_rows
+
+    model = twin("qwen3", num_hidden_layers=1, tie_word_embeddings=False, vocab_size=30000).requires_grad_(False)
+    enable_host_weights(model, HostWeights(lm_head=True, block_bytes=2**20))
+    shape = shape_of(model.config)
+    for tokens in (1, 100, 2048):  # the head-chunk cap binds at 1 token, the (tokens x rows) block at 100 and 2048
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("fastkit.plan.terms.CHUNK_BYTES", 2**20)
+            assert streamed_rows(shape, tokens, 4) == head_rows(model.get_output_embeddings(), tokens)
+    tied = plan(dict(model_type="qwen3", tie_word_embeddings=True), gpu="t4", load_in_4bit=True,
+                host_embedding=True, host_lm_head=True)
+    assert not tied.host and any(k.startswith("weights: embeddings + lm_head") for k in tied.components)
+    with pytest.raises(FastkitError, match="FROZEN"):
+        plan(_qwen3_14b(), gpu="t4", r=None, host_embedding=True)
+
+
+def test_cli_plans_the_host_weights(tmp_path, capsys):
+    from fastkit.cli import main
+    from fastkit.plan.moe_4bit import GPT_OSS_20B
+
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    args = ["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--offload"]
+    assert main(args) != 0 and "Fix: keep the frozen input embedding" in capsys.readouterr().out
+    assert main(args + ["--host-embedding", "--host-lm-head"]) == 0
+    out = capsys.readouterr().out
+    assert "lm_head streamed from the host" in out and "host (pinned): lm_head" in out and "fits on t4" in out

@@ -99,6 +99,12 @@ class PlanInputs:
     expert_lora: bool = True
     """4-bit MoE: fastkit's per-group LoRA on the experts too (what ``get_peft_model`` adds for
     ``"all-linear"``); False: LoRA on the linear layers only."""
+    host_embedding: bool = False
+    """The frozen input embedding in pinned host memory, its rows gathered there per step
+    (``fastkit.HostWeights(input_embedding=True)``, :mod:`fastkit.patches.host`)."""
+    host_lm_head: bool = False
+    """The frozen lm_head in pinned host memory, streamed to the GPU in vocabulary chunks by the chunked
+    loss, twice per step (``fastkit.HostWeights(lm_head=True)``); the loss is then fastkit's, whatever ``loss`` says."""
 
 
 @dataclass
@@ -118,6 +124,15 @@ class Plan:
     needs_offload: bool = False
     """Set by :func:`check_fits`: plain checkpointing does not fit, checkpoint offload does, so
     ``FastModel.get_peft_model(use_gradient_checkpointing="auto")`` (the default) offloads."""
+    host: dict[str, int] = field(default_factory=dict)
+    """Not on the GPU: pinned host memory and host-to-GPU bytes per step of the weights kept on the host."""
+
+    @property
+    def host_weights(self):
+        """The :class:`fastkit.HostWeights` this plan assumes (what ``get_peft_model(host_weights="auto")`` applies)."""
+        from fastkit.patches.host.patch import HostWeights
+
+        return HostWeights(input_embedding=self.inputs.host_embedding, lm_head=self.inputs.host_lm_head)
 
     @property
     def total(self) -> int:
@@ -142,6 +157,7 @@ class Plan:
         rows = [f"| component | {unit} |", "|---|---:|"]
         rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.components.items()]
         rows.append(f"| **predicted peak** | **{self.total / scale:.2f}** |")
+        rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.host.items()]
         return "\n".join(rows) + "\n\n" + self.verdict()
 
 
@@ -253,6 +269,7 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
     result = Plan(name or config.model_type, inputs, budget=budget)
     result.components = components(shape, inputs, cuda=budget is not None)
+    result.host = host_terms(shape, inputs, cuda=budget is not None)
     if not result.fits:
         result.advice = advise(shape, inputs, budget)
     return result
@@ -280,7 +297,7 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise FastkitError(f"optimizer must be one of {known} (transformers' optim names), got {inputs.optimizer!r}.")
     if inputs.loss not in ("trl", "chunked", "full"):
         raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
-    for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora"):
+    for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora", "host_embedding", "host_lm_head"):
         if not isinstance(getattr(inputs, name), bool):
             raise FastkitError(f"{name} must be True or False, got {getattr(inputs, name)!r}.")
     if inputs.attn not in ("sdpa", "flash_attention_2", "eager"):
@@ -289,6 +306,9 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise FastkitError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None, got {inputs.dtype!r}.")
     if inputs.load_in_4bit and inputs.r is None:
         raise FastkitError("load_in_4bit=True trains LoRA adapters only: give a LoRA rank r (e.g. r=16).")
+    if (inputs.host_embedding or inputs.host_lm_head) and inputs.r is None:
+        raise FastkitError("host_embedding / host_lm_head keep FROZEN weights on the host: full fine-tuning (r=None) "
+                           "trains them. Give a LoRA rank r, or leave them on the GPU.")
 
 
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
@@ -301,7 +321,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
     else:
         out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
-    out[f"weights: embeddings + lm_head, {_dtype_name(dtype)}"] = shape.embedding_params * size
+    out.update(_embedding_weights(shape, inputs, dtype, size))
     experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
     if inputs.load_in_4bit and experts:  # fastkit stores MoE experts NF4 too (patches/moe/nf4.py)
         out["weights: MoE experts, NF4 + absmax"] = int(experts * NF4_BYTES)
@@ -334,7 +354,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     out.update(kept)
     if inputs.load_in_4bit:
         out["4-bit dequantized weight (largest layer)"] = shape.largest_linear * size * 2
-    transient["logits + loss (" + inputs.loss + ")"] = loss_bytes(shape, inputs.loss, tokens, size)
+    transient.update(_loss_term(shape, inputs, tokens, size))
     smaller = min(transient, key=transient.get)
     for name, nbytes in transient.items():  # the loss and the layers' backward do not overlap: peak = larger
         out[name if name != smaller else f"{OFF_PEAK}{name}"] = nbytes
@@ -344,12 +364,68 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     return out
 
 
+def _loss_term(shape: ModelShape, inputs: PlanInputs, tokens: int, size: int) -> dict[str, int]:
+    if _host_head(shape, inputs):  # only fastkit's chunked loss streams a host head
+        return {"logits + loss (chunked, lm_head streamed from the host)": loss_bytes(shape, "streamed", tokens, size)}
+    return {f"logits + loss ({inputs.loss})": loss_bytes(shape, inputs.loss, tokens, size)}
+
+
+def _host_head(shape: ModelShape, inputs: PlanInputs) -> bool:
+    return inputs.host_lm_head and not shape.tied
+
+
+def _embedding_weights(shape: ModelShape, inputs: PlanInputs, dtype: torch.dtype, size: int) -> dict[str, int]:
+    """Device bytes of the input embedding and lm_head (one line, or one per matrix when one stays on the host)."""
+    name = _dtype_name(dtype)
+    host_in = inputs.host_embedding and not shape.tied
+    if not host_in and not _host_head(shape, inputs):
+        return {f"weights: embeddings + lm_head, {name}": shape.embedding_params * size}
+    head = shape.embedding_params - shape.input_embedding_params
+    out = {}
+    if not host_in:
+        out[f"weights: input embedding, {name}"] = shape.input_embedding_params * size
+    if not _host_head(shape, inputs):
+        out[f"weights: lm_head, {name}"] = head * size
+    return out
+
+
+def host_terms(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
+    """What the host weights cost off the GPU: pinned host memory, and host-to-GPU bytes per step."""
+    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
+    size = torch.tensor([], dtype=dtype).element_size()
+    tokens = inputs.max_seq_length * inputs.batch_size
+    out: dict[str, int] = {}
+    if inputs.host_embedding and not shape.tied:
+        out["host (pinned): input embedding"] = shape.input_embedding_params * size
+        out["host→GPU per step: embedding rows gathered"] = tokens * shape.hidden * size
+    if _host_head(shape, inputs):
+        head = shape.embedding_params - shape.input_embedding_params
+        out["host (pinned): lm_head"] = head * size
+        out["host→GPU per step: lm_head streamed (forward + backward)"] = 2 * head * size
+    return out
+
+
 def _peak(components: dict[str, int]) -> int:
     return sum(v for k, v in components.items() if not k.startswith(OFF_PEAK))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
+    """The host-weights knobs :func:`advise` tries (LoRA only: the weights must be frozen; untied only)."""
+    if inputs.r is None or shape.tied:
+        return []
+    tries = []
+    if not inputs.host_embedding:
+        tries.append(("keep the frozen input embedding on the host (get_peft_model(host_weights="
+                      "fastkit.HostWeights(input_embedding=True)))", dict(host_embedding=True)))
+    if not (inputs.host_embedding and inputs.host_lm_head):
+        tries.append(("keep the frozen input embedding and lm_head on the host (get_peft_model(host_weights="
+                      "fastkit.HostWeights(input_embedding=True, lm_head=True)))",
+                      dict(host_embedding=True, host_lm_head=True)))
+    return tries
 
 
 def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
@@ -367,6 +443,7 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
                       dict(offload=True, checkpointing=True)))
     if not inputs.load_in_4bit and inputs.r is not None:
         tries.append(("load_in_4bit=True (QLoRA)", dict(load_in_4bit=True)))
+    tries += _host_tries(shape, inputs)
     if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
         tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
                       dict(expert_lora=False)))
@@ -398,6 +475,38 @@ def prequantized_4bit(config) -> bool:
     return values.get("quant_method", "").endswith("bitsandbytes") and bool(values.get("load_in_4bit"))
 
 
+AUTO_STEPS = (
+    ("activation offload", dict(offload=True)),
+    ("activation offload + the input embedding on the host", dict(offload=True, host_embedding=True)),
+    ("activation offload + the input embedding and lm_head on the host",
+     dict(offload=True, host_embedding=True, host_lm_head=True)),
+)
+"""What the load-time plan turns on, in this order, when plain checkpointing does not fit: each step adds host
+traffic (the activations, then the embedding rows, then two transfers of the lm_head per step) and changes
+no value."""
+AUTO_HEADROOM = 0.90
+"""Once a run needs :data:`AUTO_STEPS`, they go on until the plan is within this share of the budget (else the
+first that fits is kept): such a run sits at the edge, the planner's error on measured twins is up to 15%,
+and a T4 kernel dies on OOM. A run that fits with plain checkpointing is left as it is."""
+
+
+def _first_that_fits(config, gpu, max_seq_length: int, load_in_4bit: bool) -> Plan | None:
+    """The first of :data:`AUTO_STEPS` within :data:`AUTO_HEADROOM` of the budget, else the first that fits (flagged
+    for ``get_peft_model``'s "auto"), or None."""
+    first = None
+    for what, knobs in AUTO_STEPS:
+        trial = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, **knobs)
+        if trial.fits:
+            trial.needs_offload = True
+            first = first or (what, trial)
+            if trial.total <= AUTO_HEADROOM * trial.budget:
+                first = (what, trial)
+                break
+    if first is not None:
+        logger.info("fastkit: %s on by default: %s", first[0], first[1].verdict())
+    return first[1] if first is not None else None
+
+
 def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_length: int,
                load_in_4bit: bool) -> Plan | None:
     """The load-time verdict (LoRA r=16, checkpointing, batch 1): None off CUDA without a ``gpu`` target.
@@ -415,12 +524,10 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
         logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
         return None
-    if not result.fits and not result.inputs.offload:
-        with_offload = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, offload=True)
-        if with_offload.fits:
-            logger.info("fastkit: activation offload on by default: %s", with_offload.verdict())
-            with_offload.needs_offload = True
-            return with_offload
+    if not result.fits:
+        better = _first_that_fits(config, gpu, max_seq_length, load_in_4bit)
+        if better is not None:
+            return better
     unmeasured = any(k.startswith("weights: MoE experts, NF4") for k in result.components)  # 4-bit experts
     if result.total > REFUSE_ABOVE * result.budget and not unmeasured:
         raise FastkitError(f"{result.verdict()} Nothing was loaded. See `fastkit plan` for the table, or pass "
