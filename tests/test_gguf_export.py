@@ -327,3 +327,18 @@ def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
     with pytest.raises(FastkitError, match="expert tensors"):
         save_gguf(model, twin_bpe_tokenizer("qwen2"), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pre", ["smollm", "llama-bpe"])
+def test_gguf_loaded_tokenizer_splits_as_in_training(tmp_path, pre):
+    """FastModel.from_pretrained(gguf_file=...) puts back the split the file names (transformers' GGUF reader drops
+    ``tokenizer.ggml.pre``: a llama GGUF comes back with Llama-3's split and merges used): SmolLM2's vocabulary
+    cuts every digit alone again, Llama-3's looks whole pieces up before merging; ids equal the trained tokenizer's."""
+    tok = twin_bpe_tokenizer(pre)
+    path = save_gguf(twin("llama"), tok, tmp_path, quantization="f16")
+    _, back = FastModel.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path), max_seq_length=64)
+    for text in ["Total: $1,234.56 in 2023 -- 1234567 IT'S fine", "x   \n\n  y\t'Re 12345"]:
+        want = tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)
+        assert back.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text) == want
+        assert back(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert back.backend_tokenizer.model.ignore_merges == tok.backend_tokenizer.model.ignore_merges
