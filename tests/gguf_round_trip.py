@@ -179,6 +179,8 @@ def train_on_chats(model, tokenizer, steps: int = 40, lr: float = 3e-3, seed: in
     return model.eval()
 
 
+_ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+_GEMMA = dict(_ATTN, intermediate_size=128, query_pre_attn_scalar=16, sliding_window=8)
 TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
     "llama (smollm)": ("llama", {}, "smollm"),
     "llama-3 (llama-bpe, rope llama3)": ("llama", {"rope_parameters": {
@@ -189,6 +191,20 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "qwen3 (qwen2)": ("qwen3", {}, "qwen2"),
     "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
     "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
+    # Gemma 2 / 3: norms x·(1+w), post-attention / post-ffw norms, an 8-token window on layer 0 (the prompts are
+    # longer), Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear x8 on
+    # the full layer). Their real tokenizers are SentencePiece (refused); the twins carry a byte-level BPE.
+    "gemma2 (gpt-2)": ("gemma2", dict(_GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=3.0), "gpt-2"),
+    "gemma3_text (gpt-2)": ("gemma3_text", dict(_GEMMA, layer_types=["sliding_attention", "full_attention"],
+                                                rope_parameters={
+                                                    "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                       "rope_theta": 1e6},
+                                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+                            "gpt-2"),
+    # Phi-3 / Phi-4: fused qkv_proj and gate_up_proj, untied head, partial rotary (Phi-4-mini's is 0.75); Phi-4's
+    # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece (refused).
+    "phi3 (dbrx, as Phi-4)": ("phi3", dict(_ATTN, intermediate_size=128, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "dbrx"),
 }
 
 

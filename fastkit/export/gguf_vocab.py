@@ -65,6 +65,7 @@ PRE_TOKENIZERS = (
     PreTokenizer("gpt-2", (GPT2_SPLIT,)),
     PreTokenizer("smollm", (DIGITS, GPT2_SPLIT)),  # SmolLM / SmolLM2 (llama.cpp: same split as starcoder)
     PreTokenizer("llama-bpe", (LLAMA3_SPLIT,), ignore_merges=True),  # Llama-3.x
+    PreTokenizer("dbrx", (LLAMA3_SPLIT,)),  # cl100k's split, merges always applied (DBRX, Phi-4)
     PreTokenizer("qwen2", (QWEN2_SPLIT,)),  # Qwen2 / Qwen2.5 / Qwen3
     PreTokenizer("qwen35", (QWEN35_SPLIT,)),  # Qwen3.5
     PreTokenizer("tekken", (TEKKEN_SPLIT,), ignore_merges=True),  # Mistral Nemo / Small 3
