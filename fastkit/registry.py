@@ -57,8 +57,16 @@ class GGUFRules:
     query_scale_wide_at: int = 0
     """llama.cpp scales queries by ``1/sqrt(head_dim)``, or ``1/sqrt(hidden/heads)`` for a model of exactly this many
     layers (its Gemma 27B); ``config.query_pre_attn_scalar`` must be the one it uses (0: no such config key)."""
-    tied_output: bool = False
-    """llama.cpp's graph computes logits with ``token_embd`` (no ``output`` tensor): an untied head is refused."""
+    output: str = "either"
+    """``"tied"``: llama.cpp's graph computes logits with ``token_embd`` (an untied head is refused); ``"untied"``:
+    it needs its own ``output`` tensor (a tied head is refused); ``"either"``."""
+    rope_types: tuple[str, ...] = ("default",)
+    """``rope_type`` values written (Llama-3's as ``rope_freqs``, linear / yarn as llama.cpp's scaling keys); others
+    refused."""
+    experts: str = "halves"
+    """Fused expert layout: ``"halves"`` (``gate_up_proj (E, 2I, H)``, gate rows first: Qwen MoE) or
+    ``"interleaved"`` (``gate_up_proj (E, H, 2I)`` with gate / up alternating on the last dim, biases alike, and
+    ``down_proj (E, I, H)``: GPT-OSS), split into llama.cpp's ``ffn_{gate,up,down}_exps``."""
     permute_qk: bool = False
     """q/k rows stored in llama.cpp's interleaved-pair rope order (its ``llama`` arch); transformers' reader
     undoes it."""
@@ -118,7 +126,7 @@ _LOOPED = "experts looped upstream; fastkit routes them"
 MODEL_TABLE: dict[str, ModelFacts] = {
     f.model_type: f
     for f in [
-        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(permute_qk=True),  # SmolLM2 / Llama-3.2 style
+        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3")),
                    twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
         ModelFacts("mistral", sliding_window=True, gguf_arch="llama", gguf=GGUFRules(permute_qk=True),
                    twin=dict(_ATTN, intermediate_size=128, sliding_window=64)),
@@ -147,7 +155,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("llama4_text", packing=False, moe=True, looped_experts=("Llama4TextMoe",),
                    no_4bit_experts=("Llama4TextExperts",), note=_LOOPED),
         ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
-                   note="attention sinks: sdpa cannot express them upstream",
+                   note="attention sinks: sdpa cannot express them upstream", gguf_arch="gpt-oss",
+                   gguf=GGUFRules(windows=True, rope_types=("default", "yarn"), experts="interleaved", output="untied"),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
                              sliding_window=16, layer_types=None)),  # alternating sliding/full, sinks
         # Every row below: a plain row, proven by the census (docs/coverage.md) on transformers 5.24.
@@ -179,10 +188,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("gemma2", sliding_window=True, softcap=True, default_attn="eager",
                    note="soft-capped attention: eager (transformers has no sdpa for Gemma 2)", gguf_arch="gemma2",
                    gguf=GGUFRules(**_GEMMA_GGUF, attn_softcap="required", final_softcap="required",
-                                  query_scale_wide_at=46, tied_output=True)),
+                                  query_scale_wide_at=46, output="tied")),
         ModelFacts("gemma3_text", sliding_window=True, gguf_arch="gemma3",
                    gguf=GGUFRules(**_GEMMA_GGUF, final_softcap="optional", rope_by_layer_type=True,
-                                  query_scale_wide_at=62)),
+                                  rope_types=("default", "linear"), query_scale_wide_at=62)),
         ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only"),
         ModelFacts("glm"),

@@ -206,6 +206,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece (refused).
     "phi3 (dbrx, as Phi-4)": ("phi3", dict(_ATTN, intermediate_size=128, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "dbrx"),
+    # GPT-OSS: attention sinks, q/k/v/o and expert biases, interleaved gate/up experts, clamped SwiGLU, alternating
+    # 16-token windows, YaRN rope (x32 over 4096), untied head; o200k's split.
+    "gpt_oss (gpt-4o)": ("gpt_oss", {"initializer_range": 0.1}, "gpt-4o"),
 }
 
 
@@ -231,8 +234,19 @@ def twin_model(label: str, steps: int | None = None):
         base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         base = twin(model_type, **overrides)
+    _draw_zeros(base)
     model = FastModel.get_peft_model(base, r=8, lora_alpha=16, use_gradient_checkpointing=False)
     return train_on_chats(model, tokenizer, steps=steps, lr=1e-2), tokenizer
+
+
+@torch.no_grad()
+def _draw_zeros(model, std: float = 0.5) -> None:
+    """Parameters that start at zero (biases) and attention sinks (which start near it) drawn at random, so that a
+    file dropping, misplacing or zeroing them cannot pass (LoRA leaves them at their initial value)."""
+    gen = torch.Generator().manual_seed(1)
+    for name, p in model.named_parameters():
+        if not p.any() or name.endswith(".sinks"):
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 def texts_raw() -> list[str]:

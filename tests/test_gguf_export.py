@@ -256,8 +256,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(FastkitError, match="quantization='q5_k'"):
         save_gguf(model, tok, out, quantization="q5_k")
-    with pytest.raises(FastkitError, match="'gpt_oss' has no GGUF mapping"):
-        save_gguf(twin("gpt_oss"), tok, out)
+    with pytest.raises(FastkitError, match="'mixtral' has no GGUF mapping"):
+        save_gguf(twin("mixtral"), tok, out)
     with pytest.raises(FastkitError, match="never renormalizes"):  # llama.cpp's qwen2moe routing differs
         save_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
     with pytest.raises(FastkitError, match="dense layers"):
@@ -405,4 +405,45 @@ def test_what_gemma_and_phi3_graphs_cannot_express_is_refused(tmp_path):
     for model, message in cases:
         with pytest.raises(FastkitError, match=message):
             save_gguf(model, tok, out)
+    assert not out.exists()
+
+
+def test_gpt_oss_file_has_llama_cpp_expert_layout_sinks_and_yarn(tmp_path):
+    """GPT-OSS's interleaved (E, H, 2I) gate/up experts come out as llama.cpp's (E, I, H) gate and up (biases split
+    alike, kept f32), down_proj transposed, sinks and router bias in f32, YaRN and the alternating windows in the
+    metadata; a tied head (llama.cpp's graph needs its own) and other SwiGLU clamps are refused."""
+    model = twin("gpt_oss")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    reader = gguf.GGUFReader(save_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path / "g", quantization="q8_0"))
+    tensors = {t.name: t for t in reader.tensors}
+    experts = model.model.layers[0].mlp.experts
+
+    def f32(name):
+        assert tensors[name].tensor_type == gguf.GGMLQuantizationType.F32, name
+        return torch.from_numpy(tensors[name].data.copy())
+
+    assert torch.equal(f32("blk.0.ffn_gate_exps.bias"), experts.gate_up_proj_bias[:, ::2])
+    assert torch.equal(f32("blk.0.ffn_up_exps.bias"), experts.gate_up_proj_bias[:, 1::2])
+    assert torch.equal(f32("blk.0.ffn_down_exps.bias"), experts.down_proj_bias)
+    assert torch.equal(f32("blk.0.attn_sinks.weight"), model.model.layers[0].self_attn.sinks)
+    assert torch.equal(f32("blk.0.ffn_gate_inp.bias"), model.model.layers[0].mlp.router.bias)
+    e, h, two_i = experts.gate_up_proj.shape
+    for name in ("blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"):
+        assert tuple(int(d) for d in reversed(tensors[name].shape)) == (e, two_i // 2, h)
+    assert tuple(int(d) for d in reversed(tensors["blk.0.ffn_down_exps.weight"].shape)) == (e, h, two_i // 2)
+    dq = gguf.quants.dequantize(tensors["blk.0.ffn_up_exps.weight"].data, gguf.GGMLQuantizationType.Q8_0)
+    assert torch.allclose(torch.from_numpy(dq), experts.gate_up_proj[..., 1::2].transpose(1, 2), atol=3e-3)
+    fields = reader.fields
+    assert fields["gpt-oss.rope.scaling.type"].contents() == "yarn"
+    assert fields["gpt-oss.rope.scaling.factor"].contents() == model.config.rope_parameters["factor"]
+    assert fields["gpt-oss.expert_count"].contents() == model.config.num_local_experts
+    pattern = fields["gpt-oss.attention.sliding_window_pattern"].contents()
+    assert [bool(x) for x in pattern] == [t == "sliding_attention" for t in model.config.layer_types]
+    tok, out = twin_bpe_tokenizer("gpt-4o"), tmp_path / "out"
+    with pytest.raises(FastkitError, match="tie_word_embeddings=True"):
+        save_gguf(twin("gpt_oss", tie_word_embeddings=True), tok, out)
+    with pytest.raises(FastkitError, match="swiglu_limit=5.0"):
+        save_gguf(twin("gpt_oss", swiglu_limit=5.0), tok, out)
     assert not out.exists()

@@ -124,6 +124,10 @@ def _check_moe(config, model_type: str) -> None:
     if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
         raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
                            "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
+    if model_type == "gpt_oss" and (getattr(config, "swiglu_alpha", 1.702), config.swiglu_limit) != (1.702, 7.0):
+        raise FastkitError(f"save_gguf: gpt_oss with swiglu_alpha={getattr(config, 'swiglu_alpha', 1.702)}, "
+                           f"swiglu_limit={config.swiglu_limit}: llama.cpp's gpt-oss graph hard-codes 1.702 and 7.0; "
+                           "this model cannot be expressed in GGUF as is.")
     if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
                                       getattr(config, "decoder_sparse_step", 1) != 1):
         raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
@@ -139,13 +143,10 @@ def _rope(config, rules: registry.GGUFRules) -> tuple[dict, dict | None]:
 
 
 def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
-    """Rope llama.cpp computes the same way: plain rope, Llama-3 scaling (llama arch, as ``rope_freqs``), linear
-    scaling of Gemma 3's full layers; per-layer-type parameters only where the family's graph has them."""
+    """Rope llama.cpp computes the same way: the family's ``rope_types`` (plain, Llama-3's as ``rope_freqs``, linear,
+    yarn); per-layer-type parameters only where the family's graph has them."""
     full, sliding = _rope(config, rules)
-    arch = GGUF_ARCHS[model_type]
-    kind = full.get("rope_type", "default")
-    allowed = ("default", "llama3") if arch == "llama" else ("default", "linear") if rules.rope_by_layer_type \
-        else ("default",)
+    kind, allowed = full.get("rope_type", "default"), rules.rope_types
     nested = any(isinstance(v, dict) for v in full.values())
     if nested or kind not in allowed or (sliding is not None and sliding.get("rope_type", "default") != "default"):
         raise FastkitError(f"save_gguf: config.rope_parameters {json.dumps(config.rope_parameters)[:160]} is not "
@@ -176,9 +177,13 @@ def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
             raise FastkitError(f"save_gguf: config.query_pre_attn_scalar={config.query_pre_attn_scalar}, but "
                                f"llama.cpp's {arch} graph scales queries by 1/sqrt({used}) for this shape; the GGUF "
                                "would attend differently from the trained model.")
-    if rules.tied_output and not getattr(config, "tie_word_embeddings", False):
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if rules.output == "tied" and not tied:
         raise FastkitError(f"save_gguf: {model_type} with an untied lm_head: llama.cpp's {arch} graph computes the "
                            "logits with the token embeddings; this model cannot be expressed in GGUF as is.")
+    if rules.output == "untied" and tied:
+        raise FastkitError(f"save_gguf: {model_type} with tie_word_embeddings=True: llama.cpp's {arch} graph needs "
+                           "its own output tensor; this model cannot be expressed in GGUF as is.")
 
 
 def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
@@ -352,10 +357,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     for hf_name, load, shape in merged_parameters(model):
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
-        if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.gate_up_proj", hf_name):
-            half = shape[1] // 2  # (E, 2I, H): gate rows first, then up
-            pieces = [(f"blk.{m[1]}.ffn_gate_exps.weight", lambda w, h=half: w[:, :h]),
-                      (f"blk.{m[1]}.ffn_up_exps.weight", lambda w, h=half: w[:, h:])]
+        if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
+            pieces = _expert_pieces(f"blk.{m[1]}", m[2], bool(m[3]), shape, rules.experts)
         elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
             unmapped.append(hf_name)
             continue
@@ -388,9 +391,29 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     return entries
 
 
+def _expert_pieces(block: str, kind: str, bias: bool, shape, layout: str) -> list[tuple[str, Callable | None]]:
+    """llama.cpp's ``ffn_{gate,up,down}_exps`` (weights ``(E, out, in)``, biases ``(E, out)``) from a fused experts
+    parameter in the family's ``layout`` (:attr:`fastkit.registry.GGUFRules.experts`)."""
+    suffix = "bias" if bias else "weight"
+    if layout == "halves":  # (E, 2I, H): gate rows first, then up; down_proj (E, H, I) as is
+        if kind == "down_proj":
+            return [(f"{block}.ffn_down_exps.{suffix}", None)]
+        half = shape[1] // 2
+        return [(f"{block}.ffn_gate_exps.{suffix}", lambda w, h=half: w[:, :h]),
+                (f"{block}.ffn_up_exps.{suffix}", lambda w, h=half: w[:, h:])]
+    if kind == "down_proj":  # (E, I, H) -> (E, H, I); its bias (E, H) as is
+        return [(f"{block}.ffn_down_exps.{suffix}", None if bias else (lambda w: w.transpose(1, 2).contiguous()))]
+    if bias:  # (E, 2I), gate / up alternating -> (E, I) each
+        return [(f"{block}.ffn_gate_exps.bias", lambda w: w[:, ::2].contiguous()),
+                (f"{block}.ffn_up_exps.bias", lambda w: w[:, 1::2].contiguous())]
+    # (E, H, 2I), gate / up alternating on the last dim -> (E, I, H) each
+    return [(f"{block}.ffn_gate_exps.weight", lambda w: w[..., ::2].transpose(1, 2).contiguous()),
+            (f"{block}.ffn_up_exps.weight", lambda w: w[..., 1::2].transpose(1, 2).contiguous())]
+
+
 def _check_experts(entries: list[_Entry], config) -> None:
     """A MoE file must carry every layer's experts: llama.cpp would refuse it, or (one missing kind) run garbage."""
-    if not getattr(config, "num_experts", None):
+    if not _num_experts(config):
         return
     names = {e.name for e in entries}
     missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
@@ -418,7 +441,7 @@ def llama3_rope_factors(config) -> torch.Tensor:
 def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt, qtypes):
     import gguf
 
-    if len(shape) == 1 or any(part in name for part in _F32_PARTS):
+    if len(shape) == 1 or name.endswith(".bias") or any(part in name for part in _F32_PARTS):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
         qt = qtypes["q8_0"]  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
@@ -479,19 +502,42 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     if rope.get("rope_type") == "linear":  # llama.cpp: the full layers' scale; the windowed ones keep 1
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
+    if rope.get("rope_type") == "yarn":
+        _add_yarn_kv(writer, rope)
     _add_window_kv(writer, config, rules, sliding_rope)
     if getattr(config, "attn_logit_softcapping", None) and rules.attn_softcap != "none":
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
     if getattr(config, "final_logit_softcapping", None) and rules.final_softcap != "none":
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
-    if model_type in ("qwen2_moe", "qwen3_moe"):
-        writer.add_expert_count(config.num_experts)
+    if model_type in ("qwen2_moe", "qwen3_moe", "gpt_oss"):
+        writer.add_expert_count(_num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        writer.add_expert_feed_forward_length(getattr(config, "moe_intermediate_size", None) or
+                                              config.intermediate_size)
     if model_type == "qwen2_moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     writer.add_file_type(_file_type(quantization))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _num_experts(config) -> int | None:
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+
+
+def _add_yarn_kv(writer, rope: dict) -> None:
+    """YaRN as llama.cpp reads it (as its converter writes it): factor, original context, and the optional betas /
+    factors where the config sets them."""
+    import gguf
+
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(rope["factor"]))
+    writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+    for key, add in (("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+                     ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                     ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                     ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
+        if rope.get(key) is not None:
+            add(float(rope[key]))
 
 
 _NAME_QUIRKS = re.compile(r"phi-?3", re.I)
