@@ -14,11 +14,14 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
-too). Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3 (no
-layout transformers' GGUF loader reads back here, so none verified), qwen2_moe with dense layers or
-renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's, a sliding
-window shorter than the context (llama.cpp's graphs for these archs have none), non-byte-level
-tokenizers (SentencePiece), and tokenizers llama.cpp would split differently or cannot load
+too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
+(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts...) is its row's
+:class:`fastkit.registry.GGUFRules`. Not supported (a FastkitError says so before writing): mixtral, olmoe,
+deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
+(llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
+shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
+differently (activation, soft-caps, query scale, tied head, SwiGLU clamp), non-byte-level tokenizers
+(SentencePiece), and tokenizers llama.cpp would split differently or cannot load
 (:mod:`fastkit.export.gguf_vocab`).
 
 4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
