@@ -447,3 +447,21 @@ def test_gpt_oss_file_has_llama_cpp_expert_layout_sinks_and_yarn(tmp_path):
     with pytest.raises(FastkitError, match="swiglu_limit=5.0"):
         save_gguf(twin("gpt_oss", swiglu_limit=5.0), tok, out)
     assert not out.exists()
+
+
+def test_gpt_oss_4bit_experts_go_in_dequantized_in_llama_cpp_layout(tmp_path):
+    """GPT-OSS with fastkit's 4-bit experts (codes in buffers, stored in the (E, H, 2I) parameter layout): the file
+    carries them dequantized, de-interleaved and transposed like the 16-bit ones, and the biases (kept 16-bit)."""
+    from fastkit.patches.moe.nf4 import NF4Experts, quantize_experts
+
+    model = twin("gpt_oss")
+    quantize_experts(model)
+    q = model.model.layers[1].mlp.experts.gate_up_proj
+    assert isinstance(q, NF4Experts)
+    reader = gguf.GGUFReader(save_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path, quantization="f16"))
+    tensors = {t.name: t for t in reader.tensors}
+    w = q.dequantize().float()  # (E, H, 2I)
+    for name, half in (("blk.1.ffn_gate_exps.weight", w[..., ::2]), ("blk.1.ffn_up_exps.weight", w[..., 1::2])):
+        got = torch.from_numpy(tensors[name].data.astype("float32"))
+        torch.testing.assert_close(got, half.transpose(1, 2), rtol=1e-3, atol=1e-4)
+    assert "blk.1.ffn_down_exps.bias" in tensors
