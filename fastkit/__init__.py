@@ -13,6 +13,7 @@ import logging as _logging
 from fastkit import _quiet  # noqa: F401  (first: filters the named upstream warnings before those modules log)
 from fastkit.errors import FastkitError, GPUOnlyError
 from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report, require_chat_template
+from fastkit.patches.host import HostWeights, host_stats
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.syncs import SyncCounter, count_syncs
 
@@ -47,7 +48,7 @@ def fit(trainer, **kwargs):
 
 
 __all__ = [
-    "FastModel", "FastkitError", "GPUOnlyError", "LoadReport", "SyncCounter", "active_patches", "add_chat_template",
-    "apply_patch",
-    "count_syncs", "enable_checkpointing", "fit", "report", "require_chat_template", "revert", "set_verbosity",
+    "FastModel", "FastkitError", "GPUOnlyError", "HostWeights", "LoadReport", "SyncCounter", "active_patches",
+    "add_chat_template", "apply_patch", "count_syncs", "enable_checkpointing", "fit", "host_stats", "report",
+    "require_chat_template", "revert", "set_verbosity",
 ]

@@ -420,6 +420,101 @@ def sft_tp_size(trainer) -> int:
     return trainer._tp_size
 
 
+# ------------------------------------------------------------------------------- stateful-layer kernels
+# transformers 5.24 wraps each kernel function of a hybrid modeling module (``causal_conv1d_fn``,
+# ``torch_chunk_gated_delta_rule``, ``mamba2_chunk_scan`` ...) in
+# ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback(func_name, package)``: at import it resolves
+# ``package``'s function (``implementation``) or keeps the torch reference (``torch_function``); every call
+# filters the mixer's ``**kwargs`` down to the resolved function's parameters, and the torch reference
+# *raises* when given ``cu_seqlens`` / ``seq_idx``. The mixers forward their ``**kwargs`` to these calls and
+# feed the conv channel-last (``in_proj(x).transpose(1, 2)``). checked: transformers 5.24.0 (modeling files of
+# the ten families below, hub_kernels.py). Can go when transformers says which implementation it resolved
+# (a public attribute on the wrapper) — then only the version table below stays.
+VARLEN_KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gated_delta": (("causal_conv1d_fn", "causal_conv1d"), ("torch_chunk_gated_delta_rule", "fla")),
+    "short_conv": (("causal_conv1d_fn", "causal_conv1d"),),
+    "mamba2": (("causal_conv1d_fn", "causal_conv1d"), ("mamba2_chunk_scan", "mamba_ssm"),
+               ("mamba2_split_conv1d_scan_combined", "mamba_ssm")),
+}
+"""Per varlen kind (``ModelFacts.varlen``): ``(modeling-module global, package)`` of every kernel a packed
+forward of that mixer calls (no cache); each must resolve to the package for the varlen path."""
+VARLEN_TRANSFORMERS = ("5.24", "5.25")
+"""transformers versions ``[lo, hi)`` whose hybrid mixers were read as above (kwargs forwarded, conv layout)."""
+VARLEN_PACKAGES: dict[str, tuple[tuple[str, ...], str, str]] = {
+    # fla-core 0.6.0 (wheel read): chunk_gated_delta_rule(cu_seqlens=, cu_seqlens_cpu=, chunk_indices=), batch 1,
+    # chunk_indices = [[doc, chunk-in-doc]] for chunk_size 64, taken as given by every kernel of the fwd and bwd.
+    "fla": (("fla-core", "flash-linear-attention"), "0.6.0", "0.7"),
+    # causal-conv1d 1.6.1 (github 0d2252d) and 1.7.0 (sdist): seq_idx int32 (B, T), channel-last x only
+    # (TORCH_CHECK in csrc/causal_conv1d.cpp), no initial_states / final states with it.
+    "causal_conv1d": (("causal-conv1d",), "1.6.1", "1.8"),
+    # mamba-ssm 2.3.2.post1 (github e9594ce): mamba_chunk_scan_combined / mamba_split_conv1d_scan_combined(seq_idx=),
+    # int32 (B, T); no host reads in ops/triton/ssd_*.py.
+    "mamba_ssm": (("mamba-ssm",), "2.3.2", "2.4"),
+}
+"""Per package: distribution names, and the version range ``[lo, hi)`` whose varlen arguments were read."""
+
+
+def resolved_kernel(module_cls: type, name: str) -> Callable | None:
+    """The package function transformers resolved for the kernel ``name`` of ``module_cls``'s modeling module.
+
+    None when that global is missing, is not transformers' fallback wrapper, or runs the torch reference.
+    Reads the wrapper's closure (``implementation``, ``torch_function``). checked: transformers 5.24.0.
+    """
+    import inspect
+
+    fn = getattr(sys.modules.get(module_cls.__module__), name, None)
+    if not callable(fn):
+        return None
+    try:
+        free = inspect.getclosurevars(fn).nonlocals
+    except TypeError:
+        return None
+    impl, ref = free.get("implementation"), free.get("torch_function")
+    return impl if callable(impl) and ref is not None and impl is not ref else None
+
+
+def package_version(package: str) -> str | None:
+    """The installed version of a kernel package (import name), or None when it cannot be told."""
+    from importlib import metadata
+
+    for dist in VARLEN_PACKAGES.get(package, ((package,),))[0]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    module = sys.modules.get(package)
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) else None
+
+
+def _in_range(version: str | None, lo: str, hi: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return version is not None and Version(lo) <= Version(version) < Version(hi)
+    except InvalidVersion:
+        return False
+
+
+def varlen_unavailable(module_cls: type, kind: str) -> str | None:
+    """Why a mixer of ``kind`` cannot take the varlen kernels here (None: it can, on a CUDA tensor)."""
+    import transformers
+
+    if kind not in VARLEN_KERNELS:
+        return "no varlen kernel for this layer in fastkit"
+    lo, hi = VARLEN_TRANSFORMERS
+    if not _in_range(transformers.__version__, lo, hi):
+        return f"transformers {transformers.__version__} not checked (varlen read on [{lo}, {hi}))"
+    for name, package in VARLEN_KERNELS[kind]:
+        if resolved_kernel(module_cls, name) is None:
+            return f"{name} runs transformers' torch reference: {package} is not importable"
+        version = package_version(package)
+        _, lo, hi = VARLEN_PACKAGES[package]
+        if not _in_range(version, lo, hi):
+            return f"{package} {version} outside the checked range [{lo}, {hi})"
+    return None
+
+
 # ---------------------------------------------------------------------------------------- class identity
 # Upstream classes recognized by what they are (isinstance where the class imports, its name where the
 # family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
@@ -498,7 +593,7 @@ __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
     "byte_level_bpe", "class_name_in", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
-    "modules_of_classes",
+    "modules_of_classes", "package_version", "resolved_kernel", "varlen_unavailable",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded",

@@ -36,6 +36,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
+from fastkit.family_patch import patch_with_facts
 from fastkit.patching import active_patches, revert
 from fastkit.syncs import SyncCounter
 
@@ -238,8 +239,6 @@ def _check_row(row: registry.ModelFacts, model) -> None:
 
 
 def _patch(model, row: registry.ModelFacts, self_verified: bool = False):
-    from fastkit.loader import patch_with_facts
-
     with _quiet():
         patch_with_facts(model, row, self_verified=self_verified)
     if registry.PACKING not in active_patches(model):
@@ -328,8 +327,6 @@ def _run_checks(res: CensusResult, row: registry.ModelFacts, base, self_verified
 
 def _run_moe_only(res: CensusResult, row: registry.ModelFacts, base) -> None:
     """A row with ``packing=False`` (its note says why): MoE parity, revert and banner only."""
-    from fastkit.loader import patch_with_facts
-
     ids, _ = _batch(base.config.get_text_config().vocab_size)
     plain_ids = ids.view(2, -1)  # (2, T/2)
     want = _step(base, input_ids=plain_ids)

@@ -118,9 +118,20 @@ def check_max_steps(max_steps: Any) -> None:
         raise FastkitError(f"max_steps must be a positive int (optimizer steps to run), got {max_steps!r}.")
 
 
-def check_max_seq_length(max_seq_length: Any) -> None:
+def check_max_seq_length(max_seq_length: Any, config: Any = None) -> None:
+    """The one max_seq_length check (loader, twins, planner, make_trainer): a positive int and, given the
+    model's ``config``, within its context (the text config's ``max_position_embeddings``, so composite
+    vision-language configs are checked too)."""
     if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length <= 0:
         raise FastkitError(f"max_seq_length must be a positive int (tokens per row), got {max_seq_length!r}.")
+    if config is None:
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    context = getattr(text, "max_position_embeddings", None)
+    if isinstance(context, int) and max_seq_length > context:
+        raise FastkitError(f"max_seq_length={max_seq_length} is longer than the model's context "
+                           f"(max_position_embeddings={context}); positions past it are untrained. Use at most "
+                           f"{context}.")
 
 
 def check_positive(name: str, value: Any, integer: bool = True, allow_none: bool = False) -> None:

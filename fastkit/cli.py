@@ -40,7 +40,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
     result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
-                  load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora)
+                  load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
+                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head)
     print(result.table())
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
 
@@ -88,6 +89,10 @@ def _main(argv: list[str]) -> int:
     pl.add_argument("--offload", action="store_true", help="fastkit's checkpoint offload")
     pl.add_argument("--no-expert-lora", dest="expert_lora", action="store_false",
                     help="4-bit MoE: LoRA on the linear layers only (default: the experts too, as get_peft_model)")
+    pl.add_argument("--host-embedding", action="store_true",
+                    help="the frozen input embedding in host memory (fastkit.HostWeights(input_embedding=True))")
+    pl.add_argument("--host-lm-head", action="store_true",
+                    help="the frozen lm_head in host memory, streamed by the chunked loss (HostWeights(lm_head=True))")
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")

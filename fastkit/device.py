@@ -15,11 +15,18 @@ def pick_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def auto_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the GPU supports it, fp16 on pre-Ampere GPUs (T4), fp32 on CPU."""
-    if device.type != "cuda":
+def compute_dtype(cuda: bool, bf16: bool) -> torch.dtype:
+    """The one dtype rule (loader, trainer precision flags, planner): fp32 on the CPU, bf16 on a GPU that
+    has it, fp16 on one that does not (pre-Ampere: T4, RTX 20xx)."""
+    if not cuda:
         return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return torch.bfloat16 if bf16 else torch.float16
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """:func:`compute_dtype` for ``device`` (bf16 support read from the GPU itself, emulation excluded)."""
+    cuda = device.type == "cuda"
+    return compute_dtype(cuda, cuda and torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 def host_ram() -> tuple[int, int]:

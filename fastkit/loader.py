@@ -11,65 +11,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fastkit import _hf, checks, registry
-from fastkit.device import GiB, auto_dtype, describe_device, memory_snapshot, pick_device
+from fastkit.device import auto_dtype, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
+from fastkit.family_patch import LoadReport, patch_with_facts
+from fastkit.patches.host.patch import HostWeights, enable_host_weights
 from fastkit.patches.moe.loading import QuantizeWhileLoading
 from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
 from fastkit.patches.moe.nf4 import has_4bit_experts, quantize_experts
 from fastkit.patches.offload.patch import enable_offload
-from fastkit.patching import active_patches, apply_patch, change, report, set_report, unwrap
+from fastkit.patching import active_patches, change, report, unwrap
 
 logger = logging.getLogger("fastkit")
-
-
-@dataclass
-class LoadReport:
-    """What ``FastModel`` did to a model; also shown as the banner and by the dashboard."""
-
-    model_type: str
-    """``config.model_type`` of the loaded model."""
-    device: str
-    """Where the model runs, in words."""
-    dtype: str
-    """Parameter dtype."""
-    attn_implementation: str
-    """Attention backend transformers dispatches to (a fastkit key when packing is active)."""
-    max_seq_length: int
-    """Longest sequence (or packed row) the user intends to train on."""
-    active: dict[str, str] = field(default_factory=dict)
-    """Active patch name -> how it got there."""
-    skipped: dict[str, str] = field(default_factory=dict)
-    """Patch name -> why it does not apply."""
-    memory_plan: str = ""
-    """The memory planner's verdict for this run (:mod:`fastkit.plan`), when one was made at load."""
-    checkpointing: bool | str = True
-    """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on: ``"offload"`` where the plan
-    fits only with checkpoint offload (:attr:`fastkit.plan.Plan.needs_offload`), else ``True``."""
-    notes: list[str] = field(default_factory=list)
-    """What the user should know about this family (the row's note, a self-check verdict), one line each."""
-
-    def banner(self) -> str:
-        mem = memory_snapshot(pick_device())
-        lines = [
-            f"fastkit: {self.model_type} on {self.device}, {self.dtype}, attention={self.attn_implementation}, "
-            f"max_seq_length={self.max_seq_length}",
-            f"fastkit: memory free {mem.free / GiB:.1f} of {mem.total / GiB:.1f} GiB",
-        ]
-        for name, how in self.active.items():
-            lines.append(f"fastkit:   + {name}: {how}")
-        for name, why in self.skipped.items():
-            lines.append(f"fastkit:   - {name}: {why}")
-        for note in self.notes:
-            lines.append(f"fastkit: note: {note}")
-        if self.memory_plan:
-            lines.append(f"fastkit: plan: {self.memory_plan}")
-        return "\n".join(lines)
 
 
 def _check_source(name_or_path: str, gguf_file: str | None) -> None:
@@ -85,13 +43,8 @@ def _check_source(name_or_path: str, gguf_file: str | None) -> None:
         raise FastkitError(f"gguf_file {gguf_file!r} is not in {path!r}.")
 
 
-def _check_max_seq_length(max_seq_length: int) -> None:
-    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length <= 0:
-        raise FastkitError(f"max_seq_length must be a positive int, got {max_seq_length!r}.")
-
-
 def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
-    _check_max_seq_length(max_seq_length)
+    checks.check_max_seq_length(max_seq_length)
     if load_in_4bit and device.type == "cuda":  # CPU: MoE experts only, checked once the config is read
         try:
             import bitsandbytes  # noqa: F401
@@ -131,13 +84,6 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
         raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
                            "fine-tunes causal language models (AutoModelForCausalLM).")
     return config
-
-
-def _check_context(config, max_seq_length: int) -> None:
-    context = getattr(config, "max_position_embeddings", None)
-    if context is not None and max_seq_length > context:
-        raise FastkitError(f"max_seq_length={max_seq_length} is above the model's context "
-                           f"(config.max_position_embeddings={context}); lower max_seq_length.")
 
 
 def _pick_attention(facts: registry.ModelFacts | None, device: torch.device) -> str:
@@ -271,7 +217,7 @@ def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, ma
         checks.check_safetensors_files(name_or_path)
     _check_options(device, max_seq_length, load_in_4bit)
     config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
-    _check_context(config, max_seq_length)
+    checks.check_max_seq_length(max_seq_length, config)
     facts = registry.facts_for(config.model_type)
     quant = _quantization_mode(config, facts, device, load_in_4bit, str(name_or_path))
     if load_in_4bit:
@@ -366,6 +312,7 @@ class FastModel:
         if memory_plan is not None:
             report(model).memory_plan = memory_plan.verdict()
             report(model).checkpointing = "offload" if memory_plan.needs_offload else True
+            report(model).host_weights = memory_plan.host_weights
         return model, tokenizer
 
     @staticmethod
@@ -396,6 +343,7 @@ class FastModel:
         random_state: int = 3407,
         offload_config=None,
         target_experts: bool = False,
+        host_weights: HostWeights | str = "auto",
         **lora_kwargs: Any,
     ):
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
@@ -409,6 +357,10 @@ class FastModel:
         (:mod:`fastkit.patches.moe.lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
         the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
         PEFT's adapter per expert group instead of adding a second one.
+
+        ``host_weights``: a :class:`fastkit.HostWeights` saying which frozen weights stay in host memory (the
+        input embedding, the lm_head streamed in vocabulary chunks: :mod:`fastkit.patches.host`), or
+        ``"auto"`` (the default): those the load-time memory plan needs to fit, else none.
         """
         from peft import LoraConfig, get_peft_model
 
@@ -433,6 +385,11 @@ class FastModel:
             rep = report(model)
             use_gradient_checkpointing = rep.checkpointing if rep is not None else True
         enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
+        if host_weights == "auto":
+            rep = report(model)
+            host_weights = rep.host_weights if rep is not None else HostWeights()
+        if not isinstance(host_weights, HostWeights) or host_weights.any:  # a wrong type is refused there
+            enable_host_weights(peft_model, host_weights)  # after PEFT: only frozen weights go to the host
         return peft_model
 
 
@@ -480,43 +437,6 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
     return model
 
 
-def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, verdict: str | None = None, *,
-                     max_seq_length: int = 2048, patches: str | list[str] | None = "auto",
-                     self_verified: bool = False) -> torch.nn.Module:
-    """Patch ``model`` by the row ``facts`` (None: unpatched, packed batches refused) and log the banner.
-
-    ``verdict`` is the self-check's line for a family not in the table (shown in the banner).
-    """
-    model = unwrap(model)
-    config = model.config
-    self_verified = self_verified or bool(verdict and verdict.startswith("self-verified"))
-    rep = LoadReport(config.model_type, describe_device(model.device), str(model.dtype).replace("torch.", ""),
-                     str(_hf.attn_implementation(config)), max_seq_length)
-    if facts is None:
-        if verdict is None:
-            logger.warning("fastkit: model_type %r is not in fastkit's table; it loads unpatched (plain "
-                           "transformers). Known: see docs/coverage.md", config.model_type)
-        rep.skipped["all"] = verdict or f"unknown model_type {config.model_type!r}"
-    else:
-        if self_verified:
-            rep.notes.append(verdict or "self-verified on a tiny twin of its own config")
-        if facts.note:
-            rep.notes.append(facts.note)
-        wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
-        wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
-        for name in wanted:
-            ok, how = apply_patch(model, registry.build_patch(name, facts))
-            (rep.active if ok else rep.skipped)[name] = how
-        rep.attn_implementation = str(_hf.attn_implementation(config))
-    if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
-        from fastkit.patches.packing.patch import _decoder
-
-        checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
-    set_report(model, rep)
-    logger.info(rep.banner())
-    return model
-
-
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     """Freeze a 4/8-bit model for LoRA, and upcast nothing.
 
@@ -548,7 +468,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
     from fastkit.twins import twin, twin_bpe_tokenizer, twin_family
 
-    _check_max_seq_length(max_seq_length)
+    checks.check_max_seq_length(max_seq_length)
     try:
         family, overrides = twin_family(name)
     except ValueError as exc:

@@ -68,7 +68,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def set_report(model: torch.nn.Module, report: Any) -> None:
-    """Attach fastkit's load report (:class:`fastkit.loader.LoadReport`) to the transformers model."""
+    """Attach fastkit's load report (:class:`fastkit.family_patch.LoadReport`) to the transformers model."""
     object.__setattr__(unwrap(model), _REPORT_ATTR, report)
 
 
@@ -201,6 +201,16 @@ class Swapper:
                     self.swaps.append(_Entry(d, key, was.get(key, _MISSING)))
         return result
 
+    def touched(self) -> set[tuple[int, Any]]:
+        """``(id of the object or dict, attribute or key)`` of every attribute / dict entry this patch set."""
+        out = set()
+        for s in self.swaps:
+            if isinstance(s, _Swap):
+                out.add((id(s.target), s.attr))
+            elif isinstance(s, _Entry):
+                out.add((id(s.mapping), s.key))
+        return out
+
     def undo(self) -> None:
         """Restore the originals, newest first."""
         for s in reversed(self.swaps):
@@ -284,6 +294,26 @@ def apply_patch(model: torch.nn.Module, patch: Patch) -> tuple[bool, str]:
     return True, "applied"
 
 
+def _with_later_overlaps(state: dict[str, Swapper], wanted: list[str]) -> list[str]:
+    """``wanted`` plus every newer patch that set an attribute one of them set too.
+
+    Two patches may wrap the same attribute (packing and the host embedding both wrap the decoder's
+    ``forward``): the newer one's wrapper calls the older one's. Undoing only the older one would put back
+    the original under the newer one's record, and undoing the newer one later would bring the older
+    wrapper back. So reverting a patch also reverts, newest first, what was stacked on it (and says so).
+    """
+    order = list(state)
+    out = set(wanted)
+    touched = set().union(*(state[n].touched() for n in wanted)) if wanted else set()
+    for name in order[min((order.index(n) for n in wanted), default=len(order)):]:
+        if name not in out and state[name].touched() & touched:
+            out.add(name)
+            touched |= state[name].touched()
+            logger.info("fastkit: reverting %s also reverts %s, which changed the same attribute after it",
+                        ", ".join(wanted), name)
+    return [n for n in order if n in out]
+
+
 def revert(model: torch.nn.Module, names: Iterable[str] | None = None) -> list[str]:
     """Undo fastkit patches on ``model`` (all of them, or only ``names``), newest first.
 
@@ -293,7 +323,7 @@ def revert(model: torch.nn.Module, names: Iterable[str] | None = None) -> list[s
     """
     model = unwrap(model)
     state: dict[str, Swapper] = dict(getattr(model, _STATE_ATTR, {}))
-    wanted = list(state) if names is None else [n for n in names if n in state]
+    wanted = list(state) if names is None else _with_later_overlaps(state, [n for n in names if n in state])
     listed = [n for n in wanted if state[n].listed]
     for name in reversed([n for n in state if n in wanted]):
         state.pop(name).undo()

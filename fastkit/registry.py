@@ -115,6 +115,11 @@ class ModelFacts:
     stateful: tuple[str, ...] = ()
     """Class names of the layers that carry state along the sequence (linear attention, causal conv, SSM);
     the packing patch restarts each at every document start (:mod:`fastkit.patches.packing.state`)."""
+    varlen: str = ""
+    """How those layers restart per document inside one CUDA kernel call, where the kernels transformers
+    already uses are installed (:mod:`fastkit.patches.packing.varlen`): ``"gated_delta"`` (causal-conv1d
+    ``seq_idx`` + flash-linear-attention ``cu_seqlens``), ``"short_conv"`` (causal-conv1d ``seq_idx``),
+    ``"mamba2"`` (causal-conv1d + mamba-ssm ``seq_idx``); ``""``: the per-document regroup everywhere."""
 
 
 _TEXT_KEYS = ((r"^model\.language_model\.", "model."), (r"^language_model\.model\.", "model."),
@@ -259,33 +264,33 @@ _LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_di
 _MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
 MODEL_TABLE.update({f.model_type: f for f in [
-    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), note=_GDN,
+    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
                twin=dict(_ATTN, **_LIN, intermediate_size=128)),
-    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), moe=True, note=_GDN,
+    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
-    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), moe=True, note=_GDN,
+    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32)),
-    ModelFacts("lfm2", stateful=("Lfm2ShortConv",), note=_CONV,
+    ModelFacts("lfm2", stateful=("Lfm2ShortConv",), varlen="short_conv", note=_CONV,
                twin=dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3)),
-    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), moe=True, note=_CONV,
+    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
                twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
                          layer_types=["conv", "full_attention"])),
-    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), note=_MAMBA,
+    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
                          mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
     ModelFacts("jamba", stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
                          expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
                          mamba_d_state=8, mamba_dt_rank=8)),
-    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), moe=True, note=_MAMBA,
+    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
                          num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
-    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), note=_MAMBA,
+    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
                          mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8)),
-    ModelFacts("bamba", stateful=("BambaMixer",), note=_MAMBA,
+    ModelFacts("bamba", stateful=("BambaMixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1])),
-    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), note=_MAMBA,
+    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
                          mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
                          attention_head_dim=32)),

@@ -25,6 +25,7 @@ from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callba
 from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
+from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, report, unwrap
 from fastkit.run_identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
@@ -36,9 +37,8 @@ def _precision(model: torch.nn.Module) -> dict[str, Any]:
     """Mixed-precision flags for SFTConfig from where the model lives."""
     if model.device.type != "cuda":
         return dict(use_cpu=True, bf16=False, fp16=False)
-    if torch.cuda.is_bf16_supported(including_emulation=False):
-        return dict(bf16=True, fp16=False)
-    return dict(bf16=False, fp16=True)  # T4 (sm75): no bf16
+    dtype = auto_dtype(model.device)  # T4 (sm75): no bf16, so fp16
+    return dict(bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
 
 
 def _default_optim(model: torch.nn.Module) -> str:
@@ -137,10 +137,15 @@ def make_trainer(
         if eval_dataset is not None and eval_steps is None:
             trainer.args.eval_steps = max(1, total // 10)
     _attach_packed_metadata(trainer)
+    chunked_loss = _host_weights_in_trainer(trainer, chunked_loss)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
         from fastkit.patches.loss.patch import route_trainer_loss
 
         ok, how = route_trainer_loss(trainer)
+        if not ok and chunked_loss is True and "host_lm_head" in active_patches(unwrap(trainer.model)):
+            raise FastkitError(f"The lm_head is kept on the host, but fastkit's chunked loss (which streams it) cannot "
+                               f"apply: {how}. Keep the head on the GPU (get_peft_model(host_weights="
+                               "fastkit.HostWeights(lm_head=False))).")
         if not ok:
             logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
     return trainer
@@ -321,6 +326,23 @@ def _attach_packed_metadata(trainer) -> None:
     from fastkit.patches.packing.patch import wrap_collator
 
     trainer.data_collator = wrap_collator(trainer.data_collator)
+
+
+def _host_weights_in_trainer(trainer, chunked_loss: bool | None) -> bool | None:
+    """Host weights (:mod:`fastkit.patches.host`): the collator carries the host token ids for the embedding,
+    and a host lm_head needs fastkit's chunked loss (TRL's kernel reads the head on the device)."""
+    from fastkit.patches.host import HOST_EMBEDDING, HOST_LM_HEAD, wrap_collator
+
+    active = active_patches(unwrap(trainer.model))
+    if HOST_EMBEDDING in active:
+        trainer.data_collator = wrap_collator(trainer.data_collator)
+    if HOST_LM_HEAD not in active:
+        return chunked_loss
+    if chunked_loss is False:
+        raise FastkitError("chunked_loss=False, but the lm_head is kept on the host (HostWeights(lm_head=True)): "
+                           "only fastkit's chunked loss streams it. Drop chunked_loss=False, or keep the head on the "
+                           "GPU (get_peft_model(host_weights=fastkit.HostWeights(lm_head=False))).")
+    return True
 
 
 # -- running a trainer under the dashboard -----------------------------------------------------

@@ -54,7 +54,7 @@ class Spec:
     load_args: str = ""
     """Extra FastModel.from_pretrained arguments, e.g. ', load_in_4bit=True'."""
     checkpointing: str = "True"
-    """use_gradient_checkpointing for get_peft_model: True, False or "offload"."""
+    """use_gradient_checkpointing for get_peft_model: True, False, "offload" or "auto" (what the plan needs)."""
     lora_args: str = ""
     """Extra FastModel.get_peft_model arguments, e.g. ', target_experts=True'."""
     lora_r: int = 16
@@ -114,16 +114,19 @@ SPECS = [
          "keeps those exact values 4-bit (stored as the checkpoint is read, one projection at a time, so the "
          "load never holds the 16-bit experts), dequantizing only the experts that received tokens, one at a "
          "time, in forward and backward. Tokens are routed with one sort (no per-expert `nonzero` loop).",
-         "Targets a 16 GB GPU: the planner (`fastkit plan openai/gpt-oss-20b --4bit`) predicts 15.4 GiB at "
-         "1,024 tokens, r=8, LoRA on the linear layers and every expert (what this notebook trains; 16 GB RTX ✓), "
-         "14.9 GiB with LoRA on the linear layers only (a free T4's 15 GiB, no margin), and 16.5 GiB at 2,048 "
-         "tokens with r=16 (a 24 GB L4). Not yet measured on a GPU.",
-         "~15.4 GiB predicted at 1k tokens (16 GB GPU)",
-         "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 1024, 60,
-         colab_gpu="L4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
-         lora_r=8, gguf="save_gguf writes gpt_oss, but merges these 4-bit experts into the 16-bit base reloaded on "
-         "the CPU (~42 GB for 20B, more than Colab's host RAM): call it on a machine with that RAM, or convert "
-         "the merged folder with llama.cpp's convert_hf_to_gguf.py"),
+         "Targets a free Colab T4 at 2,048 tokens, r=16, LoRA on the linear layers and every expert: "
+         "`fastkit plan openai/gpt-oss-20b --gpu t4 --4bit` predicts 15.8 GiB with plain checkpointing and 15.3 "
+         "with activation offload (both over a T4's 15 GiB); on a T4 `from_pretrained` plans 13.0 GiB with "
+         "offload and the frozen input embedding and lm_head kept in host memory (exact: the embedding's rows "
+         "are gathered there, the lm_head is streamed by the chunked loss), the banner prints that plan, and "
+         "`get_peft_model`'s defaults (`use_gradient_checkpointing=\"auto\"`, `host_weights=\"auto\"`) turn them "
+         "on. A 16 GB RTX (15.6 GiB plain) and a 24 GB L4 keep everything on the GPU. Not yet measured on a GPU.",
+         "~13.0 GiB predicted at 2k tokens (T4 ✓)",
+         "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 2048, 60,
+         colab_gpu="T4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
+         checkpointing='"auto"', gguf="save_gguf writes gpt_oss, but merges these 4-bit experts into the "
+         "16-bit base reloaded on the CPU (~42 GB for 20B, more than Colab's host RAM): call it on a machine with "
+         "that RAM, or convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
     Spec("05_gemma3_4b_text_qlora.ipynb", "Gemma-3-4B-it: text-only QLoRA, packed", "google/gemma-3-4b-it",
          "QLoRA on Gemma 3 4B: the checkpoint is composite (vision + text); fastkit's table row says so, loads "
          "the text model alone and says it in the banner. Sliding-window and full-attention layers both run "

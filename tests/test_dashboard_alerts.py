@@ -68,6 +68,18 @@ def test_loss_spike_alert_only_on_a_real_spike():
     assert "loss_spike" not in _run([5.0, 1.0, 4.0]).alerts  # too few steps to judge
 
 
+def test_loss_spike_alert_keeps_the_worst_spike_and_counts_them():
+    """A later, smaller spike does not hide the big one (assets/dashboard_warning.png once named a 2.7x spike
+    while the curve's 33x one went unnamed)."""
+    steady = [1.0 + 0.02 * (i % 3) for i in range(12)]
+    m = _run(steady + [8.0] + steady + [3.0] + steady + [2.5])  # spikes at steps 13, 26 and 39
+    alert = m.alerts["loss_spike"]
+    assert alert.startswith("loss spiked to 8 at step 13 (7.8× the median")
+    assert "3 spikes in this run (also at step 26, 39)" in alert
+    many = steady + [9.0] + sum(([1.0] * 11 + [2.6] for _ in range(7)), [])
+    assert "8 spikes in this run (also at step …, " in _run(many).alerts["loss_spike"]
+
+
 def test_reserved_memory_alert_above_90_percent(monkeypatch):
     def gpu(reserved):
         return lambda device: MemorySnapshot("cuda:0", allocated=GiB, reserved=reserved, peak=GiB,

@@ -14,6 +14,7 @@ import ast
 import functools
 import re
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 
 from fastkit import _hf
 from fastkit.patching import Swapper
+from fastkit.registry import facts_for
 from fastkit.twins import twin, twin_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1] / "fastkit"
@@ -72,6 +74,40 @@ def _peft_moe(r=4, alpha=8):
 def check_is_stateful_model():
     assert _hf.is_stateful_model(twin("qwen3_5_text")) and _hf.is_stateful_model(twin("jamba"))
     assert not _hf.is_stateful_model(twin("llama"))
+
+
+def _mixer_class(model_type: str) -> type:
+    names = facts_for(model_type).stateful
+    return next(type(m) for m in twin(model_type).modules() if type(m).__name__ in names)
+
+
+def check_resolved_kernel():
+    import inspect
+
+    from tests.test_packing_varlen import install
+
+    for model_type in ("qwen3_5_text", "lfm2", "bamba"):  # one family per varlen kind
+        cls = _mixer_class(model_type)
+        for name, _ in _hf.VARLEN_KERNELS[facts_for(model_type).varlen]:
+            wrapper = getattr(sys.modules[cls.__module__], name)  # transformers' fallback wrapper, by that name
+            assert {"implementation", "torch_function"} <= set(inspect.getclosurevars(wrapper).nonlocals), name
+            assert _hf.resolved_kernel(cls, name) is None  # no package here: the torch reference
+        with pytest.MonkeyPatch.context() as mp:
+            install(mp, model_type)
+            assert all(_hf.resolved_kernel(cls, n).__self__ is not None for n, _ in _hf.VARLEN_KERNELS[
+                facts_for(model_type).varlen])  # the fakes' bound methods, resolved by transformers' decorator
+
+
+def check_package_version():
+    assert _hf.package_version("fla") is None  # not installed here
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "fla", types.SimpleNamespace(__version__="0.6.0"))
+        assert _hf.package_version("fla") == "0.6.0"
+
+
+def check_varlen_unavailable():
+    assert "torch reference" in _hf.varlen_unavailable(_mixer_class("lfm2"), "short_conv")
+    assert "no varlen kernel" in _hf.varlen_unavailable(_mixer_class("lfm2"), "mamba1")
 
 
 def check_has_causal_lm_head():

@@ -138,3 +138,19 @@ def test_tokenizer_gets_the_same_revision_and_token(monkeypatch):
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", fake)
     _load_tokenizer("org/model", None, False, 64, {"revision": "v1.2", "token": "hf_x", "device_map": "auto"})
     assert seen["revision"] == "v1.2" and seen["token"] == "hf_x" and "device_map" not in seen
+
+
+def test_max_seq_length_above_a_composite_models_context(tmp_path):
+    """A vision-language config keeps max_position_embeddings in its text config; the loader checks it there
+    (it used to read the top-level config only, so any length passed), with the planner's message."""
+    from fastkit.plan import plan
+
+    model = twin("gemma3")
+    model.config.text_config.max_position_embeddings = 64
+    assert "max_position_embeddings" not in model.config.to_diff_dict()  # the text config holds it
+    path = save_twin(model, tmp_path / "gemma3")
+    with pytest.raises(FastkitError, match="max_position_embeddings=64") as loaded:
+        FastModel.from_pretrained(path, max_seq_length=128)
+    with pytest.raises(FastkitError) as planned:
+        plan(model.config, gpu="cpu", max_seq_length=128)
+    assert str(loaded.value) == str(planned.value)

@@ -221,3 +221,19 @@ def test_peft_adapter_and_fastkit_factors_both_apply():
     gpt = get_peft_model(twin("gpt_oss", num_hidden_layers=1),
                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     assert not peft_adapts_experts(gpt)
+
+
+def test_expert_lora_refuses_a_family_without_an_moe_row():
+    """hunyuan_v1_moe has experts modules but no row: the census found fastkit's routing differs there, so
+    add_expert_lora must not switch it on (it used to, with no check); the model is left as it was."""
+    from fastkit.patching import active_patches
+    from fastkit.twins import twin
+
+    model = twin("hunyuan_v1_moe")
+    assert experts_modules(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(FastkitError, match="no MoE row in fastkit's table"):
+        add_expert_lora(model, r=4)
+    assert active_patches(model) == []
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -255,3 +255,39 @@ def test_revert_dequantizes_4bit_experts_back_to_parameters():
         assert isinstance(p, torch.nn.Parameter) and (p.shape, p.dtype, p.requires_grad) == (shape, dtype, grad), k
         # the 16-bit original is gone by design (4-bit saves its memory): revert gives the NF4-rounded values
         assert torch.equal(p.detach(), stored[k]) if k in stored else torch.equal(p.detach(), data), k
+
+
+class _WrapForward:
+    """Wraps one layer's forward (as packing and the host embedding both wrap the decoder's)."""
+
+    def __init__(self, name, layer=0):
+        self.name, self.layer = name, layer
+
+    def check(self, model):
+        return None
+
+    def apply(self, model, swap):
+        layer = model.model.layers[self.layer]
+        inner = layer.forward
+        swap.setattr(layer, "forward", lambda *a, **k: inner(*a, **k))
+
+
+def test_reverting_one_patch_also_reverts_what_was_stacked_on_it(caplog):
+    """Undoing only the older of two wrappers of one attribute used to drop the newer wrapper, and undoing
+    the newer one afterwards brought the older one back. Now the newer one goes with it, and it is said."""
+    model = twin("llama", num_hidden_layers=2)
+    before = _snapshot(model)
+    apply_patch(model, _WrapForward("inner"))
+    apply_patch(model, _WrapForward("other_layer", layer=1))  # touches nothing "inner" touched
+    apply_patch(model, _WrapForward("outer"))
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        assert revert(model, ["inner"]) == ["inner", "outer"]
+    assert "reverting inner also reverts outer" in caplog.text
+    assert active_patches(model) == ["other_layer"]
+    assert "forward" not in vars(model.model.layers[0])
+    assert revert(model) == ["other_layer"]
+    _same(_snapshot(model), before)
+    apply_patch(model, _WrapForward("inner"))
+    apply_patch(model, _WrapForward("outer"))
+    assert revert(model, ["outer"]) == ["outer"]  # the newer one alone: the older one stays
+    assert active_patches(model) == ["inner"] and "forward" in vars(model.model.layers[0])

@@ -54,7 +54,7 @@ def test_planner_within_15_percent_of_measured_peak_on_twins(family, checkpointi
     model = twin(family, num_hidden_layers=4, dtype=dtype, **over)
     tokens = 1024
     predicted = plan(model.config, gpu="cpu", max_seq_length=tokens, r=8, checkpointing=checkpointing,
-                     loss="full", dtype=dtype, optimizer="adamw_32bit")
+                     loss="full", dtype=dtype, optimizer="adamw_torch")
     measured = _measured_step_peak(model, checkpointing, tokens)
     assert abs(predicted.total / measured - 1) <= 0.15, (predicted.table(), measured)
 
@@ -86,8 +86,8 @@ def test_runs_that_do_not_fit_name_the_knob():
 
 
 def test_offload_and_8bit_optimizer_shrink_their_components():
-    base = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_32bit")
-    offload = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_8bit", offload=True)
+    base = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="adamw_torch")
+    offload = plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer="paged_adamw_8bit", offload=True)
     assert offload.total < base.total
     assert any("2 on the GPU" in k for k in offload.components)
 
@@ -160,3 +160,90 @@ def test_cli_4bit_moe_counts_expert_lora_unless_switched_off(tmp_path, capsys):
     assert "LoRA r=8 on experts (fastkit)" in out and "MoE experts, NF4" in out and "merged" not in out
     assert main(args + ["--no-expert-lora"]) == 0
     assert "on experts" not in capsys.readouterr().out
+
+
+def test_optimizer_names_are_the_trainers_spelling():
+    """The planner takes the ``optim`` names make_trainer passes to TrainingArguments, nothing else."""
+    from transformers.training_args import OptimizerNames
+
+    from fastkit.plan import OPTIMIZER_STATE_BYTES
+
+    assert set(OPTIMIZER_STATE_BYTES) <= {o.value for o in OptimizerNames}
+    for device, four_bit in [("cpu", False), ("cuda", False), ("cuda", True)]:
+        assert default_optimizer(device, four_bit) in OPTIMIZER_STATE_BYTES
+    rows = {o: plan(_qwen3_14b(), gpu="t4", load_in_4bit=True, optimizer=o).components for o in
+            ("adamw_torch", "paged_adamw_8bit")}
+    assert rows["adamw_torch"]["optimizer state (adamw_torch)"] == 4 * rows["paged_adamw_8bit"][
+        "optimizer state (paged_adamw_8bit)"]
+    with pytest.raises(FastkitError, match="transformers' optim names"):
+        plan(_qwen3_14b(), gpu="t4", optimizer="adamw_32bit")  # the planner's old private spelling
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_one_dtype_rule_for_loader_trainer_and_planner(monkeypatch, bf16):
+    """auto_dtype (loader), _precision (SFTConfig flags) and the planner read device.compute_dtype."""
+    from types import SimpleNamespace
+
+    from fastkit.device import auto_dtype, compute_dtype
+    from fastkit.training import _precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    cuda = torch.device("cuda")
+    want = torch.bfloat16 if bf16 else torch.float16
+    assert auto_dtype(cuda) == compute_dtype(True, bf16) == want
+    assert _precision(SimpleNamespace(device=cuda)) == {"bf16": bf16, "fp16": not bf16}
+    gpu = "l4" if bf16 else "t4"
+    label = f"weights: embeddings + lm_head, {str(want).replace('torch.', '')}"
+    assert label in plan(_qwen3_14b(), gpu=gpu, load_in_4bit=True).components
+    assert auto_dtype(torch.device("cpu")) == torch.float32
+
+
+# -- frozen embedding / lm_head on the host (fastkit.patches.host) --------------------------------------------
+def test_gpt_oss_20b_qlora_is_planned_under_13_5_gib_on_a_t4():
+    """r=16, 2,048 tokens, batch 1: what from_pretrained plans on a T4 (offload + both weights on the host)."""
+    from fastkit.plan import GPT_OSS_20B, check_fits, read_config
+
+    result = check_fits(read_config(dict(GPT_OSS_20B)), torch.device("cpu"), "t4", 2048, True)
+    assert result.fits and result.total <= 13.5 * 2**30, result.table()
+    assert result.needs_offload and result.host_weights.input_embedding and result.host_weights.lm_head
+    assert not any(k.startswith("weights: embeddings") or "lm_head," in k for k in result.components), result.table()
+    head = 201088 * 2880 * 2
+    assert result.host["host (pinned): lm_head"] == head and result.host["host (pinned): input embedding"] == head
+    assert result.host["host→GPU per step: lm_head streamed (forward + backward)"] == 2 * head
+    assert "host→GPU per step" in result.table()
+    offload_only = plan(dict(GPT_OSS_20B), gpu="t4", load_in_4bit=True, offload=True)
+    assert not offload_only.fits and offload_only.total - result.total > 2 * 2**30
+    # a run that fits with plain checkpointing keeps everything on the GPU
+    assert not check_fits(_qwen3_14b(), torch.device("cpu"), "t4", 2048, True).host_weights.any
+
+
+def test_streamed_head_is_planned_with_the_chunk_the_patch_uses():
+    """The planner's streamed-loss rows are what fastkit.patches.host uses for the same head and tokens."""
+    from fastkit.patches.host import HostWeights, enable_host_weights
+    from fastkit.patches.host.patch import head_rows
+    from fastkit.plan.terms import shape_of, streamed_rows
+
+    model = twin("qwen3", num_hidden_layers=1, tie_word_embeddings=False, vocab_size=30000).requires_grad_(False)
+    enable_host_weights(model, HostWeights(lm_head=True, block_bytes=2**20))
+    shape = shape_of(model.config)
+    for tokens in (1, 100, 2048):  # the head-chunk cap binds at 1 token, the (tokens x rows) block at 100 and 2048
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("fastkit.plan.terms.CHUNK_BYTES", 2**20)
+            assert streamed_rows(shape, tokens, 4) == head_rows(model.get_output_embeddings(), tokens)
+    tied = plan(dict(model_type="qwen3", tie_word_embeddings=True), gpu="t4", load_in_4bit=True,
+                host_embedding=True, host_lm_head=True)
+    assert not tied.host and any(k.startswith("weights: embeddings + lm_head") for k in tied.components)
+    with pytest.raises(FastkitError, match="FROZEN"):
+        plan(_qwen3_14b(), gpu="t4", r=None, host_embedding=True)
+
+
+def test_cli_plans_the_host_weights(tmp_path, capsys):
+    from fastkit.cli import main
+    from fastkit.plan.moe_4bit import GPT_OSS_20B
+
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    args = ["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--offload"]
+    assert main(args) != 0 and "Fix: keep the frozen input embedding" in capsys.readouterr().out
+    assert main(args + ["--host-embedding", "--host-lm-head"]) == 0
+    out = capsys.readouterr().out
+    assert "lm_head streamed from the host" in out and "host (pinned): lm_head" in out and "fits on t4" in out

@@ -60,7 +60,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     """The 4/8-bit path: adapters merged into the base reloaded from disk in 16/32-bit, on the CPU."""
     from transformers import AutoModelForCausalLM
 
-    from fastkit.export.save import _merged_from_disk
+    from fastkit.export.merge import merged_from_disk
     from fastkit.twins import twin
     from tests.helpers import save_twin
 
@@ -71,7 +71,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     x = torch.randint(3, 259, (1, 12))
     with torch.no_grad():
         ref = model.eval()(input_ids=x).logits
-        merged = _merged_from_disk(model, str(tmp_path / "base"), torch.float32)
+        merged = merged_from_disk(model, str(tmp_path / "base"), torch.float32)
         assert isinstance(merged, type(AutoModelForCausalLM.from_pretrained(tmp_path / "base")))
         torch.testing.assert_close(merged.eval()(input_ids=x).logits, ref, rtol=1e-4, atol=1e-4)
 

@@ -115,7 +115,8 @@ class TrainingMetrics:
     rates_include_warmup: bool = False
     """True when the run was too short to leave the warm-up out, so steps/s and tokens/s include it."""
     alerts: dict[str, str] = field(default_factory=dict)
-    """Warnings for the reader, by kind (``nonfinite_loss``, ``loss_spike``, ``memory``): the latest of each."""
+    """Warnings for the reader, by kind (``nonfinite_loss``, ``loss_spike``, ``memory``): the latest of each,
+    except ``loss_spike``, which names the worst spike of the run and counts the others."""
 
     @property
     def progress(self) -> float:
@@ -175,6 +176,7 @@ class MetricsCallback(TrainerCallback):
         self._device: torch.device | None = None
         self._sync_counter = None
         self._spike_step = -10**9
+        self._spikes: list[Spike] = []
 
     # -- listeners -------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -198,6 +200,7 @@ class MetricsCallback(TrainerCallback):
         self._start = self.clock()
         self._first_step = state.global_step
         self._spike_step = -10**9
+        self._spikes = []
         self._window = _Window(step_end={state.global_step: self._start})
         self._device = _training_device(args, model)
         if self._device.type == "cuda":
@@ -300,7 +303,9 @@ class MetricsCallback(TrainerCallback):
                 m.alerts["nonfinite_loss"] = f"{key.replace('_', ' ')} is {value} at step {step}"
         spike = loss_spike(m.loss_history)
         if spike is not None and step - self._spike_step > SPIKE_WINDOW:  # the first step of a spike, not its tail
-            m.alerts["loss_spike"], self._spike_step = spike, step
+            self._spikes.append(spike)
+            self._spike_step = step
+            m.alerts["loss_spike"] = spikes_alert(self._spikes)
 
     def _update_rates(self) -> None:
         m, w = self.metrics, self._window
@@ -357,9 +362,26 @@ MEMORY_ALERT = 0.9
 """Peak reserved GPU memory above this fraction of the device's total raises the memory alert."""
 
 
+@dataclass(frozen=True)
+class Spike:
+    """A logged loss far above the losses just before it."""
+
+    step: int
+    """The optimizer step it was logged at."""
+    loss: float
+    """The logged loss."""
+    median: float
+    """Median of the :data:`SPIKE_WINDOW` finite losses before it."""
+
+    @property
+    def ratio(self) -> float:
+        return self.loss / self.median
+
+
 def loss_spike(history: list[tuple[int, float]], factor: float = SPIKE_FACTOR,
-               window: int = SPIKE_WINDOW) -> str | None:
-    """The alert text when the latest logged loss is a spike over the ``window`` finite losses before it."""
+               window: int = SPIKE_WINDOW) -> Spike | None:
+    """The spike, when the latest logged loss is above ``factor`` × the median of the ``window`` finite losses
+    before it."""
     if len(history) <= window:
         return None
     step, last = history[-1]
@@ -369,8 +391,19 @@ def loss_spike(history: list[tuple[int, float]], factor: float = SPIKE_FACTOR,
     median = before[len(before) // 2]
     if median <= 0 or last <= factor * median:
         return None
-    return (f"loss spiked to {last:.4g} at step {step} ({last / median:.1f}× the median {median:.4g} of the "
-            f"{window} steps before): a learning rate too high for this model, or a bad batch")
+    return Spike(step, last, median)
+
+
+def spikes_alert(spikes: list[Spike]) -> str:
+    """The alert text: the worst spike of the run (by ratio to its median), and how many there were."""
+    worst = max(spikes, key=lambda s: s.ratio)
+    text = (f"loss spiked to {worst.loss:.4g} at step {worst.step} ({worst.ratio:.1f}× the median {worst.median:.4g}"
+            f" of the {SPIKE_WINDOW} steps before): a learning rate too high for this model, or a bad batch")
+    if len(spikes) > 1:
+        others = [str(s.step) for s in spikes if s is not worst]
+        shown = ", ".join(others[-5:]) if len(others) <= 5 else "…, " + ", ".join(others[-5:])  # the latest five
+        text += f"; {len(spikes)} spikes in this run (also at step {shown})"
+    return text
 
 
 def memory_alert(m: TrainingMetrics) -> str | None:
@@ -460,5 +493,5 @@ def _checkpoint_mode(model) -> str:
     return "with double-buffered CPU offload" if offload else "recompute in backward"
 
 
-__all__ = ["MEMORY_ALERT", "SPIKE_FACTOR", "SPIKE_WINDOW", "MetricsCallback", "TrainingMetrics", "loss_spike",
+__all__ = ["MEMORY_ALERT", "SPIKE_FACTOR", "SPIKE_WINDOW", "MetricsCallback", "Spike", "TrainingMetrics", "loss_spike",
            "memory_alert", "throughput", "tracker_metrics"]

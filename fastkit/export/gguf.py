@@ -51,6 +51,7 @@ import torch
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer, modelfile
+from fastkit.export.merge import merged_from_disk
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
@@ -618,10 +619,8 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     name = safe_name(name if name is not None else (
         Path(str(getattr(config, "name_or_path", "") or "")).name or f"{model_type}-finetune"), "name")
     if _quantized(model):  # 4/8-bit storage: merge into the 16-bit base reloaded on the CPU (as save_merged)
-        from fastkit.export.save import _merged_from_disk
-
         logger.info("fastkit: %s is 4/8-bit; merging LoRA into its fp16 base reloaded on the CPU", model_type)
-        model = _merged_from_disk(model, config.name_or_path, torch.float16)
+        model = merged_from_disk(model, config.name_or_path, torch.float16)
     wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
     written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
     entries = _plan(model, config, GGUF_ARCHS[model_type], written)  # raises on unmapped tensors, before writing

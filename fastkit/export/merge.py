@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fastkit import _hf
-from fastkit.patching import unwrap
+from fastkit.patching import revert, unwrap
 
 logger = logging.getLogger("fastkit")
 _PEFT_PREFIX = "base_model.model."
@@ -166,4 +166,42 @@ def training_dtype(model: torch.nn.Module) -> torch.dtype:
     return unwrap(model).get_input_embeddings().weight.dtype
 
 
-__all__ = ["can_merge_shards", "merge_shards", "source_files", "training_dtype"]
+
+
+def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
+    """fastkit's expert LoRA factors live outside PEFT's adapter file: save them beside it."""
+    from fastkit.patches.moe.lora import expert_lora_modules, save_expert_lora
+
+    if not expert_lora_modules(model):
+        return False
+    save_expert_lora(model, path)
+    return True
+
+
+def merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -> torch.nn.Module:
+    """Base weights reloaded in ``dtype`` on the CPU, with ``model``'s adapters merged in.
+
+    The whole-model merge for 4/8-bit models (merging into quantized weights would round the update
+    away); ``save_merged`` and ``save_gguf`` both use it.
+    """
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from fastkit.patches.moe.lora import merge_expert_lora
+    from fastkit.patches.moe.peft_format import load_expert_lora
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        has_experts = _save_expert_factors(model, tmp)
+        fresh = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": "cpu"}, use_safetensors=True)
+        merged = PeftModel.from_pretrained(fresh, tmp).merge_and_unload()
+        if has_experts:
+            load_expert_lora(merged, tmp)
+            merge_expert_lora(merged)
+            revert(merged)
+        return merged
+
+
+__all__ = ["can_merge_shards", "merge_shards", "merged_from_disk", "source_files", "training_dtype"]

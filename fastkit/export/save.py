@@ -190,16 +190,6 @@ def _without_adapter(model: torch.nn.Module) -> torch.nn.Module:
     return model.unload()
 
 
-def _save_expert_factors(model: torch.nn.Module, path: str) -> bool:
-    """fastkit's expert LoRA factors live outside PEFT's adapter file: save them beside it."""
-    from fastkit.patches.moe.lora import expert_lora_modules, save_expert_lora
-
-    if not expert_lora_modules(model):
-        return False
-    save_expert_lora(model, path)
-    return True
-
-
 def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torch.dtype | None = None,
                 verify: bool | None = None) -> str:
     """Merge LoRA into the weights and save a plain transformers model in ``dtype`` (safetensors).
@@ -247,14 +237,14 @@ def _reload(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
 
 def _write_merged(model: torch.nn.Module, folder: Path, dtype: torch.dtype, why_not: str | None,
                   quantized: bool) -> None:
-    from fastkit.export.merge import merge_shards
+    from fastkit.export.merge import merge_shards, merged_from_disk
 
     base = unwrap(model)
     if why_not is None:
         merge_shards(model, base.config.name_or_path, folder, dtype)
         return
     logger.info("fastkit: save_merged merges a whole-model copy in host RAM (%s)", why_not)
-    merged = _merged_from_disk(model, base.config.name_or_path, dtype) if quantized else _merged_copy(model)
+    merged = merged_from_disk(model, base.config.name_or_path, dtype) if quantized else _merged_copy(model)
     merged.to(dtype).save_pretrained(str(folder), safe_serialization=True)
 
 
@@ -280,28 +270,6 @@ def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
         merged = merged.merge_and_unload()
     revert(merged)  # saved weights are plain transformers: no fastkit patches travel with them
     return merged
-
-
-def _merged_from_disk(model: torch.nn.Module, source: str, dtype: torch.dtype) -> torch.nn.Module:
-    """Base weights reloaded in ``dtype`` on the CPU, with ``model``'s adapters merged in."""
-    import tempfile
-
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from fastkit.patches.moe.lora import merge_expert_lora
-    from fastkit.patches.moe.peft_format import load_expert_lora
-
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        has_experts = _save_expert_factors(model, tmp)
-        fresh = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": "cpu"}, use_safetensors=True)
-        merged = PeftModel.from_pretrained(fresh, tmp).merge_and_unload()
-        if has_experts:
-            load_expert_lora(merged, tmp)
-            merge_expert_lora(merged)
-            revert(merged)
-        return merged
 
 
 def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",

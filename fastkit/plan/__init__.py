@@ -11,9 +11,11 @@ from fastkit.plan.planner import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT,
     DEQUANT_BYTES_PER_WEIGHT,
+    EIGHT_BIT,
     GPUS,
     NF4_BYTES,
     NF4_BYTES_NO_DOUBLE,
+    OPTIMIZER_STATE_BYTES,
     REFUSE_ABOVE,
     Plan,
     PlanInputs,
@@ -28,7 +30,7 @@ from fastkit.plan.planner import (
 )
 from fastkit.plan.terms import ModelShape, shape_of
 
-__all__ = ["ALLOCATOR_SLACK", "CUDA_CONTEXT", "DEQUANT_BYTES_PER_WEIGHT", "GPT_OSS_20B", "GPUS", "NF4_BYTES",
-           "NF4_BYTES_NO_DOUBLE", "QWEN3_30B_A3B", "REFUSE_ABOVE", "ModelShape", "Plan", "PlanInputs", "advise",
-           "check_fits", "components", "default_optimizer", "gpu_budget", "plan", "plan_4bit_experts",
-           "prequantized_4bit", "read_config", "shape_of"]
+__all__ = ["ALLOCATOR_SLACK", "CUDA_CONTEXT", "DEQUANT_BYTES_PER_WEIGHT", "EIGHT_BIT", "GPT_OSS_20B", "GPUS",
+           "NF4_BYTES", "NF4_BYTES_NO_DOUBLE", "OPTIMIZER_STATE_BYTES", "QWEN3_30B_A3B", "REFUSE_ABOVE",
+           "ModelShape", "Plan", "PlanInputs", "advise", "check_fits", "components", "default_optimizer",
+           "gpu_budget", "plan", "plan_4bit_experts", "prequantized_4bit", "read_config", "shape_of"]

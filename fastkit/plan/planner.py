@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from fastkit import checks
+from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
@@ -46,6 +48,8 @@ GPUS: dict[str, float] = {
     "spark": 128.0,  # DGX Spark, unified memory
 }
 """Usable GPU memory in GiB by name (``--gpu`` accepts these or a number of GiB)."""
+NO_BF16 = frozenset({"t4"})
+"""GPUs in :data:`GPUS` without bf16 (pre-Ampere), where fastkit trains in fp16; a GiB number is planned as bf16."""
 
 CUDA_CONTEXT = int(0.6 * GiB)
 """CUDA context, cuBLAS workspace and kernels: memory the allocator does not see."""
@@ -84,7 +88,8 @@ class PlanInputs:
     checkpointing: bool = True
     """Activation checkpointing (``use_gradient_checkpointing``)."""
     optimizer: str = "auto"
-    """``"adamw_8bit"``, ``"adamw_32bit"`` or ``"auto"`` (8-bit on CUDA with 4-bit, as make_trainer)."""
+    """An ``optim`` name of transformers' ``TrainingArguments`` (a key of :data:`OPTIMIZER_STATE_BYTES`, the
+    same spelling ``make_trainer(optim=...)`` takes) or ``"auto"``: :func:`default_optimizer`, as make_trainer."""
     loss: str = "trl"
     """``"trl"`` (SFTTrainer's fused LM head), ``"chunked"`` (fastkit's) or ``"full"`` (fp32 logits)."""
     dtype: torch.dtype | None = None
@@ -94,6 +99,12 @@ class PlanInputs:
     expert_lora: bool = True
     """4-bit MoE: fastkit's per-group LoRA on the experts too (what ``get_peft_model`` adds for
     ``"all-linear"``); False: LoRA on the linear layers only."""
+    host_embedding: bool = False
+    """The frozen input embedding in pinned host memory, its rows gathered there per step
+    (``fastkit.HostWeights(input_embedding=True)``, :mod:`fastkit.patches.host`)."""
+    host_lm_head: bool = False
+    """The frozen lm_head in pinned host memory, streamed to the GPU in vocabulary chunks by the chunked
+    loss, twice per step (``fastkit.HostWeights(lm_head=True)``); the loss is then fastkit's, whatever ``loss`` says."""
 
 
 @dataclass
@@ -113,6 +124,15 @@ class Plan:
     needs_offload: bool = False
     """Set by :func:`check_fits`: plain checkpointing does not fit, checkpoint offload does, so
     ``FastModel.get_peft_model(use_gradient_checkpointing="auto")`` (the default) offloads."""
+    host: dict[str, int] = field(default_factory=dict)
+    """Not on the GPU: pinned host memory and host-to-GPU bytes per step of the weights kept on the host."""
+
+    @property
+    def host_weights(self):
+        """The :class:`fastkit.HostWeights` this plan assumes (what ``get_peft_model(host_weights="auto")`` applies)."""
+        from fastkit.patches.host.patch import HostWeights
+
+        return HostWeights(input_embedding=self.inputs.host_embedding, lm_head=self.inputs.host_lm_head)
 
     @property
     def total(self) -> int:
@@ -137,6 +157,7 @@ class Plan:
         rows = [f"| component | {unit} |", "|---|---:|"]
         rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.components.items()]
         rows.append(f"| **predicted peak** | **{self.total / scale:.2f}** |")
+        rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.host.items()]
         return "\n".join(rows) + "\n\n" + self.verdict()
 
 
@@ -210,9 +231,20 @@ def _hub_config(name: str) -> str:
         raise FastkitError(f"Could not read {name!r}'s config.json from the Hub: {exc}") from exc
 
 
+OPTIMIZER_STATE_BYTES = {
+    "adamw_torch": 8, "adamw_torch_fused": 8, "paged_adamw_32bit": 8,
+    "paged_adamw_8bit": 2, "adamw_8bit": 2, "adamw_bnb_8bit": 2,
+}
+"""Optimizer state bytes per trainable parameter, by transformers' ``optim`` name: AdamW keeps two moments,
+fp32 (8 bytes) or bitsandbytes' 8-bit blockwise (2 bytes; its per-block scales are noise at LoRA sizes)."""
+EIGHT_BIT = "paged_adamw_8bit"
+"""The 8-bit optimizer fastkit picks (and the planner suggests): bitsandbytes' paged AdamW."""
+
+
 def default_optimizer(device_type: str, load_in_4bit: bool) -> str:
-    """What fastkit trains with: paged 8-bit AdamW on CUDA with 4-bit weights, 32-bit AdamW elsewhere."""
-    return "paged_adamw_8bit" if device_type == "cuda" and load_in_4bit else "adamw_torch"
+    """What fastkit trains with (``make_trainer``'s ``optim`` and the planner's ``"auto"``): paged 8-bit AdamW on
+    CUDA with 4-bit weights, 32-bit AdamW elsewhere."""
+    return EIGHT_BIT if device_type == "cuda" and load_in_4bit else "adamw_torch"
 
 
 def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 2048, batch_size: int = 1,
@@ -237,6 +269,7 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
     result = Plan(name or config.model_type, inputs, budget=budget)
     result.components = components(shape, inputs, cuda=budget is not None)
+    result.host = host_terms(shape, inputs, cuda=budget is not None)
     if not result.fits:
         result.advice = advise(shape, inputs, budget)
     return result
@@ -251,26 +284,20 @@ def _check_decoder(config, max_seq_length: int) -> None:
             or getattr(config, "is_encoder_decoder", False):
         raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
                            "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
-    text = getattr(config, "get_text_config", lambda: config)()
-    context = getattr(text, "max_position_embeddings", None)
-    if isinstance(context, int) and max_seq_length > context:
-        raise FastkitError(f"max_seq_length={max_seq_length} is longer than the model's context "
-                           f"(max_position_embeddings={context}); positions past it are untrained. Use at most "
-                           f"{context}.")
+    checks.check_max_seq_length(max_seq_length, config)
 
 
 def _check_inputs(inputs: PlanInputs) -> None:
-    for name in ("max_seq_length", "batch_size"):
-        value = getattr(inputs, name)
-        if not isinstance(value, int) or value <= 0:
-            raise FastkitError(f"{name} must be a positive int, got {value!r}.")
+    checks.check_max_seq_length(inputs.max_seq_length)
+    checks.check_positive("batch_size", inputs.batch_size)
     if inputs.r is not None and (not isinstance(inputs.r, int) or inputs.r <= 0):
         raise FastkitError(f"r must be a positive int (LoRA rank) or None (full fine-tuning), got {inputs.r!r}.")
-    if inputs.optimizer not in ("auto", "adamw_8bit", "adamw_32bit"):
-        raise FastkitError(f"optimizer must be 'auto', 'adamw_8bit' or 'adamw_32bit', got {inputs.optimizer!r}.")
+    if inputs.optimizer != "auto" and inputs.optimizer not in OPTIMIZER_STATE_BYTES:
+        known = ", ".join(repr(k) for k in ("auto", *OPTIMIZER_STATE_BYTES))
+        raise FastkitError(f"optimizer must be one of {known} (transformers' optim names), got {inputs.optimizer!r}.")
     if inputs.loss not in ("trl", "chunked", "full"):
         raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
-    for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora"):
+    for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora", "host_embedding", "host_lm_head"):
         if not isinstance(getattr(inputs, name), bool):
             raise FastkitError(f"{name} must be True or False, got {getattr(inputs, name)!r}.")
     if inputs.attn not in ("sdpa", "flash_attention_2", "eager"):
@@ -279,11 +306,14 @@ def _check_inputs(inputs: PlanInputs) -> None:
         raise FastkitError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None, got {inputs.dtype!r}.")
     if inputs.load_in_4bit and inputs.r is None:
         raise FastkitError("load_in_4bit=True trains LoRA adapters only: give a LoRA rank r (e.g. r=16).")
+    if (inputs.host_embedding or inputs.host_lm_head) and inputs.r is None:
+        raise FastkitError("host_embedding / host_lm_head keep FROZEN weights on the host: full fine-tuning (r=None) "
+                           "trains them. Give a LoRA rank r, or leave them on the GPU.")
 
 
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """Bytes at the training peak, by component (see the module docstring)."""
-    dtype = inputs.dtype or (torch.float32 if not cuda else torch.float16 if inputs.gpu == "t4" else torch.bfloat16)
+    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
@@ -291,7 +321,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
     else:
         out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
-    out[f"weights: embeddings + lm_head, {_dtype_name(dtype)}"] = shape.embedding_params * size
+    out.update(_embedding_weights(shape, inputs, dtype, size))
     experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
     if inputs.load_in_4bit and experts:  # fastkit stores MoE experts NF4 too (patches/moe/nf4.py)
         out["weights: MoE experts, NF4 + absmax"] = int(experts * NF4_BYTES)
@@ -303,7 +333,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer
     if optimizer == "auto":
-        optimizer = "adamw_8bit" if cuda and inputs.load_in_4bit else "adamw_32bit"
+        optimizer = default_optimizer("cuda" if cuda else "cpu", inputs.load_in_4bit)
     four_bit_experts = bool(inputs.load_in_4bit and experts and inputs.r is not None)
     if four_bit_experts:  # PEFT adapts the linear layers (fp32); fastkit's factors the 4-bit experts (compute dtype)
         on_experts = sum(inputs.r * (i + o) * n for i, o, n in shape.lora_dims if n > 1)
@@ -318,19 +348,60 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         out[f"LoRA r={inputs.r}: parameters + gradients (fp32)"] = trainable * 8
     else:  # the parameters are the weights above
         out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
-    out[f"optimizer state ({optimizer})"] = trainable * (2 if optimizer == "adamw_8bit" else 8)
+    out[f"optimizer state ({optimizer})"] = trainable * OPTIMIZER_STATE_BYTES[optimizer]
     stream = 4 if dtype == torch.float16 and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
     kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)
     if inputs.load_in_4bit:
         out["4-bit dequantized weight (largest layer)"] = shape.largest_linear * size * 2
-    transient["logits + loss (" + inputs.loss + ")"] = loss_bytes(shape, inputs.loss, tokens, size)
+    transient.update(_loss_term(shape, inputs, tokens, size))
     smaller = min(transient, key=transient.get)
     for name, nbytes in transient.items():  # the loss and the layers' backward do not overlap: peak = larger
         out[name if name != smaller else f"{OFF_PEAK}{name}"] = nbytes
     if cuda:
         out["CUDA context (outside the allocator)"] = CUDA_CONTEXT
         out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = int(ALLOCATOR_SLACK * _peak(out))
+    return out
+
+
+def _loss_term(shape: ModelShape, inputs: PlanInputs, tokens: int, size: int) -> dict[str, int]:
+    if _host_head(shape, inputs):  # only fastkit's chunked loss streams a host head
+        return {"logits + loss (chunked, lm_head streamed from the host)": loss_bytes(shape, "streamed", tokens, size)}
+    return {f"logits + loss ({inputs.loss})": loss_bytes(shape, inputs.loss, tokens, size)}
+
+
+def _host_head(shape: ModelShape, inputs: PlanInputs) -> bool:
+    return inputs.host_lm_head and not shape.tied
+
+
+def _embedding_weights(shape: ModelShape, inputs: PlanInputs, dtype: torch.dtype, size: int) -> dict[str, int]:
+    """Device bytes of the input embedding and lm_head (one line, or one per matrix when one stays on the host)."""
+    name = _dtype_name(dtype)
+    host_in = inputs.host_embedding and not shape.tied
+    if not host_in and not _host_head(shape, inputs):
+        return {f"weights: embeddings + lm_head, {name}": shape.embedding_params * size}
+    head = shape.embedding_params - shape.input_embedding_params
+    out = {}
+    if not host_in:
+        out[f"weights: input embedding, {name}"] = shape.input_embedding_params * size
+    if not _host_head(shape, inputs):
+        out[f"weights: lm_head, {name}"] = head * size
+    return out
+
+
+def host_terms(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
+    """What the host weights cost off the GPU: pinned host memory, and host-to-GPU bytes per step."""
+    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
+    size = torch.tensor([], dtype=dtype).element_size()
+    tokens = inputs.max_seq_length * inputs.batch_size
+    out: dict[str, int] = {}
+    if inputs.host_embedding and not shape.tied:
+        out["host (pinned): input embedding"] = shape.input_embedding_params * size
+        out["host→GPU per step: embedding rows gathered"] = tokens * shape.hidden * size
+    if _host_head(shape, inputs):
+        head = shape.embedding_params - shape.input_embedding_params
+        out["host (pinned): lm_head"] = head * size
+        out["host→GPU per step: lm_head streamed (forward + backward)"] = 2 * head * size
     return out
 
 
@@ -342,6 +413,21 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
+    """The host-weights knobs :func:`advise` tries (LoRA only: the weights must be frozen; untied only)."""
+    if inputs.r is None or shape.tied:
+        return []
+    tries = []
+    if not inputs.host_embedding:
+        tries.append(("keep the frozen input embedding on the host (get_peft_model(host_weights="
+                      "fastkit.HostWeights(input_embedding=True)))", dict(host_embedding=True)))
+    if not (inputs.host_embedding and inputs.host_lm_head):
+        tries.append(("keep the frozen input embedding and lm_head on the host (get_peft_model(host_weights="
+                      "fastkit.HostWeights(input_embedding=True, lm_head=True)))",
+                      dict(host_embedding=True, host_lm_head=True)))
+    return tries
+
+
 def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
     """Single knobs that bring the plan under ``budget``, cheapest in quality first."""
     tries: list[tuple[str, dict]] = []
@@ -350,13 +436,14 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
     if inputs.loss == "full":
         tries.append(("train through make_trainer (TRL's fused LM head) or fastkit's chunked loss",
                       dict(loss="trl")))
-    if inputs.optimizer != "adamw_8bit":
-        tries.append(("use the 8-bit optimizer (optim='paged_adamw_8bit')", dict(optimizer="adamw_8bit")))
+    if inputs.optimizer == "auto" or OPTIMIZER_STATE_BYTES[inputs.optimizer] > OPTIMIZER_STATE_BYTES[EIGHT_BIT]:
+        tries.append((f"use the 8-bit optimizer (optim={EIGHT_BIT!r})", dict(optimizer=EIGHT_BIT)))
     if not inputs.offload:
         tries.append(("use_gradient_checkpointing='offload' (layer inputs on the host)",
                       dict(offload=True, checkpointing=True)))
     if not inputs.load_in_4bit and inputs.r is not None:
         tries.append(("load_in_4bit=True (QLoRA)", dict(load_in_4bit=True)))
+    tries += _host_tries(shape, inputs)
     if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
         tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
                       dict(expert_lora=False)))
@@ -388,6 +475,38 @@ def prequantized_4bit(config) -> bool:
     return values.get("quant_method", "").endswith("bitsandbytes") and bool(values.get("load_in_4bit"))
 
 
+AUTO_STEPS = (
+    ("activation offload", dict(offload=True)),
+    ("activation offload + the input embedding on the host", dict(offload=True, host_embedding=True)),
+    ("activation offload + the input embedding and lm_head on the host",
+     dict(offload=True, host_embedding=True, host_lm_head=True)),
+)
+"""What the load-time plan turns on, in this order, when plain checkpointing does not fit: each step adds host
+traffic (the activations, then the embedding rows, then two transfers of the lm_head per step) and changes
+no value."""
+AUTO_HEADROOM = 0.90
+"""Once a run needs :data:`AUTO_STEPS`, they go on until the plan is within this share of the budget (else the
+first that fits is kept): such a run sits at the edge, the planner's error on measured twins is up to 15%,
+and a T4 kernel dies on OOM. A run that fits with plain checkpointing is left as it is."""
+
+
+def _first_that_fits(config, gpu, max_seq_length: int, load_in_4bit: bool) -> Plan | None:
+    """The first of :data:`AUTO_STEPS` within :data:`AUTO_HEADROOM` of the budget, else the first that fits (flagged
+    for ``get_peft_model``'s "auto"), or None."""
+    first = None
+    for what, knobs in AUTO_STEPS:
+        trial = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, **knobs)
+        if trial.fits:
+            trial.needs_offload = True
+            first = first or (what, trial)
+            if trial.total <= AUTO_HEADROOM * trial.budget:
+                first = (what, trial)
+                break
+    if first is not None:
+        logger.info("fastkit: %s on by default: %s", first[0], first[1].verdict())
+    return first[1] if first is not None else None
+
+
 def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_length: int,
                load_in_4bit: bool) -> Plan | None:
     """The load-time verdict (LoRA r=16, checkpointing, batch 1): None off CUDA without a ``gpu`` target.
@@ -405,12 +524,10 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
         logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
         return None
-    if not result.fits and not result.inputs.offload:
-        with_offload = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, offload=True)
-        if with_offload.fits:
-            logger.info("fastkit: activation offload on by default: %s", with_offload.verdict())
-            with_offload.needs_offload = True
-            return with_offload
+    if not result.fits:
+        better = _first_that_fits(config, gpu, max_seq_length, load_in_4bit)
+        if better is not None:
+            return better
     unmeasured = any(k.startswith("weights: MoE experts, NF4") for k in result.components)  # 4-bit experts
     if result.total > REFUSE_ABOVE * result.budget and not unmeasured:
         raise FastkitError(f"{result.verdict()} Nothing was loaded. See `fastkit plan` for the table, or pass "
@@ -426,5 +543,5 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     return result
 
 
-__all__ = ["GPUS", "Plan", "PlanInputs", "check_fits", "default_optimizer", "gpu_budget", "plan", "prequantized_4bit",
-           "read_config"]
+__all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "Plan", "PlanInputs", "check_fits", "default_optimizer",
+           "gpu_budget", "plan", "prequantized_4bit", "read_config"]

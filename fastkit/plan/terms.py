@@ -71,6 +71,10 @@ class ModelShape:
     mxfp4: bool = False
     """The checkpoint ships MXFP4 experts (GPT-OSS). fastkit loads it through transformers' MXFP4 path
     (expanded layer by layer, experts kept 4-bit); ``fastkit.linear_4bit`` then stores the linear layers NF4."""
+    tied: bool = False
+    """The lm_head is the input embedding's weight (``tie_word_embeddings``): one matrix, never kept on the host."""
+    input_embedding_params: int = 0
+    """Weights of the input embedding alone (``vocab x hidden``)."""
     saved_fp16: bool = False
     """The checkpoint was saved in float16. Otherwise fp16 compute keeps the residual stream fp32
     (``patches/fp16/patch.py``), so the checkpointed layer inputs take 4 bytes per value."""
@@ -113,6 +117,9 @@ def shape_of(config) -> ModelShape:
                     experts_in_layer += p.numel()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     shape = _with_sizes(text, model, linear, embedding, other, lora_dims, largest)
+    inp = model.get_input_embeddings()
+    shape.input_embedding_params = inp.weight.numel() if inp is not None else 0
+    shape.tied = head is not None and inp is not None and head.weight is inp.weight
     if shape.experts:
         shape.expert_params_per_layer = experts_in_layer // (shape.layers - shape.dense_layers)
     shape.mxfp4 = mxfp4_checkpoint(config)
@@ -230,8 +237,22 @@ def activation_bytes(s: ModelShape, inputs, tokens: int, size: int, adapter: int
     return kept, transient
 
 
+def streamed_rows(s: ModelShape, tokens: int, size: int) -> int:
+    """Vocabulary rows per chunk of a host lm_head streamed by the chunked loss (``patches/host``: the same sizing)."""
+    return max(1, min(s.vocab, CHUNK_BYTES // (4 * max(1, tokens)), CHUNK_BYTES // (s.hidden * size)))
+
+
 def loss_bytes(s: ModelShape, loss: str, tokens: int, size: int) -> int:
-    """Peak bytes of the logits and the loss over the lm_head."""
+    """Peak bytes of the logits and the loss over the lm_head.
+
+    ``"streamed"``: the head stays on the host (``patches/host``, ``patches/loss/streamed.py``): two device
+    chunks of ``R`` head rows (double buffer), per chunk a ``(T, R)`` block in the compute dtype, its fp32
+    logits / softmax and one fp32 temporary, and the fp32 gradient of the hidden states ``(T, H)`` with its
+    per-chunk product.
+    """
+    if loss == "streamed":
+        rows = streamed_rows(s, tokens, size)
+        return 2 * rows * s.hidden * size + tokens * rows * (size + 4 + 4) + 2 * tokens * s.hidden * 4
     if loss == "full":  # logits (dtype) + fp32 copy + log-softmax + its gradient + the logits' gradient
         return tokens * s.vocab * (size + (4 if size < 4 else 0) + 4 + 4 + 4)
     if loss == "chunked":  # one chunk's fp32 logits, softmax and gradient
@@ -241,4 +262,5 @@ def loss_bytes(s: ModelShape, loss: str, tokens: int, size: int) -> int:
     return rows * cols * (size + 8)
 
 
-__all__ = ["CHUNK_BYTES", "TRL_TILE", "ModelShape", "activation_bytes", "layer_bytes", "loss_bytes", "shape_of"]
+__all__ = ["CHUNK_BYTES", "TRL_TILE", "ModelShape", "activation_bytes", "layer_bytes", "loss_bytes", "shape_of",
+           "streamed_rows"]

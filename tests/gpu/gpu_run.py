@@ -167,7 +167,7 @@ def _env(paths: list[Path]) -> dict[str, str]:
 VERSION_CHECK = """
 import importlib, importlib.metadata as md, sys
 site = sys.argv[1].split(",")
-modules = {"huggingface_hub": "huggingface_hub", "pytest-timeout": "pytest_timeout"}
+modules = {"huggingface_hub": "huggingface_hub", "pytest-timeout": "pytest_timeout", "fla-core": "fla"}
 for pin in sys.argv[2:]:
     name, version = pin.split("==")
     dist = md.distribution(name)
@@ -190,8 +190,14 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
     return lines[-1] if lines else f"exit {proc.returncode}, nothing on stderr"
 
 
-def prepare(work: Path, summary: Summary) -> tuple[dict, bool, str] | str:
-    """Install the carried wheels and check them; ``(env, trl_usable, versions)`` or why the run is refused."""
+TESTS_ONLY = "varlen"
+"""The wheel group on the path of the GPU tests only: with flash-linear-attention importable, transformers routes
+every gated-DeltaNet twin through its triton kernels, which a bench's CPU profile (the rehearsal) cannot run."""
+
+
+def prepare(work: Path, summary: Summary) -> tuple[dict, dict, bool, str] | str:
+    """Install the carried wheels and check them; ``(env, tests_env, trl_usable, versions)`` or why the run is
+    refused (``tests_env``: ``env`` plus the tests-only group)."""
     carried = pins()
     missing = [pin for pin, _ in carried if _wheel_for(pin, WHEELS) is None]
     if missing:
@@ -202,18 +208,18 @@ def prepare(work: Path, summary: Summary) -> tuple[dict, bool, str] | str:
         sites[group] = work / group / "site-packages"
         shutil.rmtree(sites[group], ignore_errors=True)  # only what is carried now, nothing left from a run before
         install([_wheel_for(p, WHEELS) for p, g in carried if g == group], sites[group])
-    env = _env(list(sites.values()))
     trl_usable = True
-    probe = _probe("import datasets, trl", env)
+    probe = _probe("import datasets, trl", _env(list(sites.values())))
     if probe.returncode:  # datasets needs pyarrow / pandas / xxhash: not importable here; drop the whole group
         trl_usable = False
         summary.header.append(f"TRL group not usable here ({_last_line(probe)}); steps needing TRL are skipped")
-        env = _env([s for g, s in sites.items() if g != "trl"])
+    usable = [s for g, s in sites.items() if trl_usable or g != "trl"]
+    env, tests_env = _env([s for s in usable if s != sites.get(TESTS_ONLY)]), _env(usable)
     active = [p for p, g in carried if trl_usable or g != "trl"]
-    check = _probe(VERSION_CHECK, env, ",".join(str(s) for s in sites.values()), *active)
+    check = _probe(VERSION_CHECK, tests_env, ",".join(str(s) for s in sites.values()), *active)
     if check.returncode:
         return f"carried packages are not the ones imported: {_last_line(check)}"
-    return env, trl_usable, check.stdout.strip()
+    return env, tests_env, trl_usable, check.stdout.strip()
 
 
 # -- the steps ------------------------------------------------------------------------------------
@@ -290,7 +296,7 @@ def device_run(out: Path, only: list[str] | None) -> int:
     ready = prepare(work, summary)
     if isinstance(ready, str):
         return summary.refuse(ready)
-    env, trl_usable, versions = ready
+    env, tests_env, trl_usable, versions = ready
     cuda = "no CUDA" not in versions
     summary.header[:0] = [f"python / torch / device: {versions}",
                           f"carried: {', '.join(p for p, _ in pins())}"]
@@ -307,7 +313,8 @@ def device_run(out: Path, only: list[str] | None) -> int:
                 result = "skipped: needs TRL, and datasets does not import here (see above)"
             else:
                 cap_s = step.cap_s if cuda else REHEARSAL_CAP_S
-                result = run_step(step, step_argv(step, out, bench, cuda), env, log, bench, out, cap_s)
+                step_env = tests_env if step.name == "gpu-tests" else env
+                result = run_step(step, step_argv(step, out, bench, cuda), step_env, log, bench, out, cap_s)
             summary.rows.append((step.name, result, f"{time.monotonic() - t0:.0f} s of {step.cap_s} s"))
             print(f"{step.name}: {result}", flush=True)
             pack_figures(bench, out)

@@ -26,6 +26,7 @@ import torch
 from transformers.utils import ModelOutput
 
 from fastkit.patches.loss.chunked import IGNORE_INDEX, chunked_cross_entropy, shift_for_next_token, token_losses
+from fastkit.patches.loss.streamed import streamed_token_losses
 from fastkit.patching import apply_patch, unwrap
 
 CHUNKED_LOSS = "chunked_loss"
@@ -101,10 +102,14 @@ def _chunked_forward(model, labels, num_items_in_batch, chunk, kwargs):
     kwargs["use_cache"] = False
     outputs = model.base_model(**kwargs)
     head = model.get_output_embeddings()
-    hidden = outputs.last_hidden_state.to(head.weight.device)  # (B, S, H)
     targets = shift_labels if shift_labels is not None else shift_for_next_token(labels)  # (B, S)
-    loss = chunked_cross_entropy(hidden, head.weight, targets, bias=head.bias,
-                                 num_items_in_batch=num_items_in_batch, chunk=chunk)
+    if head_rows(head, 1) is None:
+        hidden = outputs.last_hidden_state.to(head.weight.device)  # (B, S, H)
+        loss = chunked_cross_entropy(hidden, head.weight, targets, bias=head.bias,
+                                     num_items_in_batch=num_items_in_batch, chunk=chunk)
+    else:  # the head stays on the host: stream its vocabulary (patches/host, loss/streamed.py)
+        nll, _, _ = _token_losses(head, outputs.last_hidden_state, targets, chunk)
+        loss = nll.sum() / _divisor(targets != IGNORE_INDEX, num_items_in_batch, nll.device)
     return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
                                   attentions=outputs.attentions)
 
@@ -113,13 +118,36 @@ def _fused_forward(model, labels, num_items_in_batch, chunk, kwargs) -> ChunkedL
     kwargs["use_cache"] = False
     outputs = model.base_model(**kwargs)
     head = model.get_output_embeddings()
-    hidden = outputs.last_hidden_state[:, :-1].to(head.weight.device)  # (B, S-1, H)
-    targets = labels[:, 1:].to(head.weight.device)  # (B, S-1)
-    nll, entropy, top1 = token_losses(hidden, head.weight, targets, bias=head.bias, chunk=chunk)
+    hidden = outputs.last_hidden_state[:, :-1]  # (B, S-1, H)
+    targets = labels[:, 1:].to(hidden.device)  # (B, S-1)
+    nll, entropy, top1 = _token_losses(head, hidden, targets, chunk)
     mask = targets != IGNORE_INDEX
     divisor = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
     return ChunkedLossOutput(loss=nll.sum() / divisor, log_probs=-nll, entropy=entropy, is_top1=top1,
                              label_mask=mask)
+
+
+def head_rows(head, tokens: int) -> int | None:
+    """Vocabulary rows per streamed chunk when the head is kept on the host (:mod:`fastkit.patches.host`), else None."""
+    from fastkit.patches.host.patch import head_rows as rows  # the host patch imports this package's chunk sizes
+
+    return rows(head, tokens)
+
+
+def _token_losses(head, hidden, targets, chunk):
+    """Per-token ``(nll, entropy, is_top1)``: token chunks over a device head, or the vocabulary streamed from a
+    head kept on the host (:mod:`fastkit.patches.host`; ``chunk`` is then not used)."""
+    rows = head_rows(head, hidden.numel() // hidden.shape[-1])
+    if rows is None:
+        hidden, targets = hidden.to(head.weight.device), targets.to(head.weight.device)
+        return token_losses(hidden, head.weight, targets, bias=head.bias, chunk=chunk)
+    return streamed_token_losses(hidden, head.weight, targets.to(hidden.device), bias=head.bias, rows=rows)
+
+
+def _divisor(mask, num_items_in_batch, device):
+    if num_items_in_batch is None:
+        return mask.sum().clamp(min=1).to(device, torch.float32)
+    return torch.as_tensor(num_items_in_batch, device=device).to(torch.float32)
 
 
 def enable_chunked_loss(model: torch.nn.Module, chunk: int | None = None) -> tuple[bool, str]:

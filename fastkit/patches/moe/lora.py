@@ -121,9 +121,17 @@ class ExpertLoRAPatch:
 
 
 def _ensure_moe_patch(base: nn.Module) -> None:
-    if registry.MOE in active_patches(base):
+    if registry.MOE in active_patches(base):  # the loader applied it from a row (or a self-verified twin)
         return
-    ok, why = apply_patch(base, MoEExpertsPatch(registry.facts_for(getattr(base.config, "model_type", ""))))
+    model_type = getattr(base.config, "model_type", "")
+    facts = registry.facts_for(model_type)
+    if facts is None or not facts.moe:  # the census found rowless types where fastkit's routing differs
+        raise FastkitError(
+            f"LoRA on experts needs fastkit's MoE routing patch, and model_type {model_type!r} has no MoE row in "
+            "fastkit's table (docs/coverage.md), so that routing is not proven equal to transformers' for it. "
+            "Load the model with FastModel.from_pretrained (it checks an unknown family on a tiny twin first), "
+            "or train LoRA on the linear layers only (get_peft_model without the experts).")
+    ok, why = apply_patch(base, MoEExpertsPatch(facts))
     if not ok:
         raise FastkitError(f"LoRA on experts needs fastkit's MoE patch, which does not apply here: {why}.")
 

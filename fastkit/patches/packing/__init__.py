@@ -4,6 +4,8 @@
     attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
     state.py       stateful layers (linear attention, causal conv, SSM) restart per document: the
                    per-document regroup (torch) and the instance swaps the patch makes for a ``stateful`` row
+    varlen.py      the same on CUDA in one call of the kernels transformers already uses (causal-conv1d
+                   ``seq_idx``, flash-linear-attention ``cu_seqlens``, mamba-ssm ``seq_idx``), where installed
 """
 
 from fastkit.patches.packing.attention import PackedBatch, packed_attention

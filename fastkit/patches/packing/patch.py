@@ -450,7 +450,7 @@ class PackedAttentionPatch:
         _hf.set_attn_implementation(config, permanent, swap)
         swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))
         if self._stateful():  # recurrent / conv / SSM layers restart at each document (packing/state.py)
-            packing_state.apply(inner, self._stateful(), swap)
+            packing_state.apply(inner, self._stateful(), swap, getattr(self.facts, "varlen", ""))
         logger.debug("fastkit packing: %s -> %s (packed batches: %s)", type(model).__name__, permanent, packed)
 
 

@@ -29,10 +29,12 @@ The regroup indices are built once per batch from the host lengths the packing p
 (Python ints → one int64 H2D copy through pinned memory, cached inside the :class:`PackedBatch`):
 no host syncs, one gather and one scatter (``index_select``; backward ``index_add_``) per stateful
 layer. Running the family's own forward means the CUDA kernels transformers already dispatches to
-(causal-conv1d, mamba-ssm, flash-linear-attention, hub kernels) run unchanged on the regrouped rows:
-nothing here needs their varlen arguments. Packing-only keyword arguments (``cu_seq_lens_*``,
-``seq_idx``, ``position_ids`` …) are not passed to the regrouped call: they describe the packed layout,
-and a varlen kernel given them would apply them to the wrong rows.
+(causal-conv1d, mamba-ssm, flash-linear-attention, hub kernels) run unchanged on the regrouped rows.
+On CUDA, where those kernels are installed in a checked version, a packed batch skips the regroup and
+runs them once with their own varlen arguments instead (:mod:`fastkit.patches.packing.varlen`).
+Packing-only keyword arguments (``cu_seq_lens_*``, ``seq_idx``, ``position_ids`` …) are not passed to
+the regrouped call: they describe the packed layout, and a varlen kernel given them would apply them to
+the wrong rows.
 
 What must not change: a batch that is not packed calls the original forwards with the original
 arguments (identical results); for a packed batch every output and gradient of a stateful layer
@@ -54,6 +56,7 @@ import torch
 
 from fastkit import _hf
 from fastkit.errors import FastkitError
+from fastkit.patches.packing import varlen
 from fastkit.patches.packing.attention import PackedBatch, _host_to_device
 from fastkit.patching import Swapper
 
@@ -210,7 +213,10 @@ def _regrouped_kwargs(bound: dict, rows: int, row_len: int, name: str) -> dict:
     return rest
 
 
-def _make_mixer_forward(original: Callable, name: str) -> Callable:
+def _make_mixer_forward(original: Callable, name: str, kind: str = "", reason: str | None = "no varlen kind"
+                        ) -> Callable:
+    """The packed forward of one stateful module: the varlen kernels where ``reason`` is None and the input
+    is on CUDA (:mod:`fastkit.patches.packing.varlen`), else the per-document regroup."""
     sig = inspect.signature(original)
 
     def forward(*args, **kwargs):
@@ -225,6 +231,10 @@ def _make_mixer_forward(original: Callable, name: str) -> Callable:
             raise FastkitError(f"{name}: hidden states {tuple(hidden.shape)} do not match the packed batch "
                                f"({meta.rows}, {meta.row_len}).")
         rest = _regrouped_kwargs(bound, rows, row_len, name)
+        cuda = varlen.on_cuda(hidden)
+        varlen.log_path(name, reason, cuda)
+        if reason is None and cuda:
+            return varlen.run_varlen(original, hidden, rest, meta, kind)
         return run_per_document(lambda x: _single(original(hidden_states=x, **rest), name), hidden,
                                 plan_for(meta, hidden.device))
 
@@ -273,15 +283,21 @@ def check(model: torch.nn.Module, decoder: torch.nn.Module, names: tuple[str, ..
     return None
 
 
-def apply(decoder: torch.nn.Module, names: tuple[str, ...], swap: Swapper) -> int:
-    """Swap the per-document forwards onto the instances; returns the number of stateful modules."""
-    count = 0
+def apply(decoder: torch.nn.Module, names: tuple[str, ...], swap: Swapper, varlen_kind: str = "") -> int:
+    """Swap the per-document forwards onto the instances; returns the number of stateful modules.
+
+    ``varlen_kind`` is the row's ``varlen`` (:mod:`fastkit.patches.packing.varlen`): whether a module may take
+    the CUDA varlen kernels is decided here, once per module (installed packages and versions do not change).
+    """
+    count, reasons = 0, {}
     for layer, mods in stateful_modules(decoder, names):
         swap.setattr(layer, "forward", _make_layer_forward(layer.forward))
         for m in mods:
-            swap.setattr(m, "forward", _make_mixer_forward(m.forward, type(m).__name__))
+            reason = reasons.setdefault(type(m), varlen.decide(m, varlen_kind))
+            swap.setattr(m, "forward", _make_mixer_forward(m.forward, type(m).__name__, varlen_kind, reason))
             count += 1
-    logger.debug("fastkit packing: state reset per document on %d stateful modules (%s)", count, ", ".join(names))
+    logger.debug("fastkit packing: state reset per document on %d stateful modules (%s); varlen kernels: %s",
+                 count, ", ".join(names), {c.__name__: r or "yes, on CUDA" for c, r in reasons.items()})
     return count
 
 

@@ -1,0 +1,109 @@
+"""fastkit's modules import each other without cycles, counting imports inside functions.
+
+A function-level import that closes a cycle (``export.save`` -> ``export.gguf`` -> ``export.save``)
+works at run time but hides a layering mistake: two modules that each need the other. The scan reads
+every ``import`` statement of every file under ``fastkit/`` (module level and inside functions) and
+finds strongly connected components of the module graph. The package ``__init__`` files are hubs that
+re-export names; an edge to a package counts only when the name imported is defined in its
+``__init__`` itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "fastkit"
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(node: ast.AST, modules: dict[str, Path], top: str) -> list[str]:
+    """fastkit modules one ``import`` / ``from ... import`` statement depends on."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        names = [f"{node.module}.{a.name}" for a in node.names]  # a submodule, or a name in node.module
+    else:
+        return []
+    found = (_resolve(n, modules) for n in names if n.split(".")[0] == top)
+    return [t for t in found if t is not None and t != top]  # the package root re-exports everything
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            graph[name].update(t for t in _targets(node, modules, root.name) if t != name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_fastkit_has_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_scan_finds_a_function_level_cycle(tmp_path):
+    pkg = tmp_path / "fastkit"
+    (pkg / "export").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from fastkit.export.save import save\n")
+    (pkg / "export" / "__init__.py").write_text("")
+    (pkg / "export" / "save.py").write_text("def save():\n    from fastkit.export.gguf import write\n")
+    (pkg / "export" / "gguf.py").write_text("def write():\n    from fastkit.export import save\n")
+    (pkg / "export" / "merge.py").write_text("from fastkit.export.gguf import write\n")
+    assert cycles(import_graph(pkg)) == [["fastkit.export.gguf", "fastkit.export.save"]]
