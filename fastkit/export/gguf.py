@@ -106,7 +106,9 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     spec = json.loads(backend.to_str()) if backend is not None else {}
     if not _hf.byte_level_bpe(spec):
         raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
-                           "Qwen / SmolLM style); pass the model's own AutoTokenizer.")
+                           "Qwen / SmolLM / Phi-4 / gpt-oss style); pass the model's own AutoTokenizer. SentencePiece-"
+                           "style vocabularies (Gemma, Phi-3, Llama-2) are not written yet: export with save_merged "
+                           "and llama.cpp's convert_hf_to_gguf.py.")
     check_tokenizer(spec)  # merges present, a pre-tokenizer llama.cpp splits the same way
     if path.exists() and not path.is_dir():
         raise FastkitError(f"save_gguf(path={str(path)!r}) is a file; pass a folder to write the .gguf into.")
