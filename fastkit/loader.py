@@ -121,6 +121,8 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
     except (OSError, ValueError) as exc:
         raise FastkitError(f"Could not load a tokenizer from {name_or_path!r} (tokenizer.json / tokenizer_config.json "
                            f"missing or unreadable): {str(exc).splitlines()[0]}") from exc
+    if gguf_file:
+        _restore_gguf_split(tok, name_or_path, gguf_file, hub)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.model_max_length = max_seq_length
@@ -129,6 +131,18 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
                        "(fastkit.add_chat_template(model, tokenizer, source) clones one, or use plain-text data).",
                        name_or_path)
     return tok
+
+
+def _restore_gguf_split(tok, name_or_path: str, gguf_file: str, hub: dict) -> None:
+    """transformers' GGUF reader ignores ``tokenizer.ggml.pre`` and splits like GPT-2; put back the split the file
+    names, so the tokenizer cuts text as the vocabulary was trained to (SmolLM2's digits, Qwen's, Llama-3's)."""
+    from transformers.utils import cached_file
+
+    from fastkit.export.gguf_vocab import restore_from_gguf
+
+    path = cached_file(name_or_path, gguf_file, **hub)  # the file the weights were just read from
+    if path is not None and (pre := restore_from_gguf(tok, path)) is not None:
+        logger.info("fastkit: %s: restored pre-tokenizer %r (transformers' GGUF reader drops it)", gguf_file, pre)
 
 
 def require_chat_template(tokenizer) -> None:

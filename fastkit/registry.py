@@ -32,6 +32,50 @@ PATCH_FACTORIES: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class GGUFRules:
+    """How :func:`fastkit.export.save_gguf` writes one family for llama.cpp, beyond the tensor names gguf-py maps:
+    each rule is a difference between the transformers model and llama.cpp's graph for ``gguf_arch`` (read in
+    llama.cpp's ``src/models/<arch>.cpp``), proven by the family's row in tests/test_llamacpp_round_trip.py."""
+
+    norm_shift: float = 0.0
+    """Added to every RMSNorm weight (names ending ``norm.weight``): Gemma's norms compute ``x·(1 + w)``, llama.cpp's
+    ``x·w``."""
+    activation: str = "silu"
+    """The MLP activation llama.cpp's graph applies (``config.hidden_activation`` / ``hidden_act``); others refused."""
+    attn_softcap: str = "none"
+    """Attention-logit soft-capping: ``"none"`` (llama.cpp has none: a configured cap is refused), ``"required"``
+    (llama.cpp always caps: written, a missing cap refused)."""
+    final_softcap: str = "none"
+    """Final-logit soft-capping: ``"none"``, ``"required"`` (always applied by llama.cpp), ``"optional"`` (written
+    when configured)."""
+    windows: bool = False
+    """llama.cpp's graph has per-layer sliding windows: ``sliding_window`` and the per-layer pattern (from
+    ``config.layer_types``) are written. Without it a window shorter than the context is refused."""
+    rope_by_layer_type: bool = False
+    """``config.rope_parameters`` is per layer type (Gemma 3): ``full_attention``'s theta (and linear scaling) for
+    the full layers, ``sliding_attention``'s theta as llama.cpp's ``rope.freq_base_swa``."""
+    query_scale_wide_at: int = 0
+    """llama.cpp scales queries by ``1/sqrt(head_dim)``, or ``1/sqrt(hidden/heads)`` for a model of exactly this many
+    layers (its Gemma 27B); ``config.query_pre_attn_scalar`` must be the one it uses (0: no such config key)."""
+    output: str = "either"
+    """``"tied"``: llama.cpp's graph computes logits with ``token_embd`` (an untied head is refused); ``"untied"``:
+    it needs its own ``output`` tensor (a tied head is refused); ``"either"``."""
+    rope_types: tuple[str, ...] = ("default",)
+    """``rope_type`` values written (Llama-3's as ``rope_freqs``, linear / yarn as llama.cpp's scaling keys); others
+    refused."""
+    experts: str = "halves"
+    """Fused expert layout: ``"halves"`` (``gate_up_proj (E, 2I, H)``, gate rows first: Qwen MoE) or
+    ``"interleaved"`` (``gate_up_proj (E, H, 2I)`` with gate / up alternating on the last dim, biases alike, and
+    ``down_proj (E, I, H)``: GPT-OSS), split into llama.cpp's ``ffn_{gate,up,down}_exps``."""
+    permute_qk: bool = False
+    """q/k rows stored in llama.cpp's interleaved-pair rope order (its ``llama`` arch); transformers' reader
+    undoes it."""
+
+
+_GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """What fastkit knows about one ``model_type``, each fact proven by the census (:mod:`fastkit.census`)."""
 
@@ -62,6 +106,8 @@ class ModelFacts:
     """Experts classes with no NF4 layout in fastkit (``load_in_4bit`` refused)."""
     gguf_arch: str | None = None
     """llama.cpp's architecture name, where ``save_gguf`` writes (and a round trip tests) this family."""
+    gguf: GGUFRules = field(default_factory=GGUFRules)
+    """How this family's tensors and metadata differ from llama.cpp's ``gguf_arch`` graph (read by ``save_gguf``)."""
     twin: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.twins`)."""
     note: str = ""
@@ -85,9 +131,9 @@ _LOOPED = "experts looped upstream; fastkit routes them"
 MODEL_TABLE: dict[str, ModelFacts] = {
     f.model_type: f
     for f in [
-        ModelFacts("llama", gguf_arch="llama",  # SmolLM2 / Llama-3.2 style
+        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3")),
                    twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
-        ModelFacts("mistral", sliding_window=True, gguf_arch="llama",
+        ModelFacts("mistral", sliding_window=True, gguf_arch="llama", gguf=GGUFRules(permute_qk=True),
                    twin=dict(_ATTN, intermediate_size=128, sliding_window=64)),
         ModelFacts("qwen2", gguf_arch="qwen2"),  # windows only with use_sliding_window
         ModelFacts("qwen3", gguf_arch="qwen3",  # q/k RMSNorm
@@ -114,7 +160,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("llama4_text", packing=False, moe=True, looped_experts=("Llama4TextMoe",),
                    no_4bit_experts=("Llama4TextExperts",), note=_LOOPED),
         ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
-                   note="attention sinks: sdpa cannot express them upstream",
+                   note="attention sinks: sdpa cannot express them upstream", gguf_arch="gpt-oss",
+                   gguf=GGUFRules(windows=True, rope_types=("default", "yarn"), experts="interleaved", output="untied"),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
                              sliding_window=16, layer_types=None)),  # alternating sliding/full, sinks
         # Every row below: a plain row, proven by the census (docs/coverage.md) on transformers 5.24.
@@ -144,8 +191,12 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("flint", sliding_window=True, attention_sinks=True, default_attn="eager"),
         ModelFacts("gemma"),
         ModelFacts("gemma2", sliding_window=True, softcap=True, default_attn="eager",
-                   note="soft-capped attention: eager (transformers has no sdpa for Gemma 2)"),
-        ModelFacts("gemma3_text", sliding_window=True),
+                   note="soft-capped attention: eager (transformers has no sdpa for Gemma 2)", gguf_arch="gemma2",
+                   gguf=GGUFRules(**_GEMMA_GGUF, attn_softcap="required", final_softcap="required",
+                                  query_scale_wide_at=46, output="tied")),
+        ModelFacts("gemma3_text", sliding_window=True, gguf_arch="gemma3",
+                   gguf=GGUFRules(**_GEMMA_GGUF, final_softcap="optional", rope_by_layer_type=True,
+                                  rope_types=("default", "linear"), query_scale_wide_at=62)),
         ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only"),
         ModelFacts("glm"),
@@ -188,7 +239,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("olmo3", sliding_window=True),
         ModelFacts("persimmon"),
         ModelFacts("phi"),
-        ModelFacts("phi3"),
+        ModelFacts("phi3", gguf_arch="phi3"),  # fused qkv_proj / gate_up_proj: llama.cpp reads them fused
         ModelFacts("phi4_multimodal"),
         ModelFacts("phimoe", moe=True),
         ModelFacts("sarvam_mla", mla=True, moe=True),

@@ -124,8 +124,9 @@ SPECS = [
          "~13.0 GiB predicted at 2k tokens (T4 ✓)",
          "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 2048, 60,
          colab_gpu="T4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
-         checkpointing='"auto"', gguf="fastkit's save_gguf refuses gpt_oss (no GGUF layout verified for it); "
-         "convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
+         checkpointing='"auto"', gguf="save_gguf writes gpt_oss, but merges these 4-bit experts into the "
+         "16-bit base reloaded on the CPU (~42 GB for 20B, more than Colab's host RAM): call it on a machine with "
+         "that RAM, or convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
     Spec("05_gemma3_4b_text_qlora.ipynb", "Gemma-3-4B-it: text-only QLoRA, packed", "google/gemma-3-4b-it",
          "QLoRA on Gemma 3 4B: the checkpoint is composite (vision + text); fastkit's table row says so, loads "
          "the text model alone and says it in the banner. Sliding-window and full-attention layers both run "
@@ -135,8 +136,8 @@ SPECS = [
          "`fastkit plan google/gemma-3-4b-it --gpu t4 --4bit`; not yet measured on a GPU).",
          "not measured (T4 target)", "Composite checkpoint, text model only; sliding-window layers packed",
          2048, 60, load_args=", load_in_4bit=not USE_TWIN",
-         gguf="fastkit's save_gguf has no GGUF layout for gemma3 yet (refused, not guessed); convert the merged "
-         "folder with llama.cpp's convert_hf_to_gguf.py"),
+         gguf="save_gguf writes the gemma3 architecture, but not Gemma 3's SentencePiece-style tokenizer "
+         "(refused, not guessed); convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
     Spec("06_phi3_mini_packed.ipynb", "Phi-3-mini-4k-instruct: packed QLoRA", "microsoft/Phi-3-mini-4k-instruct",
          "Packed QLoRA on Phi-3-mini (3.8B). Phi-3 was not in fastkit's first table; the census proved it "
          "exact (packed logits and gradients equal each document alone, no host syncs), so it now has a row "
@@ -145,8 +146,8 @@ SPECS = [
          "`fastkit plan microsoft/Phi-3-mini-4k-instruct --gpu t4 --4bit`; not yet measured on a GPU).",
          "not measured (T4 target)", "A family the census added: packed QLoRA on Phi-3", 2048, 60,
          load_args=", load_in_4bit=not USE_TWIN",
-         gguf="fastkit's save_gguf has no GGUF layout for phi3 yet (refused, not guessed); convert the merged "
-         "folder with llama.cpp's convert_hf_to_gguf.py"),
+         gguf="save_gguf writes the phi3 architecture, but not Phi-3's SentencePiece-style tokenizer "
+         "(refused, not guessed); convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
 ]
 
 

@@ -179,6 +179,8 @@ def train_on_chats(model, tokenizer, steps: int = 40, lr: float = 3e-3, seed: in
     return model.eval()
 
 
+_ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+_GEMMA = dict(_ATTN, intermediate_size=128, query_pre_attn_scalar=16, sliding_window=8)
 TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
     "llama (smollm)": ("llama", {}, "smollm"),
     "llama-3 (llama-bpe, rope llama3)": ("llama", {"rope_parameters": {
@@ -189,11 +191,34 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "qwen3 (qwen2)": ("qwen3", {}, "qwen2"),
     "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
     "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
+    # Gemma 2 / 3: norms x·(1+w), post-attention / post-ffw norms, an 8-token window (the prompts are longer) on one
+    # of the two layers, Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear
+    # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece
+    # (refused by save_gguf); the twins carry a byte-level BPE.
+    "gemma2 (gpt-2)": ("gemma2", dict(_GEMMA, attn_logit_softcapping=0.5, final_logit_softcapping=1.0), "gpt-2"),
+    "gemma3_text (gpt-2)": ("gemma3_text", dict(_GEMMA, layer_types=["full_attention", "sliding_attention"],
+                                                rope_parameters={
+                                                    "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                       "rope_theta": 1e4},
+                                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e2}}),
+                            "gpt-2"),
+    # Phi-3 / Phi-4: fused qkv_proj and gate_up_proj, untied head, partial rotary (Phi-4-mini's is 0.75); Phi-4's
+    # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece (refused).
+    "phi3 (dbrx, as Phi-4)": ("phi3", dict(_ATTN, intermediate_size=128, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "dbrx"),
+    # GPT-OSS: attention sinks, q/k/v/o and expert biases, interleaved gate/up experts, clamped SwiGLU, alternating
+    # 16-token windows, YaRN rope (x32 over 4096), untied head; o200k's split.
+    "gpt_oss (gpt-4o)": ("gpt_oss", {"initializer_range": 0.1}, "gpt-4o"),
 }
 
 
-def twin_model(label: str, steps: int = 30):
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60}
+"""Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12)."""
+
+
+def twin_model(label: str, steps: int | None = None):
     """A fastkit twin of ``label`` with LoRA (experts too) trained on the chat corpus, and its BPE tokenizer."""
+    steps = TRAIN_STEPS.get(label, 30) if steps is None else steps
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fastkit import FastModel
@@ -209,8 +234,19 @@ def twin_model(label: str, steps: int = 30):
         base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         base = twin(model_type, **overrides)
+    _draw_zeros(base)
     model = FastModel.get_peft_model(base, r=8, lora_alpha=16, use_gradient_checkpointing=False)
     return train_on_chats(model, tokenizer, steps=steps, lr=1e-2), tokenizer
+
+
+@torch.no_grad()
+def _draw_zeros(model, std: float = 0.5) -> None:
+    """Parameters that start at zero (biases) and attention sinks (which start near it) drawn at random, so that a
+    file dropping, misplacing or zeroing them cannot pass (LoRA leaves them at their initial value)."""
+    gen = torch.Generator().manual_seed(1)
+    for name, p in model.named_parameters():
+        if not p.any() or name.endswith(".sinks"):
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 def texts_raw() -> list[str]:

@@ -150,13 +150,14 @@ def test_pre_tokenizer_names_llama_cpp_knows():
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}}
     assert pre_tokenizer_name(smollm2) == "smollm"
     assert pre_tokenizer_name({"pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}) == "gpt-2"
-    with pytest.raises(FastkitError, match="ignore_merges=False"):  # llama.cpp's llama-bpe always ignores merges
-        pre_tokenizer_name(split(llama3))
+    assert pre_tokenizer_name(split(llama3)) == "dbrx"  # cl100k's split with merges always applied (Phi-4)
     with pytest.raises(FastkitError, match="no llama.cpp pre-tokenizer"):
         pre_tokenizer_name(split(r"\w+|[^\w\s]+"))
     with pytest.raises(FastkitError, match="no llama.cpp counterpart"):
         pre_tokenizer_name({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}})
-    for name in ("gpt-2", "smollm", "llama-bpe", "qwen2", "tekken"):  # each twin splits as its name says
+    with pytest.raises(FastkitError, match="ignore_merges=True"):  # no llama.cpp name for Qwen's split + that
+        pre_tokenizer_name(split(llama3.replace(r"\p{N}{1,3}", r"\p{N}"), ignore_merges=True))
+    for name in ("gpt-2", "smollm", "llama-bpe", "dbrx", "qwen2", "tekken"):  # each twin splits as its name says
         assert pre_tokenizer_name(json.loads(twin_bpe_tokenizer(name).backend_tokenizer.to_str())) == name
 
 
@@ -255,8 +256,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(FastkitError, match="quantization='q5_k'"):
         save_gguf(model, tok, out, quantization="q5_k")
-    with pytest.raises(FastkitError, match="'gpt_oss' has no GGUF mapping"):
-        save_gguf(twin("gpt_oss"), tok, out)
+    with pytest.raises(FastkitError, match="'mixtral' has no GGUF mapping"):
+        save_gguf(twin("mixtral"), tok, out)
     with pytest.raises(FastkitError, match="never renormalizes"):  # llama.cpp's qwen2moe routing differs
         save_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
     with pytest.raises(FastkitError, match="dense layers"):
@@ -327,3 +328,140 @@ def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
     with pytest.raises(FastkitError, match="expert tensors"):
         save_gguf(model, twin_bpe_tokenizer("qwen2"), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pre", ["smollm", "llama-bpe"])
+def test_gguf_loaded_tokenizer_splits_as_in_training(tmp_path, pre):
+    """FastModel.from_pretrained(gguf_file=...) puts back the split the file names (transformers' GGUF reader drops
+    ``tokenizer.ggml.pre``: a llama GGUF comes back with Llama-3's split and merges used): SmolLM2's vocabulary
+    cuts every digit alone again, Llama-3's looks whole pieces up before merging; ids equal the trained tokenizer's."""
+    tok = twin_bpe_tokenizer(pre)
+    path = save_gguf(twin("llama"), tok, tmp_path, quantization="f16")
+    _, back = FastModel.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path), max_seq_length=64)
+    for text in ["Total: $1,234.56 in 2023 -- 1234567 IT'S fine", "x   \n\n  y\t'Re 12345"]:
+        want = tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)
+        assert back.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text) == want
+        assert back(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert back.backend_tokenizer.model.ignore_merges == tok.backend_tokenizer.model.ignore_merges
+
+
+_SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
+
+
+def test_gemma_and_phi3_files_carry_the_family_rules(tmp_path):
+    """The registry's GGUFRules in the file: Gemma's norms +1 (q/k norms too), the window and which layers have it,
+    the soft-caps, Gemma 3's per-layer-type rope; Phi-3's fused tensors as they are and partial rotary dims."""
+    tok = twin_bpe_tokenizer("gpt-2")
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+    model = twin("gemma3_text", **_SMALL, query_pre_attn_scalar=16, sliding_window=8, rope_parameters=rope,
+                 layer_types=["full_attention", "sliding_attention"])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    reader = gguf.GGUFReader(save_gguf(model, tok, tmp_path / "g3", quantization="f16"))
+    tensors = {t.name: t for t in reader.tensors}
+    for hf, name in (("model.norm.weight", "output_norm.weight"),
+                     ("model.layers.1.self_attn.q_norm.weight", "blk.1.attn_q_norm.weight"),
+                     ("model.layers.0.post_feedforward_layernorm.weight", "blk.0.post_ffw_norm.weight")):
+        want = model.get_parameter(hf).detach() + 1
+        assert torch.allclose(torch.from_numpy(tensors[name].data.copy()), want), name
+    fields = reader.fields
+    assert [bool(fields["gemma3.attention.sliding_window_pattern"].contents()[i]) for i in range(2)] == [False, True]
+    assert fields["gemma3.attention.sliding_window"].contents() == 8
+    assert fields["gemma3.rope.freq_base"].contents() == 1e4
+    assert fields["gemma3.rope.freq_base_swa"].contents() == 100.0
+    assert fields["gemma3.rope.scaling.factor"].contents() == 8.0
+    g2 = twin("gemma2", **_SMALL, query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=1.0)
+    fields = gguf.GGUFReader(save_gguf(g2, tok, tmp_path / "g2", quantization="f16")).fields
+    assert fields["gemma2.attn_logit_softcapping"].contents() == 0.5
+    assert fields["gemma2.final_logit_softcapping"].contents() == 1.0
+    phi = twin("phi3", **_SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                   "partial_rotary_factor": 0.5})
+    reader = gguf.GGUFReader(save_gguf(phi, twin_bpe_tokenizer("dbrx"), tmp_path / "phi", quantization="f16"))
+    assert reader.fields["phi3.rope.dimension_count"].contents() == 8
+    assert reader.fields["general.name"].contents() == "phi_3-finetune"  # llama.cpp's phi3 token rules stay off
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
+    assert shapes["blk.0.attn_qkv.weight"] == (64, 64 + 2 * 32) and shapes["blk.0.ffn_up.weight"] == (64, 256)
+
+
+def test_what_gemma_and_phi3_graphs_cannot_express_is_refused(tmp_path):
+    tok, out = twin_bpe_tokenizer("gpt-2"), tmp_path / "out"
+    gemma2 = dict(_SMALL, query_pre_attn_scalar=16)
+    cases = [
+        (twin("gemma2", **gemma2, tie_word_embeddings=False), "untied lm_head"),
+        (twin("gemma2", **dict(gemma2, query_pre_attn_scalar=64)), "query_pre_attn_scalar=64"),
+        (twin("gemma2", **gemma2, attn_logit_softcapping=None), "always soft-caps"),
+        (twin("gemma2", **gemma2, hidden_activation="gelu"), "activation 'gelu'"),
+        (twin("gemma3_text", **gemma2, attn_logit_softcapping=20.0), "no such soft-capping"),
+        (twin("gemma3_text", **gemma2, rope_parameters={
+            "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), "rope types default, linear"),
+        (twin("phi3", **_SMALL, sliding_window=16), "16-token sliding window"),  # llama.cpp turns Phi-3's off
+        (twin("phi3", **_SMALL, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                                 "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}),
+         "rope types default"),
+    ]
+    for model, message in cases:
+        with pytest.raises(FastkitError, match=message):
+            save_gguf(model, tok, out)
+    assert not out.exists()
+
+
+def test_gpt_oss_file_has_llama_cpp_expert_layout_sinks_and_yarn(tmp_path):
+    """GPT-OSS's interleaved (E, H, 2I) gate/up experts come out as llama.cpp's (E, I, H) gate and up (biases split
+    alike, kept f32), down_proj transposed, sinks and router bias in f32, YaRN and the alternating windows in the
+    metadata; a tied head (llama.cpp's graph needs its own) and other SwiGLU clamps are refused."""
+    model = twin("gpt_oss")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    reader = gguf.GGUFReader(save_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path / "g", quantization="q8_0"))
+    tensors = {t.name: t for t in reader.tensors}
+    experts = model.model.layers[0].mlp.experts
+
+    def f32(name):
+        assert tensors[name].tensor_type == gguf.GGMLQuantizationType.F32, name
+        return torch.from_numpy(tensors[name].data.copy())
+
+    assert torch.equal(f32("blk.0.ffn_gate_exps.bias"), experts.gate_up_proj_bias[:, ::2])
+    assert torch.equal(f32("blk.0.ffn_up_exps.bias"), experts.gate_up_proj_bias[:, 1::2])
+    assert torch.equal(f32("blk.0.ffn_down_exps.bias"), experts.down_proj_bias)
+    assert torch.equal(f32("blk.0.attn_sinks.weight"), model.model.layers[0].self_attn.sinks)
+    assert torch.equal(f32("blk.0.ffn_gate_inp.bias"), model.model.layers[0].mlp.router.bias)
+    e, h, two_i = experts.gate_up_proj.shape
+    for name in ("blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"):
+        assert tuple(int(d) for d in reversed(tensors[name].shape)) == (e, two_i // 2, h)
+    assert tuple(int(d) for d in reversed(tensors["blk.0.ffn_down_exps.weight"].shape)) == (e, h, two_i // 2)
+    dq = gguf.quants.dequantize(tensors["blk.0.ffn_up_exps.weight"].data, gguf.GGMLQuantizationType.Q8_0)
+    assert torch.allclose(torch.from_numpy(dq), experts.gate_up_proj[..., 1::2].transpose(1, 2), atol=3e-3)
+    fields = reader.fields
+    assert fields["gpt-oss.rope.scaling.type"].contents() == "yarn"
+    assert fields["gpt-oss.rope.scaling.factor"].contents() == model.config.rope_parameters["factor"]
+    assert fields["gpt-oss.expert_count"].contents() == model.config.num_local_experts
+    pattern = fields["gpt-oss.attention.sliding_window_pattern"].contents()
+    assert [bool(x) for x in pattern] == [t == "sliding_attention" for t in model.config.layer_types]
+    tok, out = twin_bpe_tokenizer("gpt-4o"), tmp_path / "out"
+    with pytest.raises(FastkitError, match="tie_word_embeddings=True"):
+        save_gguf(twin("gpt_oss", tie_word_embeddings=True), tok, out)
+    with pytest.raises(FastkitError, match="swiglu_limit=5.0"):
+        save_gguf(twin("gpt_oss", swiglu_limit=5.0), tok, out)
+    assert not out.exists()
+
+
+def test_gpt_oss_4bit_experts_go_in_dequantized_in_llama_cpp_layout(tmp_path):
+    """GPT-OSS with fastkit's 4-bit experts (codes in buffers, stored in the (E, H, 2I) parameter layout): the file
+    carries them dequantized, de-interleaved and transposed like the 16-bit ones, and the biases (kept 16-bit)."""
+    from fastkit.patches.moe.nf4 import NF4Experts, quantize_experts
+
+    model = twin("gpt_oss")
+    quantize_experts(model)
+    q = model.model.layers[1].mlp.experts.gate_up_proj
+    assert isinstance(q, NF4Experts)
+    reader = gguf.GGUFReader(save_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path, quantization="f16"))
+    tensors = {t.name: t for t in reader.tensors}
+    w = q.dequantize().float()  # (E, H, 2I)
+    for name, half in (("blk.1.ffn_gate_exps.weight", w[..., ::2]), ("blk.1.ffn_up_exps.weight", w[..., 1::2])):
+        got = torch.from_numpy(tensors[name].data.astype("float32"))
+        torch.testing.assert_close(got, half.transpose(1, 2), rtol=1e-3, atol=1e-4)
+    assert "blk.1.ffn_down_exps.bias" in tensors

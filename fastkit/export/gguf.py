@@ -14,11 +14,14 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
-too). Not supported (a FastkitError says so before writing): gpt_oss, mixtral, olmoe, deepseek_v3 (no
-layout transformers' GGUF loader reads back here, so none verified), qwen2_moe with dense layers or
-renormalized top-k (llama.cpp's qwen2moe has neither), rope scaling other than Llama-3's, a sliding
-window shorter than the context (llama.cpp's graphs for these archs have none), non-byte-level
-tokenizers (SentencePiece), and tokenizers llama.cpp would split differently or cannot load
+too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
+(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts...) is its row's
+:class:`fastkit.registry.GGUFRules`. Not supported (a FastkitError says so before writing): mixtral, olmoe,
+deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
+(llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
+shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
+differently (activation, soft-caps, query scale, tied head, SwiGLU clamp), non-byte-level tokenizers
+(SentencePiece), and tokenizers llama.cpp would split differently or cannot load
 (:mod:`fastkit.export.gguf_vocab`).
 
 4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
@@ -60,7 +63,6 @@ WRITTEN = ("f16", "bf16", "q8_0", "q4_0")
 LLAMA_CPP_QUANTS = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
 """Quantizations made by llama.cpp's own quantizer (``llama_model_quantize``; value: its ``llama_ftype``)."""
 QUANTIZATIONS = WRITTEN + tuple(LLAMA_CPP_QUANTS)
-_PERMUTED_ROPE = ("llama",)  # llama.cpp stores q/k rows of these archs in interleaved-pair rope order
 _F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
 _SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
 
@@ -95,27 +97,18 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
         raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here (supported: "
                            f"{', '.join(GGUF_ARCHS)}); export with save_merged and convert with llama.cpp's "
                            "convert_hf_to_gguf.py.")
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") not in ("default", "llama3") or (
-            rope.get("rope_type") == "llama3" and GGUF_ARCHS[model_type] != "llama"):
-        raise FastkitError(f"save_gguf: config.rope_parameters rope_type={rope.get('rope_type')!r} is not written "
-                           "by save_gguf yet; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
-    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", True):
-        raise FastkitError("save_gguf: llama.cpp's qwen3moe always renormalizes the top-k router weights, but "
-                           "config.norm_topk_prob is False; this model cannot be expressed in GGUF as is.")
-    if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
-        raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
-                           "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
-    if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
-                                      getattr(config, "decoder_sparse_step", 1) != 1):
-        raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
-                           "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
-    _check_window(config, model_type)
+    rules = registry.MODEL_TABLE[model_type].gguf
+    _check_rope(config, model_type, rules)
+    _check_moe(config, model_type)
+    _check_graph(config, model_type, rules)
+    _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
     if not _hf.byte_level_bpe(spec):
         raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
-                           "Qwen / SmolLM style); pass the model's own AutoTokenizer.")
+                           "Qwen / SmolLM / Phi-4 / gpt-oss style); pass the model's own AutoTokenizer. SentencePiece-"
+                           "style vocabularies (Gemma, Phi-3, Llama-2) are not written yet: export with save_merged "
+                           "and llama.cpp's convert_hf_to_gguf.py.")
     check_tokenizer(spec)  # merges present, a pre-tokenizer llama.cpp splits the same way
     if path.exists() and not path.is_dir():
         raise FastkitError(f"save_gguf(path={str(path)!r}) is a file; pass a folder to write the .gguf into.")
@@ -129,14 +122,89 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     return config, spec
 
 
-def _check_window(config, model_type: str) -> None:
+def _check_moe(config, model_type: str) -> None:
+    """Router rules llama.cpp's MoE graphs hard-code."""
+    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", True):
+        raise FastkitError("save_gguf: llama.cpp's qwen3moe always renormalizes the top-k router weights, but "
+                           "config.norm_topk_prob is False; this model cannot be expressed in GGUF as is.")
+    if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
+        raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
+                           "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
+    if model_type == "gpt_oss" and (getattr(config, "swiglu_alpha", 1.702), config.swiglu_limit) != (1.702, 7.0):
+        raise FastkitError(f"save_gguf: gpt_oss with swiglu_alpha={getattr(config, 'swiglu_alpha', 1.702)}, "
+                           f"swiglu_limit={config.swiglu_limit}: llama.cpp's gpt-oss graph hard-codes 1.702 and 7.0; "
+                           "this model cannot be expressed in GGUF as is.")
+    if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
+                                      getattr(config, "decoder_sparse_step", 1) != 1):
+        raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
+                           "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+
+
+def _rope(config, rules: registry.GGUFRules) -> tuple[dict, dict | None]:
+    """``(rope parameters of the full-attention layers, those of the sliding layers or None)``."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rules.rope_by_layer_type and isinstance(rope.get("full_attention"), dict):
+        return dict(rope["full_attention"]), dict(rope.get("sliding_attention") or {})
+    return rope, None
+
+
+def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """Rope llama.cpp computes the same way: the family's ``rope_types`` (plain, Llama-3's as ``rope_freqs``, linear,
+    yarn); per-layer-type parameters only where the family's graph has them."""
+    full, sliding = _rope(config, rules)
+    kind, allowed = full.get("rope_type", "default"), rules.rope_types
+    nested = any(isinstance(v, dict) for v in full.values())
+    if nested or kind not in allowed or (sliding is not None and sliding.get("rope_type", "default") != "default"):
+        raise FastkitError(f"save_gguf: config.rope_parameters {json.dumps(config.rope_parameters)[:160]} is not "
+                           f"written by save_gguf for {model_type} (it writes rope types {', '.join(allowed)}); "
+                           "export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+
+
+def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """What llama.cpp's graph for the family hard-codes: activation, soft-capping, query scale, tied output."""
+    arch = GGUF_ARCHS[model_type]
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if act != rules.activation:
+        raise FastkitError(f"save_gguf: {model_type} with activation {act!r}: llama.cpp's {arch} graph applies "
+                           f"{rules.activation!r}; this model cannot be expressed in GGUF as is.")
+    for key, rule in (("attn_logit_softcapping", rules.attn_softcap), ("final_logit_softcapping", rules.final_softcap)):
+        cap = getattr(config, key, None)
+        if rule == "none" and cap:
+            raise FastkitError(f"save_gguf: config.{key}={cap}, but llama.cpp's {arch} graph has no such soft-capping;"
+                               " this model cannot be expressed in GGUF as is.")
+        if rule == "required" and not cap:
+            raise FastkitError(f"save_gguf: config.{key} is {cap!r}, but llama.cpp's {arch} graph always soft-caps "
+                               "there; this model cannot be expressed in GGUF as is.")
+    if rules.query_scale_wide_at:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        used = config.hidden_size // config.num_attention_heads if config.num_hidden_layers == \
+            rules.query_scale_wide_at else head_dim
+        if getattr(config, "query_pre_attn_scalar", None) != used:
+            raise FastkitError(f"save_gguf: config.query_pre_attn_scalar={config.query_pre_attn_scalar}, but "
+                               f"llama.cpp's {arch} graph scales queries by 1/sqrt({used}) for this shape; the GGUF "
+                               "would attend differently from the trained model.")
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if rules.output == "tied" and not tied:
+        raise FastkitError(f"save_gguf: {model_type} with an untied lm_head: llama.cpp's {arch} graph computes the "
+                           "logits with the token embeddings; this model cannot be expressed in GGUF as is.")
+    if rules.output == "untied" and tied:
+        raise FastkitError(f"save_gguf: {model_type} with tie_word_embeddings=True: llama.cpp's {arch} graph needs "
+                           "its own output tensor; this model cannot be expressed in GGUF as is.")
+
+
+def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
     """llama.cpp's llama / qwen2 / qwen3(moe) graphs attend over the whole context: a sliding window that
     actually applies would be silently dropped, so the exported model would attend further than the trained
     one did (differently on prompts longer than the window)."""
     window = getattr(config, "sliding_window", None)
     if not window:
         return
-    applies = getattr(config, "use_sliding_window", model_type == "mistral")
+    if rules.windows:  # written with its per-layer pattern
+        if not getattr(config, "layer_types", None):
+            raise FastkitError(f"save_gguf: {model_type} with sliding_window={window} but no config.layer_types; "
+                               "which layers are windowed is unknown, nothing was written.")
+        return
+    applies = getattr(config, "use_sliding_window", None) is not False  # qwen2/3: off unless use_sliding_window
     layer_types = getattr(config, "layer_types", None) or ()
     if applies or "sliding_attention" in layer_types:
         if window >= config.max_position_embeddings:
@@ -270,6 +338,12 @@ def _flat(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(-1)  # (1, H) -> (H,)
 
 
+def _shifted(shift: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        return w + shift
+    return fn
+
+
 def _permute(n_head: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """llama.cpp's q/k row order for rope on interleaved pairs; transformers' GGUF loader undoes it."""
     def fn(w: torch.Tensor) -> torch.Tensor:
@@ -284,21 +358,22 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
     qt, qtypes = _qtypes()[quantization], _qtypes()
+    rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
     for hf_name, load, shape in merged_parameters(model):
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
-        if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.gate_up_proj", hf_name):
-            half = shape[1] // 2  # (E, 2I, H): gate rows first, then up
-            pieces = [(f"blk.{m[1]}.ffn_gate_exps.weight", lambda w, h=half: w[:, :h]),
-                      (f"blk.{m[1]}.ffn_up_exps.weight", lambda w, h=half: w[:, h:])]
+        if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
+            pieces = _expert_pieces(f"blk.{m[1]}", m[2], bool(m[3]), shape, rules.experts)
         elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
             unmapped.append(hf_name)
             continue
         else:
             full = f"{gname}.{suffix}" if suffix in ("weight", "bias") else f"{gname}.weight"
             fn = None
-            if arch in _PERMUTED_ROPE and gname.endswith(("attn_q", "attn_k")):
+            if rules.norm_shift and hf_name.endswith("norm.weight"):  # Gemma: x·(1 + w) -> llama.cpp's x·w
+                fn = _shifted(rules.norm_shift)
+            elif rules.permute_qk and gname.endswith(("attn_q", "attn_k")):
                 heads = config.num_attention_heads if gname.endswith("attn_q") else config.num_key_value_heads
                 fn = _permute(heads)
             elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
@@ -322,9 +397,29 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     return entries
 
 
+def _expert_pieces(block: str, kind: str, bias: bool, shape, layout: str) -> list[tuple[str, Callable | None]]:
+    """llama.cpp's ``ffn_{gate,up,down}_exps`` (weights ``(E, out, in)``, biases ``(E, out)``) from a fused experts
+    parameter in the family's ``layout`` (:attr:`fastkit.registry.GGUFRules.experts`)."""
+    suffix = "bias" if bias else "weight"
+    if layout == "halves":  # (E, 2I, H): gate rows first, then up; down_proj (E, H, I) as is
+        if kind == "down_proj":
+            return [(f"{block}.ffn_down_exps.{suffix}", None)]
+        half = shape[1] // 2
+        return [(f"{block}.ffn_gate_exps.{suffix}", lambda w, h=half: w[:, :h]),
+                (f"{block}.ffn_up_exps.{suffix}", lambda w, h=half: w[:, h:])]
+    if kind == "down_proj":  # (E, I, H) -> (E, H, I); its bias (E, H) as is
+        return [(f"{block}.ffn_down_exps.{suffix}", None if bias else (lambda w: w.transpose(1, 2).contiguous()))]
+    if bias:  # (E, 2I), gate / up alternating -> (E, I) each
+        return [(f"{block}.ffn_gate_exps.bias", lambda w: w[:, ::2].contiguous()),
+                (f"{block}.ffn_up_exps.bias", lambda w: w[:, 1::2].contiguous())]
+    # (E, H, 2I), gate / up alternating on the last dim -> (E, I, H) each
+    return [(f"{block}.ffn_gate_exps.weight", lambda w: w[..., ::2].transpose(1, 2).contiguous()),
+            (f"{block}.ffn_up_exps.weight", lambda w: w[..., 1::2].transpose(1, 2).contiguous())]
+
+
 def _check_experts(entries: list[_Entry], config) -> None:
     """A MoE file must carry every layer's experts: llama.cpp would refuse it, or (one missing kind) run garbage."""
-    if not getattr(config, "num_experts", None):
+    if not _num_experts(config):
         return
     names = {e.name for e in entries}
     missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
@@ -352,7 +447,7 @@ def llama3_rope_factors(config) -> torch.Tensor:
 def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt, qtypes):
     import gguf
 
-    if len(shape) == 1 or any(part in name for part in _F32_PARTS):
+    if len(shape) == 1 or name.endswith(".bias") or any(part in name for part in _F32_PARTS):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
         qt = qtypes["q8_0"]  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
@@ -393,9 +488,11 @@ def _add_info(writer, e: _Entry) -> None:
 def _add_model_kv(writer, config, model_type: str, name: str, quantization: str) -> None:
     import gguf
 
+    rules = registry.MODEL_TABLE[model_type].gguf
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    writer.add_name(name)
+    rope, sliding_rope = _rope(config, rules)
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    writer.add_name(_general_name(name))
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -406,16 +503,76 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * partial))
     writer.add_vocab_size(config.vocab_size)
-    if model_type in ("qwen2_moe", "qwen3_moe"):
-        writer.add_expert_count(config.num_experts)
+    if rope.get("rope_type") == "linear":  # llama.cpp: the full layers' scale; the windowed ones keep 1
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
+    if rope.get("rope_type") == "yarn":
+        _add_yarn_kv(writer, rope)
+    _add_window_kv(writer, config, rules, sliding_rope)
+    if getattr(config, "attn_logit_softcapping", None) and rules.attn_softcap != "none":
+        writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
+    if getattr(config, "final_logit_softcapping", None) and rules.final_softcap != "none":
+        writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
+    if model_type in ("qwen2_moe", "qwen3_moe", "gpt_oss"):
+        writer.add_expert_count(_num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        writer.add_expert_feed_forward_length(getattr(config, "moe_intermediate_size", None) or
+                                              config.intermediate_size)
     if model_type == "qwen2_moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     writer.add_file_type(_file_type(quantization))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _num_experts(config) -> int | None:
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+
+
+def _add_yarn_kv(writer, rope: dict) -> None:
+    """YaRN as llama.cpp reads it (as its converter writes it): factor, original context, and the optional betas /
+    factors where the config sets them."""
+    import gguf
+
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(rope["factor"]))
+    writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+    for key, add in (("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+                     ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                     ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                     ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
+        if rope.get(key) is not None:
+            add(float(rope[key]))
+
+
+_NAME_QUIRKS = re.compile(r"phi-?3", re.I)
+"""llama.cpp keys token rules on ``general.name``: one containing "phi-3" / "phi3" gets Phi-3's SentencePiece rules
+(whitespace stripped after every special token, and a load failure without a ``</s>`` token)."""
+
+
+def _general_name(name: str) -> str:
+    """``name`` as ``general.name``, out of reach of llama.cpp's name-keyed token rules (:data:`_NAME_QUIRKS`)."""
+    safe = _NAME_QUIRKS.sub(lambda m: m[0][:3] + "_" + m[0][-1], name)
+    if safe != name:
+        logger.info("fastkit: general.name %r written as %r (llama.cpp applies Phi-3's SentencePiece token rules to "
+                    "names containing 'phi3'; this vocabulary is byte-level BPE)", name, safe)
+    return safe
+
+
+def _add_window_kv(writer, config, rules: registry.GGUFRules, sliding_rope: dict | None) -> None:
+    """The sliding window and which layers have it (llama.cpp's per-layer pattern, from ``config.layer_types``),
+    and the windowed layers' rope base, for a family whose llama.cpp graph has windows."""
+    window = getattr(config, "sliding_window", None)
+    pattern = [t == "sliding_attention" for t in (getattr(config, "layer_types", None) or ())]
+    if not (rules.windows and pattern):
+        return
+    if not (window and any(pattern)):  # no window at all: said outright (llama.cpp's gemma2 defaults to one)
+        window, pattern = 0, [False] * len(pattern)
+    writer.add_sliding_window(int(window))
+    writer.add_sliding_window_pattern(pattern)  # (L,) bool: True = windowed layer
+    if sliding_rope is not None:
+        writer.add_rope_freq_base_swa(float(sliding_rope.get("rope_theta", 10000.0)))
 
 
 # ------------------------------------------------------------------------------------------- entry

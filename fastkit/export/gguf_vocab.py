@@ -65,6 +65,7 @@ PRE_TOKENIZERS = (
     PreTokenizer("gpt-2", (GPT2_SPLIT,)),
     PreTokenizer("smollm", (DIGITS, GPT2_SPLIT)),  # SmolLM / SmolLM2 (llama.cpp: same split as starcoder)
     PreTokenizer("llama-bpe", (LLAMA3_SPLIT,), ignore_merges=True),  # Llama-3.x
+    PreTokenizer("dbrx", (LLAMA3_SPLIT,)),  # cl100k's split, merges always applied (DBRX, Phi-4)
     PreTokenizer("qwen2", (QWEN2_SPLIT,)),  # Qwen2 / Qwen2.5 / Qwen3
     PreTokenizer("qwen35", (QWEN35_SPLIT,)),  # Qwen3.5
     PreTokenizer("tekken", (TEKKEN_SPLIT,), ignore_merges=True),  # Mistral Nemo / Small 3
@@ -128,6 +129,35 @@ def restore_pre_tokenizer(tokenizer, name: str) -> None:
     backend = tokenizer.backend_tokenizer
     backend.pre_tokenizer = pre_tokenizer_object(name)
     backend.model.ignore_merges = pre.ignore_merges
+
+
+def gguf_pre_tokenizer(path: str) -> tuple[str, str]:
+    """``(tokenizer.ggml.model, tokenizer.ggml.pre)`` of the GGUF at ``path`` (``""`` for a missing key); reads the
+    header only."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path, "r").fields
+
+    def text(key: str) -> str:
+        field = fields.get(key)
+        return str(field.contents()) if field is not None else ""
+
+    return text("tokenizer.ggml.model"), text("tokenizer.ggml.pre")
+
+
+def restore_from_gguf(tokenizer, path: str) -> str | None:
+    """Give a tokenizer transformers rebuilt from the GGUF at ``path`` the split the file names
+    (:func:`restore_pre_tokenizer`); returns the name restored, or None (not a BPE vocabulary, or a name fastkit
+    does not know: then it is logged, as the split may differ from the one the vocabulary was trained with)."""
+    model, pre = gguf_pre_tokenizer(path)
+    if model != "gpt2" or getattr(tokenizer, "backend_tokenizer", None) is None:
+        return None
+    if pre not in {p.name for p in PRE_TOKENIZERS}:
+        logger.warning("fastkit: %s names pre-tokenizer %r, which fastkit does not know; the tokenizer splits text "
+                       "like GPT-2 (transformers' GGUF reader ignores the name), maybe not as in training.", path, pre)
+        return None
+    restore_pre_tokenizer(tokenizer, pre)
+    return pre
 
 
 def _pre_steps(node) -> list[dict]:
@@ -278,4 +308,5 @@ def modelfile(tokenizer, gguf_name: str) -> str:
 
 
 __all__ = ["PRE_TOKENIZERS", "PreTokenizer", "add_tokenizer_kv", "chat_template", "check_tokenizer", "modelfile",
-           "pre_tokenizer_name", "pre_tokenizer_object", "pre_tokenizer_spec", "restore_pre_tokenizer", "stop_tokens"]
+           "gguf_pre_tokenizer", "pre_tokenizer_name", "pre_tokenizer_object", "pre_tokenizer_spec",
+           "restore_from_gguf", "restore_pre_tokenizer", "stop_tokens"]
