@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 from fastkit import FastModel, GPUOnlyError
 from fastkit.errors import FastkitError
@@ -15,6 +14,7 @@ from fastkit.patches.moe.lora import add_expert_lora
 from fastkit.patches.moe.nf4 import NF4Experts, expert_storage_bytes, quantize_experts, quantize_nf4
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules
 from fastkit.patching import apply_patch
+from fastkit.plan.memprobe import measure_peak
 from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, forward_backward, save_twin
 
@@ -175,14 +175,7 @@ def test_one_layer_extra_memory_is_one_expert_and_nothing_dequantized_is_saved()
         experts(hidden, idx, weights).sum().backward()
 
     run()  # warm up
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
+    peak = measure_peak(run)[1]
     print(f"one MoE layer fwd+bwd: peak extra {peak / 2**20:.2f} MiB; one expert {one / 2**20:.2f} MiB; "
           f"all {experts.num_experts} experts {all_e / 2**20:.2f} MiB")
     assert peak <= 3 * one < all_e / 4

@@ -209,20 +209,14 @@ def test_hit_groups_add_no_sync(spy):
 
 
 def _peak_bytes(experts, hidden, idx, w) -> int:
-    """Peak bytes allocated above the start of one forward + backward (torch profiler memory events)."""
+    """Peak bytes allocated above the start of one forward + backward (fastkit.plan.memprobe)."""
+    from fastkit.plan.memprobe import measure_peak
+
     def run():
         experts(hidden, idx, w).sum().backward()
 
     run()  # warm-up
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak
+    return measure_peak(run)[1]
 
 
 @pytest.mark.parametrize("size", [1, 4])
