@@ -453,7 +453,7 @@ def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
 def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
     """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
     keep the residual stream in fp32 (patches/fp16/patch.py), and say so in the load report."""
-    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
     if dtype != torch.float16 or saved in (torch.float16, "float16"):
         return
     from fastkit.patches.fp16 import FP16_RESIDUAL, protect_fp16

@@ -206,6 +206,8 @@ def _config_from_dict(values: dict):
     from transformers import CONFIG_MAPPING
 
     model_type = values.pop("model_type", None)
+    if "torch_dtype" in values:  # checkpoints saved before transformers 5 spell it so (as from_pretrained maps it)
+        values.setdefault("dtype", values.pop("torch_dtype"))
     if model_type not in CONFIG_MAPPING:
         raise FastkitError(f"config model_type {model_type!r} is not one transformers knows; pass a config "
                            "with a known model_type (e.g. 'qwen3', 'llama').")

@@ -123,7 +123,7 @@ def shape_of(config) -> ModelShape:
     if shape.experts:
         shape.expert_params_per_layer = experts_in_layer // (shape.layers - shape.dense_layers)
     shape.mxfp4 = mxfp4_checkpoint(config)
-    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
     shape.saved_fp16 = saved in (torch.float16, "float16")
     return shape
 
