@@ -75,8 +75,8 @@ class Row:
             return f"{pair[0]}/{pair[1]}"
 
         logits = f"{self.logits_delta:.3g} (of {self.logits_scale:.3g})"
-        return [self.family, self.quantization, "yes" if self.loads else "NO", self.pre, frac(self.tokens),
-                frac(self.template), "yes" if self.greedy else "no", logits]
+        return [self.family, self.quantization, "yes" if self.loads else "NO", self.pre or "none (SPM)",
+                frac(self.tokens), frac(self.template), "yes" if self.greedy else "no", logits]
 
 
 def texts(tokenizer, chats=CHATS) -> list[str]:
@@ -195,6 +195,10 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # of the two layers, Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear
     # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece
     # (refused by save_gguf); the twins carry a byte-level BPE.
+    # SentencePiece-style vocabularies (byte fallback, "▁" for spaces), written as llama.cpp's SPM model: Gemma's
+    # (no space prefix) on a gemma3 twin, Llama-2's (a "▁" before the text and after every special token) on llama.
+    "gemma3_text (spm, as Gemma)": ("gemma3_text", dict(_GEMMA, vocab_size=640), "spm"),
+    "llama (spm, as Llama-2)": ("llama", {"vocab_size": 640}, "spm-prefix"),
     "gemma2 (gpt-2)": ("gemma2", dict(_GEMMA, attn_logit_softcapping=0.5, final_logit_softcapping=1.0), "gpt-2"),
     "gemma3_text (gpt-2)": ("gemma3_text", dict(_GEMMA, layer_types=["full_attention", "sliding_attention"],
                                                 rope_parameters={
@@ -212,8 +216,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
 }
 
 
-TRAIN_STEPS = {"gemma3_text (gpt-2)": 60}
-"""Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12)."""
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}
+"""Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
+SentencePiece vocabulary, at token 2)."""
 
 
 def twin_model(label: str, steps: int | None = None):
@@ -222,10 +227,13 @@ def twin_model(label: str, steps: int | None = None):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fastkit import FastModel
-    from fastkit.twins import twin, twin_bpe_tokenizer
+    from fastkit.twins import twin, twin_bpe_tokenizer, twin_spm_tokenizer
 
     model_type, overrides, pre = TWINS[label]
-    tokenizer = twin_bpe_tokenizer(pre, corpus=tuple(texts_raw()))
+    if pre.startswith("spm"):
+        tokenizer = twin_spm_tokenizer(space_prefix=pre == "spm-prefix", corpus=tuple(texts_raw()))
+    else:
+        tokenizer = twin_bpe_tokenizer(pre, corpus=tuple(texts_raw()))
     if model_type == "qwen2":  # no twin family: from its config, q/k/v biases included
         torch.manual_seed(0)
         config = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
@@ -247,6 +255,22 @@ def _draw_zeros(model, std: float = 0.5) -> None:
     for name, p in model.named_parameters():
         if not p.any() or name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def expected_pre(label: str) -> str:
+    """``tokenizer.ggml.pre`` a twin's file should carry (none for a SentencePiece-style vocabulary)."""
+    pre = TWINS[label][2]
+    return "" if pre.startswith("spm") else pre
+
+
+SPM_EXTRA = ("Byte fallback: Hello Ω ≈ ç 𝄞 naïve Zürich", " leading space", "trailing space ", "  ",
+             "<start_of_turn>user\n Hi<end_of_turn>\n<start_of_turn>model\n")
+"""Texts for SentencePiece-style twins beyond the corpus: characters the vocabulary lacks (byte fallback), spaces at
+the ends, text right after special tokens."""
+
+
+def extra_texts(label: str) -> tuple[str, ...]:
+    return SPM_EXTRA if TWINS[label][2].startswith("spm") else ()
 
 
 def texts_raw() -> list[str]:
@@ -312,7 +336,7 @@ def all_rows(tmp: Path) -> list[Row]:
         model, tokenizer = twin_model(label)
         for quantization in ("f16", "q8_0"):
             path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
-            rows.append(check(path, model, tokenizer, label, quantization))
+            rows.append(check(path, model, tokenizer, label, quantization, extra_texts(label)))
     quantized, reference, tokenizer = moe_4bit_model()
     for quantization in ("f16", "q8_0"):
         path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)

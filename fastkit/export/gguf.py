@@ -104,12 +104,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
-    if not _hf.byte_level_bpe(spec):
-        raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
-                           "Qwen / SmolLM / Phi-4 / gpt-oss style); pass the model's own AutoTokenizer. SentencePiece-"
-                           "style vocabularies (Gemma, Phi-3, Llama-2) are not written yet: export with save_merged "
-                           "and llama.cpp's convert_hf_to_gguf.py.")
-    check_tokenizer(spec)  # merges present, a pre-tokenizer llama.cpp splits the same way
+    check_tokenizer(spec)  # byte-level: merges, a pre-tokenizer llama.cpp splits alike; SentencePiece: gguf_spm
     if path.exists() and not path.is_dir():
         raise FastkitError(f"save_gguf(path={str(path)!r}) is a file; pass a folder to write the .gguf into.")
     existing = path
