@@ -269,8 +269,22 @@ SPM_EXTRA = ("Byte fallback: Hello Ω ≈ ç 𝄞 naïve Zürich", " leading spa
 the ends, text right after special tokens."""
 
 
-def extra_texts(label: str) -> tuple[str, ...]:
-    return SPM_EXTRA if TWINS[label][2].startswith("spm") else ()
+def spm_fuzz(tokenizer, n: int = 400, seed: int = 0) -> list[str]:
+    """Texts that make the merge order matter: every multi-character token's text, ``n`` runs of 2-6 of them, and
+    ``n`` random spans of the corpus (a SentencePiece-style twin's merges compete over the whole text, unsplit)."""
+    import random
+
+    rng = random.Random(seed)
+    words = sorted(t.replace("\u2581", " ") for t in tokenizer.get_vocab() if len(t) > 1 and not t.startswith("<"))
+    src = "".join(texts_raw())
+    return (words + ["".join(rng.choice(words) for _ in range(rng.randint(2, 6))) for _ in range(n)]
+            + [src[i:i + rng.randint(1, 40)] for i in (rng.randrange(len(src)) for _ in range(n))])
+
+
+def extra_texts(label: str, tokenizer) -> tuple[str, ...]:
+    """Texts beyond the corpus a twin's token check runs on (SentencePiece-style twins: :data:`SPM_EXTRA` and
+    :func:`spm_fuzz`)."""
+    return (*SPM_EXTRA, *spm_fuzz(tokenizer)) if TWINS[label][2].startswith("spm") else ()
 
 
 def texts_raw() -> list[str]:
@@ -336,7 +350,7 @@ def all_rows(tmp: Path) -> list[Row]:
         model, tokenizer = twin_model(label)
         for quantization in ("f16", "q8_0"):
             path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
-            rows.append(check(path, model, tokenizer, label, quantization, extra_texts(label)))
+            rows.append(check(path, model, tokenizer, label, quantization, extra_texts(label, tokenizer)))
     quantized, reference, tokenizer = moe_4bit_model()
     for quantization in ("f16", "q8_0"):
         path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)

@@ -60,7 +60,7 @@ def test_every_family_reproduces_in_llama_cpp(tmp_path, label):
     model, tok = rt.twin_model(label)
     for quantization in ("f16", "q8_0"):
         path = save_gguf(model, tok, tmp_path / quantization, quantization=quantization)
-        row = rt.check(path, model, tok, label, quantization, rt.extra_texts(label))
+        row = rt.check(path, model, tok, label, quantization, rt.extra_texts(label, tok))
         _assert_reproduced(row)
         assert row.pre == rt.expected_pre(label)
 
