@@ -187,18 +187,18 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, "llama-bpe"),
     "mistral (tekken)": ("mistral", {"sliding_window": None}, "tekken"),
+    # SentencePiece-style vocabularies (byte fallback, "▁" for spaces), written as llama.cpp's SPM model: Gemma's
+    # (no space prefix) on a gemma3 twin, Llama-2's (a "▁" before the text and after every special token) on llama.
+    "gemma3_text (spm, as Gemma)": ("gemma3_text", dict(_GEMMA, vocab_size=640), "spm"),
+    "llama (spm, as Llama-2)": ("llama", {"vocab_size": 640}, "spm-prefix"),
     "qwen2 (qwen2)": ("qwen2", {}, "qwen2"),
     "qwen3 (qwen2)": ("qwen3", {}, "qwen2"),
     "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
     "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
     # Gemma 2 / 3: norms x·(1+w), post-attention / post-ffw norms, an 8-token window (the prompts are longer) on one
     # of the two layers, Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear
-    # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece
-    # (refused by save_gguf); the twins carry a byte-level BPE.
-    # SentencePiece-style vocabularies (byte fallback, "▁" for spaces), written as llama.cpp's SPM model: Gemma's
-    # (no space prefix) on a gemma3 twin, Llama-2's (a "▁" before the text and after every special token) on llama.
-    "gemma3_text (spm, as Gemma)": ("gemma3_text", dict(_GEMMA, vocab_size=640), "spm"),
-    "llama (spm, as Llama-2)": ("llama", {"vocab_size": 640}, "spm-prefix"),
+    # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece-style
+    # (the "spm" rows above); these twins carry a byte-level BPE.
     "gemma2 (gpt-2)": ("gemma2", dict(_GEMMA, attn_logit_softcapping=0.5, final_logit_softcapping=1.0), "gpt-2"),
     "gemma3_text (gpt-2)": ("gemma3_text", dict(_GEMMA, layer_types=["full_attention", "sliding_attention"],
                                                 rope_parameters={
@@ -207,7 +207,8 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
                                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e2}}),
                             "gpt-2"),
     # Phi-3 / Phi-4: fused qkv_proj and gate_up_proj, untied head, partial rotary (Phi-4-mini's is 0.75); Phi-4's
-    # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece (refused).
+    # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece-style one strips whitespace
+    # around its added tokens (refused: llama.cpp does that only by general.name).
     "phi3 (dbrx, as Phi-4)": ("phi3", dict(_ATTN, intermediate_size=128, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "dbrx"),
     # GPT-OSS: attention sinks, q/k/v/o and expert biases, interleaved gate/up experts, clamped SwiGLU, alternating

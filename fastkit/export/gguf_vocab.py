@@ -243,9 +243,9 @@ def check_tokenizer(spec: dict) -> str:
         check_spm(spec)
         return ""
     if not _hf.byte_level_bpe(spec):
-        raise FastkitError("save_gguf: the tokenizer must be a fast BPE tokenizer, byte-level (GPT-2 / Llama-3 / "
-                           "Qwen / SmolLM / Phi-4 / gpt-oss style) or SentencePiece-style with byte fallback (Gemma, "
-                           "Llama-2, Phi-3); pass the model's own AutoTokenizer, or export with save_merged and "
+        raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
+                           "Qwen / SmolLM / Phi-4 / gpt-oss style) or a SentencePiece-style BPE with byte fallback "
+                           "(Gemma, Llama-2); pass the model's own AutoTokenizer, or export with save_merged and "
                            "llama.cpp's convert_hf_to_gguf.py.")
     if not spec.get("model", {}).get("merges"):
         raise FastkitError("save_gguf: the tokenizer is BPE without merges; llama.cpp refuses to load such a file "
