@@ -43,7 +43,31 @@ def _plan(args: argparse.Namespace) -> int:
                   load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
                   host_embedding=args.host_embedding, host_lm_head=args.host_lm_head)
     print(result.table())
+    asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head)
+    if not result.fits and asked_defaults and args.expert_lora and args.r == 16 and args.batch_size == 1:
+        _print_auto(args.model, gpu, args.max_seq_length, args.load_in_4bit)
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _print_auto(model: str, gpu, max_seq_length: int, load_in_4bit: bool) -> None:
+    """What FastModel does by itself where this plain setup does not fit (the loader's plan, same numbers)."""
+    from fastkit.plan.planner import auto_plan
+    from fastkit.units import GiB
+
+    found = auto_plan(model, gpu, max_seq_length, load_in_4bit)
+    if found is None:
+        return
+    what, better = found
+    print(f"\nFastModel's default (get_peft_model(use_gradient_checkpointing=\"auto\")) turns on {what}: "
+          f"predicted {better.total / GiB:.2f} GiB, fits on {better.inputs.gpu}. The table for it: add "
+          f"{_flags(what)}.")
+
+
+def _flags(what: str) -> str:
+    flags = ["--offload"] if "offload" in what else []
+    flags += ["--host-embedding"] if "embedding" in what else []
+    flags += ["--host-lm-head"] if "lm_head" in what else []
+    return " ".join(flags)
 
 
 def main(argv: list[str] | None = None) -> int:

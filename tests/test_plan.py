@@ -162,6 +162,26 @@ def test_cli_4bit_moe_counts_expert_lora_unless_switched_off(tmp_path, capsys):
     assert "on experts" not in capsys.readouterr().out
 
 
+def test_cli_says_what_fastmodel_turns_on_where_the_plain_setup_does_not_fit(tmp_path, capsys):
+    """GPT-OSS-20B on a T4: plain checkpointing does not fit (exit 1), and the CLI says what FastModel's
+    "auto" does instead, with the same numbers as the load-time plan (check_fits)."""
+    from fastkit.cli import main
+    from fastkit.plan import check_fits
+    from fastkit.plan.moe_4bit import GPT_OSS_20B
+    from fastkit.plan.planner import read_config
+
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit"]) == 1
+    out = capsys.readouterr().out
+    loaded = check_fits(read_config(str(tmp_path)), torch.device("cpu"), "t4", 2048, True)
+    assert loaded.needs_offload and loaded.inputs.host_embedding and loaded.inputs.host_lm_head
+    assert ("turns on activation offload + the input embedding and lm_head on the host: predicted "
+            f"{loaded.total / 2**30:.2f} GiB, fits on t4") in out
+    assert "--offload --host-embedding --host-lm-head" in out
+    assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--offload"]) == 1  # a setup asked for: as asked
+    assert "FastModel's default" not in capsys.readouterr().out
+
+
 def test_optimizer_names_are_the_trainers_spelling():
     """The planner takes the ``optim`` names make_trainer passes to TrainingArguments, nothing else."""
     from transformers.training_args import OptimizerNames

@@ -498,9 +498,10 @@ first that fits is kept): such a run sits at the edge, the planner's error on me
 and a T4 kernel dies on OOM. A run that fits with plain checkpointing is left as it is."""
 
 
-def _first_that_fits(config, gpu, max_seq_length: int, load_in_4bit: bool) -> Plan | None:
-    """The first of :data:`AUTO_STEPS` within :data:`AUTO_HEADROOM` of the budget, else the first that fits (flagged
-    for ``get_peft_model``'s "auto"), or None."""
+def auto_plan(config, gpu, max_seq_length: int, load_in_4bit: bool) -> tuple[str, Plan] | None:
+    """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on when plain checkpointing does not fit:
+    the first of :data:`AUTO_STEPS` within :data:`AUTO_HEADROOM` of the budget, else the first that fits, as
+    ``(what, its plan)`` (the plan flagged ``needs_offload``); None when none fits."""
     first = None
     for what, knobs in AUTO_STEPS:
         trial = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, **knobs)
@@ -510,9 +511,7 @@ def _first_that_fits(config, gpu, max_seq_length: int, load_in_4bit: bool) -> Pl
             if trial.total <= AUTO_HEADROOM * trial.budget:
                 first = (what, trial)
                 break
-    if first is not None:
-        logger.info("fastkit: %s on by default: %s", first[0], first[1].verdict())
-    return first[1] if first is not None else None
+    return first
 
 
 def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_length: int,
@@ -533,9 +532,10 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
         logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
         return None
     if not result.fits:
-        better = _first_that_fits(config, gpu, max_seq_length, load_in_4bit)
+        better = auto_plan(config, gpu, max_seq_length, load_in_4bit)
         if better is not None:
-            return better
+            logger.info("fastkit: %s on by default: %s", better[0], better[1].verdict())
+            return better[1]
     unmeasured = any(k.startswith("weights: MoE experts, NF4") for k in result.components)  # 4-bit experts
     if result.total > REFUSE_ABOVE * result.budget and not unmeasured:
         raise FastkitError(f"{result.verdict()} Nothing was loaded. See `fastkit plan` for the table, or pass "
@@ -551,5 +551,5 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     return result
 
 
-__all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "Plan", "PlanInputs", "check_fits", "default_optimizer",
-           "gpu_budget", "plan", "prequantized_4bit", "read_config"]
+__all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "Plan", "PlanInputs", "auto_plan", "check_fits",
+           "default_optimizer", "gpu_budget", "plan", "prequantized_4bit", "read_config"]
