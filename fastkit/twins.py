@@ -245,3 +245,68 @@ def twin_bpe_tokenizer(pre: str = "gpt-2", corpus: tuple[str, ...] = TWIN_BPE_CO
                                   initial_alphabet=pt.ByteLevel.alphabet())
     backend.train_from_iterator(list(corpus) * 4, trainer)
     return _chatml_tokenizer(backend)
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\n\n' %}"
+    "{% set messages = messages[1:] %}{% else %}{% set first = '' %}{% endif %}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + ((first if loop.first else '') + message['content']) | trim"
+    " + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+"""Gemma's chat format (the system prompt folded into the first user turn)."""
+SPM_SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+"""Gemma's special tokens, at Gemma's ids 0-3 (the turn markers follow)."""
+
+
+def _sentencepiece_merges(vocab: dict[str, int], order: dict[str, int]) -> list[tuple[str, str]]:
+    """Merges as transformers derives them from a SentencePiece model: every split of every token into two tokens,
+    ordered by the token made (its ``order``, the score order), then by the parts' ids."""
+    merges = []
+    for token in vocab:
+        for i in range(1, len(token)):
+            left, right = token[:i], token[i:]
+            if left in vocab and right in vocab:
+                merges.append((order[token], vocab[left], vocab[right], left, right))
+    return [(left, right) for *_, left, right in sorted(merges)]
+
+
+def twin_spm_tokenizer(space_prefix: bool = False, corpus: tuple[str, ...] = TWIN_BPE_CORPUS,
+                       pieces: int = 360) -> PreTrainedTokenizerFast:
+    """A SentencePiece-style tokenizer as Gemma's (``space_prefix=False``) or Llama-2's (``True``) tokenizer.json
+    spell one: BPE with byte fallback over ``<0x00>``..``<0xFF>``, spaces replaced by "▁" (and one prepended to
+    each text segment for Llama-2), no pre-tokenizer split, merges listing every split of every token (as
+    transformers converts a SentencePiece model), in the order the pieces were learned. The pieces (characters
+    and merged tokens, ``pieces`` of them) are learned from ``corpus``; Gemma's special tokens and chat format;
+    ids: specials, bytes, then the pieces in string order (not the merge order, unlike SentencePiece's)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+
+    space = "\u2581"
+    steps = [normalizers.Prepend(space)] if space_prefix else []
+    normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", space)]) if steps \
+        else normalizers.Replace(" ", space)
+    learner = Tokenizer(models.BPE())
+    learner.normalizer = normalizer
+    learner.train_from_iterator(list(corpus) * 4, trainers.BpeTrainer(vocab_size=pieces, show_progress=False))
+    learned = learner.get_vocab()  # piece -> the order it was learned in (characters, then merges)
+    vocab: dict[str, int] = {}
+    for token in [*SPM_SPECIAL_TOKENS, *(f"<0x{b:02X}>" for b in range(256)), *sorted(learned)]:
+        vocab.setdefault(token, len(vocab))
+    # Ids in string order, merges in learned order: a score read off the id cannot pass for the merge rank.
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=_sentencepiece_merges(vocab, learned), byte_fallback=True,
+                                   unk_token="<unk>", fuse_unk=True))
+    backend.normalizer = normalizer
+    backend.decoder = decoders.Sequence([decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()]
+                                        + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                           special_tokens=[("<bos>", vocab["<bos>"])])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
+                                  bos_token="<bos>", unk_token="<unk>",
+                                  additional_special_tokens=["<start_of_turn>", "<end_of_turn>"])
+    tok.chat_template = GEMMA_TEMPLATE
+    tok.model_max_length = 32768
+    return tok

@@ -75,8 +75,8 @@ class Row:
             return f"{pair[0]}/{pair[1]}"
 
         logits = f"{self.logits_delta:.3g} (of {self.logits_scale:.3g})"
-        return [self.family, self.quantization, "yes" if self.loads else "NO", self.pre, frac(self.tokens),
-                frac(self.template), "yes" if self.greedy else "no", logits]
+        return [self.family, self.quantization, "yes" if self.loads else "NO", self.pre or "none (SPM)",
+                frac(self.tokens), frac(self.template), "yes" if self.greedy else "no", logits]
 
 
 def texts(tokenizer, chats=CHATS) -> list[str]:
@@ -187,14 +187,18 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, "llama-bpe"),
     "mistral (tekken)": ("mistral", {"sliding_window": None}, "tekken"),
+    # SentencePiece-style vocabularies (byte fallback, "▁" for spaces), written as llama.cpp's SPM model: Gemma's
+    # (no space prefix) on a gemma3 twin, Llama-2's (a "▁" before the text and after every special token) on llama.
+    "gemma3_text (spm, as Gemma)": ("gemma3_text", dict(_GEMMA, vocab_size=640), "spm"),
+    "llama (spm, as Llama-2)": ("llama", {"vocab_size": 640}, "spm-prefix"),
     "qwen2 (qwen2)": ("qwen2", {}, "qwen2"),
     "qwen3 (qwen2)": ("qwen3", {}, "qwen2"),
     "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
     "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
     # Gemma 2 / 3: norms x·(1+w), post-attention / post-ffw norms, an 8-token window (the prompts are longer) on one
     # of the two layers, Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear
-    # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece
-    # (refused by save_gguf); the twins carry a byte-level BPE.
+    # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece-style
+    # (the "spm" rows above); these twins carry a byte-level BPE.
     "gemma2 (gpt-2)": ("gemma2", dict(_GEMMA, attn_logit_softcapping=0.5, final_logit_softcapping=1.0), "gpt-2"),
     "gemma3_text (gpt-2)": ("gemma3_text", dict(_GEMMA, layer_types=["full_attention", "sliding_attention"],
                                                 rope_parameters={
@@ -203,7 +207,8 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
                                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e2}}),
                             "gpt-2"),
     # Phi-3 / Phi-4: fused qkv_proj and gate_up_proj, untied head, partial rotary (Phi-4-mini's is 0.75); Phi-4's
-    # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece (refused).
+    # tokenizer is cl100k ("dbrx" split), Phi-3's SentencePiece-style one strips whitespace
+    # around its added tokens (refused: llama.cpp does that only by general.name).
     "phi3 (dbrx, as Phi-4)": ("phi3", dict(_ATTN, intermediate_size=128, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "dbrx"),
     # GPT-OSS: attention sinks, q/k/v/o and expert biases, interleaved gate/up experts, clamped SwiGLU, alternating
@@ -212,8 +217,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
 }
 
 
-TRAIN_STEPS = {"gemma3_text (gpt-2)": 60}
-"""Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12)."""
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}
+"""Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
+SentencePiece vocabulary, at token 2)."""
 
 
 def twin_model(label: str, steps: int | None = None):
@@ -222,10 +228,13 @@ def twin_model(label: str, steps: int | None = None):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fastkit import FastModel
-    from fastkit.twins import twin, twin_bpe_tokenizer
+    from fastkit.twins import twin, twin_bpe_tokenizer, twin_spm_tokenizer
 
     model_type, overrides, pre = TWINS[label]
-    tokenizer = twin_bpe_tokenizer(pre, corpus=tuple(texts_raw()))
+    if pre.startswith("spm"):
+        tokenizer = twin_spm_tokenizer(space_prefix=pre == "spm-prefix", corpus=tuple(texts_raw()))
+    else:
+        tokenizer = twin_bpe_tokenizer(pre, corpus=tuple(texts_raw()))
     if model_type == "qwen2":  # no twin family: from its config, q/k/v biases included
         torch.manual_seed(0)
         config = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
@@ -247,6 +256,36 @@ def _draw_zeros(model, std: float = 0.5) -> None:
     for name, p in model.named_parameters():
         if not p.any() or name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def expected_pre(label: str) -> str:
+    """``tokenizer.ggml.pre`` a twin's file should carry (none for a SentencePiece-style vocabulary)."""
+    pre = TWINS[label][2]
+    return "" if pre.startswith("spm") else pre
+
+
+SPM_EXTRA = ("Byte fallback: Hello Ω ≈ ç 𝄞 naïve Zürich", " leading space", "trailing space ", "  ",
+             "<start_of_turn>user\n Hi<end_of_turn>\n<start_of_turn>model\n")
+"""Texts for SentencePiece-style twins beyond the corpus: characters the vocabulary lacks (byte fallback), spaces at
+the ends, text right after special tokens."""
+
+
+def spm_fuzz(tokenizer, n: int = 400, seed: int = 0) -> list[str]:
+    """Texts that make the merge order matter: every multi-character token's text, ``n`` runs of 2-6 of them, and
+    ``n`` random spans of the corpus (a SentencePiece-style twin's merges compete over the whole text, unsplit)."""
+    import random
+
+    rng = random.Random(seed)
+    words = sorted(t.replace("\u2581", " ") for t in tokenizer.get_vocab() if len(t) > 1 and not t.startswith("<"))
+    src = "".join(texts_raw())
+    return (words + ["".join(rng.choice(words) for _ in range(rng.randint(2, 6))) for _ in range(n)]
+            + [src[i:i + rng.randint(1, 40)] for i in (rng.randrange(len(src)) for _ in range(n))])
+
+
+def extra_texts(label: str, tokenizer) -> tuple[str, ...]:
+    """Texts beyond the corpus a twin's token check runs on (SentencePiece-style twins: :data:`SPM_EXTRA` and
+    :func:`spm_fuzz`)."""
+    return (*SPM_EXTRA, *spm_fuzz(tokenizer)) if TWINS[label][2].startswith("spm") else ()
 
 
 def texts_raw() -> list[str]:
@@ -312,7 +351,7 @@ def all_rows(tmp: Path) -> list[Row]:
         model, tokenizer = twin_model(label)
         for quantization in ("f16", "q8_0"):
             path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
-            rows.append(check(path, model, tokenizer, label, quantization))
+            rows.append(check(path, model, tokenizer, label, quantization, extra_texts(label, tokenizer)))
     quantized, reference, tokenizer = moe_4bit_model()
     for quantization in ("f16", "q8_0"):
         path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)

@@ -60,9 +60,9 @@ def test_every_family_reproduces_in_llama_cpp(tmp_path, label):
     model, tok = rt.twin_model(label)
     for quantization in ("f16", "q8_0"):
         path = save_gguf(model, tok, tmp_path / quantization, quantization=quantization)
-        row = rt.check(path, model, tok, label, quantization)
+        row = rt.check(path, model, tok, label, quantization, rt.extra_texts(label, tok))
         _assert_reproduced(row)
-        assert row.pre == rt.TWINS[label][2]
+        assert row.pre == rt.expected_pre(label)
 
 
 def test_k_quants_are_llama_cpp_own(tmp_path):

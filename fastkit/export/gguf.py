@@ -5,7 +5,8 @@ What it writes. ``<path>/<name>-<quantization>.gguf`` with LoRA merged in (PEFT 
 as llama.cpp's ``convert_hf_to_gguf.py`` lays them out (names from ``gguf.get_tensor_name_map``;
 q/k rows permuted for llama-style rope; fused expert ``gate_up_proj`` split into ``ffn_gate_exps`` /
 ``ffn_up_exps``; norms, biases and the router in f32; Llama-3 rope scaling as ``rope_freqs``), the
-byte-level BPE tokenizer and the chat template in the metadata (:mod:`fastkit.export.gguf_vocab`); and an
+tokenizer (byte-level BPE, :mod:`fastkit.export.gguf_vocab`; SentencePiece-style as llama.cpp's SPM model,
+:mod:`fastkit.export.gguf_spm`) and the chat template in the metadata; and an
 Ollama ``Modelfile`` beside it (``ollama create my-model -f <path>/Modelfile``).
 
 Memory. Tensors are merged, converted and written one at a time (the GGUF header is planned from
@@ -20,9 +21,8 @@ too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's grap
 deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
 (llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
 shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
-differently (activation, soft-caps, query scale, tied head, SwiGLU clamp), non-byte-level tokenizers
-(SentencePiece), and tokenizers llama.cpp would split differently or cannot load
-(:mod:`fastkit.export.gguf_vocab`).
+differently (activation, soft-caps, query scale, tied head, SwiGLU clamp), and tokenizers llama.cpp would
+split or merge differently or cannot load (:mod:`fastkit.export.gguf_vocab`, :mod:`fastkit.export.gguf_spm`).
 
 4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
 file, one tensor at a time; a MoE file missing any layer's experts is refused. ``q4_k_m`` / ``q5_k_m`` /
@@ -104,12 +104,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
-    if not _hf.byte_level_bpe(spec):
-        raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
-                           "Qwen / SmolLM / Phi-4 / gpt-oss style); pass the model's own AutoTokenizer. SentencePiece-"
-                           "style vocabularies (Gemma, Phi-3, Llama-2) are not written yet: export with save_merged "
-                           "and llama.cpp's convert_hf_to_gguf.py.")
-    check_tokenizer(spec)  # merges present, a pre-tokenizer llama.cpp splits the same way
+    check_tokenizer(spec)  # byte-level: merges, a pre-tokenizer llama.cpp splits alike; SentencePiece: gguf_spm
     if path.exists() and not path.is_dir():
         raise FastkitError(f"save_gguf(path={str(path)!r}) is a file; pass a folder to write the .gguf into.")
     existing = path

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from fastkit import _hf
 from fastkit.errors import FastkitError
+from fastkit.export.gguf_spm import add_spm_tokenizer_kv, check_spm, is_spm_style
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +237,16 @@ def chat_template(tokenizer) -> str | None:
 
 
 def check_tokenizer(spec: dict) -> str:
-    """Refuse what llama.cpp cannot load or would tokenize differently; returns the pre-tokenizer name."""
+    """Refuse what llama.cpp cannot load or would tokenize differently; returns the pre-tokenizer name ("" for a
+    SentencePiece-style vocabulary, written as llama.cpp's SPM model by :mod:`fastkit.export.gguf_spm`)."""
+    if is_spm_style(spec):
+        check_spm(spec)
+        return ""
+    if not _hf.byte_level_bpe(spec):
+        raise FastkitError("save_gguf: the tokenizer must be a fast byte-level BPE tokenizer (GPT-2 / Llama-3 / "
+                           "Qwen / SmolLM / Phi-4 / gpt-oss style) or a SentencePiece-style BPE with byte fallback "
+                           "(Gemma, Llama-2); pass the model's own AutoTokenizer, or export with save_merged and "
+                           "llama.cpp's convert_hf_to_gguf.py.")
     if not spec.get("model", {}).get("merges"):
         raise FastkitError("save_gguf: the tokenizer is BPE without merges; llama.cpp refuses to load such a file "
                            "('cannot find tokenizer merges in model file'). Pass the tokenizer the model was "
@@ -245,13 +255,16 @@ def check_tokenizer(spec: dict) -> str:
 
 
 def add_tokenizer_kv(writer, tokenizer, spec: dict, vocab_size: int) -> None:
-    pre = check_tokenizer(spec)
-    tokens, types, merges = _vocab(tokenizer, spec, vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    if is_spm_style(spec):
+        add_spm_tokenizer_kv(writer, tokenizer, spec, vocab_size)
+    else:
+        pre = check_tokenizer(spec)
+        tokens, types, merges = _vocab(tokenizer, spec, vocab_size)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
     for attr, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
                       ("pad_token_id", writer.add_pad_token_id), ("unk_token_id", writer.add_unk_token_id)):
         if (token_id := getattr(tokenizer, attr, None)) is not None:
