@@ -12,7 +12,7 @@ import pytest
 
 from fastkit import FastkitError
 from fastkit.export.gguf import save_gguf
-from fastkit.export.gguf_spm import check_spm, spm_layout, spm_scores
+from fastkit.export.gguf_spm import check_spm, interleaved, spm_layout, spm_scores
 from fastkit.twins import twin, twin_spm_tokenizer
 from tests.gguf_round_trip import texts_raw
 
@@ -78,12 +78,8 @@ def test_vocabularies_llama_cpp_would_merge_differently_are_refused(gemma_tok):
     assert ["a", "re"] in spec["model"]["merges"]  # "are" is also "ar" + "e"
     with pytest.raises(FastkitError, match="would build from 'a' \\+ 're'"):
         spm_scores(short)
-    moved = copy.deepcopy(spec)  # the merges making one token apart: a score cannot order them like ranks
-    merges = moved["model"]["merges"]
-    i = merges.index(["a", "re"])
-    merges.append(merges.pop(i))
-    with pytest.raises(FastkitError, match="with other merges between"):
-        spm_scores(moved)
+    moved = _moved(spec)  # the merges making one token apart: a score cannot order them like ranks
+    assert interleaved(spec) == [] and interleaved(moved) == ["are"]  # so the file is checked in llama.cpp
     no_bytes = copy.deepcopy(spec)
     del no_bytes["model"]["vocab"]["<0x41>"]
     with pytest.raises(FastkitError, match="byte tokens"):
@@ -92,6 +88,64 @@ def test_vocabularies_llama_cpp_would_merge_differently_are_refused(gemma_tok):
     stripping["added_tokens"][-1]["rstrip"] = True
     with pytest.raises(FastkitError, match="rstrip"):
         check_spm(stripping)
+
+
+def _moved(spec: dict) -> dict:
+    moved = copy.deepcopy(spec)
+    merges = moved["model"]["merges"]
+    merges.append(merges.pop(merges.index(["a", "re"])))  # "are" is also made earlier, by "ar" + "e"
+    return moved
+
+
+def _tokenizer_from(spec: dict, like):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), bos_token=like.bos_token,
+                                  eos_token=like.eos_token, unk_token=like.unk_token, pad_token=like.pad_token)
+    tok.chat_template = like.chat_template
+    return tok
+
+
+class _FakeLlama:
+    """llama_cpp.Llama(vocab_only=True) that splits every text one id off HF's (a vocabulary llama.cpp misreads)."""
+
+    def __init__(self, model_path, vocab_only, verbose):
+        assert vocab_only
+
+    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        return [0] + list(text)[:3]
+
+    def close(self):
+        pass
+
+
+def test_merges_llama_cpp_may_order_differently_are_checked_in_llama_cpp(tmp_path, gemma_tok, monkeypatch):
+    """Interleaved merges (real Llama-2's runs of "▁" are so) are written only when llama.cpp itself gives HF's
+    ids; without llama-cpp-python they are refused. Nothing is left behind either way."""
+    import sys
+    import types
+
+    tok = _tokenizer_from(_moved(_spec(gemma_tok)), gemma_tok)
+    model = twin("llama", vocab_size=640)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not installed
+    with pytest.raises(FastkitError, match="llama-cpp-python is not installed"):
+        save_gguf(model, tok, tmp_path / "a", quantization="f16")
+    assert not list((tmp_path / "a").glob("*.gguf*"))
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=_FakeLlama))  # it splits otherwise
+    with pytest.raises(FastkitError, match="and they do: llama.cpp splits 'Hello world'"):
+        save_gguf(model, tok, tmp_path / "b", quantization="f16")
+    assert not list((tmp_path / "b").glob("*.gguf*"))
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=None))  # grouped merges: not asked
+    assert save_gguf(model, gemma_tok, tmp_path / "c", quantization="f16").endswith(".gguf")
+
+
+def test_interleaved_merges_that_llama_cpp_orders_alike_export(tmp_path, gemma_tok):
+    """The real client: the moved merge changes no split, so llama.cpp agrees and the file is written."""
+    pytest.importorskip("llama_cpp")
+    tok = _tokenizer_from(_moved(_spec(gemma_tok)), gemma_tok)
+    path = save_gguf(twin("llama", vocab_size=640), tok, tmp_path, quantization="f16")
+    assert path.endswith(".gguf")
 
 
 def test_bpe_trained_with_byte_fallback_is_refused(tmp_path):

@@ -50,6 +50,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
+from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer, modelfile
 from fastkit.export.merge import merged_from_disk
 from fastkit.patching import unwrap
@@ -633,6 +634,12 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             quantize_with_llama_cpp(source, tmp, quantization)
         finally:
             source.unlink(missing_ok=True)
+    if is_spm_style(spec):  # merges llama.cpp may order differently are checked in llama.cpp, before any replace
+        try:
+            check_ids_in_llama_cpp(tmp, tokenizer, spec)
+        except FastkitError:
+            tmp.unlink(missing_ok=True)
+            raise
     tmp.replace(target)
     (path / "Modelfile").write_text(modelfile(tokenizer, target.name))
     logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, count,
