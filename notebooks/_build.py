@@ -136,8 +136,10 @@ SPECS = [
          "`fastkit plan google/gemma-3-4b-it --gpu t4 --4bit`; not yet measured on a GPU).",
          "not measured (T4 target)", "Composite checkpoint, text model only; sliding-window layers packed",
          2048, 60, load_args=", load_in_4bit=not USE_TWIN",
-         gguf="save_gguf writes the gemma3 architecture, but not Gemma 3's SentencePiece-style tokenizer "
-         "(refused, not guessed); convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
+         gguf="save_gguf writes the gemma3 architecture and SentencePiece vocabularies (checked on Llama-2's real "
+         "one, in llama.cpp), but has not yet been run on Gemma 3's own tokenizer; try save_gguf (it refuses, "
+         "with the reason, a vocabulary llama.cpp would split differently) or convert the merged folder with "
+         "llama.cpp's convert_hf_to_gguf.py"),
     Spec("06_phi3_mini_packed.ipynb", "Phi-3-mini-4k-instruct: packed QLoRA", "microsoft/Phi-3-mini-4k-instruct",
          "Packed QLoRA on Phi-3-mini (3.8B). Phi-3 was not in fastkit's first table; the census proved it "
          "exact (packed logits and gradients equal each document alone, no host syncs), so it now has a row "
@@ -146,8 +148,9 @@ SPECS = [
          "`fastkit plan microsoft/Phi-3-mini-4k-instruct --gpu t4 --4bit`; not yet measured on a GPU).",
          "not measured (T4 target)", "A family the census added: packed QLoRA on Phi-3", 2048, 60,
          load_args=", load_in_4bit=not USE_TWIN",
-         gguf="save_gguf writes the phi3 architecture, but not Phi-3's SentencePiece-style tokenizer "
-         "(refused, not guessed); convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
+         gguf="save_gguf writes the phi3 architecture, but not Phi-3's tokenizer: its added tokens strip the "
+         "whitespace beside them, which llama.cpp does only for files it recognises by name (refused, not "
+         "guessed); convert the merged folder with llama.cpp's convert_hf_to_gguf.py"),
 ]
 
 
