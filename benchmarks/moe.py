@@ -44,7 +44,7 @@ from benchmarks.common import (
     write_outputs,
 )
 from benchmarks.moe_4bit import bench_4bit, table_4bit
-from benchmarks.moe_layer import PeakMemory, experts_module, inputs, share_weights, step
+from benchmarks.moe_layer import PeakMemory, experts_module, inputs, layer_syncs, share_weights, step
 from fastkit.units import fmt_bytes
 
 SHAPES = {
@@ -77,15 +77,8 @@ def _impl_context(module, impl: str):
 
 
 def _count_syncs(module, h, idx, w, impl):
-    from fastkit.syncs import SyncCounter
-
     with _impl_context(module, impl):
-        with SyncCounter() as fwd:
-            out = module(h, idx, w)
-        with SyncCounter() as bwd:
-            out.float().square().mean().backward()
-    h.grad = w.grad = None
-    return fwd.total, bwd.total
+        return layer_syncs(module, h, idx, w)
 
 
 def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device, impls=IMPLS,

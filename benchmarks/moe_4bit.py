@@ -28,7 +28,7 @@ import gc
 import torch
 
 from benchmarks.common import fmt_ms, fmt_ratio, markdown_table, timed
-from benchmarks.moe_layer import PeakMemory, experts_module, inputs, share_weights, step
+from benchmarks.moe_layer import PeakMemory, experts_module, inputs, layer_syncs, share_weights, step
 from fastkit.units import fmt_bytes
 
 REFERENCE = "fastkit 16-bit experts"
@@ -65,18 +65,6 @@ def _loop_forward(layers: torch.nn.ModuleList, h: torch.Tensor, idx: torch.Tenso
     return out
 
 
-def _syncs(fn, h, idx, w) -> tuple[int, int]:
-    """Host syncs of one forward and of its backward."""
-    from fastkit.syncs import SyncCounter
-
-    with SyncCounter() as fwd:
-        out = fn(h, idx, w)
-    with SyncCounter() as bwd:
-        out.float().square().mean().backward()
-    h.grad = w.grad = None
-    return fwd.total, bwd.total
-
-
 def _storage(obj) -> int:
     return sum(b.numel() * b.element_size() for b in list(obj.parameters()) + list(obj.buffers()))
 
@@ -107,7 +95,7 @@ def bench_4bit(name: str, shape: dict, tokens: int, reps: int, dtype, device) ->
     peaks, syncs, times = {}, {}, {impl: [] for impl in runs}
     for impl, (fn, _) in runs.items():
         step(fn, h, idx, w, True)  # warm-up
-        syncs[impl] = _syncs(fn, h, idx, w)
+        syncs[impl] = layer_syncs(fn, h, idx, w)
         gc.collect()
         tracker = PeakMemory()
         with tracker:

@@ -86,6 +86,18 @@ def step(module, h, idx, w, backward: bool):
     return out
 
 
+def layer_syncs(fn, h, idx, w) -> tuple[int, int]:
+    """Host syncs of one forward of ``fn(h, idx, w)`` and of its backward (the loss :func:`step` uses)."""
+    from fastkit.syncs import SyncCounter
+
+    with SyncCounter() as fwd:
+        out = fn(h, idx, w)
+    with SyncCounter() as bwd:
+        out.float().square().mean().backward()
+    h.grad = w.grad = None
+    return fwd.total, bwd.total
+
+
 def share_weights(module):
     """A second experts module over the SAME weight tensors (PEFT re-wires its own copy's dicts)."""
     twin = copy.copy(module)
