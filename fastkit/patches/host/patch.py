@@ -178,6 +178,19 @@ def _frozen_reason(module: torch.nn.Module, what: str) -> str | None:
     return None
 
 
+def _plain_frozen_reason(module: torch.nn.Module | None, what: str, kind: type, why_plain: str) -> str | None:
+    """Why ``module`` (the model's input embedding or lm_head) cannot stay on the host: missing, trainable, or not
+    exactly ``kind`` (``why_plain`` says what a subclass may do differently); None when it can."""
+    if module is None:
+        return f"no {what}"
+    reason = _frozen_reason(module, what)
+    if reason:
+        return reason
+    if type(module) is not kind:
+        return f"the {what} is a {type(module).__name__}, not a plain nn.{kind.__name__} ({why_plain})"
+    return None
+
+
 # ----------------------------------------------------------------------------------------- input embedding
 
 
@@ -222,13 +235,9 @@ class HostEmbeddingPatch:
 
     def check(self, model: torch.nn.Module) -> str | None:
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        if emb is None:
-            return "no input embedding"
-        reason = _frozen_reason(emb, "input embedding")
+        reason = _plain_frozen_reason(emb, "input embedding", torch.nn.Embedding, "it may scale its rows")
         if reason:
             return reason
-        if type(emb) is not torch.nn.Embedding:
-            return f"the input embedding is a {type(emb).__name__}, not a plain nn.Embedding (it may scale its rows)"
         if emb.max_norm is not None:
             return "the input embedding renormalizes rows (max_norm)"
         if _tied(model):
@@ -278,13 +287,9 @@ class HostLMHeadPatch:
 
     def check(self, model: torch.nn.Module) -> str | None:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if head is None:
-            return "no lm_head"
-        reason = _frozen_reason(head, "lm_head")
+        reason = _plain_frozen_reason(head, "lm_head", torch.nn.Linear, "LoRA on the head?")
         if reason:
             return reason
-        if type(head) is not torch.nn.Linear:
-            return f"the lm_head is a {type(head).__name__}, not a plain nn.Linear (LoRA on the head?)"
         if _tied(model):
             return "the lm_head is tied to the input embedding (one weight): not kept on the host"
         return None
