@@ -60,14 +60,13 @@ def _print_auto(model: str, gpu, max_seq_length: int, load_in_4bit: bool) -> Non
     what, better = found
     print(f"\nFastModel's default (get_peft_model(use_gradient_checkpointing=\"auto\")) turns on {what}: "
           f"predicted {better.total / GiB:.2f} GiB, fits on {better.inputs.gpu}. The table for it: add "
-          f"{_flags(what)}.")
+          f"{_flags(better.inputs)}.")
 
 
-def _flags(what: str) -> str:
-    flags = ["--offload"] if "offload" in what else []
-    flags += ["--host-embedding"] if "embedding" in what else []
-    flags += ["--host-lm-head"] if "lm_head" in what else []
-    return " ".join(flags)
+def _flags(inputs) -> str:
+    """The ``fastkit plan`` flags that ask for the knobs of ``inputs`` (a :class:`fastkit.plan.PlanInputs`)."""
+    flags = {"offload": "--offload", "host_embedding": "--host-embedding", "host_lm_head": "--host-lm-head"}
+    return " ".join(flag for field, flag in flags.items() if getattr(inputs, field))
 
 
 def main(argv: list[str] | None = None) -> int:
