@@ -82,7 +82,7 @@ def build_model(p: Profile, layers: int, device: torch.device) -> torch.nn.Modul
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from fastkit.twins import twin_config
+    from fastkit.families.twins import twin_config
 
     config = twin_config("llama", num_hidden_layers=layers, hidden_size=p.hidden, num_attention_heads=p.heads,
                          num_key_value_heads=p.kv_heads, head_dim=p.hidden // p.heads,

@@ -86,8 +86,8 @@ def _models(layers: int, shape: Shape, dtype: torch.dtype, device: torch.device,
     import copy
 
     from fastkit._hf import set_attn_implementation
+    from fastkit.families.twins import twin
     from fastkit.loader import FastModel
-    from fastkit.twins import twin
 
     with torch.device(device):  # built where it runs, in its dtype: no host-side init of big weights
         base = twin("llama", num_hidden_layers=layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
@@ -305,8 +305,8 @@ def _hybrid(tokens: int, args, dtype, device, gpu: bool) -> list[dict]:
     """qwen3_5-shaped twin: fastkit packed vs plain transformers on padded batches (and packed, wrong)."""
     import copy
 
+    from fastkit.families.twins import twin
     from fastkit.loader import FastModel
-    from fastkit.twins import twin
 
     shape = HYBRID_GPU if gpu else HYBRID_CPU
     with torch.device(device):

@@ -188,7 +188,7 @@ def _syncs_per_step(trainer) -> int:
 
 
 def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if case.weights:
@@ -225,7 +225,7 @@ def _weights(case: Case) -> str:
 
 
 def _compare(case: Case, args, device) -> dict:
-    from fastkit.twins import twin_tokenizer
+    from fastkit.families.twins import twin_tokenizer
 
     if case.weights:
         from transformers import AutoTokenizer

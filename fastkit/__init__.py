@@ -11,8 +11,9 @@ the few upstream warnings fastkit has made harmless, each named with its reason 
 import logging as _logging
 
 from fastkit import _quiet  # noqa: F401  (first: filters the named upstream warnings before those modules log)
+from fastkit.data.chat_template import require_chat_template
 from fastkit.errors import FastkitError, GPUOnlyError
-from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report, require_chat_template
+from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report
 from fastkit.patches.host import HostWeights, host_stats
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.syncs import SyncCounter, count_syncs
@@ -34,8 +35,8 @@ def set_verbosity(level: int | str) -> None:
 
 
 def add_chat_template(model, tokenizer, source=None, **kwargs):
-    """The tokenizer's own chat template, or one cloned from ``source`` (TRL); see fastkit.chat_template."""
-    from fastkit.chat_template import add_chat_template as _add
+    """The tokenizer's own chat template, or one cloned from ``source`` (TRL); see fastkit.data.chat_template."""
+    from fastkit.data.chat_template import add_chat_template as _add
 
     return _add(model, tokenizer, source, **kwargs)
 

@@ -1,7 +1,7 @@
 """Input checks for loading, training and saving: every bad input a :class:`FastkitError` naming the field.
 
 Each function here runs before any work (weights read, a step taken, a file written) or right after
-a save to prove it happened. The dataset row checks live in :mod:`fastkit.data.checks`; the packed
+a save to prove it happened. The dataset row checks live in :mod:`fastkit.data.rules`; the packed
 metadata checks in :mod:`fastkit.patches.packing.patch`.
 """
 

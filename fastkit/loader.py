@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from fastkit import _hf, checks, registry
+from fastkit.data.chat_template import has_chat_template
 from fastkit.device import auto_dtype, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
-from fastkit.family_patch import LoadReport, patch_with_facts
+from fastkit.families.patch import LoadReport, patch_with_facts
 from fastkit.patches.host.patch import HostWeights, enable_host_weights
 from fastkit.patches.moe.loading import QuantizeWhileLoading
 from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
@@ -126,7 +127,7 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.model_max_length = max_seq_length
-    if getattr(tok, "chat_template", None) is None:
+    if not has_chat_template(tok):
         logger.warning("fastkit: %s has no chat template; chat-formatted data will be refused "
                        "(fastkit.add_chat_template(model, tokenizer, source) clones one, or use plain-text data).",
                        name_or_path)
@@ -143,15 +144,6 @@ def _restore_gguf_split(tok, name_or_path: str, gguf_file: str, hub: dict) -> No
     path = cached_file(name_or_path, gguf_file, **hub)  # the file the weights were just read from
     if path is not None and (pre := restore_from_gguf(tok, path)) is not None:
         logger.info("fastkit: %s: restored pre-tokenizer %r (transformers' GGUF reader drops it)", gguf_file, pre)
-
-
-def require_chat_template(tokenizer) -> None:
-    """Raise a clear error if ``tokenizer`` cannot format chat messages."""
-    if getattr(tokenizer, "chat_template", None) in (None, ""):
-        raise FastkitError("This tokenizer has no chat template, but the data is chat messages (a base model?). "
-                           "Give it the template of an instruct model of the same family before LoRA: "
-                           "model, tokenizer = fastkit.add_chat_template(model, tokenizer, \"<instruct model id>\") "
-                           "(TRL's clone_chat_template), or give plain 'text' data.")
 
 
 @dataclass(frozen=True)
@@ -262,7 +254,7 @@ class FastModel:
         """Load ``(model, tokenizer)`` with fastkit's patches applied where they fit.
 
         ``twin=True`` builds a tiny random model of the same architecture and an in-process
-        tokenizer instead (offline; what CI runs notebooks with), see :mod:`fastkit.twins`.
+        tokenizer instead (offline; what CI runs notebooks with), see :mod:`fastkit.families.twins`.
 
         ``dtype`` is a ``torch.dtype`` or a name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"float16"``...);
         ``twin=True`` honours it and refuses ``load_in_4bit``. ``patches`` may also be one name (``"packing"``).
@@ -301,7 +293,7 @@ class FastModel:
             # NF4 per expert, layer by layer (patches/moe/nf4.py); revert dequantizes back
             change(model, "4bit_experts", lambda swap: quantize_experts(model, swap=swap))
         if load_in_4bit and quant.mxfp4 and device.type == "cuda":  # one quantizer per load: the linears are ours
-            from fastkit.linear_4bit import quantize_linears_4bit
+            from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
 
             quantize_linears_4bit(model, dtype)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
@@ -321,13 +313,13 @@ class FastModel:
         """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent.
 
         A family not in fastkit's table is first checked on a tiny twin of its own config (the census,
-        :mod:`fastkit.census`, about a second): it is patched only if every check passes.
+        :mod:`fastkit.families.census`, about a second): it is patched only if every check passes.
         """
         model = unwrap(model)
         facts = registry.facts_for(model.config.model_type)
         if facts is not None or patches is None:
             return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
-        from fastkit.census import self_check
+        from fastkit.families.census import self_check
 
         return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
 
@@ -466,7 +458,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 
 
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
-    from fastkit.twins import twin, twin_bpe_tokenizer, twin_family
+    from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_family
 
     checks.check_max_seq_length(max_seq_length)
     try:
@@ -504,4 +496,4 @@ def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offloa
 
 
 __all__ = ["FastModel", "LoadReport", "active_patches", "enable_checkpointing", "report",
-           "require_chat_template", "unwrap"]
+           "unwrap"]

@@ -68,7 +68,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def set_report(model: torch.nn.Module, report: Any) -> None:
-    """Attach fastkit's load report (:class:`fastkit.family_patch.LoadReport`) to the transformers model."""
+    """Attach fastkit's load report (:class:`fastkit.families.patch.LoadReport`) to the transformers model."""
     object.__setattr__(unwrap(model), _REPORT_ATTR, report)
 
 

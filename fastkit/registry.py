@@ -1,6 +1,6 @@
 """Per-model facts in one table: which fastkit patches apply to which ``model_type``.
 
-Adding a model is adding a row, and a row is admitted only when the census (:mod:`fastkit.census`,
+Adding a model is adding a row, and a row is admitted only when the census (:mod:`fastkit.families.census`,
 ``tests/test_census.py``, ``docs/coverage.md``) proves it on a tiny twin: no row, no patch. A model type
 that is not in the table is self-checked at load on a twin of its own config (``loader.self_check``):
 patched only if it passes, else it loads unpatched and packed batches are refused, naming the check.
@@ -77,7 +77,7 @@ _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What fastkit knows about one ``model_type``, each fact proven by the census (:mod:`fastkit.census`)."""
+    """What fastkit knows about one ``model_type``, each fact proven by the census (:mod:`fastkit.families.census`)."""
 
     model_type: str
     """The ``config.model_type`` this row describes."""
@@ -109,7 +109,7 @@ class ModelFacts:
     gguf: GGUFRules = field(default_factory=GGUFRules)
     """How this family's tensors and metadata differ from llama.cpp's ``gguf_arch`` graph (read by ``save_gguf``)."""
     twin: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.twins`)."""
+    """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.families.twins`)."""
     note: str = ""
     """Anything a user should know, shown in the load banner."""
     stateful: tuple[str, ...] = ()

@@ -41,6 +41,6 @@ def _fastkit_logs_reach_caplog():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from fastkit.twins import twin_tokenizer
+    from fastkit.families.twins import twin_tokenizer
 
     return twin_tokenizer()

@@ -228,7 +228,7 @@ def twin_model(label: str, steps: int | None = None):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fastkit import FastModel
-    from fastkit.twins import twin, twin_bpe_tokenizer, twin_spm_tokenizer
+    from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_spm_tokenizer
 
     model_type, overrides, pre = TWINS[label]
     if pre.startswith("spm"):
@@ -375,8 +375,8 @@ def moe_4bit_model():
     expert weights set to the dequantized NF4 values): the reference the GGUF must reproduce."""
     import copy
 
+    from fastkit.families.twins import twin, twin_bpe_tokenizer
     from fastkit.patches.moe.nf4 import NF4Experts, quantize_experts
-    from fastkit.twins import twin, twin_bpe_tokenizer
 
     tokenizer = twin_bpe_tokenizer("qwen2", corpus=tuple(texts_raw()))
     reference = train_on_chats(twin("qwen3_moe"), tokenizer, steps=30, lr=1e-2)

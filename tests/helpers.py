@@ -121,7 +121,7 @@ def train_lora_steps(model: torch.nn.Module, steps: int, lr: float = 1e-2, seed:
 
 def save_twin(model: torch.nn.Module, path) -> str:
     """Write ``model`` as a local checkpoint (safetensors + the in-process twin tokenizer); returns the path."""
-    from fastkit.twins import twin_tokenizer
+    from fastkit.families.twins import twin_tokenizer
 
     model.save_pretrained(path, safe_serialization=True)
     twin_tokenizer().save_pretrained(path)

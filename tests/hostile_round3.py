@@ -279,7 +279,7 @@ def _probe_logits(model):
 @lru_cache(maxsize=1)
 def _bpe_tokenizer():
     """The twin's byte-level BPE tokenizer with merges (llama.cpp, so save_gguf, needs them), SmolLM2's split."""
-    from fastkit.twins import twin_bpe_tokenizer
+    from fastkit.families.twins import twin_bpe_tokenizer
 
     return twin_bpe_tokenizer("smollm")
 
@@ -490,7 +490,7 @@ def _shard_interrupted(ctx):
     """The shard-by-shard merge (a local base checkpoint) interrupted halfway through its second save."""
     from fastkit.export import save_merged
     from fastkit.export.merge import can_merge_shards
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
     from tests.helpers import save_twin, train_lora_steps
 
     src = save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "base")
@@ -519,7 +519,7 @@ def _shard_old_still_good(result, ctx):
 
 def _lora_plain(ctx):
     from fastkit.export import save_lora
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
 
     return save_lora(twin("llama", num_hidden_layers=1), ctx.tok, ctx.tmp / "l")
 
@@ -545,7 +545,7 @@ def _no_injection(path, ctx):
 
 def _resized(ctx):
     from fastkit.export import save_merged
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
     from tests.helpers import save_twin
 
     src = save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "base")
@@ -665,7 +665,7 @@ def _non_finite(ctx, fill):
 
 
 def _guard_log(logs, fp16=False):
-    from fastkit.run_identity import RunGuard
+    from fastkit.training.identity import RunGuard
 
     guard = RunGuard.__new__(RunGuard)
     guard.problem = None
@@ -770,7 +770,7 @@ def _adapter_copy(ctx, edit=None) -> Path:
 
 
 def _fresh(family="llama", **kw):
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
 
     if family == "smollm":
         return FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)[0]
@@ -900,8 +900,8 @@ def _fit(ctx, **kw):
 
 
 def _plan(ctx, **kw):
+    from fastkit.families.twins import twin
     from fastkit.plan import plan
-    from fastkit.twins import twin
 
     return plan(twin("llama", num_hidden_layers=1).config, gpu="cpu", **{"max_seq_length": 64, **kw})
 
@@ -965,7 +965,7 @@ def _cli(ctx, *argv, env=None):
 
 
 def _config_dir(ctx, **changes) -> str:
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
 
     cfg = twin("llama", num_hidden_layers=1).config
     for k, v in changes.items():

@@ -10,9 +10,9 @@ from peft import PeftModel
 
 from fastkit import FastkitError, FastModel
 from fastkit.export import load_lora, save_lora
+from fastkit.families.twins import twin
 from fastkit.patches.moe.lora import add_expert_lora, expert_lora_modules
 from fastkit.patches.moe.peft_format import add_to_peft_adapter, load_expert_lora
-from fastkit.twins import twin
 from tests.helpers import train_lora_steps
 
 HUB = {"qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B", "gpt_oss": "openai/gpt-oss-20b"}

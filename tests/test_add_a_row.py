@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from fastkit import registry
-from fastkit.census import check_family
+from fastkit.families.census import check_family
+from fastkit.families.twins import twin, twin_config
 from fastkit.loader import FastModel
 from fastkit.patching import active_patches, report, revert
 from fastkit.plan import plan
-from fastkit.twins import twin, twin_config
 
 
 def test_one_row_added_at_run_time_gives_twin_parity_planner_and_revert(monkeypatch):

@@ -154,7 +154,7 @@ def _sft_trainer(tmp_path, callbacks, max_steps=4):
     from trl import SFTConfig, SFTTrainer
 
     from fastkit import FastModel
-    from fastkit.twins import twin, twin_tokenizer
+    from fastkit.families.twins import twin, twin_tokenizer
 
     tok = twin_tokenizer()
     model = twin("llama", num_hidden_layers=1)

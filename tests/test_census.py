@@ -1,4 +1,4 @@
-"""The census (fastkit.census) over every causal-LM type of transformers; writes docs/coverage.md.
+"""The census (fastkit.families.census) over every causal-LM type of transformers; writes docs/coverage.md.
 
 Each table row is its own test (``test_row_is_exact[<type>]``): a transformers upgrade that breaks a
 family fails that named test. Every other type is checked too and listed with the reason it is not
@@ -15,7 +15,8 @@ import torch
 import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from fastkit import census, registry
+from fastkit import registry
+from fastkit.families import census
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "coverage.md"
 ROWS = sorted(registry.MODEL_TABLE)
@@ -76,7 +77,7 @@ def coverage_markdown(results: list[census.CensusResult], transformers_version: 
     lines = [
         "# Coverage: every causal-LM type in transformers",
         "",
-        f"Written by `tests/test_census.py` (fastkit.census) on transformers {transformers_version}: a tiny random "
+        f"Written by `tests/test_census.py` (families/census.py) on transformers {transformers_version}: a tiny random "
         f"twin of each type (fp32, CPU), a packed row of {len(census.LENGTHS)} documents {list(census.LENGTHS)} "
         "against each document alone. **exact** = every check passed and the type has a row in "
         "`fastkit/registry.py` (patched); "
@@ -84,7 +85,7 @@ def coverage_markdown(results: list[census.CensusResult], transformers_version: 
         f"Tolerances: logits {census.LOGIT_TOL:g} (relative to max(1, |logits|)), gradients {census.GRAD_TOL:g} "
         "per tensor.",
         "",
-        "Checks: " + ", ".join(f"`{c}`" for c in census.CHECKS) + " (see `fastkit/census.py`).",
+        "Checks: " + ", ".join(f"`{c}`" for c in census.CHECKS) + " (see `fastkit/families/census.py`).",
         "",
         "| status | types |", "|---|---|",
     ]

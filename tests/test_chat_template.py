@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fastkit import FastkitError, add_chat_template
-from fastkit.twins import twin, twin_tokenizer
+from fastkit.families.twins import twin, twin_tokenizer
 
 
 def test_keeps_the_tokenizers_own_template():

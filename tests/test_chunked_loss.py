@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fastkit.families.twins import twin
 from fastkit.patches.loss.chunked import chunked_cross_entropy
 from fastkit.patches.loss.patch import CHUNKED_LOSS, enable_chunked_loss
 from fastkit.patching import active_patches, revert
 from fastkit.plan.memprobe import measure_peak
-from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, grads_of
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from fastkit import cli
-from fastkit.cli_train import DEFAULTS
+from fastkit.cli.train import DEFAULTS
 
 
 def _help(capsys, *argv) -> str:

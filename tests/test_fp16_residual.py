@@ -6,9 +6,9 @@ import copy
 
 import torch
 
+from fastkit.families.twins import twin
 from fastkit.patches.fp16 import FP16_RESIDUAL, protect_fp16
 from fastkit.patching import active_patches, revert
-from fastkit.twins import twin
 
 IDS = torch.randint(3, 259, (2, 24), generator=torch.Generator().manual_seed(0))
 

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastkit import FastkitError, FastModel
 from fastkit.export.gguf import merged_parameters, save_gguf
 from fastkit.export.gguf_vocab import pre_tokenizer_name
-from fastkit.twins import twin, twin_bpe_tokenizer, twin_tokenizer
+from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_tokenizer
 from tests.helpers import save_twin, train_lora_steps
 
 HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B",

@@ -13,7 +13,7 @@ import pytest
 from fastkit import FastkitError
 from fastkit.export.gguf import save_gguf
 from fastkit.export.gguf_spm import check_spm, interleaved, spm_layout, spm_scores
-from fastkit.twins import twin, twin_spm_tokenizer
+from fastkit.families.twins import twin, twin_spm_tokenizer
 from tests.gguf_round_trip import texts_raw
 
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from fastkit import _hf
+from fastkit.families.twins import twin, twin_tokenizer
 from fastkit.patching import Swapper
 from fastkit.registry import facts_for
-from fastkit.twins import twin, twin_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1] / "fastkit"
 COMPAT = ("_hf.py", "_torch.py")  # the compat layers: the only files that may reach upstream private names
@@ -496,7 +496,7 @@ def check_is_progress_callback():
 def check_byte_level_bpe():
     import json
 
-    from fastkit.twins import twin_tokenizer
+    from fastkit.families.twins import twin_tokenizer
 
     spec = json.loads(twin_tokenizer().backend_tokenizer.to_str())
     assert _hf.byte_level_bpe(spec) == (spec["model"]["type"] == "BPE")

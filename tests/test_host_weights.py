@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 from fastkit import FastModel, HostWeights, host_stats
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin
 from fastkit.patches.host import HOST_EMBEDDING, HOST_IDS_KWARG, HOST_LM_HEAD, HostIds, enable_host_weights
 from fastkit.patches.host.rows import gather_rows, streamed_linear
 from fastkit.patches.loss.patch import CHUNKED_LOSS, enable_chunked_loss
 from fastkit.patches.loss.streamed import streamed_token_losses
 from fastkit.patching import active_patches, revert, unwrap
-from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, grads_of
 from tests.test_patching import _assert_restored
 from tests.test_patching import _contents as _patching_contents
@@ -248,8 +248,8 @@ def _dataset():
 
 
 def _train(tmp_path, host: HostWeights, reads):
+    from fastkit.families.twins import twin_tokenizer
     from fastkit.training import make_trainer
-    from fastkit.twins import twin_tokenizer
 
     torch.manual_seed(0)
     model = twin("qwen3", num_hidden_layers=2, tie_word_embeddings=False)
@@ -268,7 +268,7 @@ def _train(tmp_path, host: HostWeights, reads):
 
 @pytest.mark.slow
 def test_trainer_steps_read_nothing_more_and_train_the_same(tmp_path):
-    from fastkit.step_reads import StepReads
+    from tests.step_reads import StepReads
 
     plain_reads, host_reads = StepReads(), StepReads()
     _, want = _train(tmp_path, HostWeights(), plain_reads)
@@ -284,8 +284,8 @@ def test_trainer_steps_read_nothing_more_and_train_the_same(tmp_path):
 
 
 def test_make_trainer_refuses_trl_head_with_a_host_lm_head(tmp_path):
+    from fastkit.families.twins import twin_tokenizer
     from fastkit.training import make_trainer
-    from fastkit.twins import twin_tokenizer
 
     model = twin("qwen3", num_hidden_layers=1, tie_word_embeddings=False)
     FastModel.patch(model, max_seq_length=64)

@@ -21,9 +21,9 @@ from datasets import Dataset
 
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.data import check_dataset, load_chat_dataset
+from fastkit.families.twins import twin
 from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedCollator, batch_lengths
 from fastkit.testing import OffloadTestConfig
-from fastkit.twins import twin
 from tests.helpers import save_twin
 
 TWIN = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -76,7 +76,7 @@ def _unknown():
     packed metadata never reaches attention): loaded unpatched, packed batches must be refused."""
     from transformers import AutoModelForCausalLM
 
-    from fastkit.twins import tiny_config
+    from fastkit.families.twins import tiny_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("nemotron"), attn_implementation="sdpa")
@@ -315,8 +315,7 @@ def _eq(got, want):
 
 
 def _batched_vs_row_counts(ctx):
-    from fastkit.data.checks import token_counts
-    from fastkit.data.load import _token_counts, to_chat_training_form
+    from fastkit.data.prepare import _token_counts, to_chat_training_form, token_counts
 
     rows = [_chat("q " * (i % 7), "a " * (i % 5 + 1)) for i in range(40)] + [
         {"messages": [{"role": "system", "content": "s"}, *_chat("q")["messages"]]}]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastkit.twins import twin
+from fastkit.families.twins import twin
 
 pytest.importorskip("bitsandbytes")
 
@@ -23,7 +23,7 @@ def test_attention_linears_become_nf4_and_compute_the_dequantized_layer():
     import bitsandbytes as bnb
     import bitsandbytes.functional as bf
 
-    from fastkit.linear_4bit import quantize_linears_4bit
+    from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
 
     model = twin("gpt_oss", num_hidden_layers=2).eval()
     x = torch.randn(1, 5, model.config.hidden_size)
@@ -38,9 +38,9 @@ def test_attention_linears_become_nf4_and_compute_the_dequantized_layer():
 
 
 def test_planner_counts_the_nf4_linears_the_loader_builds():
-    from fastkit.linear_4bit import quantize_linears_4bit
+    from fastkit.families.twins import twin_config
+    from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
     from fastkit.plan import plan
-    from fastkit.twins import twin_config
 
     config = twin_config("gpt_oss", num_hidden_layers=2, hidden_size=256, head_dim=64, num_attention_heads=4,
                          num_key_value_heads=2)

@@ -11,8 +11,8 @@ import torch
 import fastkit.loader as loader
 from fastkit import FastModel
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin, twin_config
 from fastkit.plan import prequantized_4bit
-from fastkit.twins import twin, twin_config
 from tests.test_plan import QWEN3_14B
 
 BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
@@ -124,7 +124,7 @@ def test_4bit_preparation_keeps_embeddings_lm_head_and_norms_16bit():
 def test_make_trainer_optimizer_choice():
     from types import SimpleNamespace
 
-    from fastkit.training import _default_optim
+    from fastkit.training.run import _default_optim
 
     assert _default_optim(SimpleNamespace(device=torch.device("cuda"), is_loaded_in_4bit=True)) == "paged_adamw_8bit"
     assert _default_optim(SimpleNamespace(device=torch.device("cuda"), is_loaded_in_4bit=False)) == "adamw_torch"

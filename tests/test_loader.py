@@ -8,7 +8,7 @@ from transformers import ViTConfig
 
 import fastkit
 from fastkit import FastkitError, FastModel, GPUOnlyError
-from fastkit.twins import twin, twin_tokenizer
+from fastkit.families.twins import twin, twin_tokenizer
 from tests.helpers import save_twin
 
 
@@ -126,8 +126,8 @@ def test_tokenizer_gets_the_same_revision_and_token(monkeypatch):
     """A gated / pinned model: the tokenizer must come from the same revision with the same token as the weights."""
     from transformers import AutoTokenizer
 
+    from fastkit.families.twins import twin_tokenizer
     from fastkit.loader import _load_tokenizer
-    from fastkit.twins import twin_tokenizer
 
     seen = {}
 

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from fastkit.export.merge import can_merge_shards, merge_shards
 from fastkit.export.save import _merged_copy, save_merged
+from fastkit.families.twins import twin, twin_tokenizer
 from fastkit.plan.memprobe import measure_peak
-from fastkit.twins import twin, twin_tokenizer
 
 _SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=32)
 

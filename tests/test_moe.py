@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin
 from fastkit.loader import FastModel
 from fastkit.patches.moe.patch import EXPERTS_KEY, MoEConfig, MoEExpertsPatch, experts_modules, route
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.registry import facts_for
 from fastkit.syncs import SyncCounter
-from fastkit.twins import twin
 from tests.helpers import assert_grads_close, forward_backward
 
 MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
@@ -248,7 +248,7 @@ def test_bad_config_values_are_refused():
 def test_moe_patch_under_nonreentrant_checkpointing_matches_plain():
     """The first-forward data check must not change what autograd saves: the checkpoint recompute
     skips it, and torch.utils.checkpoint refuses a recompute that saves a different tensor count."""
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
 
     grads = []
     for checkpointing in (False, True):

@@ -10,12 +10,12 @@ from torch import nn
 
 from fastkit import FastModel, GPUOnlyError
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin
 from fastkit.patches.moe.lora import add_expert_lora
 from fastkit.patches.moe.nf4 import NF4Experts, expert_storage_bytes, quantize_experts, quantize_nf4
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules
 from fastkit.patching import apply_patch
 from fastkit.plan.memprobe import measure_peak
-from fastkit.twins import twin
 from tests.helpers import assert_tensors_close, forward_backward, save_twin
 
 FAMILIES = ["gpt_oss", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from fastkit.families.twins import twin
 from fastkit.patches.moe import nf4
 from fastkit.patches.moe.lora import add_expert_lora
 from fastkit.patches.moe.nf4 import MXFP4Experts, NF4Experts, group_size, hit_groups, quantize_experts
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules
 from fastkit.patching import apply_patch
 from fastkit.syncs import SyncCounter
-from fastkit.twins import twin
 from tests.helpers import forward_backward
 
 PER_EXPERT = 0

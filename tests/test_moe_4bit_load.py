@@ -10,10 +10,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from fastkit import FastModel, _hf, loader
+from fastkit.families.twins import twin
 from fastkit.patches.moe.loading import QuantizeWhileLoading, mxfp4_from_values
 from fastkit.patches.moe.nf4 import MXFP4Experts, NF4Experts, quantize_experts
 from fastkit.patches.moe.patch import experts_modules
-from fastkit.twins import twin
 from tests.helpers import forward_backward, save_twin
 
 

@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import _LoraFactorsProxy
 
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin
 from fastkit.patches.moe.lora import (
     FILE_NAME,
     add_expert_lora,
@@ -25,7 +26,6 @@ from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, experts_module
 from fastkit.patches.moe.peft_format import load_expert_lora
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.syncs import SyncCounter
-from fastkit.twins import twin
 from tests.helpers import assert_grads_close, forward_backward
 
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -226,8 +226,8 @@ def test_peft_adapter_and_fastkit_factors_both_apply():
 def test_expert_lora_refuses_a_family_without_an_moe_row():
     """hunyuan_v1_moe has experts modules but no row: the census found fastkit's routing differs there, so
     add_expert_lora must not switch it on (it used to, with no check); the model is left as it was."""
+    from fastkit.families.twins import twin
     from fastkit.patching import active_patches
-    from fastkit.twins import twin
 
     model = twin("hunyuan_v1_moe")
     assert experts_modules(model)

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from fastkit.families.twins import twin
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch
 from fastkit.patching import apply_patch
-from fastkit.twins import twin
 from tests.helpers import assert_params_close
 
 

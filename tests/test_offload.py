@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin
 from fastkit.loader import enable_checkpointing
 from fastkit.patches.offload.patch import (
     OffloadConfig,
@@ -29,7 +30,6 @@ from fastkit.patches.offload.pipeline import HostPool
 from fastkit.patches.offload.streams import CpuStreams, Throttle
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.testing import OffloadTestConfig
-from fastkit.twins import twin
 
 LAYERS = 4
 

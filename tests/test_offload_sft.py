@@ -12,9 +12,9 @@ import pytest
 import torch
 from datasets import Dataset
 
+from fastkit.families.twins import twin
 from fastkit.loader import enable_checkpointing
 from fastkit.patches.offload.patch import enable_offload, offload_controller
-from fastkit.twins import twin
 from tests.test_offload import cfg
 
 STEPS = 30

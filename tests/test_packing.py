@@ -10,10 +10,10 @@ import copy
 import pytest
 import torch
 
+from fastkit.families.twins import twin
 from fastkit.loader import FastModel
 from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedBatch
 from fastkit.patching import active_patches, revert
-from fastkit.twins import twin
 from tests.helpers import assert_grads_close, grads_of
 
 # Covers: a 1-token document, a document longer than mistral's window (64) and gpt_oss's (16).

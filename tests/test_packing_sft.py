@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import fastkit.patches.packing.patch as packing
+from fastkit.families.twins import twin, twin_tokenizer
 from fastkit.loader import FastModel
 from fastkit.patches.packing.patch import LENGTHS_KWARG, wrap_collator
-from fastkit.twins import twin, twin_tokenizer
 from tests.helpers import assert_tensors_close
 
 

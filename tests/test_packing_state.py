@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from fastkit.errors import FastkitError
+from fastkit.families.twins import HYBRID_FAMILIES, twin
 from fastkit.loader import FastModel
 from fastkit.patches.packing import LENGTHS_KWARG, PackedAttentionPatch
 from fastkit.patches.packing import state as packing_state
 from fastkit.patching import active_patches, apply_patch, revert
 from fastkit.registry import ModelFacts, facts_for
 from fastkit.syncs import SyncCounter
-from fastkit.twins import HYBRID_FAMILIES, twin
 from tests.helpers import assert_grads_close, assert_tensors_close
 
 # A document longer than the gated-delta chunk (64) and the Mamba-2 twin chunk (8), a 1-token document.

@@ -33,13 +33,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fastkit import _hf
+from fastkit.families.twins import HYBRID_FAMILIES, twin
 from fastkit.loader import FastModel
 from fastkit.patches.packing import LENGTHS_KWARG, varlen
 from fastkit.patches.packing import attention as packing_attention
 from fastkit.patches.packing import state as packing_state
 from fastkit.registry import facts_for
 from fastkit.syncs import SyncCounter
-from fastkit.twins import HYBRID_FAMILIES, twin
 from tests.helpers import assert_grads_close
 from tests.test_packing_state import LENGTHS, TIGHT, _batch, _per_doc, _step
 

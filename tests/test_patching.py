@@ -7,8 +7,8 @@ import torch
 
 import fastkit
 from fastkit import FastModel
+from fastkit.families.twins import twin
 from fastkit.patching import active_patches, apply_patch, revert
-from fastkit.twins import twin
 
 
 def _snapshot(model):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin, twin_config
 from fastkit.plan import GPUS, default_optimizer, gpu_budget, plan
 from fastkit.plan.memprobe import measure_peak
-from fastkit.twins import twin, twin_config
 
 _BIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=32)
 
@@ -205,7 +205,7 @@ def test_one_dtype_rule_for_loader_trainer_and_planner(monkeypatch, bf16):
     from types import SimpleNamespace
 
     from fastkit.device import auto_dtype, compute_dtype
-    from fastkit.training import _precision
+    from fastkit.training.run import _precision
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
     cuda = torch.device("cuda")

@@ -7,11 +7,11 @@ import torch
 
 from fastkit import registry
 from fastkit.errors import FastkitError
+from fastkit.families.twins import tiny_config
 from fastkit.loader import FastModel
 from fastkit.patches.packing import LENGTHS_KWARG
 from fastkit.patching import active_patches, report
-from fastkit.training import _check_packing_supported
-from fastkit.twins import tiny_config
+from fastkit.training.run import _check_packing_supported
 
 
 def _model(model_type: str):

@@ -61,7 +61,7 @@ def test_quantized_models_merge_into_reloaded_base(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from fastkit.export.merge import merged_from_disk
-    from fastkit.twins import twin
+    from fastkit.families.twins import twin
     from tests.helpers import save_twin
 
     save_twin(twin("llama"), tmp_path / "base")

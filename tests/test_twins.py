@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastkit import registry
-from fastkit.twins import HUB_TWINS, TWIN_FAMILIES, twin, twin_config, twin_family
+from fastkit.families.twins import HUB_TWINS, TWIN_FAMILIES, twin, twin_config, twin_family
 from tests.helpers import forward_backward
 
 

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from fastkit.families.twins import twin, twin_tokenizer
 from fastkit.loader import FastModel
 from fastkit.patches.packing import wrap_collator
-from fastkit.step_reads import StepReads
-from fastkit.trainer import ZeroSyncSFTTrainer, host_values
-from fastkit.twins import twin, twin_tokenizer
+from fastkit.training.trainer import ZeroSyncSFTTrainer, host_values
+from tests.step_reads import StepReads
 
 TIMING = ("runtime", "per_second")
 

@@ -320,7 +320,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     size = torch.tensor([], dtype=dtype).element_size()
     tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
-    if inputs.load_in_4bit:  # MXFP4 checkpoints (GPT-OSS) too: fastkit.linear_4bit quantizes them after load
+    if inputs.load_in_4bit:  # MXFP4 (GPT-OSS) too: patches.moe.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
     else:
         out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size

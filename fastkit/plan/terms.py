@@ -70,7 +70,7 @@ class ModelShape:
     """Weights of one layer's routed experts (fused 3-D)."""
     mxfp4: bool = False
     """The checkpoint ships MXFP4 experts (GPT-OSS). fastkit loads it through transformers' MXFP4 path
-    (expanded layer by layer, experts kept 4-bit); ``fastkit.linear_4bit`` then stores the linear layers NF4."""
+    (layer by layer, experts kept 4-bit); ``fastkit.patches.moe.linear_4bit`` then stores the linear layers NF4."""
     tied: bool = False
     """The lm_head is the input embedding's weight (``tie_word_embeddings``): one matrix, never kept on the host."""
     input_embedding_params: int = 0

@@ -3,7 +3,7 @@
 import torch
 
 from fastkit import FastModel
-from fastkit.twins import twin
+from fastkit.families.twins import twin
 
 # Three documents per rank, different lengths per rank, the same token and label count on each rank
 # (so DDP's mean of per-rank mean losses equals the single-process mean over both rows).

@@ -14,7 +14,7 @@ def test_gpu_memory_fields_and_syncs(tmp_path):
 
     from fastkit import FastModel
     from fastkit.dashboard import MetricsCallback, memory_rows
-    from fastkit.twins import twin, twin_tokenizer
+    from fastkit.families.twins import twin, twin_tokenizer
 
     tok = twin_tokenizer()
     model = twin("qwen3", num_hidden_layers=2).cuda()

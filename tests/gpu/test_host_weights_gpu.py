@@ -56,9 +56,9 @@ def test_pinned_gathers_in_flight_never_see_a_later_batch():
 
 def test_twin_lora_step_equal_with_the_weights_off_the_gpu():
     from fastkit import FastModel, HostWeights, host_stats
+    from fastkit.families.twins import twin
     from fastkit.patches.host import HOST_IDS_KWARG, HostIds, enable_host_weights
     from fastkit.patches.loss.patch import enable_chunked_loss
-    from fastkit.twins import twin
 
     model = twin("qwen3", num_hidden_layers=2, tie_word_embeddings=False, vocab_size=60_000).cuda().train()
     FastModel.patch(model)

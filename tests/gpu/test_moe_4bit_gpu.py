@@ -79,8 +79,8 @@ def test_bench_4bit_on_gpu_runs_the_three_paths_side_by_side():
 def test_load_in_4bit_on_cuda_stores_experts_as_read(tmp_path):
     """qwen3_moe through bitsandbytes' device_map load: experts NF4 on the GPU, quantized as they arrive."""
     from fastkit import FastModel
+    from fastkit.families.twins import twin
     from fastkit.patches.moe.patch import experts_modules
-    from fastkit.twins import twin
     from tests.helpers import forward_backward, save_twin
 
     path = save_twin(twin("qwen3_moe", num_hidden_layers=4).to(torch.bfloat16), tmp_path)

@@ -9,12 +9,12 @@ from unittest import mock
 import pytest
 import torch
 
+from fastkit.families.twins import twin
 from fastkit.patches.moe import patch as moe
 from fastkit.patches.moe.lora import add_expert_lora
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, attach_experts, experts_modules, grouped_mm_runs
 from fastkit.patching import apply_patch
 from fastkit.syncs import SyncCounter
-from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu
 
@@ -154,7 +154,7 @@ def test_bitsandbytes_4bit_keeps_experts_in_bf16_and_fastkit_runs_them(monkeypat
     bnb = pytest.importorskip("bitsandbytes")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from fastkit.twins import twin_config
+    from fastkit.families.twins import twin_config
 
     cfg = twin_config("qwen3_moe", num_hidden_layers=2)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

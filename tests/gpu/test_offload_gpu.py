@@ -10,10 +10,10 @@ import warnings
 import pytest
 import torch
 
+from fastkit.families.twins import twin
 from fastkit.loader import enable_checkpointing
 from fastkit.patches.offload.patch import enable_offload, offload_controller
 from fastkit.testing import OffloadTestConfig
-from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu
 

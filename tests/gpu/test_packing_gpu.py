@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from fastkit import SyncCounter
+from fastkit.families.twins import twin
 from fastkit.loader import FastModel
 from fastkit.patches.packing.attention import pick_kernel, sdpa_per_doc, varlen_flash_attn, varlen_torch
 from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedBatch
-from fastkit.twins import twin
 
 pytestmark = pytest.mark.gpu
 

@@ -28,11 +28,11 @@ import pytest
 import torch
 
 from fastkit import SyncCounter
+from fastkit.families.twins import HYBRID_FAMILIES, twin
 from fastkit.loader import FastModel
 from fastkit.patches.packing import LENGTHS_KWARG, varlen
 from fastkit.patches.packing.attention import PackedBatch
 from fastkit.registry import facts_for
-from fastkit.twins import HYBRID_FAMILIES, twin
 from tests.helpers import assert_grads_close
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,17 @@ logger = logging.getLogger(__name__)
 
 
 def has_chat_template(tokenizer) -> bool:
+    """Whether ``tokenizer`` can format chat messages (a non-empty ``chat_template``): the one test of it."""
     return getattr(tokenizer, "chat_template", None) not in (None, "")
+
+
+def require_chat_template(tokenizer) -> None:
+    """Raise a clear error if ``tokenizer`` cannot format chat messages."""
+    if not has_chat_template(tokenizer):
+        raise FastkitError("This tokenizer has no chat template, but the data is chat messages (a base model?). "
+                           "Give it the template of an instruct model of the same family before LoRA: "
+                           "model, tokenizer = fastkit.add_chat_template(model, tokenizer, \"<instruct model id>\") "
+                           "(TRL's clone_chat_template), or give plain 'text' data.")
 
 
 def add_chat_template(model, tokenizer, source: str | None = None, resize_to_multiple_of: int | None = 64):
@@ -48,4 +58,4 @@ def add_chat_template(model, tokenizer, source: str | None = None, resize_to_mul
     return model, tokenizer
 
 
-__all__ = ["add_chat_template", "has_chat_template"]
+__all__ = ["add_chat_template", "has_chat_template", "require_chat_template"]

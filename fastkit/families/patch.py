@@ -1,6 +1,6 @@
 """Patch a loaded model by its family's row, and say what was done (the load banner).
 
-The loader calls :func:`patch_with_facts` after loading; the census (:mod:`fastkit.census`) calls it on
+The loader calls :func:`patch_with_facts` after loading; the census (:mod:`fastkit.families.census`) calls it on
 tiny twins. It lives here, not in the loader, so the census and the loader do not import each other.
 """
 

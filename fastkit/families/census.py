@@ -36,7 +36,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.family_patch import patch_with_facts
+from fastkit.families.patch import patch_with_facts
 from fastkit.patching import active_patches, revert
 from fastkit.syncs import SyncCounter
 
@@ -359,11 +359,11 @@ def check_family(model_type: str, config=None, row: registry.ModelFacts | None =
                  self_verified: bool = False, grads: bool = True) -> CensusResult:
     """Run every census check for ``model_type`` (its table row, else a plain candidate row).
 
-    ``config`` is the twin's config (default: :func:`fastkit.twins.twin_config` of the row's type: the
+    ``config`` is the twin's config (default: :func:`fastkit.families.twins.twin_config` of the row's type: the
     row's twin sizes, else the config class's defaults shrunk). Never raises for a family that fails:
     the result says which check and why.
     """
-    from fastkit import twins
+    from fastkit.families import twins
 
     start = time.perf_counter()
     res = CensusResult(model_type)
@@ -403,7 +403,7 @@ def self_check(config) -> tuple[registry.ModelFacts | None, str]:
     The row is the plain row the twin proved (None when a check failed); the verdict is the banner's
     line: "self-verified ..." or the check that failed and why.
     """
-    from fastkit import twins
+    from fastkit.families import twins
 
     model_type = config.model_type
     try:

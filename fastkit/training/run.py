@@ -1,6 +1,6 @@
 """Training with TRL's ``SFTTrainer``, set up the way fastkit's patches expect, under the dashboard.
 
-:func:`make_trainer` returns a :class:`fastkit.trainer.ZeroSyncSFTTrainer` (``trl.SFTTrainer`` with the same
+:func:`make_trainer` returns a :class:`fastkit.training.trainer.ZeroSyncSFTTrainer` (``trl.SFTTrainer`` with the same
 arguments and logs, and no host-device sync between log points: docs/step.md) with
 defaults that work on a 2-core CPU and on a T4 alike (precision from the device, packing on,
 responses-only loss), after :func:`fastkit.data.check_dataset` has refused bad data.
@@ -28,7 +28,7 @@ from fastkit.data import check_dataset
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, report, unwrap
-from fastkit.run_identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
+from fastkit.training.identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def make_trainer(
     chunked_loss: bool | None = None,
     **sft_overrides: Any,
 ):
-    """A ``trl.SFTTrainer`` (a :class:`~fastkit.trainer.ZeroSyncSFTTrainer`) for ``model`` on ``train_dataset``
+    """A ``trl.SFTTrainer`` (a :class:`~fastkit.training.trainer.ZeroSyncSFTTrainer`) for ``model`` on ``train_dataset``
     (checked first, errors before any step).
 
     Length: ``max_steps`` optimizer steps or ``epochs`` passes over the data, one of them (neither:
@@ -103,7 +103,7 @@ def make_trainer(
     """
     from trl import SFTConfig
 
-    from fastkit.trainer import ZeroSyncSFTTrainer
+    from fastkit.training.trainer import ZeroSyncSFTTrainer
 
     max_steps, epochs = _run_length(max_steps, epochs)
     report_to = check_report_to(report_to)
@@ -362,7 +362,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     ``output_dir`` move to ``output_dir/previous-run``). ``resume=True`` continues the newest checkpoint
     there, only when it is this run's (same model, adapter config, data and hyperparameters, with
     optimizer state, not finished): otherwise it raises naming the difference
-    (:mod:`fastkit.run_identity`). ``trainer.state.fastkit_run`` says which ("resumed from checkpoint-N").
+    (:mod:`fastkit.training.identity`). ``trainer.state.fastkit_run`` says which ("resumed from checkpoint-N").
     A loss or gradient norm that is not finite stops the run and raises, naming the step (and on fp16
     the likely cause).
 

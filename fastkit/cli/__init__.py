@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from fastkit import cli_train
+from fastkit.cli import train as cli_train
 
 BENCHES = ("packed", "offload", "moe", "sft")
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130

@@ -1,4 +1,4 @@
-"""Row checks for chat datasets: every malformed row named, before any token is trained.
+"""Reading training data: rows, files, DataFrames, dicts of columns, Datasets and Hub ids into one ``Dataset``.
 
 :func:`read_json_rows` reads ``.json``/``.jsonl`` files itself so a malformed line is reported with its
 line number; :func:`rows_to_dataset` refuses non-dict rows and columns whose type changes from row to
@@ -18,16 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from fastkit import _hf
+from fastkit.data.formats import normalize_dataset
+from fastkit.data.rules import _kind, _rows_named, check_rows, message_problem, row_problem
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
 
 JSON_SUFFIXES = (".json", ".jsonl")
-
-
-def _rows_named(rows: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(str(r) for r in rows[:limit])
-    return shown + (f" ... ({len(rows)} rows)" if len(rows) > limit else "")
 
 
 _COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
@@ -137,14 +134,6 @@ def read_json_text(path: Path, text: str, array: bool) -> list[Any]:
             raise FastkitError(f"{path}: line {number} is not valid JSON ({exc.msg}, column {exc.colno}). Each line "
                                "of a .jsonl file must be one complete JSON object; fix or remove that line.") from exc
     return rows
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
 
 
 def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
@@ -290,156 +279,18 @@ def _refuse_nested(rows: list[dict], where: str) -> None:
                            f"row {bad[0]}: {problems[0][1]}. Fix those rows.")
 
 
-def message_problem(messages: Any) -> str | None:
-    """Why one row's ``messages`` would train nothing or the wrong thing, or None if it is fine."""
-    if messages is None:
-        return "messages is missing (None)"
-    if not isinstance(messages, (list, tuple)) or not messages:
-        return f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.60}"
-    for j, msg in enumerate(messages):
-        if not isinstance(msg, dict) or "role" not in msg:
-            return f"messages[{j}] is not a {{'role', 'content'}} dict"
-        if not isinstance(msg["role"], str) or not msg["role"]:
-            return f"messages[{j}].role is {msg['role']!r}, not a role name such as 'user' or 'assistant'"
-        content = msg.get("content")
-        if content is None:
-            what = "the assistant answer" if msg.get("role") == "assistant" else f"messages[{j}].content"
-            return f"{what} is None (it would train as an empty answer)"
-        if not isinstance(content, str):
-            kind = "content parts (a list)" if isinstance(content, list) else type(content).__name__
-            return (f"messages[{j}].content is {kind}, not a string; join text parts into one string "
-                    "(images are not supported)")
-    if messages[-1].get("role") != "assistant":
-        return f"the last turn is {messages[-1].get('role')!r}, not 'assistant' (nothing to train on)"
-    return None
+def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True):
+    """A ``datasets.Dataset`` from anything :func:`fastkit.data.read.as_dataset` reads (rows, a dict of
+    columns, a DataFrame, a .jsonl / .json / .csv / .parquet file, a Dataset, a Hub id), rows checked.
 
-
-def token_counts(dataset, tokenizer, per_row, chunk: int = 1024) -> list[tuple[int, int]]:
-    """(total, trainable) tokens of every row, each row tokenized once.
-
-    Conversational prompt/completion rows go through ``apply_chat_template`` a chunk of rows at a time
-    (the same call TRL makes, batched: about 2x faster than row by row); other rows use ``per_row``.
+    ``normalize=True`` detects the format and converts it (:func:`fastkit.data.formats.normalize_dataset`:
+    ShareGPT ``conversations`` and Alpaca ``instruction``/``output`` become ``messages``; ``messages``,
+    ``prompt``/``completion`` and ``text`` stay); data in none of these raises, naming the columns seen.
     """
-    columns = set(dataset.column_names)
-    if not ({"prompt", "completion"} <= columns) or columns & {"text", "input_ids"} or (
-            len(dataset) and isinstance(dataset[0]["prompt"], str)):
-        return [per_row(row, tokenizer) for row in dataset]
-    out = []
-    for start in range(0, len(dataset), chunk):
-        part = dataset[start:start + chunk]
-        prompts, completions = part["prompt"], part["completion"]
-        p = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)
-        f = tokenizer.apply_chat_template([a + b for a, b in zip(prompts, completions)], tokenize=True,
-                                          return_dict=True)
-        for p_ids, f_ids, completion in zip(p["input_ids"], f["input_ids"], completions):
-            out.append((len(f_ids), max(len(f_ids) - len(p_ids), 0) if completion else 0))
-    return out
+    dataset = as_dataset(source, split, where="dataset")
+    if len(dataset) == 0:
+        raise FastkitError("The training dataset is empty: give at least one example.")
+    return normalize_dataset(check_rows(dataset)) if normalize else dataset
 
 
-def _text_problem(value: Any, field: str, empty_ok: bool = False) -> str | None:
-    if value is None:
-        return f"{field} is missing (None)"
-    if not isinstance(value, str):
-        kind = "a list" if isinstance(value, list) else type(value).__name__
-        return f"{field} is {kind}, not a string"
-    if not empty_ok and not value.strip():
-        return f"{field} is empty (nothing to train on)"
-    return None
-
-
-def prompt_completion_problem(row: dict) -> str | None:
-    """Why a ``prompt``/``completion`` row cannot train: both strings, or both message lists."""
-    prompt, completion = row.get("prompt"), row.get("completion")
-    if isinstance(prompt, list) or isinstance(completion, list):
-        if not (isinstance(prompt, list) and isinstance(completion, list)):
-            return (f"prompt is {_kind(prompt)} but completion is {_kind(completion)}; give both as strings or "
-                    "both as message lists")
-        if not completion:
-            return "completion is an empty message list (nothing to train on)"
-        why = message_problem(list(prompt) + list(completion)) if prompt else message_problem(completion)
-        return f"prompt + completion: {why}" if why else None
-    return _text_problem(prompt, "prompt", empty_ok=True) or _text_problem(completion, "completion")
-
-
-def sharegpt_problem(conversations: Any) -> str | None:
-    """Why a ShareGPT ``conversations`` row cannot train (a None / missing / tool-call-only answer included)."""
-    from fastkit.data.formats import SHAREGPT_ROLES
-
-    if not isinstance(conversations, list) or not conversations:
-        return f"conversations must be a non-empty list of {{'from', 'value'}} dicts, got {conversations!r:.60}"
-    for j, turn in enumerate(conversations):
-        if not isinstance(turn, dict):
-            return f"conversations[{j}] is a {type(turn).__name__}, not a {{'from', 'value'}} dict"
-        speaker = turn.get("from", turn.get("role"))
-        if not isinstance(speaker, str) or speaker.lower() not in SHAREGPT_ROLES:
-            return (f"conversations[{j}].from is {speaker!r}; expected one of {sorted(SHAREGPT_ROLES)} (map it to "
-                    "'human', 'gpt' or 'system' first)")
-        value = turn.get("value", turn.get("content"))
-        if value is None:
-            extra = sorted(set(turn) - {"from", "role", "value", "content"})
-            also = f" (only {extra}: tool-call-only turns have no text to train)" if extra else ""
-            return f"conversations[{j}].value is missing or None{also}"
-        if not isinstance(value, str):
-            return f"conversations[{j}].value is {_kind(value)}, not a string"
-    last = conversations[-1].get("from", conversations[-1].get("role")).lower()
-    if SHAREGPT_ROLES[last] != "assistant":
-        return f"the last turn is from {last!r}, not the model (nothing to train on)"
-    if not conversations[-1].get("value", conversations[-1].get("content")).strip():
-        return "the last answer is empty (it would train an empty answer)"
-    return None
-
-
-def alpaca_problem(row: dict) -> str | None:
-    return (_text_problem(row.get("instruction"), "instruction") or _text_problem(row.get("output"), "output")
-            or (None if row.get("input") is None else _text_problem(row["input"], "input", empty_ok=True))
-            or (None if row.get("system") is None else _text_problem(row["system"], "system", empty_ok=True)))
-
-
-def row_problem(fmt: str, row: dict) -> str | None:
-    """Why one row of a dataset in format ``fmt`` (:data:`fastkit.data.formats.FORMATS`) cannot train, or None."""
-    if fmt == "messages":
-        return message_problem(row.get("messages"))
-    if fmt == "sharegpt":
-        return sharegpt_problem(row.get("conversations"))
-    if fmt == "alpaca":
-        return alpaca_problem(row)
-    if fmt == "prompt_completion":
-        return prompt_completion_problem(row)
-    return _text_problem(row.get("text"), "text")
-
-
-def check_rows(dataset, drop_invalid: bool = False):
-    """Refuse (or, with ``drop_invalid=True``, drop and count) rows that cannot train, in any format.
-
-    The same rule for every format: each row is checked by :func:`row_problem`, the message names the
-    rows, the field and what is wrong with it.
-    """
-    from fastkit.data.formats import detect_format
-
-    if "input_ids" in dataset.column_names:
-        return dataset
-    fmt = detect_format(dataset.column_names)
-    name = {"sharegpt": "conversations", "prompt_completion": "prompt/completion", "alpaca": "alpaca"}.get(fmt, fmt)
-    problems = [(i, why) for i, row in enumerate(dataset) if (why := row_problem(fmt, row))]
-    if not problems:
-        return dataset
-    rows = [i for i, _ in problems]
-    if not drop_invalid:
-        every = "Every label is masked: " if len(rows) == len(dataset) else ""
-        raise FastkitError(f"{every}{name}: {len(rows)} of {len(dataset)} rows cannot be trained (rows "
-                           f"{_rows_named(rows)}); row {rows[0]}: {problems[0][1]}. Fix those rows, or pass "
-                           "drop_invalid=True to drop them (the count is logged).")
-    bad = set(rows)
-    kept = dataset.select([i for i in range(len(dataset)) if i not in bad])
-    logger.warning("fastkit: dropped %d of %d rows that cannot be trained (rows %s); first: row %d: %s",
-                   len(rows), len(dataset), _rows_named(rows), rows[0], problems[0][1])
-    if len(kept) == 0:
-        raise FastkitError(f"{name}: every row was dropped as untrainable (drop_invalid=True); fix the data.")
-    return kept
-
-
-check_messages = check_rows  # the old name (messages rows only, before every format was checked)
-
-
-__all__ = ["as_dataset", "check_messages", "check_rows", "message_problem", "read_json_rows", "read_rows",
-           "row_problem", "rows_to_dataset", "token_counts"]
+__all__ = ["as_dataset", "load_chat_dataset", "read_json_rows", "read_rows", "rows_to_dataset"]

@@ -1,0 +1,161 @@
+"""Row rules for chat datasets: every row that would train nothing or the wrong thing is named.
+
+One rule per format (:func:`row_problem`): ``messages`` (:func:`message_problem`), ShareGPT, Alpaca,
+prompt/completion, text. :func:`check_rows` refuses the rows that break it (naming the rows, the field and
+what is wrong), or drops and counts them on request. No file reading here (:mod:`fastkit.data.read`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastkit.errors import FastkitError
+
+logger = logging.getLogger(__name__)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _rows_named(rows: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(r) for r in rows[:limit])
+    return shown + (f" ... ({len(rows)} rows)" if len(rows) > limit else "")
+
+
+def message_problem(messages: Any) -> str | None:
+    """Why one row's ``messages`` would train nothing or the wrong thing, or None if it is fine."""
+    if messages is None:
+        return "messages is missing (None)"
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.60}"
+    for j, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg:
+            return f"messages[{j}] is not a {{'role', 'content'}} dict"
+        if not isinstance(msg["role"], str) or not msg["role"]:
+            return f"messages[{j}].role is {msg['role']!r}, not a role name such as 'user' or 'assistant'"
+        content = msg.get("content")
+        if content is None:
+            what = "the assistant answer" if msg.get("role") == "assistant" else f"messages[{j}].content"
+            return f"{what} is None (it would train as an empty answer)"
+        if not isinstance(content, str):
+            kind = "content parts (a list)" if isinstance(content, list) else type(content).__name__
+            return (f"messages[{j}].content is {kind}, not a string; join text parts into one string "
+                    "(images are not supported)")
+    if messages[-1].get("role") != "assistant":
+        return f"the last turn is {messages[-1].get('role')!r}, not 'assistant' (nothing to train on)"
+    return None
+
+
+def _text_problem(value: Any, field: str, empty_ok: bool = False) -> str | None:
+    if value is None:
+        return f"{field} is missing (None)"
+    if not isinstance(value, str):
+        kind = "a list" if isinstance(value, list) else type(value).__name__
+        return f"{field} is {kind}, not a string"
+    if not empty_ok and not value.strip():
+        return f"{field} is empty (nothing to train on)"
+    return None
+
+
+def prompt_completion_problem(row: dict) -> str | None:
+    """Why a ``prompt``/``completion`` row cannot train: both strings, or both message lists."""
+    prompt, completion = row.get("prompt"), row.get("completion")
+    if isinstance(prompt, list) or isinstance(completion, list):
+        if not (isinstance(prompt, list) and isinstance(completion, list)):
+            return (f"prompt is {_kind(prompt)} but completion is {_kind(completion)}; give both as strings or "
+                    "both as message lists")
+        if not completion:
+            return "completion is an empty message list (nothing to train on)"
+        why = message_problem(list(prompt) + list(completion)) if prompt else message_problem(completion)
+        return f"prompt + completion: {why}" if why else None
+    return _text_problem(prompt, "prompt", empty_ok=True) or _text_problem(completion, "completion")
+
+
+def sharegpt_problem(conversations: Any) -> str | None:
+    """Why a ShareGPT ``conversations`` row cannot train (a None / missing / tool-call-only answer included)."""
+    from fastkit.data.formats import SHAREGPT_ROLES
+
+    if not isinstance(conversations, list) or not conversations:
+        return f"conversations must be a non-empty list of {{'from', 'value'}} dicts, got {conversations!r:.60}"
+    for j, turn in enumerate(conversations):
+        if not isinstance(turn, dict):
+            return f"conversations[{j}] is a {type(turn).__name__}, not a {{'from', 'value'}} dict"
+        speaker = turn.get("from", turn.get("role"))
+        if not isinstance(speaker, str) or speaker.lower() not in SHAREGPT_ROLES:
+            return (f"conversations[{j}].from is {speaker!r}; expected one of {sorted(SHAREGPT_ROLES)} (map it to "
+                    "'human', 'gpt' or 'system' first)")
+        value = turn.get("value", turn.get("content"))
+        if value is None:
+            extra = sorted(set(turn) - {"from", "role", "value", "content"})
+            also = f" (only {extra}: tool-call-only turns have no text to train)" if extra else ""
+            return f"conversations[{j}].value is missing or None{also}"
+        if not isinstance(value, str):
+            return f"conversations[{j}].value is {_kind(value)}, not a string"
+    last = conversations[-1].get("from", conversations[-1].get("role")).lower()
+    if SHAREGPT_ROLES[last] != "assistant":
+        return f"the last turn is from {last!r}, not the model (nothing to train on)"
+    if not conversations[-1].get("value", conversations[-1].get("content")).strip():
+        return "the last answer is empty (it would train an empty answer)"
+    return None
+
+
+def alpaca_problem(row: dict) -> str | None:
+    return (_text_problem(row.get("instruction"), "instruction") or _text_problem(row.get("output"), "output")
+            or (None if row.get("input") is None else _text_problem(row["input"], "input", empty_ok=True))
+            or (None if row.get("system") is None else _text_problem(row["system"], "system", empty_ok=True)))
+
+
+def row_problem(fmt: str, row: dict) -> str | None:
+    """Why one row of a dataset in format ``fmt`` (:data:`fastkit.data.formats.FORMATS`) cannot train, or None."""
+    if fmt == "messages":
+        return message_problem(row.get("messages"))
+    if fmt == "sharegpt":
+        return sharegpt_problem(row.get("conversations"))
+    if fmt == "alpaca":
+        return alpaca_problem(row)
+    if fmt == "prompt_completion":
+        return prompt_completion_problem(row)
+    return _text_problem(row.get("text"), "text")
+
+
+def check_rows(dataset, drop_invalid: bool = False):
+    """Refuse (or, with ``drop_invalid=True``, drop and count) rows that cannot train, in any format.
+
+    The same rule for every format: each row is checked by :func:`row_problem`, the message names the
+    rows, the field and what is wrong with it.
+    """
+    from fastkit.data.formats import detect_format
+
+    if "input_ids" in dataset.column_names:
+        return dataset
+    fmt = detect_format(dataset.column_names)
+    name = {"sharegpt": "conversations", "prompt_completion": "prompt/completion", "alpaca": "alpaca"}.get(fmt, fmt)
+    problems = [(i, why) for i, row in enumerate(dataset) if (why := row_problem(fmt, row))]
+    if not problems:
+        return dataset
+    rows = [i for i, _ in problems]
+    if not drop_invalid:
+        every = "Every label is masked: " if len(rows) == len(dataset) else ""
+        raise FastkitError(f"{every}{name}: {len(rows)} of {len(dataset)} rows cannot be trained (rows "
+                           f"{_rows_named(rows)}); row {rows[0]}: {problems[0][1]}. Fix those rows, or pass "
+                           "drop_invalid=True to drop them (the count is logged).")
+    bad = set(rows)
+    kept = dataset.select([i for i in range(len(dataset)) if i not in bad])
+    logger.warning("fastkit: dropped %d of %d rows that cannot be trained (rows %s); first: row %d: %s",
+                   len(rows), len(dataset), _rows_named(rows), rows[0], problems[0][1])
+    if len(kept) == 0:
+        raise FastkitError(f"{name}: every row was dropped as untrainable (drop_invalid=True); fix the data.")
+    return kept
+
+
+check_messages = check_rows  # the old name (messages rows only, before every format was checked)
+
+
+__all__ = ["check_messages", "check_rows", "message_problem", "row_problem"]

@@ -1,0 +1,27 @@
+"""Training: TRL's SFTTrainer made by fastkit, run under the dashboard, resumed only where it is the same run.
+
+    run.py        ``make_trainer`` (a ``trl.SFTTrainer`` with fastkit's collator, loss and checks), ``fit``
+                  (the live dashboard, new run / resume), ``run_coverage``, trackers
+    trainer.py    ``ZeroSyncSFTTrainer``: TRL's step without its host-device reads
+    identity.py   the run identity kept in each checkpoint (model, adapter, data fingerprint, hyperparameters),
+                  ``RunGuard`` and ``check_resumable``
+
+``from fastkit.training import make_trainer, fit`` is the public path.
+"""
+
+from fastkit.training.run import (
+    TRACKERS,
+    available_trackers,
+    check_distributed_mode,
+    check_report_to,
+    fit,
+    last_checkpoint,
+    make_trainer,
+    planned_steps,
+    run_coverage,
+    sft_config,
+    steps_per_epoch,
+)
+
+__all__ = ["TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
+           "make_trainer", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]
