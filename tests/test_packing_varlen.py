@@ -200,9 +200,10 @@ def test_varlen_kernels_get_the_boundaries_and_match_the_per_document_path(model
         got, got_g = _step(patched, packed, w)
     torch.testing.assert_close(got, alone, **TIGHT)
     torch.testing.assert_close(got, want, **TIGHT)
-    # per tensor, 1e-5 of its largest entry: the two paths differ only in summation order (flattened rows,
-    # conv taps); each-document-alone is 10x farther on gated DeltaNet's decay parameters (GRADS there)
-    assert_grads_close(got_g, want_g, rtol=1e-5, atol=1e-7, per="tensor")
+    # per tensor, 5e-5 of its largest entry: the two paths differ only in summation order (flattened rows,
+    # conv taps), which depends on the CPU's SIMD width (1.5e-5 seen on A_log on one Xeon, below 1e-5 on
+    # another); each-document-alone is 10x farther on gated DeltaNet's decay parameters (GRADS there)
+    assert_grads_close(got_g, want_g, rtol=5e-5, atol=1e-7, per="tensor")
     assert syncs.total == 0, syncs.by_op
     cu, seq_idx = _expected()
     kind = facts_for(model_type).varlen
