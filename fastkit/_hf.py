@@ -520,11 +520,12 @@ def varlen_unavailable(module_cls: type, kind: str) -> str | None:
 # family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
 # bitsandbytes 0.50.2, tokenizers 0.22. Stays while the families have no shared interface to test for.
 
-# The class lists are the table's (``ModelFacts.looped_experts`` / ``no_4bit_experts``); here only which
-# fastkit forward runs each looped class (no @use_experts_implementation upstream).
-_LOOPED_EXPERTS = {c: k for c, k in {"DbrxExperts": "dbrx", "Llama4TextMoe": "llama4"}.items()
-                   if c in registry.LOOPED_EXPERTS}
-_NO_4BIT_LAYOUT = registry.NO_4BIT_EXPERTS
+# The class lists are the table's (``ModelFacts.looped_experts`` / ``looped_forward`` / ``no_4bit_experts``), read
+# at call time; here only what each fastkit looped forward needs of the module it is handed.
+_LOOPED_SHAPE: dict[str, Callable[[torch.nn.Module], bool]] = {
+    "dbrx": lambda m: hasattr(getattr(m, "mlp", None), "w1"),  # (E·F, H) w1 / v1 / w2 on module.mlp
+    "llama4": lambda m: hasattr(getattr(m, "experts", None), "gate_up_proj"),  # fused (E, H, 2I) under .experts
+}
 
 
 def class_name_in(module: Any, names: tuple[str, ...]) -> bool:
@@ -548,14 +549,13 @@ def is_fused_experts_class(module: torch.nn.Module) -> bool:
 
 
 def looped_experts_kind(module: torch.nn.Module) -> str | None:
-    """``"dbrx"`` (``DbrxExperts`` with ``mlp.w1``) or ``"llama4"`` (``Llama4TextMoe`` over
-    ``Llama4TextExperts``): the families whose experts loop in Python; else None."""
-    kind = _LOOPED_EXPERTS.get(type(module).__name__)
-    if kind == "dbrx" and not (hasattr(module, "mlp") and hasattr(module.mlp, "w1")):
-        return None
-    if kind == "llama4" and type(getattr(module, "experts", None)).__name__ != "Llama4TextExperts":
-        return None
-    return kind
+    """The ``looped_forward`` of the table row listing ``module``'s class in ``looped_experts`` (``"dbrx"``:
+    ``DbrxExperts`` with ``mlp.w1``; ``"llama4"``: ``Llama4TextMoe`` over fused ``experts.gate_up_proj``), when
+    the module has what that forward reads; else None. checked: transformers 5.24 (dbrx, llama4 modeling files).
+    """
+    kind = registry.looped_experts().get(type(module).__name__)
+    shape_ok = _LOOPED_SHAPE.get(kind or "")
+    return kind if shape_ok is not None and shape_ok(module) else None
 
 
 def modules_of_classes(module: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Module]:
@@ -564,9 +564,10 @@ def modules_of_classes(module: torch.nn.Module, names: tuple[str, ...]) -> list[
 
 
 def has_no_4bit_layout(module: torch.nn.Module) -> bool:
-    """Experts fastkit cannot store 4-bit (DBRX, Llama-4, JetMoE, transformers' own ``Mxfp4`` modules)."""
+    """Experts fastkit cannot store 4-bit: a class some table row lists in ``no_4bit_experts`` (DBRX, Llama-4,
+    JetMoE today), or transformers' own ``Mxfp4`` modules. checked: transformers 5.24."""
     cls = type(module).__name__
-    return cls in _NO_4BIT_LAYOUT or cls.startswith("Mxfp4")
+    return cls in registry.no_4bit_experts() or cls.startswith("Mxfp4")
 
 
 def is_progress_callback(callback: Any) -> bool:

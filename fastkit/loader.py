@@ -53,7 +53,12 @@ def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool
             raise FastkitError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from exc
 
 
-_NO_4BIT_EXPERTS = ("llama4", "jetmoe") + tuple(t for t, f in registry.MODEL_TABLE.items() if f.no_4bit_experts)
+def _no_4bit_experts(config) -> tuple[str, ...]:
+    """The experts classes without a 4-bit layout that ``config`` builds: its row's ``no_4bit_experts``, and those of
+    its sub-configs' rows (a composite Llama-4 checkpoint builds ``llama4_text``'s experts), read from the table now."""
+    configs = [config] + [getattr(config, k, None) for k in getattr(config, "sub_configs", None) or {}]
+    rows = [registry.facts_for(getattr(c, "model_type", None) or "") for c in configs]
+    return tuple(dict.fromkeys(c for f in rows if f is not None for c in f.no_4bit_experts))
 
 
 def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device) -> None:
@@ -62,9 +67,9 @@ def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device)
     On a CPU only MoE experts go 4-bit, through fastkit's dequantize + matmul (bitsandbytes' CPU
     ``Linear4bit`` path is never used); dense layers stay 16/32-bit there.
     """
-    if config.model_type in _NO_4BIT_EXPERTS:
-        raise FastkitError(f"load_in_4bit=True: {config.model_type} experts have no 4-bit layout in fastkit yet "
-                           "(DBRX, Llama-4, JetMoE); load with load_in_4bit=False.")
+    if no_layout := _no_4bit_experts(config):
+        raise FastkitError(f"load_in_4bit=True: {config.model_type} experts ({', '.join(no_layout)}) have no 4-bit "
+                           "layout in fastkit yet; load with load_in_4bit=False.")
     if device.type != "cuda" and not (facts is not None and facts.moe):
         raise GPUOnlyError("load_in_4bit=True needs a CUDA GPU (bitsandbytes 4-bit kernels) except for MoE experts, "
                            f"which fastkit stores 4-bit on any device; {config.model_type} has none. Load in "
@@ -368,7 +373,7 @@ class FastModel:
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
         object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
-        # 4-bit experts (patches/moe_4bit.py) have no parameter for PEFT's target_parameters: "all-linear"
+        # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
         # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):

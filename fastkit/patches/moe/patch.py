@@ -303,13 +303,17 @@ def llama4_moe_forward(self, hidden_states):
     return shared + routed.to(shared.dtype), router_logits
 
 
+_LOOPED_FORWARDS = {"dbrx": dbrx_experts_forward, "llama4": llama4_moe_forward}
+"""``ModelFacts.looped_forward`` -> the fastkit forward that runs that row's ``looped_experts`` classes."""
+
+
 def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, object]]:
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
     found = []
     for name, m in model.named_modules():
-        kind = _hf.looped_experts_kind(m)  # the classes are the table's (registry.LOOPED_EXPERTS)
+        kind = _hf.looped_experts_kind(m)  # the row's looped_forward (registry.looped_experts(), read now)
         if kind is not None:
-            found.append((name, m, dbrx_experts_forward if kind == "dbrx" else llama4_moe_forward))
+            found.append((name, m, _LOOPED_FORWARDS[kind]))
     return found
 
 
@@ -341,7 +345,7 @@ def _why_not(name: str, module: torch.nn.Module) -> str | None:
         return f"{name}: no integer num_experts attribute"
     for p in _projections(module, raw=True):
         pname, w, bias = p.name, p.weight, p.bias
-        provider = hasattr(w, "group_matmul")  # fastkit's 4-bit experts (patches/moe_4bit.py)
+        provider = hasattr(w, "group_matmul")  # fastkit's 4-bit experts (patches/moe/nf4.py)
         if not provider and (not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point):
             return f"{name}.{pname}: not a floating-point (E, out, in) tensor (quantized experts are not supported)"
         if w.size(0) != module.num_experts:
