@@ -44,8 +44,7 @@ def _check_source(name_or_path: str, gguf_file: str | None) -> None:
         raise FastkitError(f"gguf_file {gguf_file!r} is not in {path!r}.")
 
 
-def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
-    checks.check_max_seq_length(max_seq_length)
+def _check_options(device: torch.device, load_in_4bit: bool) -> None:
     if load_in_4bit and device.type == "cuda":  # CPU: MoE experts only, checked once the config is read
         try:
             import bitsandbytes  # noqa: F401
@@ -116,8 +115,7 @@ def _from_pretrained(auto_cls, name_or_path: str, load_kwargs: dict, may_fall_ba
         return auto_cls.from_pretrained(name_or_path, **{**load_kwargs, "attn_implementation": "eager"})
 
 
-def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int,
-                    hf_kwargs: dict | None = None):
+def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict | None = None):
     from transformers import AutoTokenizer
 
     hub = {k: v for k, v in (hf_kwargs or {}).items() if k in ("revision", "token")}  # same files as the weights
@@ -131,7 +129,6 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
         _restore_gguf_split(tok, name_or_path, gguf_file, hub)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    tok.model_max_length = max_seq_length
     if not has_chat_template(tok):
         logger.warning("fastkit: %s has no chat template; chat-formatted data will be refused "
                        "(fastkit.add_chat_template(model, tokenizer, source) clones one, or use plain-text data).",
@@ -212,9 +209,9 @@ def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, ma
     _check_source(name_or_path, gguf_file)
     if not gguf_file:
         checks.check_safetensors_files(name_or_path)
-    _check_options(device, max_seq_length, load_in_4bit)
+    _check_options(device, load_in_4bit)
     config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
-    checks.check_max_seq_length(max_seq_length, config)
+    checks.check_max_seq_length(max_seq_length, config)  # the one check of this load (Note: [max_seq_length])
     facts = registry.facts_for(config.model_type)
     quant = _quantization_mode(config, facts, device, load_in_4bit, str(name_or_path))
     if load_in_4bit:
@@ -301,8 +298,8 @@ class FastModel:
             from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
 
             quantize_linears_4bit(model, dtype)
-        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
-        FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
+        _patch(model, max_seq_length, patches)
         _protect_fp16(model, config, dtype)
         if composite and facts.note not in report(model).notes:
             report(model).notes.append(facts.note)
@@ -319,14 +316,11 @@ class FastModel:
 
         A family not in fastkit's table is first checked on a tiny twin of its own config (the census,
         :mod:`fastkit.families.census`, about a second): it is patched only if every check passes.
+        ``max_seq_length`` is checked against the model's context and kept on its load report, which
+        ``make_trainer`` reads.
         """
-        model = unwrap(model)
-        facts = registry.facts_for(model.config.model_type)
-        if facts is not None or patches is None:
-            return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
-        from fastkit.families.census import self_check
-
-        return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
+        checks.check_max_seq_length(max_seq_length, unwrap(model).config)
+        return _patch(model, max_seq_length, patches)
 
     @staticmethod
     def get_peft_model(
@@ -434,6 +428,22 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
     return model
 
 
+def _patch(model: torch.nn.Module, max_seq_length: int, patches) -> torch.nn.Module:
+    """:meth:`FastModel.patch` after its check (the loaders checked ``max_seq_length`` already).
+
+    Note: [max_seq_length] checked once per load, where the config is known (``_preflight``; a twin, whose context
+    is not the real model's: a positive int in ``_load_twin``), and carried once: on the load report
+    (``report(model).max_seq_length``), which the banner, checkpoint offload and ``make_trainer`` read.
+    """
+    model = unwrap(model)
+    facts = registry.facts_for(model.config.model_type)
+    if facts is not None or patches is None:
+        return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
+    from fastkit.families.census import self_check
+
+    return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
+
+
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     """Freeze a 4/8-bit model for LoRA, and upcast nothing.
 
@@ -465,7 +475,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
     from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_family
 
-    checks.check_max_seq_length(max_seq_length)
+    checks.check_max_seq_length(max_seq_length)  # the twin's context is not the real model's: no config here
     try:
         family, overrides = twin_family(name)
     except ValueError as exc:
@@ -473,8 +483,7 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
     model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
-    tokenizer.model_max_length = max_seq_length
-    FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+    _patch(model, max_seq_length, patches)
     return model, tokenizer
 
 
