@@ -156,7 +156,7 @@ def test_tokenizer_gets_the_same_revision_and_token(monkeypatch):
         return twin_tokenizer()
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", fake)
-    _load_tokenizer("org/model", None, False, 64, {"revision": "v1.2", "token": "hf_x", "device_map": "auto"})
+    _load_tokenizer("org/model", None, False, {"revision": "v1.2", "token": "hf_x", "device_map": "auto"})
     assert seen["revision"] == "v1.2" and seen["token"] == "hf_x" and "device_map" not in seen
 
 
