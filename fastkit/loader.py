@@ -299,7 +299,7 @@ class FastModel:
 
             quantize_linears_4bit(model, dtype)
         tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
-        _patch(model, max_seq_length, patches)
+        _patch(model, max_seq_length, patches, log=False)
         _protect_fp16(model, config, dtype)
         if composite and facts.note not in report(model).notes:
             report(model).notes.append(facts.note)
@@ -307,6 +307,7 @@ class FastModel:
             report(model).memory_plan = memory_plan.verdict()
             report(model).checkpointing = "offload" if memory_plan.needs_offload else True
             report(model).host_weights = memory_plan.host_weights
+        logger.info(report(model).banner())  # once the report is complete (its plan line included)
         return model, tokenizer
 
     @staticmethod
@@ -320,7 +321,7 @@ class FastModel:
         ``make_trainer`` reads.
         """
         checks.check_max_seq_length(max_seq_length, unwrap(model).config)
-        return _patch(model, max_seq_length, patches)
+        return _patch(model, max_seq_length, patches, log=True)
 
     @staticmethod
     def get_peft_model(
@@ -428,7 +429,7 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
     return model
 
 
-def _patch(model: torch.nn.Module, max_seq_length: int, patches) -> torch.nn.Module:
+def _patch(model: torch.nn.Module, max_seq_length: int, patches, log: bool) -> torch.nn.Module:
     """:meth:`FastModel.patch` after its check (the loaders checked ``max_seq_length`` already).
 
     Note: [max_seq_length] checked once per load, where the config is known (``_preflight``; a twin, whose context
@@ -438,10 +439,11 @@ def _patch(model: torch.nn.Module, max_seq_length: int, patches) -> torch.nn.Mod
     model = unwrap(model)
     facts = registry.facts_for(model.config.model_type)
     if facts is not None or patches is None:
-        return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
+        return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches, log=log)
     from fastkit.families.census import self_check
 
-    return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
+    return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches,
+                            log=log)
 
 
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
@@ -483,7 +485,7 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
     model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
-    _patch(model, max_seq_length, patches)
+    _patch(model, max_seq_length, patches, log=True)
     return model, tokenizer
 
 

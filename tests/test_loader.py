@@ -70,7 +70,8 @@ def test_max_seq_length_must_be_positive(saved_llama, value):
         FastModel.from_pretrained(str(saved_llama[0]), max_seq_length=value)
 
 
-def test_max_seq_length_is_checked_once_with_the_config_and_carried_on_the_report(saved_llama, monkeypatch, tmp_path):
+def test_max_seq_length_is_checked_once_with_the_config_and_carried_on_the_report(saved_llama, monkeypatch, tmp_path,
+                                                                                     caplog):
     """One check per load, where the config is known (the memory plan for a T4 included), and one carrier: the
     load report, which make_trainer reads (the tokenizer's own model_max_length is not it)."""
     from fastkit import checks
@@ -80,7 +81,9 @@ def test_max_seq_length_is_checked_once_with_the_config_and_carried_on_the_repor
     seen = []
     real = checks.check_max_seq_length
     monkeypatch.setattr(checks, "check_max_seq_length", lambda n, config=None: (seen.append(config), real(n, config)))
-    model, tok = FastModel.from_pretrained(str(saved_llama[0]), max_seq_length=96, gpu="t4")
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        model, tok = FastModel.from_pretrained(str(saved_llama[0]), max_seq_length=96, gpu="t4")
+    assert f"fastkit: plan: {fastkit.report(model).memory_plan}" in caplog.text  # the banner, logged complete
     assert len(seen) == 1 and seen[0] is not None and seen[0].model_type == "llama"
     assert fastkit.report(model).max_seq_length == 96 and fastkit.report(model).memory_plan
     monkeypatch.setattr(checks, "check_max_seq_length", real)
