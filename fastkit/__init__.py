@@ -48,6 +48,43 @@ def fit(trainer, **kwargs):
     return _fit(trainer, **kwargs)
 
 
+# ---- Old module paths users import (README / docs before the round-3 moves), served by the new modules ----------
+_MOVED = {
+    "fastkit.twins": "fastkit.families.twins",
+    "fastkit.census": "fastkit.families.census",
+    "fastkit.trainer": "fastkit.training.trainer",
+    "fastkit.chat_template": "fastkit.data.chat_template",
+    "fastkit.linear_4bit": "fastkit.patches.moe.linear_4bit",
+}
+"""Old path -> the module now there; ``import`` of an old path gives that very module (tests/test_public_paths.py)."""
+
+
+class _MovedFinder:
+    """Finds an old path of :data:`_MOVED` and loads it as the moved module itself (imported only when asked)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, _MovedFinder) if name in _MOVED else None
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+
+        module = importlib.import_module(_MOVED[spec.name])
+        spec.loader_state = module.__spec__  # importlib sets __spec__ to the old path's: put the module's back
+        return module
+
+    @staticmethod
+    def exec_module(module):
+        """The moved module ran when it was imported; only its own ``__spec__`` is restored."""
+        module.__spec__ = module.__spec__.loader_state
+
+
+if not any(isinstance(f, type) and f.__name__ == "_MovedFinder" for f in __import__("sys").meta_path):
+    __import__("sys").meta_path.append(_MovedFinder)
+
 __all__ = [
     "FastModel", "FastkitError", "GPUOnlyError", "HostWeights", "LoadReport", "SyncCounter", "active_patches",
     "add_chat_template", "apply_patch", "count_syncs", "enable_checkpointing", "fit", "host_stats", "report",

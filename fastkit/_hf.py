@@ -4,10 +4,11 @@ Why. fastkit patches *instances* of transformers models: it selects attention an
 by key, swaps per-layer checkpoint functions, and reads PEFT's LoRA factors without running PEFT's
 parametrization. The names it needs for that are private (a leading underscore), sit in deep module
 paths, or are matched by class name, so any upstream release may rename them. Each one is reached
-here through one small function whose docstring says what it reads or writes and on which versions
-that was checked. ``tests/test_hf_compat.py`` calls every function on tiny twins, so an upstream
-rename fails that test under the accessor's name; it also checks that no other fastkit file uses
-these names.
+here through one small function whose docstring says what it reads or writes, on which versions
+that was checked (``checked:``) and when it can go (``Can go when``: the upstream change that makes it
+unnecessary), as TRL's ``_compat.py`` does. ``tests/test_hf_compat.py`` calls every function on tiny
+twins, so an upstream rename fails that test under the accessor's name; it also checks that each
+docstring has both lines and that no other fastkit file uses these names.
 
 What must not change. Writes that a patch must revert take the patch's
 :class:`fastkit.patching.Swapper` (``swap``) and go through ``swap.setattr``, so ``revert`` restores the
@@ -57,6 +58,7 @@ def has_causal_lm_head(model_type: str) -> bool:
 
     Reads ``transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (a deep path).
     checked: transformers 5.24.
+    Can go when the auto mappings are exported from a public path (``modeling_auto`` is deep).
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -67,6 +69,7 @@ def has_masked_lm_head(model_type: str) -> bool:
     """True when ``AutoModelForMaskedLM`` knows ``model_type`` (an encoder, even if it also has a causal-LM
     head class, like BERT's ``BertLMHeadModel``). Reads ``MODEL_FOR_MASKED_LM_MAPPING_NAMES`` (a deep path).
     checked: transformers 5.24.
+    Can go when the auto mappings are exported from a public path (``modeling_auto`` is deep).
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -74,7 +77,9 @@ def has_masked_lm_head(model_type: str) -> bool:
 
 
 def is_pandas_dataframe(obj: Any) -> bool:
-    """A pandas ``DataFrame``, recognized without importing pandas (absent where it is not installed)."""
+    """A pandas ``DataFrame``, recognized without importing pandas (absent where it is not installed).
+    checked: pandas 3.1. Can go when pandas is a dependency (then ``isinstance`` directly); it is optional today.
+    """
     pandas = sys.modules.get("pandas")
     return pandas is not None and isinstance(obj, pandas.DataFrame)
 
@@ -84,6 +89,7 @@ def is_stateful_model(model: torch.nn.Module) -> bool:
 
     Reads ``PreTrainedModel._is_stateful`` (set by mamba, jamba, qwen3_next, qwen3_5, falcon_h1, ... in 5.24;
     not by lfm2, whose ``ShortConv`` is caught as a ``Conv1d``). checked: transformers 5.24.
+    Can go when ``_is_stateful`` is public (and lfm2 sets it too).
     """
     return bool(getattr(type(model), "_is_stateful", False))
 
@@ -92,6 +98,7 @@ def attn_implementation(config) -> str | None:
     """The attention key transformers dispatches to: reads ``config._attn_implementation`` (a property).
 
     checked: transformers 5.24.
+    Can go when the config's attention key is a public attribute.
     """
     return getattr(config, _ATTN)
 
@@ -101,6 +108,7 @@ def set_attn_implementation(config, key: str, swap: Swapper | None = None) -> No
 
     The property stores the value on the config instance; ``Swapper`` restores it by ``setattr``.
     checked: transformers 5.24.
+    Can go when the config's attention key is a public, per-instance attribute.
     """
     _set(config, _ATTN, key, swap)
 
@@ -110,6 +118,7 @@ def attention_registered(key: str) -> bool:
 
     Reads ``AttentionInterface._global_mapping`` (private: the public mapping is per instance).
     checked: transformers 5.24.
+    Can go when ``AttentionInterface`` has a public membership test of its global registry.
     """
     from transformers.modeling_utils import AttentionInterface
 
@@ -122,6 +131,7 @@ def register_attention(key: str, fn: Callable, mask_like: str | None = None) -> 
     ``_global_mapping``). Without it ``key`` has no mask function, so ``create_*_mask`` returns None.
 
     Additive: a key only changes models whose config selects it. checked: transformers 5.24.
+    Can go when ``AttentionMaskInterface`` has a public lookup of an existing key's mask function.
     """
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
@@ -137,6 +147,8 @@ def attention_function(module: torch.nn.Module, key: str) -> Callable:
     ``"eager"``: the family's own ``eager_attention_forward``, a global of the module's modeling file
     (read through ``sys.modules``); any other key: ``ALL_ATTENTION_FUNCTIONS[key]``.
     checked: transformers 5.24.
+    Can go when transformers exposes a public lookup of a family's eager attention function (it is a module global
+    of each modeling file).
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -161,6 +173,8 @@ class AttentionView:
     (transformers' flash functions do): the same module, its config reporting ``attn``.
 
     checked: transformers 5.24 (flash_attention_2 / 3 read the key from ``module.config``).
+    Can go when transformers' flash attention functions take the key as an argument instead of reading
+    ``module.config._attn_implementation``.
     """
 
     def __init__(self, module: torch.nn.Module, attn: str):
@@ -179,6 +193,8 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
     Calls ``model.activation_checkpointing_enable`` (transformers 5 name of ``gradient_checkpointing_enable``).
     checked: transformers 5.24.
+    Can go when fastkit calls ``activation_checkpointing_enable`` directly: every transformers the
+    floor allows (>=5.24,<6) has this name; only the one spelling of ``use_reentrant=False`` keeps it here.
     """
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
@@ -188,6 +204,7 @@ def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     instances (``transformers.modeling_layers``) whose ``gradient_checkpointing`` flag is on.
 
     checked: transformers 5.24.
+    Can go when ``GradientCheckpointingLayer`` is exported from a public path (``modeling_layers`` is deep).
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -198,6 +215,7 @@ def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def checkpoint_function(layer: torch.nn.Module) -> Callable:
     """The function a checkpointed layer runs itself through: reads ``layer._gradient_checkpointing_func``
     (an instance attribute ``gradient_checkpointing_enable`` sets). checked: transformers 5.24.
+    Can go when transformers lets a caller set the checkpoint function per layer publicly.
     """
     return getattr(layer, _CHECKPOINT_FUNC)
 
@@ -205,6 +223,7 @@ def checkpoint_function(layer: torch.nn.Module) -> Callable:
 def set_checkpoint_function(layer: torch.nn.Module, fn: Callable, swap: Swapper) -> None:
     """Swap ``layer._gradient_checkpointing_func`` for ``fn`` through ``swap`` (revert restores the original
     object). checked: transformers 5.24.
+    Can go when transformers lets a caller set the checkpoint function per layer publicly.
     """
     swap.setattr(layer, _CHECKPOINT_FUNC, fn)
 
@@ -215,6 +234,7 @@ def set_checkpoint_function(layer: torch.nn.Module, fn: Callable, swap: Swapper)
 def register_experts_function(key: str, fn: Callable) -> None:
     """Register ``fn`` under ``key`` in ``transformers.integrations.moe.ExpertsInterface`` (additive,
     idempotent). checked: transformers 5.24.
+    Can go when ``ExpertsInterface`` is exported from a public path (``integrations.moe`` is deep).
     """
     from transformers.integrations.moe import ExpertsInterface
 
@@ -225,6 +245,7 @@ def is_decorated_experts(module: torch.nn.Module) -> bool:
     """True for an instance of a ``@use_experts_implementation`` class: its ``__init__`` sets ``has_gate``,
     ``has_bias``, ``is_transposed``, ``_is_expert_parallel`` (and the module has a ``config``).
     checked: transformers 5.24.
+    Can go when ``@use_experts_implementation`` marks its classes publicly (a base class or a flag).
     """
     return all(hasattr(module, a) for a in ("has_gate", "has_bias", "is_transposed", "_is_expert_parallel", "config"))
 
@@ -232,6 +253,7 @@ def is_decorated_experts(module: torch.nn.Module) -> bool:
 def is_expert_parallel(module: torch.nn.Module) -> bool:
     """Reads ``module._is_expert_parallel`` of a decorated experts module (expert parallelism puts sentinel
     ids in the router output). checked: transformers 5.24.
+    Can go when the expert-parallel flag is public.
     """
     return bool(module._is_expert_parallel)
 
@@ -239,6 +261,7 @@ def is_expert_parallel(module: torch.nn.Module) -> bool:
 def experts_implementation(config) -> str | None:
     """The experts key ``@use_experts_implementation`` dispatches to: reads ``config._experts_implementation``.
     checked: transformers 5.24.
+    Can go when the config's experts key is a public attribute.
     """
     return getattr(config, _EXPERTS, None)
 
@@ -251,6 +274,8 @@ def set_experts_implementation(config, key: str, swap: Swapper | None = None) ->
     into sub-configs, so undoing it newest-first would overwrite a sub-config's own original with its
     parent's (Note: [config swap] in fastkit.patches.moe.patch). Without ``swap`` (benchmarks): the property
     setter, which also sets the sub-configs. checked: transformers 5.24.
+    Can go when transformers has a public per-config setter that does not recurse into sub-configs (Note: [config
+    swap]).
     """
     if swap is None:
         setattr(config, _EXPERTS, key)
@@ -261,6 +286,7 @@ def set_experts_implementation(config, key: str, swap: Swapper | None = None) ->
 def apply_gate(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The gated activation of a decorated experts module: ``module._apply_gate(x)`` ``(S, 2I) -> (S, I)``
     (GPT-OSS interleaved clamp-SwiGLU, the default concatenated SwiGLU). checked: transformers 5.24.
+    Can go when the experts' gated activation is public (``_apply_gate`` is private in 5.24).
     """
     return module._apply_gate(x)
 
@@ -268,6 +294,7 @@ def apply_gate(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def grouped_mm_disabled():
     """A context in which transformers' ``grouped_mm`` experts path takes its fallback (what a T4 gets):
     patches ``transformers.integrations.moe._can_use_grouped_mm`` to return False. checked: transformers 5.24.
+    Can go when transformers has a public switch for its grouped_mm fallback (tests and benchmarks use this one).
     """
     return mock.patch("transformers.integrations.moe._can_use_grouped_mm", return_value=False)
 
@@ -283,6 +310,7 @@ def on_param_loaded(callback: Callable[[torch.nn.Module, str], None]) -> Iterato
     ``experts.gate_up_proj``), and sets ``HF_DEACTIVATE_ASYNC_LOAD=1`` so checkpoint tensors are read
     lazily, one target at a time (the loader's thread pool would otherwise read every tensor ahead).
     checked: transformers 5.24.
+    Can go when ``from_pretrained`` offers a public per-parameter load hook (none in 5.24).
     """
     import transformers.core_model_loading as cml
 
@@ -308,6 +336,8 @@ def peft_lora_factors(module: torch.nn.Module, name: str
     the parameter's own layout. None unless exactly one PEFT ``_LoraFactorsProxy`` (matched by class
     name; PEFT registers it only for the duration of its ``ParamWrapper`` forward) parametrizes it.
     checked: peft 0.21.2.
+    Can go when PEFT exposes a ``ParamWrapper``'s active factors publicly (``_LoraFactorsProxy`` is private and
+    registered only during its forward).
     """
     plist = getattr(getattr(module, "parametrizations", None), name, None)
     if plist is None:
@@ -323,6 +353,7 @@ def peft_param_wrappers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.
     """``(qualified name, wrapper)`` of every PEFT ``ParamWrapper`` (``target_parameters`` LoRA) in ``model``.
 
     ``ParamWrapper`` lives in ``peft.tuners.lora.layer``. checked: peft 0.21.2.
+    Can go when ``ParamWrapper`` is exported from PEFT's top level (``peft.tuners`` is deep).
     """
     from peft.tuners.lora.layer import ParamWrapper
 
@@ -334,6 +365,7 @@ def peft_expert_factors(wrapper: torch.nn.Module, adapter: str = "default"
     """``(parameter_name, num_experts, A (r·E, in), B (out, r·E))`` of ``adapter`` on a ``ParamWrapper``,
     or None when it has no such adapter. PEFT's B has the expert index fastest in its columns.
     checked: peft 0.21.2.
+    Can go when PEFT documents ``ParamWrapper``'s per-expert factor layout as public API.
     """
     if adapter not in wrapper.lora_A:
         return None
@@ -343,6 +375,7 @@ def peft_expert_factors(wrapper: torch.nn.Module, adapter: str = "default"
 def peft_lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """``{qualified name: layer}`` of every PEFT LoRA layer (``peft.tuners.lora.LoraLayer``: Linear, Embedding,
     ``ParamWrapper``...) in ``model``. checked: peft 0.21.2.
+    Can go when ``LoraLayer`` is exported from PEFT's top level (``peft.tuners`` is deep).
     """
     from peft.tuners.lora import LoraLayer
 
@@ -354,6 +387,7 @@ def peft_delta(layer: torch.nn.Module, param: str) -> torch.Tensor | None:
     in that parameter's own layout (``get_delta_weight``); None when ``param`` is not the one ``layer`` adapts
     (a ``ParamWrapper`` adapts ``parameter_name``, other layers ``weight``) or nothing is active.
     checked: peft 0.21.2.
+    Can go when PEFT offers a public summed update of a layer's active adapters for a named parameter.
     """
     from peft.tuners.lora.layer import ParamWrapper
 
@@ -372,6 +406,7 @@ def prepare_inputs(trainer, batch: dict) -> dict:
     """A collated batch as ``training_step`` receives it (on the device): ``trainer._prepare_inputs(batch)``.
 
     checked: transformers 5.24, trl 1.16 (``SFTTrainer``).
+    Can go when the Trainer exposes its input preparation publicly.
     """
     return trainer._prepare_inputs(batch)
 
@@ -381,6 +416,7 @@ def trainer_loss_accumulator(trainer) -> torch.Tensor:
 
     Created by ``_inner_training_loop``, read (``.item()``) and zeroed in ``_maybe_log_save_evaluate``.
     checked: transformers 5.24.
+    Can go when the Trainer exposes its loss accumulator publicly (fastkit reads it for the zero-sync loss log).
     """
     return trainer._tr_loss
 
@@ -389,6 +425,7 @@ def steps_since_log(trainer) -> int:
     """``1 + global_step - _globalstep_last_logged``: the divisor ``_run_epoch``'s NaN/Inf loss filter uses.
 
     checked: transformers 5.24.
+    Can go when the Trainer exposes the steps since its last log publicly.
     """
     return 1 + trainer.state.global_step - trainer._globalstep_last_logged
 
@@ -398,17 +435,22 @@ def sft_metrics(trainer) -> dict:
     ``SFTTrainer.log`` averages each list and clears it.
 
     checked: trl 1.16.
+    Can go when TRL exposes its per-mode metric lists publicly.
     """
     return trainer._metrics
 
 
 def sft_token_total(trainer) -> int:
-    """``SFTTrainer._total_train_tokens``: the running token count TRL logs as ``num_tokens``. checked: trl 1.16."""
+    """``SFTTrainer._total_train_tokens``: the running token count TRL logs as ``num_tokens``. checked: trl 1.16.
+    Can go when TRL exposes its token count publicly.
+    """
     return trainer._total_train_tokens
 
 
 def set_sft_token_total(trainer, total: int) -> None:
-    """Write ``SFTTrainer._total_train_tokens``. checked: trl 1.16."""
+    """Write ``SFTTrainer._total_train_tokens``. checked: trl 1.16.
+    Can go when TRL exposes its token count publicly (resume writes it back).
+    """
     trainer._total_train_tokens = total
 
 
@@ -416,6 +458,7 @@ def sft_tp_size(trainer) -> int:
     """``SFTTrainer._tp_size``: tensor-parallel ranks that see the same batch (TRL divides token counts by it).
 
     checked: trl 1.16.
+    Can go when TRL exposes its tensor-parallel size publicly.
     """
     return trainer._tp_size
 
@@ -459,6 +502,8 @@ def resolved_kernel(module_cls: type, name: str) -> Callable | None:
 
     None when that global is missing, is not transformers' fallback wrapper, or runs the torch reference.
     Reads the wrapper's closure (``implementation``, ``torch_function``). checked: transformers 5.24.0.
+    Can go when transformers says which implementation it resolved (a public attribute on the wrapper), as
+    :data:`VARLEN_KERNELS` notes.
     """
     import inspect
 
@@ -474,7 +519,10 @@ def resolved_kernel(module_cls: type, name: str) -> Callable | None:
 
 
 def package_version(package: str) -> str | None:
-    """The installed version of a kernel package (import name), or None when it cannot be told."""
+    """The installed version of a kernel package (import name), or None when it cannot be told.
+    checked: fla-core 0.6.0, causal-conv1d 1.6.1 / 1.7.0, mamba-ssm 2.3.2 (VARLEN_PACKAGES). Can go when
+    transformers reports which kernel package and version it resolved (as for :data:`VARLEN_KERNELS`).
+    """
     from importlib import metadata
 
     for dist in VARLEN_PACKAGES.get(package, ((package,),))[0]:
@@ -497,7 +545,10 @@ def _in_range(version: str | None, lo: str, hi: str) -> bool:
 
 
 def varlen_unavailable(module_cls: type, kind: str) -> str | None:
-    """Why a mixer of ``kind`` cannot take the varlen kernels here (None: it can, on a CUDA tensor)."""
+    """Why a mixer of ``kind`` cannot take the varlen kernels here (None: it can, on a CUDA tensor).
+    checked: transformers 5.24.0 and the package ranges in :data:`VARLEN_PACKAGES`. Can go when transformers says
+    which implementation it resolved (then only the version table stays).
+    """
     import transformers
 
     if kind not in VARLEN_KERNELS:
@@ -520,21 +571,28 @@ def varlen_unavailable(module_cls: type, kind: str) -> str | None:
 # family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
 # bitsandbytes 0.50.2, tokenizers 0.22. Stays while the families have no shared interface to test for.
 
-# The class lists are the table's (``ModelFacts.looped_experts`` / ``no_4bit_experts``); here only which
-# fastkit forward runs each looped class (no @use_experts_implementation upstream).
-_LOOPED_EXPERTS = {c: k for c, k in {"DbrxExperts": "dbrx", "Llama4TextMoe": "llama4"}.items()
-                   if c in registry.LOOPED_EXPERTS}
-_NO_4BIT_LAYOUT = registry.NO_4BIT_EXPERTS
+# The class lists are the table's (``ModelFacts.looped_experts`` / ``looped_forward`` / ``no_4bit_experts``), read
+# at call time; here only what each fastkit looped forward needs of the module it is handed.
+_LOOPED_SHAPE: dict[str, Callable[[torch.nn.Module], bool]] = {
+    "dbrx": lambda m: hasattr(getattr(m, "mlp", None), "w1"),  # (E·F, H) w1 / v1 / w2 on module.mlp
+    "llama4": lambda m: hasattr(getattr(m, "experts", None), "gate_up_proj"),  # fused (E, H, 2I) under .experts
+}
 
 
 def class_name_in(module: Any, names: tuple[str, ...]) -> bool:
     """``module``'s class is one of ``names`` (registry rows name a family's modules, e.g. its stateful layers;
-    the family's modeling module is only imported with the model, so its classes are matched by name)."""
+    the family's modeling module is only imported with the model, so its classes are matched by name).
+    checked: transformers 5.24 (the class names in the table's rows). Can go when the families share a public
+    interface fastkit can ``isinstance`` (their modeling modules import only with the model today).
+    """
     return type(module).__name__ in names
 
 
 def is_bnb_linear(module: Any) -> bool:
-    """A bitsandbytes ``Linear4bit`` / ``Linear8bitLt`` (False when bitsandbytes does not import)."""
+    """A bitsandbytes ``Linear4bit`` / ``Linear8bitLt`` (False when bitsandbytes does not import).
+    checked: bitsandbytes 0.50.2. Can go when bitsandbytes imports everywhere without a GPU build (the guarded
+    import is the fragile part), or transformers offers a public quantized-linear test.
+    """
     try:
         import bitsandbytes.nn as bnb
     except Exception:  # noqa: BLE001 - no bitsandbytes (or no GPU build): nothing can be a bnb layer
@@ -543,30 +601,41 @@ def is_bnb_linear(module: Any) -> bool:
 
 
 def is_fused_experts_class(module: torch.nn.Module) -> bool:
-    """A fused 3-D experts module by its class name (``...Experts``), decorated or not."""
+    """A fused 3-D experts module by its class name (``...Experts``), decorated or not.
+    checked: transformers 5.24. Can go when every fused experts class carries ``@use_experts_implementation`` (then
+    :func:`is_decorated_experts` answers alone).
+    """
     return type(module).__name__.endswith("Experts")
 
 
 def looped_experts_kind(module: torch.nn.Module) -> str | None:
-    """``"dbrx"`` (``DbrxExperts`` with ``mlp.w1``) or ``"llama4"`` (``Llama4TextMoe`` over
-    ``Llama4TextExperts``): the families whose experts loop in Python; else None."""
-    kind = _LOOPED_EXPERTS.get(type(module).__name__)
-    if kind == "dbrx" and not (hasattr(module, "mlp") and hasattr(module.mlp, "w1")):
-        return None
-    if kind == "llama4" and type(getattr(module, "experts", None)).__name__ != "Llama4TextExperts":
-        return None
-    return kind
+    """The ``looped_forward`` of the table row listing ``module``'s class in ``looped_experts`` (``"dbrx"``:
+    ``DbrxExperts`` with ``mlp.w1``; ``"llama4"``: ``Llama4TextMoe`` over fused ``experts.gate_up_proj``), when
+    the module has what that forward reads; else None. checked: transformers 5.24 (dbrx, llama4 modeling files).
+    Can go when DBRX and Llama-4 experts use ``@use_experts_implementation`` upstream (then the rows'
+    ``looped_experts`` go too).
+    """
+    kind = registry.looped_experts().get(type(module).__name__)
+    shape_ok = _LOOPED_SHAPE.get(kind or "")
+    return kind if shape_ok is not None and shape_ok(module) else None
 
 
 def modules_of_classes(module: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Module]:
-    """The submodules of ``module`` whose class is one of ``names`` (a row's ``stateful`` layer classes)."""
+    """The submodules of ``module`` whose class is one of ``names`` (a row's ``stateful`` layer classes).
+    checked: transformers 5.24 (the ``stateful`` classes of the hybrid rows). Can go when the stateful layers share
+    a public base class upstream (matched by name today).
+    """
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
 def has_no_4bit_layout(module: torch.nn.Module) -> bool:
-    """Experts fastkit cannot store 4-bit (DBRX, Llama-4, JetMoE, transformers' own ``Mxfp4`` modules)."""
+    """Experts fastkit cannot store 4-bit: a class some table row lists in ``no_4bit_experts`` (DBRX, Llama-4,
+    JetMoE today), or transformers' own ``Mxfp4`` modules. checked: transformers 5.24.
+    Can go when fastkit has a 4-bit layout for every experts class the table lists (then only the ``Mxfp4`` test
+    stays, or that too when transformers' MXFP4 modules are public).
+    """
     cls = type(module).__name__
-    return cls in _NO_4BIT_LAYOUT or cls.startswith("Mxfp4")
+    return cls in registry.no_4bit_experts() or cls.startswith("Mxfp4")
 
 
 def is_progress_callback(callback: Any) -> bool:
@@ -583,7 +652,10 @@ BYTE_LEVEL = "ByteLevel"
 
 def byte_level_bpe(spec: dict) -> bool:
     """A ``tokenizer.json`` (as a dict) of a byte-level BPE tokenizer: ``model.type`` BPE, a ``ByteLevel``
-    pre-tokenizer somewhere in its tree."""
+    pre-tokenizer somewhere in its tree.
+    checked: tokenizers 0.23 (the ``tokenizer.json`` layout). Can go when tokenizers exposes the model and
+    pre-tokenizer types on the fast tokenizer publicly.
+    """
     import json
 
     return spec.get("model", {}).get("type") == "BPE" and BYTE_LEVEL in json.dumps(spec.get("pre_tokenizer"))

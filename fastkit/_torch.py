@@ -54,14 +54,12 @@ def queue_backward_callback(fn: Callable[[], None]) -> None:
 
 
 def grouped_mm_function() -> Callable | None:
-    """``torch.nn.functional.grouped_mm`` (public from torch 2.10), else the private ``torch._grouped_mm``
-    (torch 2.8-2.9), else None. checked: torch 2.9, 2.11, 2.13. Remove the private branch when
-    ``requires-python``'s torch floor (pyproject: torch>=2.10) makes it dead: it is dead already for
-    the declared floor, kept for the GPU machine's older builds.
+    """``torch.nn.functional.grouped_mm`` (public from torch 2.10; pyproject's floor is torch>=2.11), or None where
+    the build has none (then routing takes its loop path). checked: torch 2.11 (the GPU machine), 2.13. The private
+    ``torch._grouped_mm`` of torch 2.8-2.9 is no longer reached: dead under the declared floor. Can go when every
+    supported build has ``F.grouped_mm`` on every device (routing.py would then call it directly).
     """
-    if hasattr(F, "grouped_mm"):
-        return F.grouped_mm
-    return getattr(torch, "_grouped_mm", None)
+    return getattr(F, "grouped_mm", None)
 
 
 __all__ = ["forward_pre_hooks", "grouped_mm_function", "module_dicts", "queue_backward_callback",

@@ -44,8 +44,7 @@ def _check_source(name_or_path: str, gguf_file: str | None) -> None:
         raise FastkitError(f"gguf_file {gguf_file!r} is not in {path!r}.")
 
 
-def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool) -> None:
-    checks.check_max_seq_length(max_seq_length)
+def _check_options(device: torch.device, load_in_4bit: bool) -> None:
     if load_in_4bit and device.type == "cuda":  # CPU: MoE experts only, checked once the config is read
         try:
             import bitsandbytes  # noqa: F401
@@ -53,7 +52,12 @@ def _check_options(device: torch.device, max_seq_length: int, load_in_4bit: bool
             raise FastkitError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from exc
 
 
-_NO_4BIT_EXPERTS = ("llama4", "jetmoe") + tuple(t for t, f in registry.MODEL_TABLE.items() if f.no_4bit_experts)
+def _no_4bit_experts(config) -> tuple[str, ...]:
+    """The experts classes without a 4-bit layout that ``config`` builds: its row's ``no_4bit_experts``, and those of
+    its sub-configs' rows (a composite Llama-4 checkpoint builds ``llama4_text``'s experts), read from the table now."""
+    configs = [config] + [getattr(config, k, None) for k in getattr(config, "sub_configs", None) or {}]
+    rows = [registry.facts_for(getattr(c, "model_type", None) or "") for c in configs]
+    return tuple(dict.fromkeys(c for f in rows if f is not None for c in f.no_4bit_experts))
 
 
 def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device) -> None:
@@ -62,9 +66,9 @@ def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device)
     On a CPU only MoE experts go 4-bit, through fastkit's dequantize + matmul (bitsandbytes' CPU
     ``Linear4bit`` path is never used); dense layers stay 16/32-bit there.
     """
-    if config.model_type in _NO_4BIT_EXPERTS:
-        raise FastkitError(f"load_in_4bit=True: {config.model_type} experts have no 4-bit layout in fastkit yet "
-                           "(DBRX, Llama-4, JetMoE); load with load_in_4bit=False.")
+    if no_layout := _no_4bit_experts(config):
+        raise FastkitError(f"load_in_4bit=True: {config.model_type} experts ({', '.join(no_layout)}) have no 4-bit "
+                           "layout in fastkit yet; load with load_in_4bit=False.")
     if device.type != "cuda" and not (facts is not None and facts.moe):
         raise GPUOnlyError("load_in_4bit=True needs a CUDA GPU (bitsandbytes 4-bit kernels) except for MoE experts, "
                            f"which fastkit stores 4-bit on any device; {config.model_type} has none. Load in "
@@ -111,8 +115,7 @@ def _from_pretrained(auto_cls, name_or_path: str, load_kwargs: dict, may_fall_ba
         return auto_cls.from_pretrained(name_or_path, **{**load_kwargs, "attn_implementation": "eager"})
 
 
-def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, max_seq_length: int,
-                    hf_kwargs: dict | None = None):
+def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict | None = None):
     from transformers import AutoTokenizer
 
     hub = {k: v for k, v in (hf_kwargs or {}).items() if k in ("revision", "token")}  # same files as the weights
@@ -126,7 +129,6 @@ def _load_tokenizer(name_or_path: str, gguf_file: str | None, trust_remote_code:
         _restore_gguf_split(tok, name_or_path, gguf_file, hub)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    tok.model_max_length = max_seq_length
     if not has_chat_template(tok):
         logger.warning("fastkit: %s has no chat template; chat-formatted data will be refused "
                        "(fastkit.add_chat_template(model, tokenizer, source) clones one, or use plain-text data).",
@@ -207,9 +209,9 @@ def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, ma
     _check_source(name_or_path, gguf_file)
     if not gguf_file:
         checks.check_safetensors_files(name_or_path)
-    _check_options(device, max_seq_length, load_in_4bit)
+    _check_options(device, load_in_4bit)
     config = _load_config(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
-    checks.check_max_seq_length(max_seq_length, config)
+    checks.check_max_seq_length(max_seq_length, config)  # the one check of this load (Note: [max_seq_length])
     facts = registry.facts_for(config.model_type)
     quant = _quantization_mode(config, facts, device, load_in_4bit, str(name_or_path))
     if load_in_4bit:
@@ -296,8 +298,8 @@ class FastModel:
             from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
 
             quantize_linears_4bit(model, dtype)
-        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, max_seq_length, hf_kwargs)
-        FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
+        _patch(model, max_seq_length, patches, log=False)
         _protect_fp16(model, config, dtype)
         if composite and facts.note not in report(model).notes:
             report(model).notes.append(facts.note)
@@ -305,6 +307,7 @@ class FastModel:
             report(model).memory_plan = memory_plan.verdict()
             report(model).checkpointing = "offload" if memory_plan.needs_offload else True
             report(model).host_weights = memory_plan.host_weights
+        logger.info(report(model).banner())  # once the report is complete (its plan line included)
         return model, tokenizer
 
     @staticmethod
@@ -314,14 +317,11 @@ class FastModel:
 
         A family not in fastkit's table is first checked on a tiny twin of its own config (the census,
         :mod:`fastkit.families.census`, about a second): it is patched only if every check passes.
+        ``max_seq_length`` is checked against the model's context and kept on its load report, which
+        ``make_trainer`` reads.
         """
-        model = unwrap(model)
-        facts = registry.facts_for(model.config.model_type)
-        if facts is not None or patches is None:
-            return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches)
-        from fastkit.families.census import self_check
-
-        return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches)
+        checks.check_max_seq_length(max_seq_length, unwrap(model).config)
+        return _patch(model, max_seq_length, patches, log=True)
 
     @staticmethod
     def get_peft_model(
@@ -368,7 +368,7 @@ class FastModel:
                           bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
         peft_model = get_peft_model(model, lora)
         object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
-        # 4-bit experts (patches/moe_4bit.py) have no parameter for PEFT's target_parameters: "all-linear"
+        # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
         # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
         four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
         if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
@@ -429,6 +429,23 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
     return model
 
 
+def _patch(model: torch.nn.Module, max_seq_length: int, patches, log: bool) -> torch.nn.Module:
+    """:meth:`FastModel.patch` after its check (the loaders checked ``max_seq_length`` already).
+
+    Note: [max_seq_length] checked once per load, where the config is known (``_preflight``; a twin, whose context
+    is not the real model's: a positive int in ``_load_twin``), and carried once: on the load report
+    (``report(model).max_seq_length``), which the banner, checkpoint offload and ``make_trainer`` read.
+    """
+    model = unwrap(model)
+    facts = registry.facts_for(model.config.model_type)
+    if facts is not None or patches is None:
+        return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches, log=log)
+    from fastkit.families.census import self_check
+
+    return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches,
+                            log=log)
+
+
 def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     """Freeze a 4/8-bit model for LoRA, and upcast nothing.
 
@@ -460,7 +477,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
     from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_family
 
-    checks.check_max_seq_length(max_seq_length)
+    checks.check_max_seq_length(max_seq_length)  # the twin's context is not the real model's: no config here
     try:
         family, overrides = twin_family(name)
     except ValueError as exc:
@@ -468,8 +485,7 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
     model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
-    tokenizer.model_max_length = max_seq_length
-    FastModel.patch(model, max_seq_length=max_seq_length, patches=patches)
+    _patch(model, max_seq_length, patches, log=True)
     return model, tokenizer
 
 

@@ -7,8 +7,10 @@ global; it swaps attributes on *instances* (a module's ``forward``, a config's
 forward hooks (:meth:`Swapper.hook`), replaces parameters (:meth:`Swapper.parameter`), flips
 ``requires_grad`` (:meth:`Swapper.requires_grad`) and records what an upstream call changes on a
 model (:meth:`Swapper.record`: gradient checkpointing). Changes that are not optimizations (the
-packed-batch guard, ``use_cache=False`` for training, 4-bit experts, checkpointing) go through
-:func:`change`: recorded like a patch, undone by :func:`revert`, not listed by :func:`active_patches`.
+packed-batch guard, ``use_cache=False`` for training, 4-bit experts and the NF4 linears beside them,
+checkpointing, one experts module attached on its own) go through :func:`change`: recorded like a
+patch, undone by :func:`revert`, not listed by :func:`active_patches`. A submodule swapped through
+:meth:`Swapper.setattr` (``parent.q_proj = Linear4bit(...)``) is put back as the very module object.
 Functions that transformers looks up by name (attention, experts) are added to its own registries
 (``AttentionInterface``, ``ExpertsInterface``) under fastkit keys; adding a new key changes nothing
 for models that do not select it, so those registrations are left in place on revert. Patches reach those private

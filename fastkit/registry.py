@@ -2,7 +2,8 @@
 
 Adding a model is adding a row, and a row is admitted only when the census (:mod:`fastkit.families.census`,
 ``tests/test_census.py``, ``docs/coverage.md``) proves it on a tiny twin: no row, no patch. A model type
-that is not in the table is self-checked at load on a twin of its own config (``loader.self_check``):
+that is not in the table is self-checked at load on a twin of its own config
+(:func:`fastkit.families.census.self_check`):
 patched only if it passes, else it loads unpatched and packed batches are refused, naming the check.
 The patch implementations live in :mod:`fastkit.patches` (``packing/``, ``moe/``, ``offload/``);
 :data:`PATCH_FACTORIES` names the load-time ones so this module imports none of them (they import the
@@ -22,7 +23,7 @@ MOE = "moe"
 OFFLOAD = "offload"
 """Double-buffered checkpoint offload (:mod:`fastkit.patches.offload`), applied by ``enable_checkpointing``."""
 MOE_LORA = "moe_lora"
-"""LoRA on MoE experts per expert group (:mod:`fastkit.patches.moe_lora`), applied by ``add_expert_lora``."""
+"""LoRA on MoE experts per expert group (:mod:`fastkit.patches.moe.lora`), applied by ``add_expert_lora``."""
 
 # patch name -> "module:class" constructed as ``cls(facts)``; imported only when used.
 PATCH_FACTORIES: dict[str, str] = {
@@ -37,6 +38,10 @@ class GGUFRules:
     each rule is a difference between the transformers model and llama.cpp's graph for ``gguf_arch`` (read in
     llama.cpp's ``src/models/<arch>.cpp``), proven by the family's row in tests/test_llamacpp_round_trip.py."""
 
+    reader_config: bool = False
+    """transformers' GGUF reader rebuilds this family's whole config from the file's metadata, so ``save_gguf``'s
+    reload check reads the file alone (its metadata table lacks e.g. qwen3's ``head_dim`` and MoE sizes: the other
+    families are reloaded with the model's config)."""
     norm_shift: float = 0.0
     """Added to every RMSNorm weight (names ending ``norm.weight``): Gemma's norms compute ``x·(1 + w)``, llama.cpp's
     ``x·w``."""
@@ -102,14 +107,22 @@ class ModelFacts:
     """``(pattern, replacement)`` checkpoint key renames that load the text model of a composite checkpoint."""
     looped_experts: tuple[str, ...] = ()
     """Experts classes transformers loops over without the decorator, that fastkit routes itself."""
+    looped_forward: str = ""
+    """Which fastkit forward runs those classes (:mod:`fastkit.patches.moe.patch`): ``"dbrx"``
+    (``dbrx_experts_forward``, a ``DbrxExperts``-like module with ``mlp.w1/v1/w2``) or ``"llama4"``
+    (``llama4_moe_forward``, a ``Llama4TextMoe``-like module over fused ``experts.gate_up_proj``)."""
     no_4bit_experts: tuple[str, ...] = ()
-    """Experts classes with no NF4 layout in fastkit (``load_in_4bit`` refused)."""
+    """Experts classes with no NF4 layout in fastkit: ``load_in_4bit`` is refused for this type (and for a
+    composite whose sub-config is this type) before loading, and by ``quantize_experts`` on a built model."""
     gguf_arch: str | None = None
     """llama.cpp's architecture name, where ``save_gguf`` writes (and a round trip tests) this family."""
     gguf: GGUFRules = field(default_factory=GGUFRules)
     """How this family's tensors and metadata differ from llama.cpp's ``gguf_arch`` graph (read by ``save_gguf``)."""
     twin: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.families.twins`)."""
+    twin_layer_pattern: tuple[str, ...] = ()
+    """The twin's ``layer_types``, repeated over its layers when no ``layer_types`` is given (GPT-OSS: sliding
+    then full attention, so a twin of any depth has both kinds); ``()``: the config class decides."""
     note: str = ""
     """Anything a user should know, shown in the load banner."""
     stateful: tuple[str, ...] = ()
@@ -131,9 +144,11 @@ _LOOPED = "experts looped upstream; fastkit routes them"
 MODEL_TABLE: dict[str, ModelFacts] = {
     f.model_type: f
     for f in [
-        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3")),
+        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(reader_config=True, permute_qk=True,
+                                                              rope_types=("default", "llama3")),
                    twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
-        ModelFacts("mistral", sliding_window=True, gguf_arch="llama", gguf=GGUFRules(permute_qk=True),
+        ModelFacts("mistral", sliding_window=True, gguf_arch="llama",
+                   gguf=GGUFRules(reader_config=True, permute_qk=True),
                    twin=dict(_ATTN, intermediate_size=128, sliding_window=64)),
         ModelFacts("qwen2", gguf_arch="qwen2"),  # windows only with use_sliding_window
         ModelFacts("qwen3", gguf_arch="qwen3",  # q/k RMSNorm
@@ -153,17 +168,19 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                              n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
                              qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-        ModelFacts("dbrx", moe=True, looped_experts=("DbrxExperts",), no_4bit_experts=("DbrxExperts",),
+        ModelFacts("dbrx", moe=True, looped_experts=("DbrxExperts",), looped_forward="dbrx",
+                   no_4bit_experts=("DbrxExperts",),
                    note=_LOOPED, twin=dict(d_model=64, n_heads=4, attn_config=dict(kv_n_heads=2, rope_theta=1e4,
                                                                                    clip_qkv=8.0),
                                            ffn_config=dict(ffn_hidden_size=32, moe_num_experts=8, moe_top_k=2))),
-        ModelFacts("llama4_text", packing=False, moe=True, looped_experts=("Llama4TextMoe",),
+        ModelFacts("llama4_text", packing=False, moe=True, looped_experts=("Llama4TextMoe",), looped_forward="llama4",
                    no_4bit_experts=("Llama4TextExperts",), note=_LOOPED),
         ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
                    note="attention sinks: sdpa cannot express them upstream", gguf_arch="gpt-oss",
                    gguf=GGUFRules(windows=True, rope_types=("default", "yarn"), experts="interleaved", output="untied"),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
-                             sliding_window=16, layer_types=None)),  # alternating sliding/full, sinks
+                             sliding_window=16, layer_types=None),  # sinks
+                   twin_layer_pattern=("sliding_attention", "full_attention")),
         # Every row below: a plain row, proven by the census (docs/coverage.md) on transformers 5.24.
         ModelFacts("afmoe", sliding_window=True, moe=True),
         ModelFacts("apertus"),
@@ -221,7 +238,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("internlm3"),
         ModelFacts("iquestcoder"),
         ModelFacts("jais2"),
-        ModelFacts("jetmoe"),
+        ModelFacts("jetmoe", no_4bit_experts=("JetMoeMoE", "JetMoeMoA")),  # packing exact; experts not 4-bit
         ModelFacts("kolibri1", sliding_window=True, moe=True),
         ModelFacts("laguna", sliding_window=True, moe=True),
         ModelFacts("mellum", sliding_window=True, moe=True),
@@ -305,11 +322,6 @@ MODEL_TABLE.update({f.model_type: f for f in [
 REFUSED: dict[str, str] = {}
 """Types the census must not admit although their default-config twin passes, and why."""
 
-LOOPED_EXPERTS: tuple[str, ...] = tuple(c for f in MODEL_TABLE.values() for c in f.looped_experts)
-"""Every looped-experts class fastkit routes (``_hf.looped_experts_kind`` matches modules against these)."""
-NO_4BIT_EXPERTS: tuple[str, ...] = ("JetMoeMoE", "JetMoeMoA") + tuple(
-    c for f in MODEL_TABLE.values() for c in f.no_4bit_experts)
-"""Experts classes with no NF4 layout (JetMoE has no row: its attention is not exact packed)."""
 GGUF_ARCHS: dict[str, str] = {t: f.gguf_arch for t, f in MODEL_TABLE.items() if f.gguf_arch}
 """transformers ``model_type`` -> llama.cpp architecture, for every row ``save_gguf`` writes."""
 
@@ -317,6 +329,20 @@ GGUF_ARCHS: dict[str, str] = {t: f.gguf_arch for t, f in MODEL_TABLE.items() if 
 def facts_for(model_type: str) -> ModelFacts | None:
     """The table row for ``model_type``, or None for a model fastkit does not know."""
     return MODEL_TABLE.get(model_type)
+
+
+# The table is read at call time, never copied at import: a row added (or changed) at run time reaches every
+# decision below (tests/test_registry.py adds one).
+
+
+def looped_experts() -> dict[str, str]:
+    """Every looped-experts class fastkit routes -> the fastkit forward that runs it (``looped_forward``)."""
+    return {c: f.looped_forward for f in MODEL_TABLE.values() for c in f.looped_experts}
+
+
+def no_4bit_experts() -> tuple[str, ...]:
+    """Every experts class with no NF4 layout in fastkit (``ModelFacts.no_4bit_experts`` of every row)."""
+    return tuple(c for f in MODEL_TABLE.values() for c in f.no_4bit_experts)
 
 
 def patch_names_for(facts: ModelFacts) -> list[str]:

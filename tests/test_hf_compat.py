@@ -4,8 +4,7 @@
   rename fails ``test_accessor[<name>]``;
 - no other fastkit file uses those private or version-fragile names in code (docstrings and comments
   may name what a patch replaces);
-- the pure-torch files import only the standard library, torch, numpy, fastkit.errors and each other;
-- no fastkit file is longer than 450 lines.
+- the pure-torch files import only the standard library, torch, numpy, fastkit.errors and each other.
 """
 
 from __future__ import annotations
@@ -531,6 +530,19 @@ def test_every_accessor_is_exported_and_checked():
                if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == _hf.__name__}
     assert defined == set(ACCESSORS), "fastkit._hf.__all__ must list every accessor"
     assert set(CHECKS) == set(ACCESSORS), f"accessors without a check here: {set(ACCESSORS) - set(CHECKS)}"
+
+
+# TEMPORARY: is_progress_callback is being rewritten in parallel (the front-door helper's branch); the lead
+# empties this at merge, once its docstring has both lines.
+_DOCS_PENDING = ("is_progress_callback",)
+
+
+@pytest.mark.parametrize("name", [n for n in ACCESSORS if n not in _DOCS_PENDING])
+def test_accessor_says_what_it_was_checked_on_and_when_it_can_go(name):
+    """Every accessor's docstring names the versions it was checked on and the condition that retires it."""
+    doc = getattr(_hf, name).__doc__ or ""
+    assert re.search(r"checked: \S+ \d", doc), f"_hf.{name}: no 'checked: <package> <version>' line"
+    assert re.search(r"Can go when\s", doc), f"_hf.{name}: no 'Can go when <condition or upstream issue>' line"
 
 
 @pytest.mark.parametrize("name", ACCESSORS)

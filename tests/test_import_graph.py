@@ -107,3 +107,22 @@ def test_the_scan_finds_a_function_level_cycle(tmp_path):
     (pkg / "export" / "gguf.py").write_text("def write():\n    from fastkit.export import save\n")
     (pkg / "export" / "merge.py").write_text("from fastkit.export.gguf import write\n")
     assert cycles(import_graph(pkg)) == [["fastkit.export.gguf", "fastkit.export.save"]]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each subpackage of fastkit (``fastkit.export``, every ``fastkit.patches.*``
+    together) as one node: the import layers README's Layout section draws."""
+    def node(module: str) -> str:
+        parts = module.split(".")
+        return "fastkit.patches" if parts[1:2] == ["patches"] else ".".join(parts[:2])
+
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        out.setdefault(node(a), set()).update(node(b) for b in targets if node(b) != node(a))
+    return out
+
+
+def test_fastkit_packages_form_layers():
+    """No package imports one that imports it back (no upward import between the stages: a dashboard
+    that imported the loader for ``report`` closed loader -> families -> export -> dashboard -> loader)."""
+    assert cycles(package_graph(import_graph())) == []

@@ -37,6 +37,41 @@ def test_attention_linears_become_nf4_and_compute_the_dequantized_layer():
     torch.testing.assert_close(q(x), torch.nn.functional.linear(x, w, q.bias), atol=1e-5, rtol=1e-5)
 
 
+def test_revert_restores_the_linear_modules():
+    """``fastkit.revert`` undoes the swap: the same ``nn.Linear`` objects and weight ``Parameter`` objects are back,
+    holding the NF4 layer's dequantized values (the 16-bit values are not kept: that is the memory saved)."""
+    import bitsandbytes.functional as bf
+
+    from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
+    from fastkit.patching import revert
+
+    model = twin("gpt_oss", num_hidden_layers=2).eval()
+    before = {n: (type(m), m, getattr(m, "weight", None)) for n, m in model.named_modules()}
+    originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+    ids = torch.randint(3, 259, (1, 7), generator=torch.Generator().manual_seed(0))
+    assert quantize_linears_4bit(model, torch.float32) == 8
+    nf4 = {n: bf.dequantize_4bit(m.weight.data, m.weight.quant_state).float()
+           for n, m in model.named_modules() if hasattr(getattr(m, "weight", None), "quant_state")}
+    with torch.no_grad():
+        quantized = model(ids).logits
+    assert revert(model) == [] and not hasattr(model, "_fastkit_patches")  # a change, not a listed patch
+    after = {n: (type(m), m, getattr(m, "weight", None)) for n, m in model.named_modules()}
+    assert after.keys() == before.keys()
+    for n, (cls, module, weight) in before.items():
+        assert after[n][0] is cls and after[n][1] is module and after[n][2] is weight, n
+    assert set(nf4) < set(originals)  # the attention linears; lm_head / router were never swapped
+    for n, w in originals.items():
+        got = dict(model.named_modules())[n].weight
+        assert got.shape == w.shape and got.dtype == w.dtype
+        if n in nf4:
+            assert torch.equal(got, nf4[n]), n  # the values the NF4 layer computed with
+            assert (got - w).abs().max() <= 0.2 * w.abs().max(), n  # NF4 error of the original
+        else:
+            assert torch.equal(got, w), n
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, quantized, atol=1e-4, rtol=1e-4)
+
+
 def test_planner_counts_the_nf4_linears_the_loader_builds():
     from fastkit.families.twins import twin_config
     from fastkit.patches.moe.linear_4bit import quantize_linears_4bit

@@ -23,7 +23,7 @@ def test_loads_saved_twin_with_report(saved_llama, caplog):
     with caplog.at_level(logging.INFO, logger="fastkit"):
         model, tok = FastModel.from_pretrained(str(path), max_seq_length=128)
     assert model.dtype == torch.float32  # CPU: fp32
-    assert tok.model_max_length == 128 and tok.pad_token is not None
+    assert tok.pad_token is not None
     rep = fastkit.report(model)
     assert rep.model_type == "llama" and rep.max_seq_length == 128
     assert "fastkit: llama on CPU" in caplog.text
@@ -68,6 +68,29 @@ def test_model_without_causal_lm_head(tmp_path):
 def test_max_seq_length_must_be_positive(saved_llama, value):
     with pytest.raises(FastkitError, match="max_seq_length"):
         FastModel.from_pretrained(str(saved_llama[0]), max_seq_length=value)
+
+
+def test_max_seq_length_is_checked_once_with_the_config_and_carried_on_the_report(saved_llama, monkeypatch, tmp_path,
+                                                                                     caplog):
+    """One check per load, where the config is known (the memory plan for a T4 included), and one carrier: the
+    load report, which make_trainer reads (the tokenizer's own model_max_length is not it)."""
+    from fastkit import checks
+    from fastkit.quickstart import quickstart_dataset
+    from fastkit.training import make_trainer
+
+    seen = []
+    real = checks.check_max_seq_length
+    monkeypatch.setattr(checks, "check_max_seq_length", lambda n, config=None: (seen.append(config), real(n, config)))
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        model, tok = FastModel.from_pretrained(str(saved_llama[0]), max_seq_length=96, gpu="t4")
+    assert f"fastkit: plan: {fastkit.report(model).memory_plan}" in caplog.text  # the banner, logged complete
+    assert len(seen) == 1 and seen[0] is not None and seen[0].model_type == "llama"
+    assert fastkit.report(model).max_seq_length == 96 and fastkit.report(model).memory_plan
+    monkeypatch.setattr(checks, "check_max_seq_length", real)
+    tok.model_max_length = 4096  # the tokenizer's own limit: not what the trainer packs to
+    trainer = make_trainer(model, tok, quickstart_dataset()[0].select(range(8)), max_steps=1, output_dir=str(tmp_path),
+                           dashboard="none", drop_long=True)
+    assert trainer.args.max_length == 96
 
 
 def test_max_seq_length_above_context(saved_llama):
@@ -136,7 +159,7 @@ def test_tokenizer_gets_the_same_revision_and_token(monkeypatch):
         return twin_tokenizer()
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", fake)
-    _load_tokenizer("org/model", None, False, 64, {"revision": "v1.2", "token": "hf_x", "device_map": "auto"})
+    _load_tokenizer("org/model", None, False, {"revision": "v1.2", "token": "hf_x", "device_map": "auto"})
     assert seen["revision"] == "v1.2" and seen["token"] == "hf_x" and "device_map" not in seen
 
 

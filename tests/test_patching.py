@@ -232,6 +232,24 @@ def test_detach_experts_restores_the_original_implementation():
     assert _hf.experts_implementation(experts.config) == "fastkit"
     detach_experts(experts)
     assert _hf.experts_implementation(experts.config) == "grouped_mm"
+    assert "_fastkit_moe" not in vars(experts) and "_fastkit_patches" not in vars(experts)
+
+
+def test_revert_undoes_attach_experts_like_any_change():
+    """attach_experts is a patching.change on the module: fastkit.revert restores the config's own value and
+    drops the module's state, compared by content like every patch."""
+    from fastkit import _hf, revert
+    from fastkit.patches.moe import MoEConfig, attach_experts, experts_modules
+
+    model = twin("qwen3_moe")
+    _, experts = experts_modules(model)[0]
+    before = _contents(experts)
+    own = dict(vars(experts.config))
+    attach_experts(experts, MoEConfig(validate="off"), name="one")
+    assert _hf.experts_implementation(experts.config) == "fastkit" and vars(experts)["_fastkit_moe"].name == "one"
+    revert(experts)
+    assert dict(vars(experts.config)) == own
+    _assert_restored(_contents(experts), before)
 
 
 def test_revert_dequantizes_4bit_experts_back_to_parameters():

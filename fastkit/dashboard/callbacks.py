@@ -470,8 +470,7 @@ def _training_device(args, model) -> torch.device:
 
 def _describe_model(m: TrainingMetrics, model, device: torch.device) -> None:
     """Model type, device and fastkit's active / skipped optimizations from its LoadReport."""
-    from fastkit.loader import report
-    from fastkit.patching import unwrap
+    from fastkit.patching import report, unwrap
 
     m.device = str(device)
     if model is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fastkit import checks
+from fastkit import checks, registry
 from fastkit.errors import FastkitError
 from fastkit.export import verified as saving
 from fastkit.export.adapter_checks import write_info
@@ -310,7 +310,8 @@ def _reload_gguf(file: Path, config) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     kw = {}
-    if config.model_type not in ("llama", "mistral"):
+    facts = registry.facts_for(config.model_type)
+    if facts is None or not facts.gguf.reader_config:
         plain = copy.deepcopy(config)
         for key in ("quantization_config",):
             if hasattr(plain, key):

@@ -68,10 +68,11 @@ class LoadReport:
 
 def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, verdict: str | None = None, *,
                      max_seq_length: int = 2048, patches: str | list[str] | None = "auto",
-                     self_verified: bool = False) -> torch.nn.Module:
+                     self_verified: bool = False, log: bool = True) -> torch.nn.Module:
     """Patch ``model`` by the row ``facts`` (None: unpatched, packed batches refused) and log the banner.
 
-    ``verdict`` is the self-check's line for a family not in the table (shown in the banner).
+    ``verdict`` is the self-check's line for a family not in the table (shown in the banner). ``log=False``: the
+    caller logs the banner once it has added to the report (the loader: memory plan, fp16, composite notes).
     """
     model = unwrap(model)
     config = model.config
@@ -99,7 +100,8 @@ def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, 
 
         checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
     set_report(model, rep)
-    logger.info(rep.banner())
+    if log:
+        logger.info(rep.banner())
     return model
 
 

@@ -162,9 +162,9 @@ def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -
                   vocab_size=TWIN_VOCAB_SIZE, max_position_embeddings=32768,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     kwargs.update(overrides)
-    if model_type == "gpt_oss" and kwargs.get("layer_types") is None:
-        n = kwargs["num_hidden_layers"]
-        kwargs["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    pattern = facts.twin_layer_pattern
+    if pattern and kwargs.get("layer_types") is None:  # every layer kind in a twin of any depth
+        kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(kwargs["num_hidden_layers"])]
     return CONFIG_MAPPING[model_type](**kwargs)
 
 

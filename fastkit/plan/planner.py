@@ -266,10 +266,17 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     _check_inputs(inputs)
     budget = gpu_budget(gpu)
     config = read_config(model_or_config)
-    _check_decoder(config, max_seq_length)
+    _check_decoder(config)
+    checks.check_max_seq_length(max_seq_length, config)
+    name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
+    return _predict(config, inputs, budget, name)
+
+
+def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "") -> Plan:
+    """:func:`plan`'s prediction, for inputs already checked against ``config`` (``max_seq_length``: by
+    :func:`plan`, :func:`auto_plan`, or the loader before :func:`check_fits`)."""
     inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
     shape = shape_of(config)
-    name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
     result = Plan(name or config.model_type, inputs, budget=budget)
     result.components = components(shape, inputs, cuda=budget is not None)
     result.host = host_terms(shape, inputs, cuda=budget is not None)
@@ -278,8 +285,8 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 20
     return result
 
 
-def _check_decoder(config, max_seq_length: int) -> None:
-    """The planner models decoder-only causal LMs, within their context length."""
+def _check_decoder(config) -> None:
+    """The planner models decoder-only causal LMs."""
     from fastkit import _hf
 
     # BERT-style encoders have a causal-LM head class too (BertLMHeadModel); they are masked LMs first
@@ -287,11 +294,9 @@ def _check_decoder(config, max_seq_length: int) -> None:
             or getattr(config, "is_encoder_decoder", False):
         raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
                            "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
-    checks.check_max_seq_length(max_seq_length, config)
 
 
-def _check_inputs(inputs: PlanInputs) -> None:
-    checks.check_max_seq_length(inputs.max_seq_length)
+def _check_inputs(inputs: PlanInputs) -> None:  # max_seq_length: once, with the config (_check_decoder)
     checks.check_positive("batch_size", inputs.batch_size)
     if inputs.r is not None and (not isinstance(inputs.r, int) or inputs.r <= 0):
         raise FastkitError(f"r must be a positive int (LoRA rank) or None (full fine-tuning), got {inputs.r!r}.")
@@ -504,9 +509,19 @@ def auto_plan(config, gpu, max_seq_length: int, load_in_4bit: bool) -> tuple[str
     """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on when plain checkpointing does not fit:
     the first of :data:`AUTO_STEPS` within :data:`AUTO_HEADROOM` of the budget, else the first that fits, as
     ``(what, its plan)`` (the plan flagged ``needs_offload``); None when none fits."""
+    name = config if isinstance(config, str) else getattr(config, "name_or_path", "")
+    config = read_config(config)
+    _check_decoder(config)
+    checks.check_max_seq_length(max_seq_length, config)
+    return _auto(config, gpu, max_seq_length, load_in_4bit, name)
+
+
+def _auto(config, gpu, max_seq_length: int, load_in_4bit: bool, name: str = "") -> tuple[str, Plan] | None:
+    """:func:`auto_plan` for a config its inputs were checked against."""
     first = None
     for what, knobs in AUTO_STEPS:
-        trial = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, **knobs)
+        inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, **knobs)
+        trial = _predict(config, inputs, gpu_budget(gpu), name or getattr(config, "name_or_path", ""))
         if trial.fits:
             trial.needs_offload = True
             first = first or (what, trial)
@@ -526,15 +541,17 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
         if device.type != "cuda":
             return None
         gpu = torch.cuda.get_device_properties(device).total_memory / GiB * 0.97  # what the allocator can get
+    _check_decoder(config)  # max_seq_length: checked by the loader, once, against this config
+    inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit)
     try:
-        result = plan(config, gpu=gpu, max_seq_length=max_seq_length, load_in_4bit=load_in_4bit)
+        result = _predict(config, inputs, gpu_budget(gpu), getattr(config, "name_or_path", ""))
     except FastkitError:
         raise
     except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
         logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
         return None
     if not result.fits:
-        better = auto_plan(config, gpu, max_seq_length, load_in_4bit)
+        better = _auto(config, gpu, max_seq_length, load_in_4bit)
         if better is not None:
             logger.info("fastkit: %s on by default: %s", better[0], better[1].verdict())
             return better[1]

@@ -110,7 +110,8 @@ def make_trainer(
     if max_seq_length is not None:
         checks.check_max_seq_length(max_seq_length)
     _check_trainer_options(locals(), sft_overrides, SFTConfig)
-    max_seq_length = max_seq_length or getattr(tokenizer, "model_max_length", 2048)
+    loaded = report(model)  # the load's max_seq_length, checked there (Note: [max_seq_length] in fastkit.loader)
+    max_seq_length = max_seq_length or (loaded.max_seq_length if loaded is not None else 2048)
     _check_packing_supported(model, packing)
     dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
                             drop_invalid=drop_invalid)

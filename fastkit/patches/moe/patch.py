@@ -62,6 +62,7 @@ from fastkit.patches.moe.routing import (
     route,
     unsort_combine,
 )
+from fastkit.patching import change, revert
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +118,6 @@ class _LayerState:
     """The model's MoE settings."""
     checked: bool = False
     """The data checks passed once (``validate="auto"|"first"`` on the grouped path)."""
-    original: str | None = None
-    """The experts implementation selected before :func:`attach_experts` (put back by :func:`detach_experts`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,13 +302,17 @@ def llama4_moe_forward(self, hidden_states):
     return shared + routed.to(shared.dtype), router_logits
 
 
+_LOOPED_FORWARDS = {"dbrx": dbrx_experts_forward, "llama4": llama4_moe_forward}
+"""``ModelFacts.looped_forward`` -> the fastkit forward that runs that row's ``looped_experts`` classes."""
+
+
 def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, object]]:
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
     found = []
     for name, m in model.named_modules():
-        kind = _hf.looped_experts_kind(m)  # the classes are the table's (registry.LOOPED_EXPERTS)
+        kind = _hf.looped_experts_kind(m)  # the row's looped_forward (registry.looped_experts(), read now)
         if kind is not None:
-            found.append((name, m, dbrx_experts_forward if kind == "dbrx" else llama4_moe_forward))
+            found.append((name, m, _LOOPED_FORWARDS[kind]))
     return found
 
 
@@ -341,7 +344,7 @@ def _why_not(name: str, module: torch.nn.Module) -> str | None:
         return f"{name}: no integer num_experts attribute"
     for p in _projections(module, raw=True):
         pname, w, bias = p.name, p.weight, p.bias
-        provider = hasattr(w, "group_matmul")  # fastkit's 4-bit experts (patches/moe_4bit.py)
+        provider = hasattr(w, "group_matmul")  # fastkit's 4-bit experts (patches/moe/nf4.py)
         if not provider and (not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point):
             return f"{name}.{pname}: not a floating-point (E, out, in) tensor (quantized experts are not supported)"
         if w.size(0) != module.num_experts:
@@ -433,31 +436,37 @@ class MoEExpertsPatch:
                     self.config.mode)
 
 
+_ATTACHED = "moe_attached"  # the patching.change record attach_experts keeps on the module itself
+
+
 def attach_experts(module: torch.nn.Module, config: MoEConfig | None = None, *, name: str | None = None) -> None:
     """Run ONE decorated experts module with fastkit's experts function, outside a patched model.
 
     For benchmarks and tests that build an experts module on its own: registers ``"fastkit"``, selects
     it on ``module.config`` (and so on every module sharing that config) and gives the module its
-    per-layer state (``config``; ``name`` for error messages). Not recorded for revert: undo it with
-    :func:`detach_experts`. A whole model goes through :class:`MoEExpertsPatch` instead.
+    per-layer state (``config``; ``name`` for error messages). Recorded on the module as the change
+    ``"moe_attached"`` (:func:`fastkit.patching.change`): :func:`detach_experts` or ``fastkit.revert(module)``
+    undo it. A whole model goes through :class:`MoEExpertsPatch` instead.
     """
     if not is_decorated_experts(module):
         raise FastkitError(f"{type(module).__name__} is not a @use_experts_implementation experts module.")
     register()
-    before = vars(module).get(_STATE_ATTR)
-    original = before.original if before is not None else _hf.experts_implementation(module.config)
-    _hf.set_experts_implementation(module.config, EXPERTS_KEY)
-    setattr(module, _STATE_ATTR, _LayerState(name=name or type(module).__name__, config=config or MoEConfig(),
-                                             original=original))
+
+    def attach(swap):  # again on an attached module: same record, the first originals kept
+        _hf.set_experts_implementation(module.config, EXPERTS_KEY, swap)
+        swap.setattr(module, _STATE_ATTR, _LayerState(name=name or type(module).__name__,
+                                                      config=config or MoEConfig()))
+
+    change(module, _ATTACHED, attach)
 
 
 def detach_experts(module: torch.nn.Module, implementation: str | None = None) -> None:
-    """Undo :func:`attach_experts`: select the experts implementation that was there before it (or
-    ``implementation``: ``"eager"``, ``"grouped_mm"``) on ``module.config``; drop the module's fastkit state."""
-    state = vars(module).pop(_STATE_ATTR, None)
-    if implementation is None:
-        implementation = state.original if state is not None else _hf.experts_implementation(module.config)
-    _hf.set_experts_implementation(module.config, implementation)
+    """Undo :func:`attach_experts` (``fastkit.revert`` of its record): the experts implementation that was there
+    before it is selected again and the module's fastkit state is gone. With ``implementation`` (``"eager"``,
+    ``"grouped_mm"``), that one is selected on ``module.config`` afterwards."""
+    revert(module, [_ATTACHED])
+    if implementation is not None:
+        _hf.set_experts_implementation(module.config, implementation)
 
 
 __all__ = ["EXPERTS_KEY", "LORA_ATTR", "MoEConfig", "MoEExpertsPatch", "Routing", "attach_experts",
