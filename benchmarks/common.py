@@ -100,13 +100,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds ``fn`` takes, device work included."""
+CLOCKS = ("wall", "cpu")
+"""``--clock``: ``wall`` (perf_counter) or ``cpu`` (this thread's CPU time: CPU device, 1 torch thread only)."""
+
+
+def clock_for(name: str, device: torch.device) -> Callable[[], float]:
+    """The timer a bench measures with. ``"cpu"``: ``time.thread_time``, the CPU time of the calling thread,
+    which on a shared machine leaves out the time other processes held the core. It is the whole cost only
+    where all the work runs on that thread: the CPU device with ``torch.set_num_threads(1)`` (CPU autograd
+    runs backward on the calling thread too). Anything else is refused before any work."""
+    if name == "wall":
+        return time.perf_counter
+    if name != "cpu" or device.type != "cpu" or torch.get_num_threads() != 1:
+        raise FastkitError(f"--clock {name!r}: 'cpu' needs the CPU device and 1 torch thread (--threads 1); "
+                           f"here {device.type}, {torch.get_num_threads()} threads. Use --clock wall.")
+    return time.thread_time
+
+
+def timed(fn: Callable[[], object], device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds ``fn`` takes, device work included (``clock``: :func:`clock_for`)."""
     sync(device)
-    start = time.perf_counter()
+    start = clock()
     fn()
     sync(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def median(xs: Iterable[float]) -> float:
