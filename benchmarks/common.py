@@ -301,6 +301,32 @@ def check_measured(name: str, markdown: str) -> None:
                            "given), so no table was written.")
 
 
+PROVENANCE = "Made by"
+"""Start of the line every written table ends with: the commit, machine, date and command that made it."""
+
+
+def provenance(name: str) -> str:
+    """``Made by commit <sha>[ + uncommitted changes] on <machine>, <UTC date>: <command>.``"""
+    import datetime
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    machine = f"{platform.node() or 'unknown host'} ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = " ".join(["python -m benchmarks", name, *sys.argv[1:]]) if sys.argv[1:] else f"python -m benchmarks {name}"
+    return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {when}: `{command}`."
+
+
 def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = None, *,
                   out: str | os.PathLike | None = None, quick: bool = False) -> Path:
     """Write ``bench_<name>.md``, print it, then draw ``bench_<name>.png`` from ``plot()`` (a matplotlib figure).
@@ -310,6 +336,7 @@ def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = Non
     Returns the markdown file's path; see :func:`output_dir` for where it goes.
     """
     check_measured(name, markdown)  # a typo that selects no case never replaces a committed table
+    markdown = markdown.rstrip() + "\n\n" + provenance(name) + "\n"
     folder = output_dir(name, out, quick)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench_{name}.md"
