@@ -323,7 +323,9 @@ def provenance(name: str) -> str:
     dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
     machine = f"{platform.node() or 'unknown host'} ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = " ".join(["python -m benchmarks", name, *sys.argv[1:]]) if sys.argv[1:] else f"python -m benchmarks {name}"
+    args = sys.argv[1:]
+    args = args[1:] if args[:1] == [name] else args  # python -m benchmarks NAME ... / fastkit bench NAME ...
+    command = " ".join(["python -m benchmarks", name, *args])
     return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {when}: `{command}`."
 
 

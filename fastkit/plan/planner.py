@@ -236,7 +236,7 @@ def read_config(model_or_config: Any):
     path = os.path.join(name, "config.json") if os.path.isdir(name) else name
     if not os.path.exists(path):
         shipped = known_config(str(model_or_config))
-        if False:  # fastkit ships this model's config: never the Hub
+        if shipped is not None:  # fastkit ships this model's config: never the Hub
             return _config_from_dict(shipped)
         path = _hub_config(name)
     try:
@@ -798,5 +798,5 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
 
 
 __all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "SETUPS", "UNIFIED", "Plan", "PlanBuildError", "PlanInputs",
-           "auto_plan", "check_config", "check_fits", "context_table", "default_optimizer", "gpu_budget", "is_unified", "longest_row",
-           "longest_rows", "plan", "prequantized_4bit", "read_config"]
+           "auto_plan", "check_config", "check_fits", "context_table", "default_optimizer", "gpu_budget",
+           "is_unified", "longest_row", "longest_rows", "plan", "prequantized_4bit", "read_config"]
