@@ -320,7 +320,9 @@ def provenance(name: str) -> str:
             return ""
 
     sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    # the tables themselves (assets/) do not count: a run that rewrites a committed table is not "dirty" by it
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                            ":!assets") else ""
     machine = f"{platform.node() or 'unknown host'} ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     args = sys.argv[1:]
