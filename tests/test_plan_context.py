@@ -128,3 +128,11 @@ def test_configs_that_cannot_be_built_exit_2_naming_the_field(tmp_path, capsys, 
         plan(str(tmp_path))
     assert main(["plan", str(tmp_path)]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_every_model_with_a_twin_has_a_shipped_config_of_its_family():
+    from fastkit.families.twins import HUB_TWINS
+
+    for name, (model_type, _) in HUB_TWINS.items():
+        assert name in KNOWN_CONFIGS, name
+        assert KNOWN_CONFIGS[name]["model_type"] == model_type, name
