@@ -173,6 +173,7 @@ def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     if args.out is None and not args.quick:
         parser.error(f"--out is required for a full run (e.g. --out {ASSETS} from the repo root); "
                      "a --quick run writes to a temp folder")
+    mark_start()  # the tables of this run name the commit and date it started from
     return args
 
 
@@ -305,9 +306,8 @@ PROVENANCE = "Made by"
 """Start of the line every written table ends with: the commit, machine, date and command that made it."""
 
 
-def provenance(name: str) -> str:
-    """``Made by commit <sha>[ + uncommitted changes] on <machine>, <UTC date>: <command>.``"""
-    import datetime
+def _git_state() -> tuple[str, str]:
+    """``(short sha, " + uncommitted changes" or "")`` of the clone the benchmarks run from."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -323,12 +323,31 @@ def provenance(name: str) -> str:
     # the tables themselves (assets/) do not count: a run that rewrites a committed table is not "dirty" by it
     dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".",
                                             ":!assets") else ""
+    return sha, dirty
+
+
+_STARTED: dict[str, Any] = {}  # the commit and date when this process first asked: a run's tables name its start
+
+
+def mark_start() -> None:
+    """Take the commit and the date a run starts from (:func:`parse_bench_args` does, before any work)."""
+    import datetime
+
+    _STARTED["git"] = _git_state()
+    _STARTED["when"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def provenance(name: str) -> str:
+    """``Made by commit <sha>[ + uncommitted changes] on <machine>, <UTC date>: <command>.`` The commit and the
+    date are the run's start (:func:`mark_start`), so a long run's rewrites never pick up later commits."""
+    if not _STARTED:
+        mark_start()
+    sha, dirty = _STARTED["git"]
     machine = f"{platform.node() or 'unknown host'} ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     args = sys.argv[1:]
     args = args[1:] if args[:1] == [name] else args  # python -m benchmarks NAME ... / fastkit bench NAME ...
     command = " ".join(["python -m benchmarks", name, *args])
-    return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {when}: `{command}`."
+    return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {_STARTED['when']}: `{command}`."
 
 
 def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = None, *,
