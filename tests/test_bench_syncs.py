@@ -18,7 +18,10 @@ MOE_QUICK = ROOT / "assets" / "bench_moe_quick.md"
 
 
 def committed_syncs(text: str) -> dict[tuple[str, str], tuple[int, int]]:
-    """``(shape, path) -> (fwd, bwd)`` from the routing table (the one with a ``path`` and ``syncs fwd/bwd`` column)."""
+    """``(shape, path) -> (fwd, bwd)`` from the routing table: rows of a table with a ``path`` and a ``syncs fwd/bwd``
+    column whose path is one of the routing paths (``benchmarks.moe.IMPLS``; the 4-bit table has its own)."""
+    from benchmarks.moe import IMPLS
+
     out = {}
     header = None
     for line in text.splitlines():
@@ -30,6 +33,8 @@ def committed_syncs(text: str) -> dict[tuple[str, str], tuple[int, int]]:
             header = cells
             continue
         if set(cells[0]) <= {"-"} or "path" not in header or "syncs fwd/bwd" not in header:
+            continue
+        if cells[header.index("path")] not in IMPLS:
             continue
         fwd, bwd = (int(x) for x in re.findall(r"\d+", cells[header.index("syncs fwd/bwd")])[:2])
         out[(cells[header.index("shape")], cells[header.index("path")])] = (fwd, bwd)
