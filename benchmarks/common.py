@@ -100,13 +100,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds ``fn`` takes, device work included."""
+CLOCKS = ("wall", "cpu")
+"""``--clock``: ``wall`` (perf_counter) or ``cpu`` (this thread's CPU time: CPU device, 1 torch thread only)."""
+
+
+def clock_for(name: str, device: torch.device) -> Callable[[], float]:
+    """The timer a bench measures with. ``"cpu"``: ``time.thread_time``, the CPU time of the calling thread,
+    which on a shared machine leaves out the time other processes held the core. It is the whole cost only
+    where all the work runs on that thread: the CPU device with ``torch.set_num_threads(1)`` (CPU autograd
+    runs backward on the calling thread too). Anything else is refused before any work."""
+    if name == "wall":
+        return time.perf_counter
+    if name != "cpu" or device.type != "cpu" or torch.get_num_threads() != 1:
+        raise FastkitError(f"--clock {name!r}: 'cpu' needs the CPU device and 1 torch thread (--threads 1); "
+                           f"here {device.type}, {torch.get_num_threads()} threads. Use --clock wall.")
+    return time.thread_time
+
+
+def timed(fn: Callable[[], object], device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds ``fn`` takes, device work included (``clock``: :func:`clock_for`)."""
     sync(device)
-    start = time.perf_counter()
+    start = clock()
     fn()
     sync(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def median(xs: Iterable[float]) -> float:
@@ -156,6 +173,7 @@ def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     if args.out is None and not args.quick:
         parser.error(f"--out is required for a full run (e.g. --out {ASSETS} from the repo root); "
                      "a --quick run writes to a temp folder")
+    mark_start()  # the tables of this run name the commit and date it started from
     return args
 
 
@@ -284,6 +302,54 @@ def check_measured(name: str, markdown: str) -> None:
                            "given), so no table was written.")
 
 
+PROVENANCE = "Made by"
+"""Start of the line every written table ends with: the commit, machine, date and command that made it."""
+
+
+def _git_state() -> tuple[str, str]:
+    """``(short sha, " + uncommitted changes" or "")`` of the clone the benchmarks run from."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    # the tables themselves (assets/) do not count: a run that rewrites a committed table is not "dirty" by it
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                            ":!assets") else ""
+    return sha, dirty
+
+
+_STARTED: dict[str, Any] = {}  # the commit and date when this process first asked: a run's tables name its start
+
+
+def mark_start() -> None:
+    """Take the commit and the date a run starts from (:func:`parse_bench_args` does, before any work)."""
+    import datetime
+
+    _STARTED["git"] = _git_state()
+    _STARTED["when"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def provenance(name: str) -> str:
+    """``Made by commit <sha>[ + uncommitted changes] on <machine>, <UTC date>: <command>.`` The commit and the
+    date are the run's start (:func:`mark_start`), so a long run's rewrites never pick up later commits."""
+    if not _STARTED:
+        mark_start()
+    sha, dirty = _STARTED["git"]
+    machine = f"{platform.node() or 'unknown host'} ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
+    args = sys.argv[1:]
+    args = args[1:] if args[:1] == [name] else args  # python -m benchmarks NAME ... / fastkit bench NAME ...
+    command = " ".join(["python -m benchmarks", name, *args])
+    return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {_STARTED['when']}: `{command}`."
+
+
 def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = None, *,
                   out: str | os.PathLike | None = None, quick: bool = False) -> Path:
     """Write ``bench_<name>.md``, print it, then draw ``bench_<name>.png`` from ``plot()`` (a matplotlib figure).
@@ -293,6 +359,7 @@ def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = Non
     Returns the markdown file's path; see :func:`output_dir` for where it goes.
     """
     check_measured(name, markdown)  # a typo that selects no case never replaces a committed table
+    markdown = markdown.rstrip() + "\n\n" + provenance(name) + "\n"
     folder = output_dir(name, out, quick)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench_{name}.md"

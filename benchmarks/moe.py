@@ -6,10 +6,17 @@ interleaved repetitions in one process:
 
 - ``eager``: transformers' per-expert loop (the class's own forward);
 - ``grouped_mm``: transformers' sort + grouped GEMM (the default where ``grouped_mm`` runs);
+- ``batched_mm``: transformers' batched form (each (token, k) row gets a copy of its expert's weights, one
+  ``bmm``); not run where those copies would pass ``--batched-gib`` (the table says so);
 - ``grouped_mm fallback``: the same with ``grouped_mm`` unavailable, i.e. what a T4 gets
   (``torch.ops.transformers.grouped_mm_fallback``, offsets read back per GEMM);
 - ``fastkit``: :func:`fastkit.patches.moe.fastkit_experts_forward` (grouped GEMM where it runs);
-- ``fastkit loop``: fastkit's host-count loop (what fastkit runs where grouped GEMM does not).
+- ``fastkit loop``: fastkit's host-count loop (what fastkit runs where grouped GEMM does not);
+- ``fastkit batched``: fastkit's routing with one bmm over gathered weights (its choice off the grouped
+  GEMM for small frozen layers: 0 syncs); skipped like ``batched_mm``.
+
+The first columns compare fastkit (its ``auto`` choice) with the best of transformers' own paths on this
+device (``eager``, ``grouped_mm``, ``batched_mm``: the fastest median) and with ``eager``.
 
 Forward and forward+backward (input and routing-weight gradients; expert weights frozen, the LoRA
 fine-tuning setting), host syncs per layer, then LoRA on the experts: PEFT ``target_parameters`` on
@@ -30,10 +37,12 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from benchmarks.common import (
+    CLOCKS,
     TimeBudget,
     agg_pyplot,
     bench_device,
     bench_parser,
+    clock_for,
     fmt_ms,
     fmt_ratio,
     load_line,
@@ -57,7 +66,11 @@ QUICK = {
     "gpt-oss-20b": dict(hidden_size=64, intermediate_size=64, num_local_experts=8),
     "qwen3-30b-a3b": dict(hidden_size=64, moe_intermediate_size=32, num_experts=32),
 }
-IMPLS = ["eager", "grouped_mm", "grouped_mm fallback", "fastkit", "fastkit loop"]
+IMPLS = ["eager", "grouped_mm", "batched_mm", "grouped_mm fallback", "fastkit", "fastkit loop", "fastkit batched"]
+UPSTREAM = ("eager", "grouped_mm", "batched_mm")
+"""transformers' own experts paths: the best of them is what fastkit must never be slower than."""
+_KEYS = {"eager": "eager", "grouped_mm": "grouped_mm", "grouped_mm fallback": "grouped_mm", "batched_mm": "batched_mm"}
+_FASTKIT_MODES = {"fastkit": "auto", "fastkit loop": "loop", "fastkit batched": "batched"}
 
 
 def _impl_context(module, impl: str):
@@ -65,12 +78,10 @@ def _impl_context(module, impl: str):
     from fastkit._hf import grouped_mm_disabled
     from fastkit.patches.moe.patch import MoEConfig, attach_experts, detach_experts
 
-    key = {"eager": "eager", "grouped_mm": "grouped_mm", "grouped_mm fallback": "grouped_mm"}.get(impl, "fastkit")
-    if impl.startswith("fastkit"):
-        attach_experts(module, MoEConfig(mode="loop" if impl == "fastkit loop" else "auto", validate="off"),
-                       name="bench.experts")
+    if impl in _FASTKIT_MODES:
+        attach_experts(module, MoEConfig(mode=_FASTKIT_MODES[impl], validate="off"), name="bench.experts")
     else:
-        detach_experts(module, key)
+        detach_experts(module, _KEYS[impl])
     if impl == "grouped_mm fallback":
         return grouped_mm_disabled()
     return nullcontext()
@@ -81,10 +92,25 @@ def _count_syncs(module, h, idx, w, impl):
         return layer_syncs(module, h, idx, w)
 
 
+def _gathered_bytes(module, tokens: int, top_k: int) -> int:
+    """Bytes of the per-row weight copies the batched paths build in one forward."""
+    from fastkit.patches.moe.patch import projection_names
+
+    return tokens * top_k * sum(getattr(module, n)[0].numel() * getattr(module, n).element_size()
+                                for n in projection_names(module))
+
+
 def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device, impls=IMPLS,
-                  budget: TimeBudget | None = None) -> list[dict]:
+                  budget: TimeBudget | None = None, batched_gib: float = 2.0, notes: list | None = None,
+                  clock=time.perf_counter) -> list[dict]:
     module = experts_module(shape, dtype, device)
     h, idx, w = inputs(module, tokens, shape["num_experts_per_tok"], dtype, device)
+    gathered = _gathered_bytes(module, tokens, shape["num_experts_per_tok"])
+    if gathered > batched_gib * 2**30:
+        impls = [i for i in impls if "batched" not in i]
+        if notes is not None:
+            notes.append(f"{name}: batched_mm and fastkit batched not run (their per-row weight copies would take "
+                         f"{fmt_bytes(gathered, 'GiB')}, over --batched-gib {batched_gib:g}).")
     times = {(i, b): [] for i in impls for b in (False, True)}
     for i in impls:  # warm-up (and the first-forward checks)
         with _impl_context(module, i):
@@ -96,7 +122,7 @@ def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device,
         for i in impls:  # interleaved: every impl sees the same machine state
             for b in (False, True):
                 with _impl_context(module, i):
-                    times[(i, b)].append(timed(lambda m=module, b=b: step(m, h, idx, w, b), device))
+                    times[(i, b)].append(timed(lambda m=module, b=b: step(m, h, idx, w, b), device, clock))
     rows = []
     for i in impls:
         syncs = _count_syncs(module, h, idx, w, i)
@@ -147,7 +173,8 @@ LORA_VARIANTS = ["PEFT target_parameters (transformers grouped_mm)", "PEFT targe
                  "fastkit expert LoRA"]
 
 
-def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, device) -> list[dict]:
+def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, device,
+               clock=time.perf_counter) -> list[dict]:
     module = experts_module(shape, dtype, device)
     h, idx, w = inputs(module, tokens, shape["num_experts_per_tok"], dtype, device)
     layers = {v: _lora_variant(module, v, r) for v in LORA_VARIANTS}
@@ -164,7 +191,7 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
         layer.zero_grad(set_to_none=True)
     for _ in range(reps):
         for v, layer in layers.items():  # interleaved
-            times[v].append(timed(lambda layer=layer: step(layer, h, idx, w, True), device))
+            times[v].append(timed(lambda layer=layer: step(layer, h, idx, w, True), device, clock))
             layer.zero_grad(set_to_none=True)
     rows = [dict(shape=name, variant=v, tokens=tokens, r=r, fwd_bwd_ms=[1e3 * t for t in times[v]],
                  peak_bytes=peaks[v]) for v in LORA_VARIANTS]
@@ -173,11 +200,37 @@ def bench_lora(name: str, shape: dict, tokens: int, reps: int, r: int, dtype, de
     return rows
 
 
+def _best_upstream(group: list[dict]) -> dict | None:
+    """The fastest (fwd+bwd median) of transformers' own paths that ran for one shape."""
+    ups = [r for r in group if r["impl"] in UPSTREAM]
+    return min(ups, key=lambda r: statistics.median(r["fwd_bwd_ms"])) if ups else None
+
+
+def _summary_cells(rows: list[dict]) -> list[list]:
+    cells = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        group = [r for r in rows if r["shape"] == shape]
+        fk = next(r for r in group if r["impl"] == "fastkit")
+        best = _best_upstream(group)
+        eager = next((r for r in group if r["impl"] == "eager"), None)
+        cells.append([shape, fk["tokens"], best["impl"] if best else "-",
+                      f"{fmt_ratio(best['fwd_ms'], fk['fwd_ms'])} / {fmt_ratio(best['fwd_bwd_ms'], fk['fwd_bwd_ms'])}"
+                      if best else "-",
+                      fmt_ratio(eager["fwd_bwd_ms"], fk["fwd_bwd_ms"]) if eager else "-",
+                      f"{fk['syncs_fwd']} / {fk['syncs_bwd']}"])
+    return cells
+
+
 def _table(rows: list[dict], lora_rows: list[dict], device_name: str, note: str = "",
            four_rows: list[dict] | None = None) -> str:
     out = [f"MoE experts layer, {device_name}. Interleaved repetitions: times median (min, spread = "
            "(max−min)/median); speed-up = time(path) / time(fastkit), median [range] of the per-repeat ratios. "
            "Backward = input and routing-weight gradients (expert weights frozen).", ""]
+    if rows:
+        out += ["fastkit (`mode=\"auto\"`) against the best of transformers' own paths (eager, grouped_mm, "
+                "batched_mm: the fastest fwd+bwd median) and against eager:", "",
+                markdown_table(["shape", "tokens", "best upstream path", "vs best upstream fwd / fwd+bwd [range]",
+                                "vs eager fwd+bwd [range]", "fastkit syncs fwd/bwd"], _summary_cells(rows)), ""]
     cells = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         group = [r for r in rows if r["shape"] == shape]
@@ -218,7 +271,8 @@ def _plot(rows: list[dict]):
     for ax, shape in zip(axes[0], shapes):
         group = [r for r in rows if r["shape"] == shape]
         names = [r["impl"] for r in group]
-        ax.barh(names, [statistics.median(r["fwd_bwd_ms"]) for r in group], color=["#999"] * 3 + ["#2a7", "#7c4"])
+        ax.barh(names, [statistics.median(r["fwd_bwd_ms"]) for r in group],
+                color=["#2a7" if n.startswith("fastkit") else "#999" for n in names])
         ax.set_title(f"{shape}: forward+backward (ms)")
         ax.invert_yaxis()
     fig.tight_layout()
@@ -243,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser("moe", __doc__, quick="tiny shapes, a few seconds", gpu="H200 profile: bf16, full token counts",
                      repeats="interleaved repetitions, median reported (default 3; gpu 10; quick 1)")
     p.add_argument("--tokens", type=int, default=None, help="tokens per layer call (default 256 CPU, 8192 GPU)")
+    p.add_argument("--clock", choices=CLOCKS, default=None,
+                   help="wall: perf_counter; cpu: this thread's CPU time, which leaves out the time other processes "
+                        "held the core (CPU, 1 thread only; the default there)")
+    p.add_argument("--batched-gib", type=float, default=2.0,
+                   help="skip the batched paths where their per-row weight copies would pass this many GiB")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank for the expert-LoRA comparison")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--lora-shapes", nargs="*", default=None, choices=list(SHAPES),
@@ -260,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     load = load_line()
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
+    clock_name = args.clock or ("cpu" if device.type == "cpu" and torch.get_num_threads() == 1 else "wall")
+    clock = clock_for(clock_name, device)
     dtype = torch.bfloat16 if args.gpu else torch.float32
     tokens = args.tokens or (16 if args.quick else 8192 if args.gpu else 256)
     reps = args.repeats or (1 if args.quick else 10 if args.gpu else 3)
-    rows, lora_rows, four_rows = [], [], []
+    rows, lora_rows, four_rows, notes = [], [], [], []
     machine = describe_device(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads")
-    machine = f"{machine}, {str(dtype).replace('torch.', '')}; {load}. Layer shapes: " + "; ".join(
+    clock_note = "times are this thread's CPU time" if clock_name == "cpu" else "wall-clock times"
+    machine = f"{machine}, {str(dtype).replace('torch.', '')}, {clock_note}; {load}. Layer shapes: " + "; ".join(
         f"{n} hidden {sh['hidden_size']}, {sh.get('num_experts', sh.get('num_local_experts'))} experts "
         f"top-{sh['num_experts_per_tok']}, expert width {sh.get('moe_intermediate_size', sh.get('intermediate_size'))}"
         for n, sh in ((n, dict(SHAPES[n], **(QUICK[n] if args.quick else {}))) for n in args.shapes))
@@ -283,15 +345,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.monotonic()
             if part == "routing":
-                rows += bench_routing(name, shapes[name], tokens, reps, dtype, device, budget=budget)
+                rows += bench_routing(name, shapes[name], tokens, reps, dtype, device, budget=budget,
+                                      batched_gib=args.batched_gib, notes=notes, clock=clock)
             elif part == "4-bit":
-                four_rows += bench_4bit(name, shapes[name], tokens, reps, dtype, device)
+                four_rows += bench_4bit(name, shapes[name], tokens, reps, dtype, device, clock)
             else:
-                lora_rows += bench_lora(name, shapes[name], tokens, reps, args.rank, dtype, device)
+                lora_rows += bench_lora(name, shapes[name], tokens, reps, args.rank, dtype, device, clock)
             last = time.monotonic() - t0
-            write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows), out=args.out,
-                          quick=args.quick)
-    write_outputs("moe", _table(rows, lora_rows, machine, budget.note(), four_rows),
+            note = " ".join(notes) + "\n" + budget.note()
+            write_outputs("moe", _table(rows, lora_rows, machine, note, four_rows), out=args.out, quick=args.quick)
+    write_outputs("moe", _table(rows, lora_rows, machine, " ".join(notes) + "\n" + budget.note(), four_rows),
                   (lambda: _plot(rows)) if rows else None, out=args.out, quick=args.quick)
     return 0
 

@@ -24,6 +24,7 @@ numbers mean the same).
 from __future__ import annotations
 
 import gc
+import time
 
 import torch
 
@@ -69,7 +70,7 @@ def _storage(obj) -> int:
     return sum(b.numel() * b.element_size() for b in list(obj.parameters()) + list(obj.buffers()))
 
 
-def bench_4bit(name: str, shape: dict, tokens: int, reps: int, dtype, device) -> list[dict]:
+def bench_4bit(name: str, shape: dict, tokens: int, reps: int, dtype, device, clock=None) -> list[dict]:
     """Rows ``shape, impl, tokens, fwd_bwd_ms (list), storage_bytes, peak_bytes`` for one layer shape."""
     from fastkit.patches.moe.nf4 import expert_storage_bytes, quantize_experts
     from fastkit.patches.moe.patch import MoEConfig, attach_experts
@@ -103,7 +104,7 @@ def bench_4bit(name: str, shape: dict, tokens: int, reps: int, dtype, device) ->
         peaks[impl] = tracker.peak
     for _ in range(reps):
         for impl, (fn, _) in runs.items():  # interleaved: every path sees the same machine state
-            times[impl].append(1e3 * timed(lambda fn=fn: step(fn, h, idx, w, True), device))
+            times[impl].append(1e3 * timed(lambda fn=fn: step(fn, h, idx, w, True), device, clock or time.perf_counter))
     rows = [dict(shape=name, impl=impl, tokens=tokens, fwd_bwd_ms=times[impl], storage_bytes=nbytes,
                  peak_bytes=peaks[impl], syncs_fwd=syncs[impl][0], syncs_bwd=syncs[impl][1])
             for impl, (_, nbytes) in runs.items()]

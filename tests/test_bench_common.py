@@ -51,7 +51,7 @@ def test_quick_runs_never_write_into_assets(tmp_path, monkeypatch, capsys):
     assert tmp_path not in path.parents
     assert f"written: {path}" in capsys.readouterr().out
     again = common.write_outputs("demo", "| a |\n|---|\n| 2 |\n", quick=True)  # a table rewritten after a case
-    assert again == path and path.read_text().endswith("| 2 |\n")
+    assert again == path and "| 2 |\n\nMade by commit " in path.read_text()
     shutil.rmtree(path.parent)
     given = common.write_outputs("demo", "x\n", quick=True, out=tmp_path / "given")
     assert given == tmp_path / "given" / "bench_demo.md"
@@ -63,12 +63,25 @@ def test_quick_runs_never_write_into_assets(tmp_path, monkeypatch, capsys):
 def test_table_is_written_before_the_plot_and_survives_a_missing_matplotlib(tmp_path, capsys):
     # The GPU machine has no matplotlib: the plot fails, the table must already be there and the bench succeed.
     def plot():
-        assert (tmp_path / "bench_demo.md").read_text() == "| a |\n"  # table first
+        assert (tmp_path / "bench_demo.md").read_text().startswith("| a |\n\nMade by")  # table first
         raise ImportError("No module named 'matplotlib'")
 
     path = common.write_outputs("demo", "| a |\n", plot, out=tmp_path)
-    assert path.read_text() == "| a |\n" and not (tmp_path / "bench_demo.png").exists()
+    assert path.read_text().startswith("| a |\n") and not (tmp_path / "bench_demo.png").exists()
     assert "plot skipped (No module named 'matplotlib')" in capsys.readouterr().out
+
+
+def test_every_table_ends_with_the_commit_machine_date_and_command(tmp_path, monkeypatch):
+    import re
+    import subprocess
+
+    monkeypatch.setattr("sys.argv", ["benchmarks", "demo", "--quick"])
+    text = common.write_outputs("demo", "| a |\n|---|\n| 1 |\n", quick=True, out=tmp_path).read_text()
+    last = text.strip().splitlines()[-1]
+    head = subprocess.run(["git", "-C", str(Path(common.__file__).parents[1]), "rev-parse", "--short=10", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert last.startswith(f"Made by commit {head}") and "`python -m benchmarks demo --quick`" in last
+    assert re.search(r" on .+\(\w+ \w+, \d+ CPUs\), \d{4}-\d\d-\d\d \d\d:\d\d UTC", last), last
 
 
 def test_one_byte_formatter_and_one_table_renderer():

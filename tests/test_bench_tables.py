@@ -109,3 +109,12 @@ def test_gpu_shaped_tables_pass_the_checker():
     args = argparse.Namespace(steps=8, r=16, max_len=4096, checkpointing=True, repeats=1)
     md = sft.render(results, load, args, "Skipped for time (budget 48 s): gpt_oss.\n")
     assert "anchor kit" in md and problems(md) == []
+
+
+PROVENANCE = re.compile(r"Made by commit [0-9a-f]{7,}.* on .+, \d{4}-\d\d-\d\d \d\d:\d\d UTC: `python -m benchmarks \w+"
+                        r"|Made before tables named their commit: last committed in [0-9a-f]{7,} \(\d{4}-\d\d-\d\d")
+
+
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
+def test_every_committed_table_names_what_made_it(path):
+    assert PROVENANCE.search(path.read_text()), f"{path.name}: no commit / machine / date line"

@@ -53,7 +53,7 @@ def test_logits_and_every_grad_equal_eager_and_grouped_mm(family):
     eager = forward_backward(_with_impl(base, "eager"), ids)
     grouped = forward_backward(_with_impl(base, "grouped_mm"), ids)
     _assert_same(eager, grouped)  # transformers' two paths agree with each other
-    for mode in ("grouped", "loop"):
+    for mode in ("grouped", "batched", "loop"):
         got = forward_backward(_fastkit(base, mode), ids)
         _assert_same(eager, got)
         _assert_same(grouped, got)
@@ -259,3 +259,36 @@ def test_moe_patch_under_nonreentrant_checkpointing_matches_plain():
         x = torch.randint(3, 259, (1, 24))
         grads.append(forward_backward(model, x).grads)
     assert_grads_close(grads[1], grads[0], rtol=0, atol=1e-6)
+
+
+def _frozen_layer_syncs(model, ids):
+    with SyncCounter(profile=True) as fwd:
+        model(ids)
+    return fwd
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_auto_off_grouped_mm_picks_batched_for_small_frozen_layers_else_the_loop(family):
+    """Note: [path choice]. Where grouped_mm cannot run (a T4), auto takes the 0-sync batched form for frozen
+    experts under ``batched_bytes`` and the loop (1 read-back per layer) above it or when weights train."""
+    import fastkit.patches.moe.patch as moe_patch
+
+    base = twin(family, num_hidden_layers=2).eval().requires_grad_(False)
+    ids = _ids(t=16)
+    ref = _with_impl(base, "eager")(ids).logits
+    with mock.patch.object(moe_patch, "grouped_mm_runs", return_value=False):
+        small = _fastkit(base, validate="off")
+        got = small(ids).logits
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+        assert _frozen_layer_syncs(small, ids).total == 0  # batched: no read-back at all
+        tight = copy.deepcopy(base)
+        apply_patch(tight, MoEExpertsPatch(None, MoEConfig(validate="off", batched_bytes=1024)))
+        assert dict(_frozen_layer_syncs(tight, ids).by_op) == {"tolist": 2}  # the loop: one per layer
+        torch.testing.assert_close(tight(ids).logits, ref, atol=2e-5, rtol=1e-4)
+        training = _fastkit(base.requires_grad_(True), validate="off")  # trainable experts: never batched
+        assert dict(_frozen_layer_syncs(training, ids).by_op) == {"tolist": 2}
+
+
+def test_batched_bytes_is_checked():
+    with pytest.raises(FastkitError, match="batched_bytes"):
+        MoEConfig(batched_bytes=-1)

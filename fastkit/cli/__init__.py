@@ -42,11 +42,18 @@ def _plan(args: argparse.Namespace) -> int:
     result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
                   load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
                   host_embedding=args.host_embedding, host_lm_head=args.host_lm_head)
+    if result.longest:  # --max-seq-length max: the longest row per setup, then the asked setup's table at its own
+        print(result.longest_table() + f"\n\nThe asked setup at {result.inputs.max_seq_length:,} tokens:\n")
     print(result.table())
     asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head)
     if not result.fits and asked_defaults and args.expert_lora and args.r == 16 and args.batch_size == 1:
-        _print_auto(args.model, gpu, args.max_seq_length, args.load_in_4bit)
+        _print_auto(args.model, gpu, result.inputs.max_seq_length, args.load_in_4bit)
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _seq_length(text: str):
+    """``--max-seq-length``: a positive int, or ``max`` (the planner searches the longest row that fits)."""
+    return "max" if text.strip().lower() == "max" else cli_train.positive_int(text)
 
 
 def _print_auto(model: str, gpu, max_seq_length: int, load_in_4bit: bool) -> None:
@@ -104,8 +111,10 @@ def _main(argv: list[str]) -> int:
     cli_train.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
     pl.add_argument("model", help="local folder, config.json, or Hub id (only its config.json is read)")
-    pl.add_argument("--gpu", default="t4", help="t4, l4, a100-40, rtx-8g, rtx-16g, spark, or GiB (default t4)")
-    pl.add_argument("--max-seq-length", type=cli_train.positive_int, default=2048, help="tokens per row (default 2048)")
+    pl.add_argument("--gpu", default="t4", help="t4, l4, a10g, rtx-8g, rtx-12g, rtx-16g, rtx-24g, a100-40, l40s, "
+                    "a100-80, h100, gh200, h200, spark (unified memory), or a number of GiB, e.g. 24 (default t4)")
+    pl.add_argument("--max-seq-length", type=_seq_length, default=2048,
+                    help="tokens per row (default 2048), or max: the longest packed row that fits, per setup")
     pl.add_argument("--batch-size", type=cli_train.positive_int, default=1, help="rows per micro-batch (default 1)")
     pl.add_argument("--r", type=cli_train.positive_int, default=16, help="LoRA rank (default 16)")
     pl.add_argument("--4bit", dest="load_in_4bit", action="store_true", help="QLoRA: NF4 base weights")

@@ -35,6 +35,7 @@ from fastkit import checks
 from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
 from fastkit.patches.moe.nf4 import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
+from fastkit.plan.configs import known_config
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
 
@@ -42,13 +43,27 @@ logger = logging.getLogger("fastkit")
 
 GPUS: dict[str, float] = {
     "t4": 15.0,  # Colab free: 15 GiB usable of 16
-    "l4": 22.0,
-    "a100-40": 39.4,
+    "l4": 22.0,  # 24 GB card (Colab Pro, GCP g2)
+    "a10g": 22.0,  # 24 GB card (AWS g5)
     "rtx-8g": 7.6,
+    "rtx-12g": 11.6,  # RTX 3060 12 GB, 4070
     "rtx-16g": 15.6,
-    "spark": 128.0,  # DGX Spark, unified memory
+    "rtx-24g": 23.6,  # RTX 3090 / 4090 (24 GB)
+    "a100-40": 39.4,
+    "l40s": 44.4,  # 48 GB card
+    "a100-80": 79.2,
+    "h100": 79.2,  # 80 GB HBM3
+    "gh200": 94.5,  # Grace-Hopper: the H100's 96 GB HBM3 (its LPDDR5X is separate memory: see UNIFIED)
+    "h200": 139.0,  # 141 GB HBM3e
+    "spark": 119.0,  # DGX Spark (GB10): 128 GB = 119.2 GiB, ONE pool for the CPU and the GPU (see UNIFIED)
 }
 """Usable GPU memory in GiB by name (``--gpu`` accepts these or a number of GiB)."""
+UNIFIED = frozenset({"spark"})
+"""GPUs in :data:`GPUS` that allocate from the host's own memory (``torch.cuda.get_device_properties(d).is_integrated``:
+DGX Spark's GB10, Jetson; Apple's MPS would be one). There "host" bytes (activation offload, host weights,
+pinned buffers) come out of the same pool as the GPU's, so the plan counts them against the budget, and
+neither the advice nor FastModel's ``"auto"`` turns them on. Grace-Hopper (``gh200``) is not one: its GPU
+allocates HBM, and host memory is a second pool behind NVLink-C2C, so offload there frees HBM as on a PCIe card."""
 NO_BF16 = frozenset({"t4"})
 """GPUs in :data:`GPUS` without bf16 (pre-Ampere), where fastkit trains in fp16; a GiB number is planned as bf16."""
 
@@ -106,6 +121,9 @@ class PlanInputs:
     host_lm_head: bool = False
     """The frozen lm_head in pinned host memory, streamed to the GPU in vocabulary chunks by the chunked
     loss, twice per step (``fastkit.HostWeights(lm_head=True)``); the loss is then fastkit's, whatever ``loss`` says."""
+    unified: bool | None = None
+    """The GPU allocates from host memory (:data:`UNIFIED`): host-side bytes count against the budget.
+    ``None``: from the ``gpu`` name (a number of GiB: a discrete card)."""
 
 
 @dataclass
@@ -127,6 +145,9 @@ class Plan:
     ``FastModel.get_peft_model(use_gradient_checkpointing="auto")`` (the default) offloads."""
     host: dict[str, int] = field(default_factory=dict)
     """Not on the GPU: pinned host memory and host-to-GPU bytes per step of the weights kept on the host."""
+    longest: dict[str, int | None] = field(default_factory=dict)
+    """``max_seq_length="max"``: setup name (:data:`SETUPS`) -> the longest packed row that fits (None: not even
+    :data:`MIN_SEARCH` tokens). Empty otherwise."""
 
     @property
     def host_weights(self):
@@ -148,9 +169,20 @@ class Plan:
     def verdict(self) -> str:
         """One line: fits or not, with the numbers."""
         where = "host" if self.budget is None else f"{self.inputs.gpu} ({self.budget / GiB:.1f} GiB usable)"
+        if self.inputs.unified and self.budget is not None:
+            where += ", unified memory"
         word = "fits" if self.fits else "does NOT fit"
         line = f"{self.model}: predicted peak {self.total / GiB:.2f} GiB, {word} on {where}"
         return line if self.fits else f"{line}. {' '.join(self.advice[:2])}"
+
+    def longest_table(self) -> str:
+        """``max_seq_length="max"``: the longest packed row per setup (markdown)."""
+        rows = ["| setup | longest packed row (tokens) |", "|---|---:|"]
+        for name, n in self.longest.items():
+            rows.append(f"| {name} | {'does not fit' if n is None else f'{n:,}'} |")
+        note = f" ({UNIFIED_NOTE})" if self.inputs.unified else ""
+        return "\n".join(rows) + f"\n\n{self.model} on {self.inputs.gpu}, batch {self.inputs.batch_size}, " \
+            f"LoRA r={self.inputs.r}, to {SEARCH_STEP} tokens{note}"
 
     def table(self) -> str:
         """The component table (markdown) followed by the verdict."""
@@ -177,8 +209,17 @@ def gpu_budget(gpu: str | float | int) -> int | None:
         gib = -1.0
     if gib > 0:
         return int(gib * GiB)
-    raise FastkitError(f"gpu={gpu!r} is not a GPU the planner knows. Use one of {', '.join(GPUS)}, "
-                       "'cpu', or a number of GiB (e.g. gpu=24).")
+    raise FastkitError(f"GPU {gpu!r} is not one the planner knows. Use one of {', '.join(GPUS)}, "
+                       "'cpu', or a number of GiB (e.g. 24).")
+
+
+def is_unified(gpu: str | float | int) -> bool:
+    """True for a GPU name in :data:`UNIFIED` (a number of GiB is planned as a discrete card)."""
+    return isinstance(gpu, str) and gpu.strip().lower() in UNIFIED
+
+
+UNIFIED_NOTE = ("unified memory: host and GPU share one pool, so activation offload and host weights save nothing "
+                "and are counted against it; FastModel never turns them on here")
 
 
 def read_config(model_or_config: Any):
@@ -194,6 +235,9 @@ def read_config(model_or_config: Any):
     name = os.path.expanduser(str(model_or_config))
     path = os.path.join(name, "config.json") if os.path.isdir(name) else name
     if not os.path.exists(path):
+        shipped = known_config(str(model_or_config))
+        if shipped is not None:  # fastkit ships this model's config: never the Hub
+            return _config_from_dict(shipped)
         path = _hub_config(name)
     try:
         with open(path, encoding="utf-8") as f:
@@ -211,27 +255,53 @@ def _config_from_dict(values: dict):
     if model_type not in CONFIG_MAPPING:
         raise FastkitError(f"config model_type {model_type!r} is not one transformers knows; pass a config "
                            "with a known model_type (e.g. 'qwen3', 'llama').")
-    return CONFIG_MAPPING[model_type](**values)
+    try:
+        return CONFIG_MAPPING[model_type](**values)
+    except (TypeError, ValueError) as exc:  # transformers' own field checks (e.g. strict dataclass validation)
+        raise FastkitError(f"config.json ({model_type}) cannot be built: {' '.join(str(exc).split())[:300]}") from exc
+
+
+HUB_PROBE_S = 3.0
+"""Seconds the planner waits for the Hub's TCP port before it says the Hub cannot be reached."""
+
+
+def _hub_reachable() -> bool:
+    """One TCP connect to the Hub endpoint (``HF_ENDPOINT``), ``HUB_PROBE_S`` at most: no retry loop."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=HUB_PROBE_S).close()
+    except OSError:
+        return False
+    return True
 
 
 def _hub_config(name: str) -> str:
+    """``name``'s config.json: the local Hub cache first, then the Hub; one line when neither can answer."""
+    from fastkit.plan.configs import KNOWN_CONFIGS
+
     if os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1:
         raise FastkitError(f"{name!r} is neither a local model folder / config.json nor a Hub id "
                            "like 'Qwen/Qwen3-14B'.")
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        try:
-            from huggingface_hub import hf_hub_download
-
-            return hf_hub_download(name, "config.json", local_files_only=True)
-        except Exception as exc:
-            raise FastkitError(f"HF_HUB_OFFLINE=1 and {name!r}'s config.json is not in the local cache: pass a "
-                               "local folder or config object, or go online (only config.json is read).") from exc
     from huggingface_hub import hf_hub_download
 
     try:
-        return hf_hub_download(name, "config.json")  # the config only, never the weights
+        return hf_hub_download(name, "config.json", local_files_only=True)
+    except Exception:  # noqa: BLE001 -- not cached: the Hub below, or the one-line refusal
+        pass
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if offline or not _hub_reachable():
+        why = "HF_HUB_OFFLINE is set" if offline else f"the Hub cannot be reached (no answer in {HUB_PROBE_S:g} s)"
+        raise FastkitError(f"{why} and {name!r}'s config.json is not in the local cache. Pass a local folder or "
+                           f"config.json, or one of the models fastkit ships configs for: {', '.join(KNOWN_CONFIGS)}.")
+    try:
+        return hf_hub_download(name, "config.json", etag_timeout=HUB_PROBE_S)  # the config only, never the weights
     except Exception as exc:
-        raise FastkitError(f"Could not read {name!r}'s config.json from the Hub: {exc}") from exc
+        raise FastkitError(f"Could not read {name!r}'s config.json from the Hub: {' '.join(str(exc).split())[:300]}") \
+            from exc
 
 
 OPTIMIZER_STATE_BYTES = {
@@ -250,39 +320,180 @@ def default_optimizer(device_type: str, load_in_4bit: bool) -> str:
     return EIGHT_BIT if device_type == "cuda" and load_in_4bit else "adamw_torch"
 
 
-def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int = 2048, batch_size: int = 1,
+class PlanBuildError(FastkitError):
+    """The config is valid but the meta-device count cannot build this architecture (the load-time plan is then
+    skipped, not a refusal)."""
+
+
+def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | str = 2048, batch_size: int = 1,
          r: int | None = 16, load_in_4bit: bool = False, offload: bool = False, **options: Any) -> Plan:
     """Predict the training peak of ``model_or_config`` on ``gpu``, by component, with a verdict and advice.
 
     ``options`` are the other fields of :class:`PlanInputs` (``checkpointing``, ``optimizer``, ``loss``,
-    ``dtype``, ``attn``). Nothing is downloaded but a Hub id's ``config.json``; no weights are built.
+    ``dtype``, ``attn``). Nothing is downloaded but a Hub id's ``config.json`` (none for the models in
+    :data:`fastkit.plan.configs.KNOWN_CONFIGS`); no weights are built. ``max_seq_length="max"``: the longest
+    packed row that fits, per setup of :data:`SETUPS` (``Plan.longest``, found with this same model), and the
+    plan of the asked setup at its own longest row.
     """
     unknown = set(options) - set(PlanInputs.__dataclass_fields__)
     if unknown:
         raise FastkitError(f"plan() got unknown option(s) {sorted(unknown)}; known: "
                            f"{', '.join(PlanInputs.__dataclass_fields__)}")
-    inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, batch_size=batch_size, r=r,
-                        load_in_4bit=load_in_4bit, offload=offload, **options)
+    search = max_seq_length == "max"
+    inputs = PlanInputs(gpu=str(gpu), max_seq_length=MIN_SEARCH if search else max_seq_length, batch_size=batch_size,
+                        r=r, load_in_4bit=load_in_4bit, offload=offload, **options)
     _check_inputs(inputs)
     budget = gpu_budget(gpu)
+    if inputs.unified is None:
+        inputs.unified = is_unified(gpu)
+    if search and budget is None:
+        raise FastkitError("max_seq_length='max' needs a GPU to fit (a name or a number of GiB), not gpu='cpu'.")
     config = read_config(model_or_config)
+    check_config(config)
     _check_decoder(config)
-    checks.check_max_seq_length(max_seq_length, config)
+    if not search:  # the search tries lengths up to the model's context itself
+        checks.check_max_seq_length(max_seq_length, config)
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
-    return _predict(config, inputs, budget, name)
+    return _predict(config, inputs, budget, name, search=search)
 
 
-def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "") -> Plan:
+def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "", search: bool = False) -> Plan:
     """:func:`plan`'s prediction, for inputs already checked against ``config`` (``max_seq_length``: by
-    :func:`plan`, :func:`auto_plan`, or the loader before :func:`check_fits`)."""
+    :func:`plan`, :func:`auto_plan`, or the loader before :func:`check_fits`); ``search``: the longest rows too."""
     inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
-    shape = shape_of(config)
-    result = Plan(name or config.model_type, inputs, budget=budget)
+    shape = _shape(config)
+    longest = {}
+    if search:
+        longest = longest_rows(shape, inputs, budget, _context(config))
+        asked = longest_row(shape, inputs, budget, _context(config))
+        inputs.max_seq_length = asked or MIN_SEARCH
+    result = _result(name or config.model_type, shape, inputs, budget)
+    result.longest = longest
+    return result
+
+
+def _shape(config) -> ModelShape:
+    try:
+        return shape_of(config)
+    except FastkitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- an architecture the meta-device count cannot build
+        raise PlanBuildError(f"model_type {config.model_type!r}: the planner cannot build this config on the meta "
+                             f"device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from exc
+
+
+def _result(name: str, shape: ModelShape, inputs: PlanInputs, budget: int | None) -> Plan:
+    result = Plan(name, inputs, budget=budget)
     result.components = components(shape, inputs, cuda=budget is not None)
-    result.host = host_terms(shape, inputs, cuda=budget is not None)
+    host = host_terms(shape, inputs, cuda=budget is not None)
+    if inputs.unified:  # the pinned bytes are in the components (same pool); the traffic stays listed here
+        host = {k: v for k, v in host.items() if not k.startswith("host (pinned)")}
+    result.host = host
     if not result.fits:
         result.advice = advise(shape, inputs, budget)
     return result
+
+
+# -- the longest row ---------------------------------------------------------------------------------
+SETUPS: tuple[tuple[str, dict], ...] = (
+    ("no checkpointing", dict(checkpointing=False, offload=False, host_embedding=False, host_lm_head=False)),
+    ("checkpointing", dict(checkpointing=True, offload=False, host_embedding=False, host_lm_head=False)),
+    ("checkpointing + offload", dict(checkpointing=True, offload=True, host_embedding=False, host_lm_head=False)),
+    ("checkpointing + offload + host weights", dict(checkpointing=True, offload=True, host_embedding=True,
+                                                     host_lm_head=True)),
+    ("4-bit + checkpointing", dict(checkpointing=True, offload=False, host_embedding=False, host_lm_head=False,
+                                   load_in_4bit=True)),
+)
+"""The setups ``max_seq_length="max"`` answers for (host weights and 4-bit: LoRA only)."""
+MIN_SEARCH = 64
+"""The shortest row the search tries; below it a setup "does not fit"."""
+SEARCH_STEP = 64
+"""The longest row is found to this many tokens (the peak grows with the row: a bisection over multiples)."""
+SEARCH_CAP = 1 << 20
+"""Rows are searched up to the model's context, or this many tokens for a config without one."""
+
+
+def _context(config) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    context = getattr(text, "max_position_embeddings", None)
+    return context if isinstance(context, int) and context > 0 else SEARCH_CAP
+
+
+def longest_row(shape: ModelShape, inputs: PlanInputs, budget: int, context: int) -> int | None:
+    """The longest ``max_seq_length`` (a multiple of :data:`SEARCH_STEP`, at most ``context``) whose plan fits
+    ``budget`` with the other ``inputs`` as given; None when :data:`MIN_SEARCH` tokens do not fit."""
+    def fits(n: int) -> bool:
+        trial = PlanInputs(**{**inputs.__dict__, "max_seq_length": n})
+        return _peak(components(shape, trial, cuda=True)) <= budget
+
+    if not fits(MIN_SEARCH):
+        return None
+    if fits(context):
+        return context
+    lo, hi = MIN_SEARCH // SEARCH_STEP, context // SEARCH_STEP + 1  # fits(lo * step), not fits(hi * step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * SEARCH_STEP) else (lo, mid)
+    return lo * SEARCH_STEP
+
+
+def longest_rows(shape: ModelShape, inputs: PlanInputs, budget: int, context: int) -> dict[str, int | None]:
+    """:func:`longest_row` for each of :data:`SETUPS` (those that need LoRA left out for full fine-tuning)."""
+    out = {}
+    for name, knobs in SETUPS:
+        if inputs.r is None and (knobs.get("host_embedding") or knobs.get("load_in_4bit")):
+            continue
+        out[name] = longest_row(shape, PlanInputs(**{**inputs.__dict__, **knobs}), budget, context)
+    return out
+
+
+CONTEXT_GPUS = ("t4", "l4", "rtx-24g", "a100-80", "h100", "spark")
+"""The columns of docs/plan.md's long-context table."""
+
+
+def context_table(models: list[str], gpus: tuple[str, ...] = CONTEXT_GPUS) -> str:
+    """docs/plan.md's table: per model and GPU, the longest packed row (LoRA r=16, batch 1) with checkpointing
+    in 16-bit / with 4-bit weights (``plan(..., max_seq_length="max")``; tests/test_plan.py keeps it true)."""
+    def cell(longest: dict) -> str:
+        a, b = longest.get("checkpointing"), longest.get("4-bit + checkpointing")
+        return " / ".join("-" if n is None else f"{n:,}" for n in (a, b))
+
+    rows = ["| model | " + " | ".join(gpus) + " |", "|---|" + "---:|" * len(gpus)]
+    for model in models:
+        rows.append(f"| {model} | " + " | ".join(cell(plan(model, gpu=g, max_seq_length="max").longest)
+                                               for g in gpus) + " |")
+    return "\n".join(rows)
+
+
+def check_config(config) -> None:
+    """Refuse a config no model can be built from, naming the field (before the meta-device count)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field_name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        value = getattr(text, field_name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise FastkitError(f"config.{field_name} must be a positive int, got {value!r}: no model can be built.")
+    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0):
+        raise FastkitError(f"config.num_key_value_heads must be a positive int, got {kv!r}.")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise FastkitError(f"config.num_key_value_heads={kv} does not divide num_attention_heads={heads}: "
+                           "grouped-query attention shares each key/value head among a whole number of query heads.")
+    _check_experts(text)
+
+
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _check_experts(text) -> None:
+    top_k = getattr(text, "num_experts_per_tok", None)
+    for field_name in _EXPERT_FIELDS:
+        experts = getattr(text, field_name, None)
+        if isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and isinstance(top_k, int) \
+                and top_k > experts:
+            raise FastkitError(f"config.num_experts_per_tok={top_k} is larger than config.{field_name}={experts}: the "
+                               "router cannot pick more experts than there are.")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < 0:
+        raise FastkitError(f"config.num_experts_per_tok must be >= 0, got {top_k}.")
 
 
 def _check_decoder(config) -> None:
@@ -305,6 +516,8 @@ def _check_inputs(inputs: PlanInputs) -> None:  # max_seq_length: once, with the
         raise FastkitError(f"optimizer must be one of {known} (transformers' optim names), got {inputs.optimizer!r}.")
     if inputs.loss not in ("trl", "chunked", "full"):
         raise FastkitError(f"loss must be 'trl', 'chunked' or 'full', got {inputs.loss!r}.")
+    if inputs.unified is not None and not isinstance(inputs.unified, bool):
+        raise FastkitError(f"unified must be True, False or None (from the gpu name), got {inputs.unified!r}.")
     for name in ("load_in_4bit", "offload", "checkpointing", "expert_lora", "host_embedding", "host_lm_head"):
         if not isinstance(getattr(inputs, name), bool):
             raise FastkitError(f"{name} must be True or False, got {getattr(inputs, name)!r}.")
@@ -366,9 +579,23 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     smaller = min(transient, key=transient.get)
     for name, nbytes in transient.items():  # the loss and the layers' backward do not overlap: peak = larger
         out[name if name != smaller else f"{OFF_PEAK}{name}"] = nbytes
+    if cuda and inputs.unified:
+        out.update(_unified_terms(shape, inputs, tokens, size, stream))
     if cuda:
         out["CUDA context (outside the allocator)"] = CUDA_CONTEXT
         out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = int(ALLOCATOR_SLACK * _peak(out))
+    return out
+
+
+def _unified_terms(shape: ModelShape, inputs: PlanInputs, tokens: int, size: int, stream: int) -> dict[str, int]:
+    """On unified memory the "host" side is the same pool: offloaded layer inputs and host weights count."""
+    out = {}
+    if inputs.offload and inputs.checkpointing and shape.layers > 2:
+        out["host-side: offloaded layer inputs (unified memory: the same pool)"] = int(
+            (shape.layers - 2) * shape.hidden * stream * tokens)
+    for name, nbytes in host_terms(shape, inputs, cuda=True).items():
+        if name.startswith("host (pinned)"):
+            out[f"host-side: {name.removeprefix('host (pinned): ')} (unified memory: the same pool)"] = nbytes
     return out
 
 
@@ -443,8 +670,8 @@ def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]
     return tries
 
 
-def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
-    """Single knobs that bring the plan under ``budget``, cheapest in quality first."""
+def _tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
+    """The single knobs :func:`advise` tries, cheapest in quality first."""
     tries: list[tuple[str, dict]] = []
     if not inputs.checkpointing:
         tries.append(("turn on use_gradient_checkpointing=True", dict(checkpointing=True)))
@@ -453,12 +680,13 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
                       dict(loss="trl")))
     if inputs.optimizer == "auto" or OPTIMIZER_STATE_BYTES[inputs.optimizer] > OPTIMIZER_STATE_BYTES[EIGHT_BIT]:
         tries.append((f"use the 8-bit optimizer (optim={EIGHT_BIT!r})", dict(optimizer=EIGHT_BIT)))
-    if not inputs.offload:
+    if not inputs.offload and not inputs.unified:  # unified memory: the host is the same pool (UNIFIED)
         tries.append(("use_gradient_checkpointing='offload' (layer inputs on the host)",
                       dict(offload=True, checkpointing=True)))
     if not inputs.load_in_4bit and inputs.r is not None:
         tries.append(("load_in_4bit=True (QLoRA)", dict(load_in_4bit=True)))
-    tries += _host_tries(shape, inputs)
+    if not inputs.unified:
+        tries += _host_tries(shape, inputs)
     if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
         tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
                       dict(expert_lora=False)))
@@ -470,9 +698,14 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
         tries.append(("batch_size=1 with gradient_accumulation_steps", dict(batch_size=1)))
     if inputs.r is not None and inputs.r > 8:
         tries.append(("smaller LoRA rank: r=8", dict(r=8)))
+    return tries
+
+
+def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
+    """Single knobs that bring the plan under ``budget``, cheapest in quality first."""
     cuda = True
     fixes = []
-    for text, change in tries:
+    for text, change in _tries(shape, inputs):
         trial = PlanInputs(**{**inputs.__dict__, **change})
         total = _peak(components(shape, trial, cuda))
         if total <= budget:
@@ -480,7 +713,10 @@ def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
             if "max_seq_length" in change:
                 break
     if not fixes:
-        fixes.append("No single knob is enough: combine 4-bit, offload and shorter rows, or use a larger GPU.")
+        fixes.append("No single knob is enough: combine 4-bit, offload and shorter rows, or use a larger GPU."
+                     if not inputs.unified else "No single knob is enough: combine 4-bit and shorter rows.")
+    if inputs.unified:
+        fixes.append(f"(Not offered: activation offload and host weights; {UNIFIED_NOTE}.)")
     return fixes
 
 
@@ -505,22 +741,28 @@ first that fits is kept): such a run sits at the edge, the planner's error on me
 and a T4 kernel dies on OOM. A run that fits with plain checkpointing is left as it is."""
 
 
-def auto_plan(config, gpu, max_seq_length: int, load_in_4bit: bool) -> tuple[str, Plan] | None:
+def auto_plan(config, gpu, max_seq_length: int, load_in_4bit: bool,
+              unified: bool | None = None) -> tuple[str, Plan] | None:
     """What ``get_peft_model(use_gradient_checkpointing="auto")`` turns on when plain checkpointing does not fit:
     the first of :data:`AUTO_STEPS` within :data:`AUTO_HEADROOM` of the budget, else the first that fits, as
-    ``(what, its plan)`` (the plan flagged ``needs_offload``); None when none fits."""
+    ``(what, its plan)`` (the plan flagged ``needs_offload``); None when none fits, and always None on unified
+    memory (``unified``, else from the ``gpu`` name: :data:`UNIFIED`), where those steps save nothing."""
+    if unified or (unified is None and is_unified(gpu)):
+        return None
     name = config if isinstance(config, str) else getattr(config, "name_or_path", "")
     config = read_config(config)
+    check_config(config)
     _check_decoder(config)
     checks.check_max_seq_length(max_seq_length, config)
     return _auto(config, gpu, max_seq_length, load_in_4bit, name)
 
 
 def _auto(config, gpu, max_seq_length: int, load_in_4bit: bool, name: str = "") -> tuple[str, Plan] | None:
-    """:func:`auto_plan` for a config its inputs were checked against."""
+    """:func:`auto_plan` for a config its inputs were checked against (not on unified memory: the caller's check)."""
     first = None
     for what, knobs in AUTO_STEPS:
-        inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, **knobs)
+        inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, unified=False,
+                            **knobs)
         trial = _predict(config, inputs, gpu_budget(gpu), name or getattr(config, "name_or_path", ""))
         if trial.fits:
             trial.needs_offload = True
@@ -537,21 +779,27 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
 
     Raises :class:`FastkitError` with the advice when the run cannot fit, before any weight is read.
     """
+    unified = is_unified(gpu) if gpu is not None else None
     if gpu is None:
         if device.type != "cuda":
             return None
-        gpu = torch.cuda.get_device_properties(device).total_memory / GiB * 0.97  # what the allocator can get
+        props = torch.cuda.get_device_properties(device)
+        gpu = props.total_memory / GiB * 0.97  # what the allocator can get
+        unified = bool(getattr(props, "is_integrated", False))  # DGX Spark, Jetson: one pool (UNIFIED)
+    check_config(config)
     _check_decoder(config)  # max_seq_length: checked by the loader, once, against this config
-    inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit)
+    inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit,
+                        unified=is_unified(gpu) if unified is None else unified)
     try:
         result = _predict(config, inputs, gpu_budget(gpu), getattr(config, "name_or_path", ""))
-    except FastkitError:
-        raise
-    except Exception as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
-        logger.info("fastkit: no memory plan for %s (%s: %s)", config.model_type, type(exc).__name__, exc)
+    except PlanBuildError as exc:  # an architecture the meta-device count cannot build: no verdict, no refusal
+        logger.info("fastkit: no memory plan for %s (%s)", config.model_type, exc)
         return None
+    if not result.fits and unified:
+        logger.info("fastkit: %s: activation offload and host weights are not turned on (%s)", result.model,
+                    UNIFIED_NOTE)
     if not result.fits:
-        better = _auto(config, gpu, max_seq_length, load_in_4bit)
+        better = None if result.inputs.unified else _auto(config, gpu, max_seq_length, load_in_4bit)
         if better is not None:
             logger.info("fastkit: %s on by default: %s", better[0], better[1].verdict())
             return better[1]
@@ -570,5 +818,6 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     return result
 
 
-__all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "Plan", "PlanInputs", "auto_plan", "check_fits",
-           "default_optimizer", "gpu_budget", "plan", "prequantized_4bit", "read_config"]
+__all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "SETUPS", "UNIFIED", "Plan", "PlanBuildError", "PlanInputs",
+           "auto_plan", "check_config", "check_fits", "context_table", "default_optimizer", "gpu_budget",
+           "is_unified", "longest_row", "longest_rows", "plan", "prequantized_4bit", "read_config"]

@@ -51,6 +51,7 @@ from fastkit.errors import FastkitError
 from fastkit.patches.moe.routing import (
     Projection,
     Routing,
+    batched_bytes,
     check_shapes,
     gather_sorted,
     grouped_matmul,
@@ -74,7 +75,9 @@ LORA_ATTR = "fastkit_lora"
 """Per experts-module child holding fastkit's :class:`fastkit.patches.moe.lora.ExpertLoRA`, when attached."""
 _DEBUG_ENV = "FASTKIT_MOE_DEBUG"
 
-_MODES = ("auto", "grouped", "loop")
+_MODES = ("auto", "grouped", "batched", "loop")
+BATCHED_BYTES = 64 * 2**20
+"""Default ``MoEConfig.batched_bytes``: 64 MiB of gathered expert weights per layer forward."""
 _VALIDATE = ("auto", "always", "first", "off")
 
 
@@ -83,8 +86,14 @@ class MoEConfig:
     """How fastkit runs the experts of one model."""
 
     mode: str = "auto"
-    """``"auto"``: grouped GEMM where it runs on this device and dtype (CUDA sm80+ bf16, CPU), else
-    the host-count loop. ``"grouped"`` / ``"loop"`` force one (tests and benchmarks)."""
+    """``"auto"`` chooses per device and shape (Note: [path choice]): grouped GEMM where it runs on this
+    device and dtype (CUDA sm80+ bf16, CPU); elsewhere (a T4, fp16/fp32 on CUDA) one batched GEMM over
+    per-row gathered weights when they fit ``batched_bytes`` and need no gradient (0 host syncs), else
+    the host-count loop (1 read-back per layer forward). ``"grouped"`` / ``"batched"`` / ``"loop"``
+    force one (tests and benchmarks)."""
+    batched_bytes: int = BATCHED_BYTES
+    """``mode="auto"`` off the grouped GEMM: the most bytes of gathered expert weights (rows x per-expert
+    weights) one layer forward may build for the batched path; above it, the host-count loop."""
     validate: str = "auto"
     """Data checks (router ids in range, finite routing weights) need the host to read device values.
     ``"auto"``: every forward on the loop path (the check rides on the one count read-back, so it is
@@ -102,6 +111,8 @@ class MoEConfig:
             raise FastkitError(f"MoEConfig.mode must be one of {_MODES}, got {self.mode!r}.")
         if self.validate not in _VALIDATE:
             raise FastkitError(f"MoEConfig.validate must be one of {_VALIDATE}, got {self.validate!r}.")
+        if not isinstance(self.batched_bytes, int) or self.batched_bytes < 0:
+            raise FastkitError(f"MoEConfig.batched_bytes must be an int >= 0 (bytes), got {self.batched_bytes!r}.")
         if self.dequant_group_bytes is not None and (not isinstance(self.dequant_group_bytes, int)
                                                      or self.dequant_group_bytes < 0):
             raise FastkitError(f"MoEConfig.dequant_group_bytes must be None or an int >= 0 (bytes), got "
@@ -194,17 +205,35 @@ def _wants_check(state: _LayerState, loop: bool) -> bool:
     return not state.checked  # "first", or "auto" on the grouped path
 
 
-def _use_loop(state: _LayerState, weights: list[torch.Tensor]) -> bool:
-    """The host-count loop for this forward? (every ``(E, in, out)`` GEMM operand must suit grouped_mm)."""
+def _path(state: _LayerState, weights: list, rows: int) -> str:
+    """``"grouped"`` / ``"batched"`` / ``"loop"`` for this forward (every ``(E, in, out)`` GEMM operand counts).
+
+    # Note: [path choice]
+    Measured on CPU (benchmarks/moe.py): sort + grouped GEMM beats transformers' grouped_mm, batched_mm
+    and eager at every shape, and the batched form (a copy of an expert's weights per row) is the slowest
+    of the three there, so wherever grouped_mm runs it is the grouped GEMM. Where it does not (sm75, or
+    a dtype the CUDA kernel lacks) the choice is the loop's one read-back per layer (a sync) against the
+    batched form's weight copies: batched while they stay under ``batched_bytes`` (small batches,
+    generation) and the weights need no gradient (a frozen base; its backward is a plain ``bmm``).
+    """
     mode = state.config.mode
-    if mode == "loop":
-        return True
-    ok = all(isinstance(w, torch.Tensor) and grouped_mm_runs(w) for w in weights)  # 4-bit providers: the loop
-    if mode == "grouped" and not ok:
+    tensors = all(isinstance(w, torch.Tensor) for w in weights)  # 4-bit providers: the loop
+    grouped = tensors and all(grouped_mm_runs(w) for w in weights)
+    if mode == "grouped" and not grouped:
         w = weights[0]
         raise FastkitError(f"{state.name}: MoE mode='grouped' asked for, but grouped_mm cannot run here "
                            f"({w.device.type}, {w.dtype}, shape {tuple(w.shape)}); use mode='auto'.")
-    return not ok
+    if mode == "batched" and not tensors:
+        raise FastkitError(f"{state.name}: MoE mode='batched' needs tensor expert weights (4-bit experts take the "
+                           "loop); use mode='auto'.")
+    if mode != "auto":
+        return mode
+    if grouped:
+        return "grouped"
+    frozen = tensors and not any(w.requires_grad for w in weights)
+    if frozen and batched_bytes(rows, weights) <= state.config.batched_bytes:
+        return "batched"
+    return "loop"
 
 
 def _routed(state: _LayerState, num_experts: int, hidden, top_k_index, top_k_weights, weights: list[torch.Tensor]):
@@ -212,9 +241,11 @@ def _routed(state: _LayerState, num_experts: int, hidden, top_k_index, top_k_wei
     if top_k_index.size(1) > num_experts:
         raise FastkitError(f"{state.name}: top_k={top_k_index.size(1)} is larger than num_experts={num_experts}; "
                            "lower config.num_experts_per_tok.")
-    loop = _use_loop(state, weights)
+    path = _path(state, weights, top_k_index.numel())
+    loop = path == "loop"
     routing = route(top_k_index, num_experts)  # (S,) perm, ends...
     routing.dequant_group_bytes = state.config.dequant_group_bytes
+    routing.batched = path == "batched"
     check = _wants_check(state, loop)
     if loop or check:
         routing.host_ends, facts = read_back(routing, top_k_weights, num_experts, check, with_ends=loop)
@@ -469,6 +500,6 @@ def detach_experts(module: torch.nn.Module, implementation: str | None = None) -
         _hf.set_experts_implementation(module.config, implementation)
 
 
-__all__ = ["EXPERTS_KEY", "LORA_ATTR", "MoEConfig", "MoEExpertsPatch", "Routing", "attach_experts",
+__all__ = ["BATCHED_BYTES", "EXPERTS_KEY", "LORA_ATTR", "MoEConfig", "MoEExpertsPatch", "Routing", "attach_experts",
            "dbrx_experts_forward", "detach_experts", "experts_modules", "fastkit_experts_forward", "grouped_mm_runs",
            "is_decorated_experts", "llama4_moe_forward", "projection_names", "register", "route"]

@@ -25,6 +25,7 @@ transformers' ``eager`` and ``grouped_mm`` experts paths (tests/test_moe.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -49,30 +50,44 @@ class Routing:
     """(S,) expert id of each sorted row (non-decreasing)."""
     ends: torch.Tensor
     """(E,) int32 end row of each expert's group (inclusive prefix sum of the counts)."""
-    counts: torch.Tensor
-    """(E,) int64 rows per expert (what ``bincount(ids, minlength=E)`` gives), on the device."""
     host_ends: tuple[int, ...] | None = None
     """``ends`` on the host (loop path only): read back once per layer per forward."""
+    batched: bool = False
+    """Run each projection as ONE batched GEMM over per-row gathered weights (:func:`batched_bytes`)."""
     dequant_group_bytes: int | None = None
     """Bound on one hit group's dequantization (4-bit weight providers; ``MoEConfig.dequant_group_bytes``)."""
 
+    @functools.cached_property
+    def counts(self) -> torch.Tensor:
+        """(E,) int64 rows per expert (what ``bincount(ids, minlength=E)`` gives), on the device. Built on
+        demand (only a per-expert bias's gradient needs it): one ``diff`` of ``ends``, no sync."""
+        return torch.diff(self.ends, prepend=self.ends.new_zeros(1)).long()
+
+
+_BOUNDS: dict[tuple, torch.Tensor] = {}  # (E, device, dtype) -> arange(1, E + 1): built once per shape
+
+
+def _bounds(num_experts: int, like: torch.Tensor) -> torch.Tensor:
+    key = (num_experts, like.device, like.dtype)
+    b = _BOUNDS.get(key)
+    if b is None:
+        b = _BOUNDS[key] = torch.arange(1, num_experts + 1, device=like.device, dtype=like.dtype)  # (E,)
+    return b
+
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
-    """Group the flattened top-k assignments by expert with ONE stable argsort. No host sync.
+    """Group the flattened top-k assignments by expert with ONE stable sort. No host sync.
 
-    Counts: ``bincount`` sizes its output from ``max(ids)`` and so reads device memory back (a sync on
-    CUDA); ``searchsorted`` on the ids that are already sorted gives the same counts with no sync and
+    Offsets: ``bincount`` sizes its output from ``max(ids)`` and so reads device memory back (a sync on
+    CUDA); ``searchsorted`` on the ids that are already sorted gives the inclusive ends with no sync and
     no atomics (``counts == bincount(ids, minlength=E)`` is tested).
     """
     ids = top_k_index.reshape(-1)  # (S,) slot s = token * K + k
-    perm = torch.argsort(ids, stable=True)  # (S,)
-    sorted_ids = ids.index_select(0, perm)  # (S,)
+    sorted_ids, perm = torch.sort(ids, stable=True)  # (S,), (S,): values and order in one kernel
     inv_perm = torch.empty_like(perm)
     inv_perm.scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))  # (S,) permutation: no duplicates
-    bounds = torch.arange(1, num_experts + 1, device=ids.device, dtype=sorted_ids.dtype)  # (E,)
-    ends = torch.searchsorted(sorted_ids, bounds, out_int32=True)  # (E,) rows with id <= e
-    counts = torch.diff(ends, prepend=ends.new_zeros(1)).long()  # (E,)
-    return Routing(perm, inv_perm, sorted_ids, ends, counts)
+    ends = torch.searchsorted(sorted_ids, _bounds(num_experts, sorted_ids), out_int32=True)  # (E,) rows with id <= e
+    return Routing(perm, inv_perm, sorted_ids, ends)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,32 +111,6 @@ class _GatherSorted(torch.autograd.Function):
         (inv_perm,) = ctx.saved_tensors
         grad_slots = grad_rows.index_select(0, inv_perm)  # (S, H) back in slot order t*K + k
         return grad_slots.view(ctx.shape).sum(1), None, None, None  # (T, H)
-
-
-class _UnsortCombine(torch.autograd.Function):
-    """``rows (S, H)`` sorted, ``weights (T, K)`` -> ``out (T, H) = sum_k w[t,k] * row(t,k)`` in fp32.
-
-    The unsort is a gather by ``inv_perm`` and the sum over k a reshape-sum: deterministic, and
-    the weights multiply in fp32 whatever the model dtype (bf16 rows are upcast per element)."""
-
-    @staticmethod
-    def forward(ctx, rows, weights, perm, inv_perm):
-        t, k = weights.shape
-        slots = rows.index_select(0, inv_perm).view(t, k, -1)  # (T, K, H)
-        ctx.save_for_backward(slots, weights, perm)
-        out = torch.einsum("tkh,tk->th", slots.float(), weights.float())  # (T, H) fp32
-        return out.to(rows.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        slots, weights, perm = ctx.saved_tensors
-        g = grad_out.float()  # (T, H)
-        grad_slots = torch.einsum("th,tk->tkh", g, weights.float()).to(slots.dtype)  # (T, K, H)
-        grad_rows = grad_slots.flatten(0, 1).index_select(0, perm)  # (S, H) sorted order
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            grad_w = torch.einsum("tkh,th->tk", slots.float(), g).to(weights.dtype)  # (T, K)
-        return grad_rows, grad_w, None, None
 
 
 class _LoopGroupedMM(torch.autograd.Function):
@@ -191,28 +180,29 @@ class _ExpertBias(torch.autograd.Function):
 _GROUPED_MM = _torch.grouped_mm_function()
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    """grouped_mm wants every non-unit stride and the base pointer on 16 bytes."""
-    item = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((s * item) % 16 == 0 for s, n in zip(t.stride(), t.shape) if n > 1 and s != 1)
-
-
 def grouped_mm_runs(w: torch.Tensor) -> bool:
     """True when ``torch.nn.functional.grouped_mm`` runs ``rows (S, in) @ w (E, in, out)`` here with no
     host sync (the rows are fresh, contiguous tensors of width ``in``).
 
     CUDA: sm80+ and bf16 (other dtypes go through ATen's fallback, which copies the offsets to the
     host). CPU: torch >= 2.9 has a kernel (no device, so no sync to worry about). Elsewhere: no.
+    The answer depends only on the layout, so it is kept per (device, dtype, shape, strides, alignment).
     """
     if _GROUPED_MM is None:
         return False
-    if w.device.type == "cuda":
-        if w.dtype != torch.bfloat16 or torch.cuda.get_device_capability(w.device) < (8, 0):
+    return _grouped_mm_runs(w.device, w.dtype, tuple(w.shape), w.stride(), w.element_size(), w.data_ptr() % 16 == 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _grouped_mm_runs(device, dtype, shape, stride, item, ptr_aligned) -> bool:
+    if device.type == "cuda":
+        if dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (8, 0):
             return False
-    elif w.device.type != "cpu":
+    elif device.type != "cpu":
         return False
-    item = w.element_size()
-    return 1 in w.stride()[-2:] and _aligned(w) and (w.size(-2) * item) % 16 == 0 and (w.size(-1) * item) % 16 == 0
+    strides_ok = all((s * item) % 16 == 0 for s, n in zip(stride, shape) if n > 1 and s != 1)
+    return (1 in stride[-2:] and ptr_aligned and strides_ok and (shape[-2] * item) % 16 == 0
+            and (shape[-1] * item) % 16 == 0)
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:
@@ -220,8 +210,21 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor
     return _GROUPED_MM(x, w, offs=routing.ends)  # (S, out)
 
 
+def batched_bytes(rows: int, weights: list[torch.Tensor]) -> int:
+    """Bytes the batched path gathers: every sorted row gets its own copy of each ``(in, out)`` weight."""
+    return rows * sum(w[0].numel() * w.element_size() for w in weights)
+
+
+def _batched(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """``x (S, in)`` sorted rows times their own expert's ``w (in, out)``: one ``bmm``, no host sync.
+    Only for weights that need no gradient (an ``index_select`` backward would add rows with atomics)."""
+    per_row = w.index_select(0, routing.sorted_ids)  # (S, in, out)
+    return torch.bmm(x.unsqueeze(1), per_row).squeeze(1)  # (S, 1, in) @ (S, in, out) -> (S, out)
+
+
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """Per-expert ``x @ w[e]`` on the path this forward chose (host ends present: the loop).
+    """Per-expert ``x @ w[e]`` on the path this forward chose (host ends present: the loop; ``batched``:
+    one bmm over gathered weights; else one grouped GEMM).
 
     ``w`` may be a weight provider instead of a tensor (``fastkit.patches.moe.nf4.NF4Experts``): an object
     with ``group_matmul(x, host_ends, max_bytes)`` that materializes one group of hit experts at a time
@@ -232,6 +235,8 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.
     x = x.to(w.dtype)
     if routing.host_ends is not None:
         return _LoopGroupedMM.apply(x, w, routing.host_ends)  # (S, out)
+    if routing.batched:
+        return _batched(x, w, routing)  # (S, out)
     return _grouped(x, w, routing)  # (S, out)
 
 
@@ -241,13 +246,32 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.
 
 
 def gather_sorted(hidden: torch.Tensor, routing: Routing, top_k: int) -> torch.Tensor:
-    """``hidden (T, H) -> rows (S, H)`` in ``routing``'s sorted order (token ``s // K`` for slot ``s``)."""
+    """``hidden (T, H) -> rows (S, H)`` in ``routing``'s sorted order (token ``s // K`` for slot ``s``).
+
+    # Note: [plain ops off CUDA]
+    On CUDA the gather's backward must not be ``index_select``'s (an ``index_add_`` with K duplicate
+    indices per token: float atomics, a different rounding from run to run), so it is
+    :class:`_GatherSorted` (a reshape-sum). Elsewhere ``index_add_`` runs its indices in order
+    (deterministic) and the plain op saves the Python autograd node (measured: that overhead is most of
+    what separates the two at small shapes on a CPU).
+    """
+    if hidden.device.type != "cuda":
+        return hidden.index_select(0, torch.div(routing.perm, top_k, rounding_mode="floor"))  # (S, H)
     return _GatherSorted.apply(hidden, routing.perm, routing.inv_perm, top_k)
 
 
 def unsort_combine(rows: torch.Tensor, weights: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """Sorted ``rows (S, H)`` and ``weights (T, K)`` -> ``(T, H) = sum_k w[t,k] * row(t,k)``, in fp32."""
-    return _UnsortCombine.apply(rows, weights, routing.perm, routing.inv_perm)
+    """Sorted ``rows (S, H)`` and ``weights (T, K)`` -> ``(T, H) = sum_k w[t,k] * row(t,k)``, in fp32.
+
+    Plain ops: the unsort gathers by ``inv_perm``, a permutation, so its backward's ``index_add_``
+    writes every row once (no two atomics meet: deterministic on every device); the sum over k is a
+    reshape-sum. Rows and weights are multiplied and summed in fp32 whatever the model dtype.
+    """
+    t, k = weights.shape
+    slots = rows.index_select(0, routing.inv_perm).view(t, k, -1)  # (T, K, H) slot order
+    if slots.dtype == torch.float32 and weights.dtype == torch.float32:
+        return (slots * weights.unsqueeze(-1)).sum(1)  # (T, H)
+    return (slots.float() * weights.float().unsqueeze(-1)).sum(1).to(rows.dtype)  # (T, H) summed in fp32
 
 
 def in_out(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -278,8 +302,10 @@ def project(p: Projection, x: torch.Tensor, routing: Routing) -> torch.Tensor:
     for first, second, scale, dropout in p.loras:
         h = grouped_matmul(dropout(x), first, routing)  # (S, r)
         y = y + (scale * grouped_matmul(h, second, routing)).to(y.dtype)  # (S, out)
-    if p.bias is not None:
+    if p.bias is not None and p.bias.requires_grad and torch.is_grad_enabled():
         y = _ExpertBias.apply(y, p.bias, routing.sorted_ids, routing.counts)
+    elif p.bias is not None:  # a frozen bias: no gradient to segment-sum, so no autograd node of ours
+        y = y + p.bias.index_select(0, routing.sorted_ids)  # (S, out)
     return y
 
 
@@ -323,5 +349,5 @@ def raise_bad_data(name: str, num_experts: int, facts: tuple[int, int, int]) -> 
                            "finite (diverged training, a bad learning rate, or fp16 overflow).")
 
 
-__all__ = ["Projection", "Routing", "check_shapes", "gather_sorted", "grouped_matmul", "grouped_mm_runs", "in_out",
-           "project", "raise_bad_data", "read_back", "route", "unsort_combine"]
+__all__ = ["Projection", "Routing", "batched_bytes", "check_shapes", "gather_sorted", "grouped_matmul",
+           "grouped_mm_runs", "in_out", "project", "raise_bad_data", "read_back", "route", "unsort_combine"]

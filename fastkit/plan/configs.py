@@ -1,0 +1,77 @@
+"""Published ``config.json`` values of the models fastkit's notebooks, docs and twins name: the planner reads
+them offline (``fastkit plan Qwen/Qwen3-14B`` never touches the Hub for these).
+
+Only what changes the memory is kept (sizes, head counts, vocabulary, tying, context, quantization); rope
+fields and token ids do not. :func:`known_config` gives a copy (callers may change it). A name not here is
+read from a local folder, the local Hub cache, or the Hub (``fastkit.plan.planner.read_config``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from fastkit.plan.moe_4bit_configs import GPT_OSS_20B, QWEN3_30B_A3B
+
+_QWEN3 = dict(model_type="qwen3", head_dim=128, vocab_size=151936, max_position_embeddings=40960)
+_LLAMA3 = dict(model_type="llama", vocab_size=128256, max_position_embeddings=131072)
+
+KNOWN_CONFIGS: dict[str, dict] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": dict(model_type="llama", hidden_size=576, intermediate_size=1536,
+                                                num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                                vocab_size=49152, max_position_embeddings=8192,
+                                                tie_word_embeddings=True),
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": dict(model_type="llama", hidden_size=2048, intermediate_size=8192,
+                                                num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32,
+                                                vocab_size=49152, max_position_embeddings=8192,
+                                                tie_word_embeddings=True),
+    "Qwen/Qwen3-0.6B": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen/Qwen3-4B": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "Qwen/Qwen3-14B": dict(_QWEN3, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+                           num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
+    "Qwen/Qwen3-32B": dict(_QWEN3, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                           num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+    "meta-llama/Llama-3.2-1B-Instruct": dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                             num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                                             tie_word_embeddings=True),
+    "meta-llama/Llama-3.2-3B-Instruct": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                                             num_attention_heads=24, num_key_value_heads=8, head_dim=128,
+                                             tie_word_embeddings=True),
+    "meta-llama/Llama-3.1-8B-Instruct": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                             num_attention_heads=32, num_key_value_heads=8,
+                                             tie_word_embeddings=False),
+    "mistralai/Mistral-7B-Instruct-v0.3": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                                               num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                               vocab_size=32768, max_position_embeddings=32768,
+                                               tie_word_embeddings=False),
+    "microsoft/Phi-3-mini-4k-instruct": dict(model_type="phi3", hidden_size=3072, intermediate_size=8192,
+                                             num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                                             vocab_size=32064, max_position_embeddings=4096,
+                                             tie_word_embeddings=False),
+    # composite checkpoint: fastkit trains its text model, so the text config is what the plan counts
+    "google/gemma-3-4b-it": dict(model_type="gemma3_text", hidden_size=2560, intermediate_size=10240,
+                                 num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                 vocab_size=262208, sliding_window=1024, max_position_embeddings=131072,
+                                 tie_word_embeddings=True),
+    "openai/gpt-oss-20b": GPT_OSS_20B,
+    "Qwen/Qwen3-30B-A3B": QWEN3_30B_A3B,
+}
+"""Hub id -> the memory-relevant ``config.json`` values (checked against the published files, 2026)."""
+KNOWN_CONFIGS["unsloth/Qwen3-14B-bnb-4bit"] = dict(  # the pre-quantized NF4 checkpoint of Qwen3-14B
+    KNOWN_CONFIGS["Qwen/Qwen3-14B"], quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                                          "bnb_4bit_quant_type": "nf4",
+                                                          "bnb_4bit_use_double_quant": True})
+
+
+def known_config(name: str) -> dict | None:
+    """A copy of ``name``'s config values, or None when fastkit does not ship them."""
+    values = KNOWN_CONFIGS.get(name)
+    return copy.deepcopy(values) if values is not None else None
+
+
+__all__ = ["KNOWN_CONFIGS", "known_config"]
