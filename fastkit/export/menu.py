@@ -93,7 +93,8 @@ class ExportResult:
             what = f"GGUF {a.quantization}" if a.kind == "gguf" else {"lora": "LoRA adapters",
                                                                       "merged": "merged 16-bit"}[a.kind]
             check = "verified" if a.verified else "NOT verified (verify=False or too little host RAM)"
-            lines.append(f"{what}: {a.path} ({len(a.files)} files, {check})")
+            n = len(a.files)
+            lines.append(f"{what}: {a.path} ({n} file{'' if n == 1 else 's'}, {check})")
             if a.hub_url:
                 lines.append(f"  on the Hub: {a.hub_url}")
         if self.ollama:
