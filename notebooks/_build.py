@@ -363,7 +363,7 @@ def _try(s: Spec):
 def _save(s: Spec):
     gguf = '["q8_0"]  # several at once: "f16", "bf16", "q8_0", "q4_0"; "q4_k_m", "q5_k_m", "q6_k" need llama.cpp'
     if s.gguf is not None:
-        gguf = "[]  # No GGUF here yet: " + _wrap(s.gguf.split(), 100).replace("\n    ", "\n# ") + "."
+        gguf = "[]\n# No GGUF here yet: " + _wrap(s.gguf.split(), 100).replace("\n    ", "\n# ") + "."
     lines = ["from fastkit.export import export", "",
              "MERGED = True  # also a merged 16-bit model (plain transformers, no fastkit needed to run it)",
              f"GGUF = {gguf}",

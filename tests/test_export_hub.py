@@ -122,3 +122,30 @@ def test_cli_export_pushes_the_verified_folders(trained, hub, tmp_path, capsys):
     assert set(hub.files["tester/cli-model-GGUF"]) == {"cli-model-q8_0.gguf", "Modelfile", "README.md"}
     assert f"on the Hub: {hub.url}/tester/cli-model-GGUF" in out
     assert "ollama create cli-model -f " in out
+
+
+TRAIN = ["train", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", "quickstart", "--steps", "2",
+         "--max-seq-length", "128", "--lora-r", "4", "--checkpointing", "off", "--save-steps", "2"]
+
+
+@pytest.mark.slow
+def test_cli_train_exports_the_list_and_pushes_with_the_run_in_the_card(hub, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = cli.main([*TRAIN, "--output-dir", str(out), "--gguf", "q8_0", "f16", "--name", "tiny",
+                   "--push-to-hub", "tester/tiny"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert printed.count(", verified)") == 3 and "ollama create tiny -f " in printed, printed
+    assert set(hub.created) == {"tester/tiny", "tester/tiny-GGUF"}
+    assert set(hub.files["tester/tiny-GGUF"]) == {"tiny-q8_0.gguf", "tiny-f16.gguf", "Modelfile", "README.md"}
+    card = hub.files["tester/tiny"]["README.md"].decode()
+    assert "- dataset: quickstart" in card and "fingerprint of the token ids trained on: `" in card, card
+    assert "| max_steps | `2` |" in card and "| learning_rate | `0.0002` |" in card, card
+    assert "base_model:" not in card and "base model not recorded" in card  # a random twin is not SmolLM2
+
+
+def test_cli_train_without_a_token_stops_before_loading(hub, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN")
+    rc = cli.main([*TRAIN, "--output-dir", str(tmp_path / "run"), "--push-to-hub", "tester/tiny"])
+    assert rc == 2 and "huggingface-cli login" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and _uploads(hub) == []

@@ -36,6 +36,7 @@ def trained(tmp_path_factory, llama_cpp):
     return trained_twin(tmp_path_factory.mktemp("kquant_twin"))
 
 
+@pytest.mark.slow
 def test_menu_k_quants_load_and_run_in_llama_cpp(trained, tmp_path):
     model, tok, _ = trained
     quants = ["q4_k_m", "q5_k_m", "q6_k"]
@@ -51,6 +52,7 @@ def test_menu_k_quants_load_and_run_in_llama_cpp(trained, tmp_path):
     assert (tmp_path / "gguf" / "Modelfile").read_text().startswith("FROM ./kq-q4_k_m.gguf\n")
 
 
+@pytest.mark.slow
 def test_cli_export_k_quant_then_chat_with_it(trained, capsys):
     model, tok, lora = trained
     rc = cli.main(["export", "--model", str(lora), "--gguf", "f16", "q4_k_m", "--name", "chat-me"])

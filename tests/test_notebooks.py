@@ -77,7 +77,7 @@ def test_notebook_structure(path):
         assert arg in train.source, arg
     save = _cell_with(nb, "export(model, tokenizer, OUTPUT_DIR")  # the export menu, as `fastkit export`
     assert "lora=True, merged=MERGED, gguf=GGUF" in save.source and "push_to_hub=PUSH_TO_HUB" in save.source
-    assert 'GGUF = ["q8_0"]' in save.source or "GGUF = []  # No GGUF here yet" in save.source
+    assert 'GGUF = ["q8_0"]' in save.source or "GGUF = []\n# No GGUF here yet" in save.source
     # thin: every code cell is short, the logic lives in fastkit
     assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code" and c is not params[0]) <= 20
     assert len(params[0].source.splitlines()) <= 32  # settings, one a line: no logic

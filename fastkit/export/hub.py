@@ -122,7 +122,8 @@ def model_card(kind: str, repo: str, files: list[str], *, base: str, data: str |
         meta += ["datasets:", f"- {data}"]
     meta = [m for m in meta if m] + ["---", ""]
     hyper = {k: v for k, v in (run.get("hyperparameters") or {}).items() if v is not None}
-    lines = [f"# {repo.split('/')[-1]}", "", f"{_WHAT[kind]}, fine-tuned from `{base}` with fastkit.", "",
+    origin = f"fine-tuned from `{base}`" if base else "fine-tuned (base model not recorded: a twin?)"
+    lines = [f"# {repo.split('/')[-1]}", "", f"{_WHAT[kind]}, {origin} with fastkit.", "",
              "## Data", "", f"- dataset: {data or 'not recorded'}"]
     if run.get("data"):
         lines.append(f"- fingerprint of the token ids trained on: `{run['data']}`")
