@@ -119,9 +119,15 @@ def test_cli_export_pushes_the_verified_folders(trained, hub, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert set(hub.created) == {"tester/cli-model-GGUF"}  # only what this command exported
+    assert f"on the Hub: {hub.url}/tester/cli-model-GGUF" in out and "ollama create cli-model -f " in out
+    rc = cli.main(["export", "--model", str(lora), "--out-dir", str(tmp_path / "cli"), "--lora",
+                   "--push-to-hub", "tester/cli-model"])
+    assert rc == 0 and set(hub.created) == {"tester/cli-model-GGUF", "tester/cli-model"}
+    again = tmp_path / "cli" / "lora"  # the adapter saved again (verified) beside the GGUFs, then uploaded
+    sent = hub.files["tester/cli-model"]
+    assert set(sent) == {p.name for p in again.iterdir()} and "adapter_model.safetensors" in sent
+    assert all(sent[name] == (again / name).read_bytes() for name in sent)
     assert set(hub.files["tester/cli-model-GGUF"]) == {"cli-model-q8_0.gguf", "Modelfile", "README.md"}
-    assert f"on the Hub: {hub.url}/tester/cli-model-GGUF" in out
-    assert "ollama create cli-model -f " in out
 
 
 TRAIN = ["train", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", "quickstart", "--steps", "2",

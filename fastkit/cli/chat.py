@@ -85,7 +85,8 @@ def _start(args: argparse.Namespace) -> list[dict]:
 
 def _reply(answer: Answer, messages: list[dict]) -> str:
     text = answer(messages)
-    print("" if getattr(answer, "streams", False) else text, flush=True)  # a streamer printed it already
+    if not getattr(answer, "streams", False):  # a streamer printed it already, and its newline
+        print(text, flush=True)
     return text
 
 
