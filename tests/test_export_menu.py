@@ -117,6 +117,16 @@ def test_chat_one_shot_uses_the_adapter_and_its_template(trained, capsys):
     assert rc == 0 and capsys.readouterr().out.splitlines()[-1] == want
 
 
+def test_chat_on_a_merged_folder(trained, tmp_path, capsys):
+    from fastkit.export import save_merged
+
+    model, tok, _ = trained
+    merged = save_merged(model, tok, tmp_path / "merged_16bit")
+    want = chat(model, tok, "Hello there", max_new_tokens=8, stream=False)
+    rc = cli.main(["chat", "--model", merged, "--prompt", "Hello there", "--max-new-tokens", "8"])
+    assert rc == 0 and capsys.readouterr().out.splitlines()[-1] == want
+
+
 def test_chat_interactive_keeps_the_conversation(trained, capsys, monkeypatch):
     import fastkit.export
 
