@@ -102,6 +102,13 @@ def test_no_or_refused_token_stops_before_any_save(trained, hub, tmp_path, monke
     assert not (tmp_path / "out").exists() and _uploads(hub) == []
 
 
+def test_an_unverified_save_is_never_uploaded(trained, hub, tmp_path):
+    model, tok, _ = trained
+    with pytest.raises(FastkitError, match="only verified saves are uploaded"):
+        export(model, tok, tmp_path / "out", lora=True, gguf=["q8_0"], verify=False, push_to_hub="tester/my-model")
+    assert not (tmp_path / "out").exists() and _uploads(hub) == []
+
+
 def test_offline_mode_is_refused_before_any_save(trained, hub, tmp_path, monkeypatch):
     import huggingface_hub.constants as constants
 

@@ -169,31 +169,41 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-def _save_lora(model, tokenizer, out: Path, verify: bool | None) -> Artifact:
+def _save_lora(model, tokenizer, out: Path, check: bool) -> Artifact:
     from fastkit.export.save import save_lora
 
-    check = saving.should_verify(model, None, verify, "save_lora")
     path = Path(save_lora(model, tokenizer, out / FOLDERS["lora"], verify=check))
     return Artifact("lora", str(path), _files(path), check)
 
 
-def _save_merged(model, tokenizer, out: Path, verify: bool | None, dtype) -> Artifact:
-    from fastkit.export.merge import training_dtype
+def _save_merged(model, tokenizer, out: Path, check: bool, dtype: torch.dtype) -> Artifact:
     from fastkit.export.save import save_merged
 
-    dtype = checks.resolve_dtype(dtype) or training_dtype(model)
-    check = saving.should_verify(model, dtype, verify, "save_merged")
     path = Path(save_merged(model, tokenizer, out / FOLDERS["merged"], dtype=dtype, verify=check))
     return Artifact("merged", str(path), _files(path), check)
 
 
-def _save_gguf(model, tokenizer, out: Path, verify: bool | None, quantization: str, name: str | None) -> Artifact:
+def _save_gguf(model, tokenizer, out: Path, check: bool, quantization: str, name: str | None) -> Artifact:
     from fastkit.export.save import save_gguf
 
-    check = saving.should_verify(model, torch.float16, verify, "save_gguf")
     file = Path(save_gguf(model, tokenizer, out / FOLDERS["gguf"], quantization=quantization, name=name,
                           verify=check))
     return Artifact("gguf", str(file), [file.name], check, quantization=quantization)
+
+
+def _verify_plan(model, kinds: tuple[str, ...], verify: bool | None, dtype: torch.dtype | None,
+                 push: bool) -> dict[str, bool]:
+    """Which saves reload to check (each save's own rule), decided up front: an upload needs every one checked."""
+    dtypes = {"lora": None, "merged": dtype, "gguf": torch.float16}
+    plan = {k: saving.should_verify(model, dtypes[k], verify, f"save_{'gguf' if k == 'gguf' else k}")
+            for k in kinds}
+    unchecked = [k for k, on in plan.items() if not on]
+    if push and unchecked:
+        raise FastkitError(f"export(push_to_hub=...): the {', '.join(unchecked)} save would not be verified "
+                           f"(verify={verify!r}; with verify=None: not enough free host RAM to reload it), and only "
+                           "verified saves are uploaded. Pass verify=True to check anyway, or upload the folder "
+                           "yourself (huggingface-cli upload). Nothing was saved.")
+    return plan
 
 
 def _modelfile(tokenizer, ggufs: list[Artifact]) -> tuple[str | None, str | None]:
@@ -230,7 +240,8 @@ def export(model: torch.nn.Module, tokenizer, out_dir: str | Path, *, lora: bool
       created private unless ``private=False``; the token is ``token``, else ``HF_TOKEN`` or the one
       ``huggingface-cli login`` / ``hf auth login`` stored. Each folder gets a model card (README.md) naming the
       base model, ``data`` and the run's options (``run``: the trainer, or its run identity from a checkpoint's
-      fastkit_run.json); only the files this call verified are uploaded.
+      fastkit_run.json); only the files this call verified are uploaded, so an upload with a save that would not
+      be verified (``verify=False``, or too little host RAM to reload it) is refused before the first save.
     - ``verify``: as each save's (None: check unless the reload would not fit in host RAM).
 
     Every option is checked before the first save. Returns an :class:`ExportResult` (``print`` it).
@@ -238,17 +249,24 @@ def export(model: torch.nn.Module, tokenizer, out_dir: str | Path, *, lora: bool
     kinds = tuple(k for k, on in (("lora", lora), ("merged", merged), ("gguf", bool(gguf_list(gguf)))) if on)
     if not kinds:
         raise FastkitError("export: nothing to save; pass lora=True, merged=True and/or gguf=['q8_0', ...].")
-    quants, name, repos = check_options(gguf, name, push_to_hub, kinds, token)
     if not isinstance(private, bool):
         raise FastkitError(f"export(private={private!r}): give True (the default) or False.")
-    _check_model(model, lora, quants)
     out = checks.check_save_target(out_dir, "export out_dir")
+    quants, name, repos = check_options(gguf, name, push_to_hub, kinds, token)
+    _check_model(model, lora, quants)
+    from fastkit.export.merge import training_dtype
+
+    dtype = (checks.resolve_dtype(merged_dtype) or training_dtype(model)) if merged else None
+    if merged and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise FastkitError(f"export(merged_dtype={merged_dtype!r}): give torch.float16, torch.bfloat16 or "
+                           "torch.float32. Nothing was saved.")
+    plan = _verify_plan(model, kinds, verify, dtype, bool(repos))
     result = ExportResult()
     if lora:
-        result.artifacts.append(_save_lora(model, tokenizer, out, verify))
+        result.artifacts.append(_save_lora(model, tokenizer, out, plan["lora"]))
     if merged:
-        result.artifacts.append(_save_merged(model, tokenizer, out, verify, merged_dtype))
-    ggufs = [_save_gguf(model, tokenizer, out, verify, q, name) for q in quants]
+        result.artifacts.append(_save_merged(model, tokenizer, out, plan["merged"], dtype))
+    ggufs = [_save_gguf(model, tokenizer, out, plan["gguf"], q, name) for q in quants]
     result.artifacts += ggufs
     result.modelfile, result.ollama = _modelfile(tokenizer, ggufs)
     for a in result.artifacts:
