@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from fastkit.export.menu import QUANTIZATIONS
+from fastkit.export.menu import K_QUANTS, QUANTIZATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def add_menu_arguments(p: argparse.ArgumentParser, merged_help: str = "also save
     p.add_argument("--merged", action="store_true", help=merged_help)
     p.add_argument("--gguf", nargs="+", choices=QUANTIZATIONS, default=None, metavar="Q",
                    help=f"GGUFs (with an Ollama Modelfile) at these quantizations: {', '.join(QUANTIZATIONS)} "
-                        "(q4_k_m, q5_k_m, q6_k need pip install 'fastkit-llm[llamacpp]')")
+                        f"({', '.join(K_QUANTS)} need pip install 'fastkit-llm[llamacpp]')")
     p.add_argument("--name", default=None, help="the GGUF's name (file <name>-<q>.gguf; the Ollama model name)")
     p.add_argument("--push-to-hub", default=None, metavar="REPO",
                    help="upload each verified folder: LoRA to REPO, merged to REPO-merged, GGUF to REPO-GGUF "

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 FOLDERS = {"lora": "lora", "merged": "merged_16bit", "gguf": "gguf"}
 """Where each kind goes under ``out_dir`` (the notebooks' and ``fastkit train``'s layout)."""
 KINDS = tuple(FOLDERS)
+K_QUANTS = tuple(LLAMA_CPP_QUANTS)
+"""The quantizations llama.cpp's own quantizer makes (they need llama-cpp-python)."""
 
 
 @dataclass
@@ -280,5 +282,5 @@ def export(model: torch.nn.Module, tokenizer, out_dir: str | Path, *, lora: bool
     return result
 
 
-__all__ = ["Artifact", "ExportResult", "FOLDERS", "KINDS", "QUANTIZATIONS", "check_options", "export", "gguf_list",
+__all__ = ["Artifact", "ExportResult", "FOLDERS", "KINDS", "K_QUANTS", "QUANTIZATIONS", "check_options", "export", "gguf_list",
            "ollama_name"]
