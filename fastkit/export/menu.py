@@ -282,5 +282,5 @@ def export(model: torch.nn.Module, tokenizer, out_dir: str | Path, *, lora: bool
     return result
 
 
-__all__ = ["Artifact", "ExportResult", "FOLDERS", "KINDS", "K_QUANTS", "QUANTIZATIONS", "check_options", "export", "gguf_list",
-           "ollama_name"]
+__all__ = ["Artifact", "ExportResult", "FOLDERS", "KINDS", "K_QUANTS", "QUANTIZATIONS", "check_options", "export",
+           "gguf_list", "ollama_name"]
