@@ -114,7 +114,7 @@ def test_offline_mode_is_refused_before_any_save(trained, hub, tmp_path, monkeyp
 
     model, tok, _ = trained
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(FastkitError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(FastkitError, match=r"huggingface_hub is in offline mode \(HF_HUB_OFFLINE=1\); unset it"):
         export(model, tok, tmp_path / "out", lora=True, push_to_hub="tester/my-model")
     assert not (tmp_path / "out").exists() and _calls(hub) == []
 
