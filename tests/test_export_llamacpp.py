@@ -53,12 +53,23 @@ def test_menu_k_quants_load_and_run_in_llama_cpp(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_export_k_quant_then_chat_with_it(trained, capsys):
+def test_cli_export_k_quant_then_chat_with_it(trained, capsys, monkeypatch, llama_cpp):
     model, tok, lora = trained
+    seen = []  # the messages llama.cpp was asked to answer (the twin's greedy answer hardly depends on them)
+
+    class Llama(llama_cpp.Llama):
+        def create_chat_completion(self, messages, **kw):
+            seen.append(messages)
+            return super().create_chat_completion(messages=messages, **kw)
+
+    monkeypatch.setattr(llama_cpp, "Llama", Llama)
     rc = cli.main(["export", "--model", str(lora), "--gguf", "f16", "q4_k_m", "--name", "chat-me"])
     out = capsys.readouterr().out
     assert rc == 0 and out.count(", verified)") == 2, out
     f16 = lora.parent / "gguf" / "chat-me-f16.gguf"
-    want = chat(model, tok, "Hello there", max_new_tokens=8, stream=False)
-    rc = cli.main(["chat", "--model", str(f16), "--prompt", "Hello there", "--max-new-tokens", "8"])
+    want = chat(model, tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+                max_new_tokens=8, stream=False)
+    rc = cli.main(["chat", "--model", str(f16), "--prompt", "Hello there", "--max-new-tokens", "8",
+                   "--system", "Be brief."])
+    assert seen == [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]]
     assert rc == 0 and capsys.readouterr().out.splitlines()[-1] == want  # llama.cpp, greedy, the embedded template
