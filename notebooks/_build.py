@@ -361,20 +361,27 @@ def _try(s: Spec):
 
 
 def _save(s: Spec):
-    names = "save_lora, save_merged" if s.gguf else "save_gguf, save_lora, save_merged"
-    lines = [f"from fastkit.export import {names}", "",
-             'print("LoRA adapters:", save_lora(model, tokenizer, f"{OUTPUT_DIR}/lora"))',
-             'print("merged 16-bit:", save_merged(model, tokenizer, f"{OUTPUT_DIR}/merged_16bit"))']
-    if s.gguf is None:
-        lines += ['print("GGUF + Modelfile:", save_gguf(model, tokenizer, f"{OUTPUT_DIR}/gguf", quantization="q8_0"))']
-        gguf = ("a GGUF (LoRA merged, q8_0; `\"q4_0\"`, `\"f16\"` also) with an Ollama `Modelfile` beside it, for "
-                "llama.cpp, LM Studio and Ollama (`ollama create my-model -f <OUTPUT_DIR>/gguf/Modelfile`).")
-    else:
-        lines += ["# No GGUF here yet: " + _wrap(s.gguf.split(), 100).replace("\n    ", "\n# ") + "."]
-        gguf = f"no GGUF yet: {s.gguf}."
+    gguf = '["q8_0"]  # several at once: "f16", "bf16", "q8_0", "q4_0"; "q4_k_m", "q5_k_m", "q6_k" need llama.cpp'
+    if s.gguf is not None:
+        gguf = "[]\n# No GGUF here yet: " + _wrap(s.gguf.split(), 100).replace("\n    ", "\n# ") + "."
+    lines = ["from fastkit.export import export", "",
+             "MERGED = True  # also a merged 16-bit model (plain transformers, no fastkit needed to run it)",
+             f"GGUF = {gguf}",
+             "GGUF_NAME = None  # the .gguf files' and the Ollama model's name (default: the model's)",
+             'PUSH_TO_HUB = None  # e.g. "your-name/my-model": each verified folder to the Hub (private; HF token)',
+             "",
+             "result = export(model, tokenizer, OUTPUT_DIR, lora=True, merged=MERGED, gguf=GGUF, name=GGUF_NAME,",
+             "                push_to_hub=PUSH_TO_HUB, data=DATASET, run=trainer)",
+             "print(result)  # every file written and verified, the Hub URLs, the `ollama create` line to copy"]
+    what = ("GGUFs (LoRA merged; a list of quantizations in one call, `q8_0` by default; `q4_k_m`, `q5_k_m`, "
+            "`q6_k` through llama.cpp's quantizer with `pip install \"fastkit-llm[llamacpp]\"`) with an Ollama "
+            "`Modelfile` and the `ollama create` line to copy" if s.gguf is None else f"no GGUF yet: {s.gguf}")
     return [
-        _md("## Save", "", "LoRA adapters (small, load them onto the base model with PEFT), a merged 16-bit "
-            f"model (plain transformers, no fastkit needed to run it), and {gguf}"),
+        _md("## Save", "", "The export menu (`fastkit.export.export`, the same as `fastkit export`): LoRA adapters "
+            "(small, load them onto the base model with PEFT), a merged 16-bit model (plain transformers), and "
+            f"{what}. Each save is reloaded and its logits compared with the trained model before it replaces an "
+            "earlier one; `PUSH_TO_HUB` then uploads each verified folder with a model card (base model, data, "
+            "options)."),
         _code(*lines),
     ]
 

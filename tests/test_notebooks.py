@@ -75,9 +75,9 @@ def test_notebook_structure(path):
     for arg in ("output_dir=OUTPUT_DIR", "epochs=EPOCHS", "batch_size=BATCH_SIZE", "eval_split=EVAL_SPLIT",
                 "gradient_accumulation_steps=GRAD_ACCUMULATION", "report_to=REPORT_TO", "print(run_coverage("):
         assert arg in train.source, arg
-    save = _cell_with(nb, "save_lora(")
-    assert "save_merged(" in save.source
-    assert "save_gguf(" in save.source or "No GGUF here yet" in save.source
+    save = _cell_with(nb, "export(model, tokenizer, OUTPUT_DIR")  # the export menu, as `fastkit export`
+    assert "lora=True, merged=MERGED, gguf=GGUF" in save.source and "push_to_hub=PUSH_TO_HUB" in save.source
+    assert 'GGUF = ["q8_0"]' in save.source or "GGUF = []\n# No GGUF here yet" in save.source
     # thin: every code cell is short, the logic lives in fastkit
     assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code" and c is not params[0]) <= 20
     assert len(params[0].source.splitlines()) <= 32  # settings, one a line: no logic
@@ -126,8 +126,13 @@ def test_notebook_runs_with_twin(path, tmp_path):
     assert (out_dir / "checkpoint-6" / "trainer_state.json").exists()  # SAVE_STEPS=3 in twin mode
     assert (out_dir / "lora" / "adapter_model.safetensors").exists()
     assert any((out_dir / "merged_16bit").glob("*.safetensors"))
-    if "save_gguf(" in _cell_with(nb, "save_lora(").source:
+    save = _cell_with(nb, "export(model, tokenizer, OUTPUT_DIR")
+    printed = "".join(o.get("text", "") for o in _outputs(save) if o.get("name") == "stdout")
+    saved = [line for line in printed.splitlines() if not line.startswith("Ollama: ")]
+    assert saved and all(line.endswith(", verified)") for line in saved), printed  # every save reloaded, matched
+    if 'GGUF = ["q8_0"]' in save.source:
         assert any((out_dir / "gguf").glob("*-q8_0.gguf")) and (out_dir / "gguf" / "Modelfile").is_file()
+        assert "Ollama: ollama create " in printed and "/gguf/Modelfile" in printed, printed
 
 
 @pytest.mark.notebook

@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from fastkit.cli import chat as cli_chat
+from fastkit.cli import export as cli_export
 from fastkit.cli import train as cli_train
 
 BENCHES = ("packed", "offload", "moe", "sft")
@@ -109,6 +111,8 @@ def _main(argv: list[str]) -> int:
     qs.add_argument("--output-dir", default="outputs/quickstart")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
     cli_train.add_parser(sub)
+    cli_export.add_parser(sub)
+    cli_chat.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
     pl.add_argument("model", help="local folder, config.json, or Hub id (only its config.json is read)")
     pl.add_argument("--gpu", default="t4", help="t4, l4, a10g, rtx-8g, rtx-12g, rtx-16g, rtx-24g, a100-40, l40s, "
@@ -137,6 +141,8 @@ def _main(argv: list[str]) -> int:
         return _plan(args)
     if args.command == "train":
         return cli_train.run(args)
+    if args.command in ("export", "chat"):
+        return args.run(args)
     return _bench(args)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from fastkit.cli import export as cli_export
+
 logger = logging.getLogger(__name__)
 
 DEFAULTS = dict(max_seq_length=2048, steps=60, batch_size=1, grad_accumulation=1, lr=2e-4, eval_split=0.0,
@@ -69,9 +71,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--save-steps", type=positive_int, default=d["save_steps"],
                    help=f"a checkpoint every that many steps (default {d['save_steps']})")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
-    p.add_argument("--merged", action="store_true", help="also save a merged 16-bit model")
-    p.add_argument("--gguf", choices=("f16", "bf16", "q8_0", "q4_0"), default=None,
-                   help="also save a GGUF with an Ollama Modelfile at this quantization")
+    cli_export.add_menu_arguments(p)  # --merged, --gguf Q [Q ...], --name, --push-to-hub, --public
     p.add_argument("--twin", action="store_true", help="a tiny random twin of --model (offline smoke test)")
     return p
 
@@ -80,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
     """Run ``fastkit train`` with parsed ``args``; returns the exit status (0 when training finished)."""
     from fastkit import FastModel
     from fastkit.data import check_dataset, load_chat_dataset
-    from fastkit.export import save_gguf, save_lora, save_merged
     from fastkit.training import check_report_to, fit, make_trainer, run_coverage
 
     check_report_to(args.report_to)  # before the model loads
+    cli_export.check_menu_arguments(args)  # GGUF quantizations, llama.cpp, the Hub token: before it too
     model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=args.max_seq_length,
                                                  load_in_4bit=args.load_in_4bit, twin=args.twin)
     if args.data == "quickstart":
@@ -103,12 +103,7 @@ def run(args: argparse.Namespace) -> int:
                            dashboard="none")
     logger.info("fastkit: %s", run_coverage(trainer))
     metrics = fit(trainer, view="terminal", resume=args.resume)
-    out = args.output_dir
-    logger.info("fastkit: LoRA adapters in %s", save_lora(model, tokenizer, f"{out}/lora"))
-    if args.merged:
-        logger.info("fastkit: merged 16-bit model in %s", save_merged(model, tokenizer, f"{out}/merged_16bit"))
-    if args.gguf:
-        logger.info("fastkit: GGUF in %s", save_gguf(model, tokenizer, f"{out}/gguf", quantization=args.gguf))
+    cli_export.save_after_training(args, model, tokenizer, trainer)  # LoRA + the menu, verified
     return 0 if metrics.status == "finished" else 1
 
 

@@ -6,10 +6,13 @@
     gguf_vocab.py   the GGUF tokenizer keys and the Ollama Modelfile
     verified.py     every save verified and atomic: written beside, reloaded, logits compared, swapped in
     adapter_checks.py  load_lora's check of an adapter against the model (family, layers, shapes, ranks)
+    menu.py         ``export``: LoRA, merged, a list of GGUF quantizations in one call, the ``ollama create`` line
+    hub.py          the Hub upload of what ``export`` verified (create_repo, upload_folder, the model card)
 
 ``from fastkit.export import chat, save_lora, save_gguf`` is the public path.
 """
 
+from fastkit.export.menu import ExportResult, export
 from fastkit.export.save import chat, load_lora, save_gguf, save_lora, save_merged
 
-__all__ = ["chat", "load_lora", "save_gguf", "save_lora", "save_merged"]
+__all__ = ["ExportResult", "chat", "export", "load_lora", "save_gguf", "save_lora", "save_merged"]
