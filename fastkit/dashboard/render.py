@@ -158,8 +158,8 @@ def stat_rows(m: TrainingMetrics) -> Rows:
     """Rows for the numbers panel and the summary table.
 
     Keys: ``steps``, ``elapsed``, ``epoch``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
-    ``eval_loss`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`rl_rows`' keys (DPO / GRPO), :func:`memory_rows`' keys, then
-    ``syncs`` (when measured: a debug switch).
+    ``eval_loss`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`rl_rows`' keys (DPO / GRPO),
+    :func:`memory_rows`' keys, then ``syncs`` (when measured: a debug switch).
     """
     eta = f" (ETA {fmt_duration(m.eta_s)})" if m.status == "running" else ""
     rows: Rows = {
