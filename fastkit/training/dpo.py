@@ -59,26 +59,28 @@ def _check_side(value: Any, where: str, chat: bool) -> None:
     """One of a pair's fields: a non-empty string, or a non-empty list of messages (``chat``)."""
     if chat:
         if not _is_messages(value):
-            raise FastkitError(f"{where} must be a list of messages like the other fields of this dataset, got "
+            raise FastkitError(f"{where} must be a list of messages like the first row's, got "
                                f"{type(value).__name__} {str(value)[:60]!r}.")
         _check_messages(value, where)
         return
     if not isinstance(value, str) or not value.strip():
-        raise FastkitError(f"{where} must be non-empty text, got {type(value).__name__} {str(value)[:60]!r}.")
+        raise FastkitError(f"{where} must be non-empty text like the first row's, got {type(value).__name__} "
+                           f"{str(value)[:60]!r}.")
 
 
-def check_pair_row(row: dict, i: int, where: str = "train_dataset") -> bool:
+def check_pair_row(row: dict, i: int, where: str = "train_dataset", chat: bool | None = None) -> bool:
     """Check one preference row; returns True when it is in chat (messages) form.
 
     Forms (TRL's): ``prompt`` + ``chosen`` + ``rejected`` as text, or as lists of messages (the prompt ending
     before the answer, chosen / rejected holding the assistant turn); or ``chosen`` / ``rejected`` alone as
-    whole conversations sharing their first turns (TRL takes the shared turns as the prompt).
+    whole conversations sharing their first turns (TRL takes the shared turns as the prompt). ``chat``: the
+    form the dataset's first row set (None: this row's ``chosen`` decides).
     """
     missing = [k for k in ("chosen", "rejected") if k not in row or row[k] is None]
     if missing:
         raise FastkitError(f"{where} row {i}: no {' / '.join(repr(k) for k in missing)} field (has "
                            f"{sorted(row)}): a preference pair needs 'chosen' and 'rejected' (and usually 'prompt').")
-    chat = _is_messages(row["chosen"])
+    chat = _is_messages(row["chosen"]) if chat is None else chat
     for key in ("prompt", "chosen", "rejected"):
         if key in row and row[key] is not None:
             _check_side(row[key], f"{where} row {i} field {key!r}", chat)
@@ -98,10 +100,10 @@ def check_pairs(dataset, tokenizer, where: str = "train_dataset") -> None:
     """Every row a usable preference pair, one form for the whole set, a chat template for chat rows."""
     if len(dataset) == 0:
         raise FastkitError(f"{where} is empty: give preference pairs (prompt, chosen, rejected).")
-    forms = {check_pair_row(row, i, where) for i, row in enumerate(dataset)}
-    if len(forms) > 1:
-        raise FastkitError(f"{where} mixes text pairs and chat (messages) pairs: use one form for every row.")
-    if forms == {True}:
+    chat = check_pair_row(dataset[0], 0, where)
+    for i in range(1, len(dataset)):
+        check_pair_row(dataset[i], i, where, chat)
+    if chat:
         from fastkit.data.chat_template import require_chat_template
 
         require_chat_template(tokenizer)

@@ -100,6 +100,18 @@ def _finish(trainer, run: RunOptions, examples: int, overrides: dict[str, Any]):
     return trainer
 
 
+def keep_fastkit_checkpointing(model: torch.nn.Module) -> None:
+    """Make TRL's ``disable_gradient_checkpointing`` (around its no-grad reference / old-policy passes) a no-op.
+
+    Under ``torch.no_grad`` checkpointing saves nothing anyway, but TRL turns it back on with
+    ``gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)``, which replaces every layer's checkpoint
+    function: fastkit's offloaded checkpoint would be gone after the first reference pass. TRL reads
+    ``model.is_gradient_checkpointing``; an instance attribute False on the trainer's model (through
+    :func:`fastkit.patching.change`, so ``fastkit.revert`` removes it) keeps fastkit's checkpointing as it is.
+    """
+    change(model, "trl_keeps_checkpointing", lambda swap: swap.setattr(model, "is_gradient_checkpointing", False))
+
+
 def _check_peft(model: torch.nn.Module, what: str) -> None:
     if not hasattr(model, "peft_config"):
         raise FastkitError(f"{what} trains a LoRA adapter: wrap the model first with FastModel.get_peft_model(model, "
@@ -132,6 +144,15 @@ def use_disabled_adapter_as_reference(trainer) -> str:
     return how
 
 
+def _drop_old_reference(model: torch.nn.Module) -> None:
+    """An earlier DPOTrainer's frozen ``"ref"`` adapter off the model (TRL refuses to add a second one; the new
+    trainer copies the adapter as it is now)."""
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+        logger.info("fastkit: an earlier DPO trainer's 'ref' adapter removed; the reference is the adapter now")
+
+
 def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: float = 0.1,
                      max_seq_length: int | None = None, packing: bool = True, drop_long: bool = False,
                      eval_dataset=None, callbacks: Sequence[Any] = (), **options: Any):
@@ -162,10 +183,16 @@ def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     config.update(beta=beta, max_length=max_seq_length, **_eval_config(eval_dataset, run, overrides))
     check_distributed_mode(model, config)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    _drop_old_reference(model)
     trainer = DPOTrainer(model=model, args=DPOConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
                          processing_class=tokenizer, callbacks=list(callbacks))
-    trainer.train_dataset = dpo.check_tokenized_pairs(trainer.train_dataset, max_seq_length, drop_long)
     trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
+    try:
+        trainer.train_dataset = dpo.check_tokenized_pairs(trainer.train_dataset, max_seq_length, drop_long)
+    except FastkitError:
+        _drop_old_reference(model)  # the model as it came in
+        raise
+    keep_fastkit_checkpointing(trainer.model)
     trainer.fastkit_packed = packing and dpo.pack_pairs(trainer.model)
     if packing and not trainer.fastkit_packed:
         logger.info("fastkit: DPO pairs padded (no active fastkit packing patch on this model)")
@@ -214,6 +241,7 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     trainer = GRPOTrainer(model=model, args=GRPOConfig(**config), train_dataset=dataset, processing_class=tokenizer,
                           reward_funcs=funcs, callbacks=list(callbacks))
+    keep_fastkit_checkpointing(trainer.model)
     trainer.fastkit_reference = "none (beta=0)" if not beta else "the same model with its adapter disabled"
     return _finish(trainer, run, len(dataset), overrides)
 
