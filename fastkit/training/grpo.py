@@ -61,7 +61,8 @@ class CheckedReward:
         if out is None:
             raise FastkitError(f"reward function {self.__name__!r} returned None for a batch of {n} completions: it "
                                "must return a list with one float per completion (a missing `return`?).")
-        out = list(out) if not isinstance(out, (str, bytes, dict)) else out
+        if isinstance(out, (list, tuple)) or hasattr(out, "tolist"):  # a list, tuple, numpy array or tensor
+            out = list(out.tolist() if hasattr(out, "tolist") else out)
         if not isinstance(out, list) or len(out) != n:
             got = f"{len(out)} values" if isinstance(out, list) else type(out).__name__
             raise FastkitError(f"reward function {self.__name__!r} returned {got} for {n} completions: it must return "
@@ -110,13 +111,11 @@ def wrap_reward_funcs(reward_funcs) -> list:
                            "format_reward, exact_answer, length_reward).")
     out = []
     for fn in funcs:
-        if isinstance(fn, CheckedReward) or isinstance(fn, str) or hasattr(fn, "config") or is_async_callable(fn):
-            out.append(fn)
-        elif callable(fn):
-            out.append(CheckedReward(fn))
-        else:
+        if not callable(fn) and not isinstance(fn, str):
             raise FastkitError(f"reward_funcs: {fn!r} is not callable; give functions "
                                "f(prompts, completions, **columns) -> list[float].")
+        keep = isinstance(fn, (CheckedReward, str)) or hasattr(fn, "config") or is_async_callable(fn)
+        out.append(fn if keep else CheckedReward(fn))
     names = [reward_name(f) for f in out if not isinstance(f, str)]
     if len(set(names)) != len(names):
         raise FastkitError(f"reward_funcs has two functions named the same ({names}); the dashboard and logs tell them "
