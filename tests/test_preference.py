@@ -133,7 +133,8 @@ def _row(**fields):
 
 @pytest.mark.parametrize("rows,match", [
     ([_row(), _row(rejected=None)], r"row 1: no 'rejected'"),
-    ([_row(), _row(chosen="The capital is Paris.")], r"column 'chosen' mixes types: a list in row 0, a string in rows 1"),
+    ([_row(), _row(chosen="The capital is Paris.")],
+     r"column 'chosen' mixes types: a list in row 0, a string in rows 1"),
     ([_row(chosen=[{"role": "assistant", "content": "Paris"}], rejected=[{"role": "assistant", "content": "Paris"}])],
      r"row 0: 'chosen' and 'rejected' are the same"),
     ([_row(chosen=[{"role": "user", "content": "Paris"}])],

@@ -214,5 +214,41 @@ def pack_pairs(model: torch.nn.Module) -> bool:
     return True
 
 
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def _ids(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
+                                              return_dict=True)["input_ids"])
+
+
+def _answer_logp(model: torch.nn.Module, prompt_ids: list[int], full_ids: list[int]) -> float:
+    """Sum of log-probabilities of ``full_ids[len(prompt_ids):]`` given what precedes each token."""
+    ids = torch.tensor([full_ids], device=model.device)  # (1, T)
+    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # (T-1, V)
+    logp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]  # (T-1,)
+    return float(logp[len(prompt_ids) - 1:].sum())
+
+
+def preference_accuracy(model: torch.nn.Module, tokenizer, pairs) -> tuple[float, float]:
+    """``(accuracy, mean margin)`` on chat-form preference pairs: the share of pairs whose chosen answer the model
+    gives a higher log-probability than the rejected one, and the mean of ``log p(chosen) - log p(rejected)``
+    (nats). Greedy-free and deterministic; the model's train/eval mode is restored."""
+    was_training, margins = model.training, []
+    model.eval()
+    try:
+        with torch.no_grad():
+            for row in pairs:
+                prompt_ids = _ids(tokenizer, row["prompt"], True)
+                chosen = _answer_logp(model, prompt_ids, _ids(tokenizer, row["prompt"] + row["chosen"], False))
+                rejected = _answer_logp(model, prompt_ids, _ids(tokenizer, row["prompt"] + row["rejected"], False))
+                margins.append(chosen - rejected)
+    finally:
+        model.train(was_training)
+    if not margins:
+        raise FastkitError("preference_accuracy: no pairs given.")
+    return sum(m > 0 for m in margins) / len(margins), sum(margins) / len(margins)
+
+
 __all__ = ["PACK_CHANGE", "ROW_LENS_KWARG", "PairLengthsCollator", "check_pair_row", "check_pairs",
-           "check_tokenized_pairs", "pack_pairs"]
+           "check_tokenized_pairs", "pack_pairs", "preference_accuracy"]

@@ -180,4 +180,24 @@ def check_prompts(dataset, tokenizer, reward_funcs: Sequence, max_prompt_length:
                                "max_prompt_length.")
 
 
-__all__ = ["CheckedReward", "TRL_REWARD_ARGS", "check_prompts", "needed_columns", "reward_name", "wrap_reward_funcs"]
+def answer_scores(model, tokenizer, dataset, reward_funcs: Sequence, max_new_tokens: int = 256,
+                  **chat_kwargs: Any) -> dict[str, float]:
+    """Mean reward per function of the model's greedy answers to ``dataset``'s prompts (through
+    :func:`fastkit.export.chat`), the other columns given to the reward functions as in training."""
+    from fastkit.export import chat
+
+    rows = list(dataset)
+    answers = [chat(model, tokenizer, row["prompt"], max_new_tokens=max_new_tokens, stream=False, **chat_kwargs)
+               for row in rows]
+    chat_form = bool(rows) and isinstance(rows[0]["prompt"], list)
+    completions = [[{"role": "assistant", "content": a}] if chat_form else a for a in answers]
+    columns = {k: [row[k] for row in rows] for k in (rows[0] if rows else {}) if k != "prompt"}
+    scores = {}
+    for fn in wrap_reward_funcs(reward_funcs):
+        values = fn(prompts=[row["prompt"] for row in rows], completions=completions, **columns)
+        scores[reward_name(fn)] = sum(v for v in values if v is not None) / max(1, len(values))
+    return scores
+
+
+__all__ = ["CheckedReward", "TRL_REWARD_ARGS", "answer_scores", "check_prompts", "needed_columns", "reward_name",
+           "wrap_reward_funcs"]
