@@ -230,3 +230,21 @@ def test_trl_reference_pass_keeps_fastkit_offloaded_checkpointing(tmp_path):
                                dashboard="none")
     trainer.train()
     assert all(isinstance(_hf.checkpoint_function(m), OffloadedCheckpoint) for m in _hf.checkpointed_layers(model))
+
+
+def test_dpo_resumes_only_its_own_run(tmp_path):
+    """fit(resume=True) continues a DPO run from its checkpoint and refuses one with another beta, naming it."""
+    import shutil
+
+    def trainer(beta):
+        model, tok = _lora()
+        return make_dpo_trainer(model, tok, preference_dataset(), beta=beta, max_steps=2, save_steps=1,
+                                output_dir=str(tmp_path), dashboard="none")
+
+    fit(trainer(0.1), view="none")
+    shutil.rmtree(tmp_path / "checkpoint-2")
+    with pytest.raises(FastkitError, match=r"beta: checkpoint 0.1, now 0.2"):
+        fit(trainer(0.2), view="none", resume=True)
+    again = trainer(0.1)
+    metrics = fit(again, view="none", resume=True)
+    assert again.state.fastkit_run == "resumed from checkpoint-1" and metrics.resumed_from == 1
