@@ -490,7 +490,7 @@ def _rl_data(r: RLSpec):
 def _rl_score(r: RLSpec, when: str):
     if r.kind == "grpo":
         return [f"{when} = answer_scores(model, tokenizer, heldout, [format_reward, exact_answer],",
-                f"                       max_new_tokens=MAX_NEW_TOKENS{r.spec.chat_args})",
+                " " * len(f"{when} = answer_scores(") + f"max_new_tokens=MAX_NEW_TOKENS{r.spec.chat_args})",
                 f'print(f"{when} training: {{{when}[\'format_reward\']:.0%}} well-formed, '
                 f'{{{when}[\'exact_answer\']:.0%}} correct")']
     return [f"accuracy, margin = {when} = preference_accuracy(model, tokenizer, heldout)",
