@@ -29,8 +29,8 @@ def _pairs():
             pair("Hi", "Hello! How can I help you today?", "Go away.")]
 
 
-def _dpo(tmp_path, packing, checkpointing=False):
-    model, tok = _lora(checkpointing=checkpointing)
+def _dpo(tmp_path, packing, checkpointing=False, name=SMOL):
+    model, tok = _lora(name, checkpointing=checkpointing)
     trainer = make_dpo_trainer(model, tok, _pairs(), max_steps=1, batch_size=3, packing=packing,
                                output_dir=str(tmp_path / f"dpo{packing}"), dashboard="none")
     torch.manual_seed(1)
@@ -69,6 +69,21 @@ def test_dpo_packed_equals_padded(tmp_path, padded, checkpointing):
     assert grads.keys() == want_grads.keys() and len(grads) > 10
     for name, g in grads.items():
         assert g.abs().max() > 0, name
+        torch.testing.assert_close(g, want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_dpo_packed_equals_padded_on_moe_with_its_aux_loss(tmp_path):
+    """An MoE twin (qwen3_moe, TRL adds the load-balancing loss): the router logits of the packed row are scattered
+    back to the padded layout, so loss, aux loss and every gradient equal the padded batch's."""
+    runs = {}
+    for packing in (True, False):
+        trainer = _dpo(tmp_path, packing=packing, name="Qwen/Qwen3-30B-A3B")
+        assert trainer.aux_loss_enabled and trainer.fastkit_packed == packing
+        runs[packing] = (*_loss_and_grads(trainer)[:2], trainer._metrics["train"]["aux_loss"])
+    (loss, grads, aux), (want_loss, want_grads, want_aux) = runs[True], runs[False]
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    assert aux == pytest.approx(want_aux, rel=1e-5) and aux[0] > 0
+    for name, g in grads.items():
         torch.testing.assert_close(g, want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
