@@ -282,3 +282,19 @@ def test_dpo_other_pair_forms_train_packed(tmp_path, form):
     assert len(batch[dpo.ROW_LENS_KWARG]) == 4
     loss = trainer.compute_loss(trainer.model, batch)
     assert torch.isfinite(loss) and abs(loss.item() - 0.6931) < 1e-3  # fresh adapter: policy == reference
+
+
+def test_revert_removes_what_the_dpo_trainer_changed(tmp_path):
+    import fastkit
+    from fastkit.patches.packing.patch import _decoder
+
+    model, tok = _lora()
+    decoder = _decoder(model.get_base_model())
+    trainer = make_dpo_trainer(model, tok, preference_dataset(), max_steps=1, output_dir=str(tmp_path),
+                               dashboard="none")
+    assert trainer.fastkit_packed and getattr(decoder.forward, "_fastkit_dpo_packed", False)
+    assert "is_gradient_checkpointing" in vars(model)
+    fastkit.revert(model)
+    assert "is_gradient_checkpointing" not in vars(model)
+    assert not hasattr(decoder.forward, "_fastkit_dpo_packed")  # the packing patch's wrapper went with it too
+    assert not hasattr(decoder.forward, "_fastkit_packing")
