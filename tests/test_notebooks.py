@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
+                   if not p.stem.endswith(("_dpo", "_grpo")))  # DPO / GRPO ones: tests/test_notebooks_rl.py
 SECTIONS = ["## Parameters", "## Install", "## Load", "## Data", "## Answers before training", "## LoRA",
             "## Train with the dashboard", "## Memory and time", "## Answers after training", "## Save"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -36,6 +36,16 @@ logger = logging.getLogger(__name__)
 
 Listener = Callable[[str, "TrainingMetrics"], None]
 
+RL_KEYS = ("reward", "reward_std", "kl", "completions/mean_length", "completions/clipped_ratio",
+           "clip_ratio/region_mean", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+"""What DPO / GRPO users watch, as TRL 1.16's DPOTrainer / GRPOTrainer log it (GRPO's reward per function,
+``rewards/<name>/mean`` and ``/std``, too: :func:`is_rl_key`)."""
+
+
+def is_rl_key(key: str) -> bool:
+    """True for a logged key the dashboard shows as a preference / RL metric."""
+    return key in RL_KEYS or key.startswith("rewards/") and key.endswith(("/mean", "/std"))
+
 
 @dataclass
 class TrainingMetrics:
@@ -114,6 +124,11 @@ class TrainingMetrics:
     """The optimizer step this run resumed from (``checkpoint-<N>``); None for a new run."""
     rates_include_warmup: bool = False
     """True when the run was too short to leave the warm-up out, so steps/s and tokens/s include it."""
+    rl: dict[str, float] = field(default_factory=dict)
+    """Latest preference / RL metrics TRL logs (:data:`RL_KEYS`; ``rewards/<function>/mean|std`` for GRPO), by
+    their TRL names."""
+    rl_history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """(step, value) for every logged value of each :attr:`rl` metric."""
     alerts: dict[str, str] = field(default_factory=dict)
     """Warnings for the reader, by kind (``nonfinite_loss``, ``loss_spike``, ``memory``): the latest of each,
     except ``loss_spike``, which names the worst spike of the run and counts the others."""
@@ -263,6 +278,7 @@ class MetricsCallback(TrainerCallback):
                 if not hist or hist[-1][0] != step:
                     hist.append((step, float(value)))
         self._check_loss(m, logs, step)
+        _collect_rl(m, logs, step)
         if "num_tokens" in logs and step not in self._window.tokens:
             self._window.tokens[step] = int(logs["num_tokens"])
             self._update_rates()
@@ -331,6 +347,16 @@ class MetricsCallback(TrainerCallback):
             counter.__exit__(None, None, None)
             self.metrics.syncs_per_step = counter.total
             self.metrics.syncs_by_op = dict(counter.by_op.most_common())
+
+
+def _collect_rl(m: TrainingMetrics, logs: dict, step: int) -> None:
+    """The preference / RL metrics of one log (:func:`is_rl_key`), latest value and history."""
+    for key, value in logs.items():
+        if is_rl_key(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            m.rl[key] = float(value)
+            hist = m.rl_history.setdefault(key, [])
+            if not hist or hist[-1][0] != step:
+                hist.append((step, float(value)))
 
 
 def throughput(step_end: dict[int, float], tokens: dict[int, int],

@@ -117,12 +117,49 @@ def memory_rows(m: TrainingMetrics) -> Rows:
     return rows
 
 
+def _mean_std(m: TrainingMetrics, mean: str, std: str, spec: str = ".3g") -> str:
+    value = fmt_num(m.rl.get(mean), spec)
+    return value + (f" ± {fmt_num(m.rl[std], spec)}" if std in m.rl else "")
+
+
+def rl_rows(m: TrainingMetrics) -> Rows:
+    """Rows for the preference / RL metrics TRL logged (none for SFT). Keys: ``reward`` and ``reward:<function>``
+    (GRPO, mean ± std), ``kl``, ``completion_length``, ``clipped_ratio`` (completions cut at the length limit),
+    ``dpo_margin`` (chosen - rejected reward), ``dpo_accuracy`` (pairs where chosen wins)."""
+    rl, rows = m.rl, {}
+    if "reward" in rl:
+        rows["reward"] = Row("Reward (mean ± std)", _mean_std(m, "reward", "reward_std"))
+    for key in rl:
+        if key.startswith("rewards/") and key.endswith("/mean"):
+            name = key[len("rewards/"):-len("/mean")]
+            rows[f"reward:{name}"] = Row(f"  {name}", _mean_std(m, key, f"rewards/{name}/std"))
+    for key, name, label, spec in (("kl", "kl", "KL to reference", ".3g"),
+                                   ("completions/mean_length", "completion_length", "Completion length", ".4g"),
+                                   ("completions/clipped_ratio", "clipped_ratio", "Clipped at max length", ".0%"),
+                                   ("rewards/margins", "dpo_margin", "DPO reward margin", ".3g"),
+                                   ("rewards/accuracies", "dpo_accuracy", "DPO pair accuracy", ".0%")):
+        if key in rl:
+            rows[name] = Row(label, format(rl[key], spec))
+    return rows
+
+
+def rl_progress(m: TrainingMetrics) -> list[str]:
+    """The preference / RL numbers for the one-line terminal progress (empty for SFT)."""
+    rl = m.rl
+    parts = [f"reward {_mean_std(m, 'reward', 'reward_std')}" if "reward" in rl else "",
+             f"kl {rl['kl']:.3g}" if "kl" in rl else "",
+             f"len {rl['completions/mean_length']:.0f}" if "completions/mean_length" in rl else "",
+             f"margin {rl['rewards/margins']:.3g}" if "rewards/margins" in rl else "",
+             f"acc {rl['rewards/accuracies']:.0%}" if "rewards/accuracies" in rl else ""]
+    return [p for p in parts if p]
+
+
 def stat_rows(m: TrainingMetrics) -> Rows:
     """Rows for the numbers panel and the summary table.
 
     Keys: ``steps``, ``elapsed``, ``epoch``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
-    ``eval_loss`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`memory_rows`' keys, then
-    ``syncs`` (when measured: a debug switch).
+    ``eval_loss`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`rl_rows`' keys (DPO / GRPO),
+    :func:`memory_rows`' keys, then ``syncs`` (when measured: a debug switch).
     """
     eta = f" (ETA {fmt_duration(m.eta_s)})" if m.status == "running" else ""
     rows: Rows = {
@@ -137,6 +174,7 @@ def stat_rows(m: TrainingMetrics) -> Rows:
         "learning_rate": Row("Learning rate", fmt_num(m.learning_rate, ".2e")),
         "grad_norm": Row("Grad norm", fmt_num(m.grad_norm, ".3g")),
     }
+    rows.update(rl_rows(m))
     rows.update(memory_rows(m))
     if m.syncs_per_step is not None:
         top = ", ".join(f"{_OP_NAMES.get(op, op)} ×{n}" for op, n in list(m.syncs_by_op.items())[:3])
@@ -365,7 +403,7 @@ def progress_line(m: TrainingMetrics) -> str:
              f"loss {m.loss:.4f}" if m.loss is not None else "",
              f"eval {m.eval_loss:.4f}" if m.eval_loss is not None else "",
              f"lr {m.learning_rate:.2e}" if m.learning_rate is not None else "",
-             mem_s, f"ETA {fmt_duration(m.eta_s)}" if m.eta_s is not None else "",
+             *rl_progress(m), mem_s, f"ETA {fmt_duration(m.eta_s)}" if m.eta_s is not None else "",
              *(f"WARNING {line}" for line in alert_lines(m))]
     return "fastkit: " + " | ".join(p for p in parts if p)
 

@@ -3,12 +3,16 @@
     run.py        ``make_trainer`` (a ``trl.SFTTrainer`` with fastkit's collator, loss and checks), ``fit``
                   (the live dashboard, new run / resume), ``run_coverage``, trackers
     trainer.py    ``ZeroSyncSFTTrainer``: TRL's step without its host-device reads
+    preference.py ``make_dpo_trainer`` / ``make_grpo_trainer``: TRL's DPOTrainer / GRPOTrainer on fastkit's model
+                  (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; rewards.py:
+                  reward functions to start from; rl_data.py: small shipped math and preference sets)
     identity.py   the run identity kept in each checkpoint (model, adapter, data fingerprint, hyperparameters),
                   ``RunGuard`` and ``check_resumable``
 
 ``from fastkit.training import make_trainer, fit`` is the public path.
 """
 
+from fastkit.training.preference import make_dpo_trainer, make_grpo_trainer
 from fastkit.training.run import (
     TRACKERS,
     available_trackers,
@@ -24,4 +28,5 @@ from fastkit.training.run import (
 )
 
 __all__ = ["TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
-           "make_trainer", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]
+           "make_dpo_trainer", "make_grpo_trainer", "make_trainer", "planned_steps", "run_coverage", "sft_config",
+           "steps_per_epoch"]

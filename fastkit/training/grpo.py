@@ -1,0 +1,203 @@
+"""GRPO's front door: prompts checked before any generation, reward functions that name themselves when they fail.
+
+:func:`check_prompts` refuses, naming the row and field, a row without a usable ``prompt``, a prompt that ends with
+an assistant turn, one longer than ``max_prompt_length`` tokens, and a column a reward function needs by name
+(``answer``) that the data lacks or leaves empty. :func:`wrap_reward_funcs` wraps each plain reward function in a
+:class:`CheckedReward`: TRL's signature (``prompts``, ``completions``, ``completion_ids``, the dataset's columns as
+keyword lists), TRL's name for it (``rewards/<name>/mean`` in the logs), and a :class:`FastkitError` naming the
+function and the row when it raises, returns None, returns the wrong number of rewards, or a reward that is not
+a finite number (None for one completion stays TRL's "not applicable": NaN, left out of the mean).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastkit.errors import FastkitError
+
+TRL_REWARD_ARGS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                             "environments"})
+"""Keyword arguments TRL 1.16's GRPOTrainer gives every reward function besides the dataset's columns."""
+
+
+def reward_name(fn: Callable) -> str:
+    """TRL's display name for a reward function (a partial's inner function, a class instance's class)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def needed_columns(fn: Callable) -> list[str]:
+    """Keyword arguments ``fn`` requires (no default) that TRL does not supply: dataset columns."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in sig.parameters.values()
+            if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_REWARD_ARGS]
+
+
+class CheckedReward:
+    """A reward function with fastkit's checks around each call (see the module docstring)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.__name__ = reward_name(fn)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+        n = len(completions)
+        try:
+            out = self.fn(prompts=prompts, completions=completions, **kwargs)
+        except Exception as exc:
+            row = self._failing_row(prompts, completions, kwargs)
+            where = f" on completion {row} (prompt {_short(prompts[row])})" if row is not None else ""
+            raise FastkitError(f"reward function {self.__name__!r} raised {type(exc).__name__}: {exc}{where}.") from exc
+        if out is None:
+            raise FastkitError(f"reward function {self.__name__!r} returned None for a batch of {n} completions: it "
+                               "must return a list with one float per completion (a missing `return`?).")
+        if isinstance(out, (list, tuple)) or hasattr(out, "tolist"):  # a list, tuple, numpy array or tensor
+            out = list(out.tolist() if hasattr(out, "tolist") else out)
+        if not isinstance(out, list) or len(out) != n:
+            got = f"{len(out)} values" if isinstance(out, list) else type(out).__name__
+            raise FastkitError(f"reward function {self.__name__!r} returned {got} for {n} completions: it must return "
+                               "one float per completion, in order.")
+        for i, value in enumerate(out):
+            _check_value(self.__name__, value, i, prompts)
+        return [None if v is None else float(v) for v in out]
+
+    def _failing_row(self, prompts: list, completions: list, kwargs: dict) -> int | None:
+        """The first completion the function fails on alone (it is called row by row to find it)."""
+        n = len(completions)
+        for i in range(n):
+            one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
+            try:
+                self.fn(prompts=prompts[i:i + 1], completions=completions[i:i + 1], **one)
+            except Exception:
+                return i
+        return None
+
+
+def _check_value(name: str, value: Any, i: int, prompts: list) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise FastkitError(f"reward function {name!r} returned {type(value).__name__} {str(value)[:40]!r} for "
+                           f"completion {i} (prompt {_short(prompts[i])}): rewards must be numbers (or None).")
+    if not math.isfinite(float(value)):
+        raise FastkitError(f"reward function {name!r} returned {value} for completion {i} (prompt "
+                           f"{_short(prompts[i])}): rewards must be finite.")
+
+
+def _short(prompt: Any) -> str:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        prompt = prompt[-1].get("content", "")
+    return repr(str(prompt)[:60])
+
+
+def wrap_reward_funcs(reward_funcs) -> list:
+    """Each reward function wrapped in :class:`CheckedReward`; reward models, model ids and async functions are
+    left to TRL as they are."""
+    from trl.trainer.utils import is_async_callable
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise FastkitError("reward_funcs is empty: give at least one reward function (fastkit.training.rewards has "
+                           "format_reward, exact_answer, length_reward).")
+    out = []
+    for fn in funcs:
+        if not callable(fn) and not isinstance(fn, str):
+            raise FastkitError(f"reward_funcs: {fn!r} is not callable; give functions "
+                               "f(prompts, completions, **columns) -> list[float].")
+        keep = isinstance(fn, (CheckedReward, str)) or hasattr(fn, "config") or is_async_callable(fn)
+        out.append(fn if keep else CheckedReward(fn))
+    names = [reward_name(f) for f in out if not isinstance(f, str)]
+    if len(set(names)) != len(names):
+        raise FastkitError(f"reward_funcs has two functions named the same ({names}); the dashboard and logs tell them "
+                           "apart by name: rename one.")
+    return out
+
+
+def _check_prompt(prompt: Any, i: int) -> None:
+    where = f"train_dataset row {i} field 'prompt'"
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise FastkitError(f"{where} is empty.")
+        return
+    if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
+        raise FastkitError(f"{where} must be text or a list of messages, got {type(prompt).__name__} "
+                           f"{str(prompt)[:60]!r}.")
+    for j, m in enumerate(prompt):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise FastkitError(f"{where}[{j}] needs text 'role' and 'content' (got {sorted(m)}).")
+    if prompt[-1]["role"] == "assistant":
+        raise FastkitError(f"{where} ends with an assistant message: GRPO generates the assistant's answer, so the "
+                           "prompt ends with the user's turn.")
+
+
+def _prompt_length(tokenizer, prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    return len(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True, return_dict=True)
+               ["input_ids"])
+
+
+def check_prompts(dataset, tokenizer, reward_funcs: Sequence, max_prompt_length: int) -> None:
+    """Every row a usable GRPO prompt, every column a reward function needs present and filled (see the module)."""
+    if len(dataset) == 0:
+        raise FastkitError("train_dataset is empty: give prompts (a 'prompt' column).")
+    if "prompt" not in dataset.column_names:
+        raise FastkitError(f"train_dataset has no 'prompt' column (columns: {dataset.column_names}): GRPO generates "
+                           "answers to prompts.")
+    for fn in reward_funcs:
+        inner = fn.fn if isinstance(fn, CheckedReward) else fn
+        for col in needed_columns(inner) if callable(inner) else []:
+            if col not in dataset.column_names:
+                raise FastkitError(f"reward function {reward_name(inner)!r} needs the column {col!r}, but "
+                                   f"train_dataset has {dataset.column_names}: add it (or give it a default).")
+            for i, value in enumerate(dataset[col]):
+                if value is None or isinstance(value, str) and not value.strip():
+                    raise FastkitError(f"train_dataset row {i} field {col!r} is empty; reward function "
+                                       f"{reward_name(inner)!r} reads it.")
+    chat = any(isinstance(p, list) for p in dataset["prompt"])
+    if chat:
+        from fastkit.data.chat_template import require_chat_template
+
+        require_chat_template(tokenizer)
+    for i, prompt in enumerate(dataset["prompt"]):
+        _check_prompt(prompt, i)
+        if isinstance(prompt, list) != chat:
+            raise FastkitError(f"train_dataset row {i}: prompts mix text and chat messages; use one form.")
+        n = _prompt_length(tokenizer, prompt)
+        if n > max_prompt_length:
+            raise FastkitError(f"train_dataset row {i}: the prompt has {n} tokens, above max_prompt_length="
+                               f"{max_prompt_length} (the context less max_completion_length). Shorten it or raise "
+                               "max_prompt_length.")
+
+
+def answer_scores(model, tokenizer, dataset, reward_funcs: Sequence, max_new_tokens: int = 256,
+                  **chat_kwargs: Any) -> dict[str, float]:
+    """Mean reward per function of the model's greedy answers to ``dataset``'s prompts (through
+    :func:`fastkit.export.chat`), the other columns given to the reward functions as in training."""
+    from fastkit.export import chat
+
+    rows = list(dataset)
+    answers = [chat(model, tokenizer, row["prompt"], max_new_tokens=max_new_tokens, stream=False, **chat_kwargs)
+               for row in rows]
+    chat_form = bool(rows) and isinstance(rows[0]["prompt"], list)
+    completions = [[{"role": "assistant", "content": a}] if chat_form else a for a in answers]
+    columns = {k: [row[k] for row in rows] for k in (rows[0] if rows else {}) if k != "prompt"}
+    scores = {}
+    for fn in wrap_reward_funcs(reward_funcs):
+        values = fn(prompts=[row["prompt"] for row in rows], completions=completions, **columns)
+        scores[reward_name(fn)] = sum(v for v in values if v is not None) / max(1, len(values))
+    return scores
+
+
+__all__ = ["CheckedReward", "TRL_REWARD_ARGS", "answer_scores", "check_prompts", "needed_columns", "reward_name",
+           "wrap_reward_funcs"]

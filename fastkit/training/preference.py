@@ -1,0 +1,270 @@
+"""Preference tuning (DPO) and reasoning RL (GRPO) with TRL's own trainers on fastkit's model.
+
+:func:`make_dpo_trainer` returns a ``trl.DPOTrainer``, :func:`make_grpo_trainer` a ``trl.GRPOTrainer`` — TRL's
+classes, unchanged, with fastkit's defaults around them (the same as :func:`fastkit.training.make_trainer`'s:
+precision and optimizer from the device, ``use_cpu`` on a CPU, checkpointing owned by fastkit, the dashboard
+attached) and their data checked at the door (:mod:`fastkit.training.dpo`, :mod:`fastkit.training.grpo`).
+:func:`fastkit.fit` runs either under the dashboard with the same new-run / resume rules as SFT.
+
+The reference model is the same PEFT model with its adapter disabled — no second model copy and no copy of the
+adapter: TRL 1.16's DPOTrainer copies a PEFT model's adapter into a frozen ``"ref"`` adapter; when that adapter
+is still at its initialization (LoRA B all zero: a fresh ``get_peft_model``) the copy equals the base model, so
+fastkit deletes it and TRL falls back to ``disable_adapter()``. A trained adapter (DPO after SFT) keeps TRL's
+``"ref"`` copy (the SFT model is the reference). GRPOTrainer disables the adapter itself.
+
+DPO packs each batch's chosen and rejected rows into one padding-free row through fastkit's packing patch
+(:mod:`fastkit.training.dpo`); GRPO generates with transformers' ``generate`` (TRL's default; TRL's vLLM mode,
+``use_vllm=True``, is TRL's and passes through untouched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fastkit import checks
+from fastkit.dashboard.views import VIEWS, dashboard_callback
+from fastkit.data.read import as_dataset
+from fastkit.errors import FastkitError
+from fastkit.patching import change, unwrap
+from fastkit.training import dpo, grpo
+from fastkit.training.run import _default_optim, _precision, _run_length, check_distributed_mode, check_report_to
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """What every fastkit trainer takes, DPO and GRPO alike (make_trainer's names and meanings)."""
+
+    max_steps: int | None = None
+    """Optimizer steps (None with epochs None: 60)."""
+    epochs: float | None = None
+    """Passes over the data instead of max_steps."""
+    learning_rate: float = 5e-5
+    """AdamW learning rate (LoRA; TRL's 1e-6 default is for full fine-tuning)."""
+    batch_size: int = 1
+    """DPO: pairs per device step. GRPO: prompts per device step (each generates num_generations completions)."""
+    gradient_accumulation_steps: int = 1
+    """Device steps per optimizer step."""
+    output_dir: str = "outputs"
+    """Checkpoints and logs."""
+    seed: int = 3407
+    """Seed of the run (data order, sampling)."""
+    save_steps: int | None = None
+    """Save a checkpoint every that many steps (2 kept); None saves none."""
+    report_to: str | Sequence[str] = "none"
+    """Trackers: 'none', 'tensorboard', 'wandb', 'trackio' (each only when installed)."""
+    dashboard: str = "auto"
+    """'auto', 'html', 'widget', 'terminal', 'none'."""
+
+    def check(self) -> None:
+        checks.check_positive("learning_rate", self.learning_rate, integer=False)
+        checks.check_positive("batch_size", self.batch_size)
+        checks.check_positive("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        checks.check_positive("save_steps", self.save_steps, allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise FastkitError(f"seed must be a non-negative int, got {self.seed!r}.")
+        checks.check_choice("dashboard", self.dashboard, VIEWS)
+        checks.check_save_target(self.output_dir, "output_dir")
+
+
+def _base_config(model: torch.nn.Module, run: RunOptions, overrides: dict[str, Any], config_cls) -> dict[str, Any]:
+    """The TrainingArguments values DPO and GRPO share (make_trainer's sft_config, less the SFT fields)."""
+    checks.check_known_options(config_cls.__name__, overrides, {f.name for f in dataclasses.fields(config_cls)})
+    max_steps, epochs = _run_length(run.max_steps, run.epochs)
+    config = dict(
+        output_dir=run.output_dir, max_steps=max_steps or -1, num_train_epochs=epochs or 1.0,
+        learning_rate=run.learning_rate, per_device_train_batch_size=run.batch_size,
+        gradient_accumulation_steps=run.gradient_accumulation_steps, activation_checkpointing=False,
+        logging_steps=1, logging_nan_inf_filter=False, report_to=check_report_to(run.report_to), seed=run.seed,
+        data_seed=run.seed,
+        **({"save_strategy": "steps", "save_steps": run.save_steps, "save_total_limit": 2} if run.save_steps
+           else {"save_strategy": "no"}),
+        lr_scheduler_type="linear", warmup_steps=min(5, (max_steps or 50) // 10), weight_decay=0.0,
+        dataloader_pin_memory=model.device.type == "cuda", disable_tqdm=True, optim=_default_optim(model),
+        **_precision(model),
+    )
+    config.update(overrides)
+    return config
+
+
+def _finish(trainer, run: RunOptions, examples: int, overrides: dict[str, Any]):
+    """The dashboard attached, first among the callbacks."""
+    dash = dashboard_callback(run.dashboard, examples=examples, log_every_step="logging_steps" not in overrides)
+    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    return trainer
+
+
+def keep_fastkit_checkpointing(model: torch.nn.Module) -> None:
+    """Make TRL's ``disable_gradient_checkpointing`` (around its no-grad reference / old-policy passes) a no-op.
+
+    Under ``torch.no_grad`` checkpointing saves nothing anyway, but TRL turns it back on with
+    ``gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)``, which replaces every layer's checkpoint
+    function: fastkit's offloaded checkpoint would be gone after the first reference pass. TRL reads
+    ``model.is_gradient_checkpointing``; an instance attribute False on the trainer's model (through
+    :func:`fastkit.patching.change`, so ``fastkit.revert`` removes it) keeps fastkit's checkpointing as it is.
+    """
+    change(model, "trl_keeps_checkpointing", lambda swap: swap.setattr(model, "is_gradient_checkpointing", False))
+
+
+def _check_peft(model: torch.nn.Module, what: str) -> None:
+    if not hasattr(model, "peft_config"):
+        raise FastkitError(f"{what} trains a LoRA adapter: wrap the model first with FastModel.get_peft_model(model, "
+                           "...) (the reference model is then the same model with its adapter disabled, no copy).")
+
+
+def _adapter_is_fresh(model: torch.nn.Module, adapter: str = "default") -> bool:
+    """True when every LoRA B of ``adapter`` is zero (a fresh adapter: the model equals its base). One read."""
+    tag = f".{adapter}."
+    bs = [p for n, p in model.named_parameters() if "lora_B" in n and tag in n]
+    if not bs:
+        return False
+    return not bool(torch.stack([b.detach().abs().max() for b in bs]).max() > 0)
+
+
+def use_disabled_adapter_as_reference(trainer) -> str:
+    """Drop TRL's ``"ref"`` adapter copy when the adapter is fresh (then disabling it gives the same reference).
+
+    Returns how the reference log-probs are computed, in words (also logged)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if "ref" not in getattr(model, "peft_config", {}):
+        how = "the same model with its adapter disabled"
+    elif _adapter_is_fresh(model):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+        how = "the same model with its adapter disabled (fresh adapter: TRL's 'ref' adapter copy dropped)"
+    else:
+        how = "a frozen copy of the trained adapter ('ref', TRL's; the base weights are shared)"
+    logger.info("fastkit: DPO reference log-probs from %s", how)
+    return how
+
+
+def _drop_old_reference(model: torch.nn.Module) -> None:
+    """An earlier DPOTrainer's frozen ``"ref"`` adapter off the model (TRL refuses to add a second one; the new
+    trainer copies the adapter as it is now)."""
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+        logger.info("fastkit: an earlier DPO trainer's 'ref' adapter removed; the reference is the adapter now")
+
+
+def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: float = 0.1,
+                     max_seq_length: int | None = None, packing: bool = True, drop_long: bool = False,
+                     eval_dataset=None, callbacks: Sequence[Any] = (), **options: Any):
+    """A ``trl.DPOTrainer`` for a fastkit LoRA model on preference pairs (checked first, errors before any step).
+
+    ``train_dataset``: rows of ``prompt`` / ``chosen`` / ``rejected`` as text or as lists of messages (or
+    ``chosen`` / ``rejected`` as whole conversations), anything :func:`fastkit.data.read.as_dataset` reads.
+    ``beta``: DPO's KL strength (TRL's default 0.1). ``packing=True`` (default where fastkit's packing patch is
+    active) runs each batch's chosen and rejected rows as one padding-free packed row, exact against the padded
+    batch; False pads like TRL. ``drop_long=True`` drops pairs above ``max_seq_length`` instead of refusing them.
+    The run options (``max_steps`` / ``epochs``, ``learning_rate``, ``batch_size``, ...) are :class:`RunOptions`;
+    anything else is a ``DPOConfig`` field (refused by name when it is not one).
+    """
+    from trl import DPOConfig, DPOTrainer
+
+    run, overrides = _split_options(options)
+    _check_peft(model, "make_dpo_trainer")
+    checks.check_positive("beta", beta, integer=False)
+    checks.check_bool("packing", packing)
+    checks.check_bool("drop_long", drop_long)
+    max_seq_length = _max_length(tokenizer, max_seq_length)
+    dataset = as_dataset(train_dataset)
+    dpo.check_pairs(dataset, tokenizer)
+    if eval_dataset is not None:
+        eval_dataset = as_dataset(eval_dataset, where="eval_dataset")
+        dpo.check_pairs(eval_dataset, tokenizer, "eval_dataset")
+    config = _base_config(model, run, overrides, DPOConfig)
+    config.update(beta=beta, max_length=max_seq_length, **_eval_config(eval_dataset, run, overrides))
+    check_distributed_mode(model, config)
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    _drop_old_reference(model)
+    trainer = DPOTrainer(model=model, args=DPOConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
+                         processing_class=tokenizer, callbacks=list(callbacks))
+    trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
+    try:
+        trainer.train_dataset = dpo.check_tokenized_pairs(trainer.train_dataset, max_seq_length, drop_long)
+    except FastkitError:
+        _drop_old_reference(model)  # the model as it came in
+        raise
+    keep_fastkit_checkpointing(trainer.model)
+    trainer.fastkit_packed = packing and dpo.pack_pairs(trainer.model)
+    if packing and not trainer.fastkit_packed:
+        logger.info("fastkit: DPO pairs padded (no active fastkit packing patch on this model)")
+    if trainer.fastkit_packed:
+        trainer.data_collator = dpo.PairLengthsCollator(trainer.data_collator)
+    return _finish(trainer, run, len(dataset), overrides)
+
+
+def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, reward_funcs, num_generations: int = 4,
+                      max_completion_length: int = 256, beta: float = 0.04, temperature: float = 1.0,
+                      max_prompt_length: int | None = None, callbacks: Sequence[Any] = (), **options: Any):
+    """A ``trl.GRPOTrainer`` for a fastkit LoRA model on prompts (checked first), with the reward functions wrapped
+    so that one that raises, returns None or the wrong number of rewards names itself and the row.
+
+    ``train_dataset``: a ``prompt`` column (text, or a list of messages ending with the user's turn) and any
+    columns the reward functions read by name (``answer`` for :func:`fastkit.training.rewards.exact_answer`):
+    a reward function's required keyword argument that is not a column is refused before any generation.
+    ``num_generations`` completions per prompt (G), each at most ``max_completion_length`` tokens, generated by
+    transformers' ``generate``. ``beta``: KL strength against the reference (the adapter disabled), 0 turns the
+    reference pass and the KL metric off. ``max_prompt_length``: refuse longer prompts (default: the tokenizer's
+    ``model_max_length`` less ``max_completion_length``). Run options as for :func:`make_dpo_trainer`
+    (``batch_size`` counts prompts); anything else is a ``GRPOConfig`` field.
+    """
+    from trl import GRPOConfig, GRPOTrainer
+
+    run, overrides = _split_options(options)
+    _check_peft(model, "make_grpo_trainer")
+    checks.check_positive("num_generations", num_generations)
+    checks.check_positive("max_completion_length", max_completion_length)
+    checks.check_positive("temperature", temperature, integer=False)
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
+        raise FastkitError(f"beta must be a number >= 0 (0: no reference pass, no KL), got {beta!r}.")
+    if num_generations < 2:
+        raise FastkitError(f"num_generations={num_generations}: GRPO compares completions of the same prompt, give "
+                           "at least 2.")
+    funcs = grpo.wrap_reward_funcs(reward_funcs)
+    dataset = as_dataset(train_dataset)
+    limit = max_prompt_length or _max_length(tokenizer, None) - max_completion_length
+    grpo.check_prompts(dataset, tokenizer, funcs, limit)
+    config = _base_config(model, run, overrides, GRPOConfig)
+    prompts_per_step = config["per_device_train_batch_size"]
+    config.update(per_device_train_batch_size=prompts_per_step * num_generations, num_generations=num_generations,
+                  max_completion_length=max_completion_length, beta=float(beta), temperature=temperature,
+                  generation_kwargs={"use_cache": True, **(overrides.get("generation_kwargs") or {})})
+    check_distributed_mode(model, config)
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    trainer = GRPOTrainer(model=model, args=GRPOConfig(**config), train_dataset=dataset, processing_class=tokenizer,
+                          reward_funcs=funcs, callbacks=list(callbacks))
+    keep_fastkit_checkpointing(trainer.model)
+    trainer.fastkit_reference = "none (beta=0)" if not beta else "the same model with its adapter disabled"
+    return _finish(trainer, run, len(dataset), overrides)
+
+
+def _split_options(options: dict[str, Any]) -> tuple[RunOptions, dict[str, Any]]:
+    names = {f.name for f in dataclasses.fields(RunOptions)}
+    run = RunOptions(**{k: v for k, v in options.items() if k in names})
+    run.check()
+    return run, {k: v for k, v in options.items() if k not in names}
+
+
+def _max_length(tokenizer, max_seq_length: int | None) -> int:
+    if max_seq_length is not None:
+        checks.check_max_seq_length(max_seq_length)
+        return max_seq_length
+    return min(int(getattr(tokenizer, "model_max_length", 2048) or 2048), 1 << 20)
+
+
+def _eval_config(eval_dataset, run: RunOptions, overrides: dict[str, Any]) -> dict[str, Any]:
+    if eval_dataset is None:
+        return {}
+    steps = overrides.get("eval_steps") or max(1, (run.max_steps or 60) // 10)
+    return {"eval_strategy": "steps", "eval_steps": steps, "per_device_eval_batch_size": run.batch_size}
+
+
+__all__ = ["RunOptions", "make_dpo_trainer", "make_grpo_trainer", "use_disabled_adapter_as_reference"]
