@@ -481,14 +481,14 @@ def _rl_data(r: RLSpec):
                     "`<think> ... </think> <answer> ... </answer>`. Twelve held-out problems measure the answers "
                     "before and after."),
                 _code("from fastkit.data.read import as_dataset",
-                      "from fastkit.training.rl_data import math_dataset", "",
+                      "from fastkit.quickstart.rl_data import math_dataset", "",
                       'train_dataset = math_dataset(48) if DATASET == "math" else as_dataset(DATASET)',
                       "heldout = math_dataset(12, seed=1)",
                       'print(f"{len(train_dataset)} prompts; the first one:")', "train_dataset[0]")]
     return [_md("## Data", "", "Preference pairs in chat form; the held-out pairs ask about facts the training "
                 "pairs never mention."),
             _code("from fastkit.data.read import as_dataset",
-                  "from fastkit.training.rl_data import preference_dataset", "",
+                  "from fastkit.quickstart.rl_data import preference_dataset", "",
                   'train_dataset = preference_dataset() if DATASET == "preferences" else as_dataset(DATASET)',
                   'heldout = preference_dataset("heldout")',
                   'print(f"{len(train_dataset)} pairs; the first one:")', "train_dataset[0]")]

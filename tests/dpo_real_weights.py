@@ -20,9 +20,9 @@ import torch
 def main(steps: int = 30) -> None:
     from fastkit import FastModel, fit
     from fastkit.quickstart import smollm2_135m_instruct
+    from fastkit.quickstart.rl_data import preference_dataset, preference_records
     from fastkit.training import make_dpo_trainer
     from fastkit.training.dpo import preference_accuracy
-    from fastkit.training.rl_data import preference_dataset, preference_records
 
     torch.set_num_threads(1)  # see DESIGN.md: 2 threads spin under load on this machine
     start = time.time()

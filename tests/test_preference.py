@@ -6,10 +6,10 @@ import torch
 
 from fastkit import FastkitError, FastModel, SyncCounter, fit
 from fastkit.patches.packing import attention as packing_kernels
+from fastkit.quickstart.rl_data import math_dataset, preference_dataset, preference_records
 from fastkit.training import dpo
 from fastkit.training.preference import make_dpo_trainer, make_grpo_trainer
 from fastkit.training.rewards import exact_answer, format_reward
-from fastkit.training.rl_data import math_dataset, preference_dataset, preference_records
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -145,7 +145,7 @@ def test_looped_experts_follow_the_row_at_run_time(monkeypatch):
     assert "no looped family" in MoEExpertsPatch(row).check(model)
     monkeypatch.setitem(registry.MODEL_TABLE, "dbrx_like",  # a new row naming the class: routed again
                         registry.ModelFacts("dbrx_like", moe=True, looped_experts=("DbrxExperts",),
-                                            ))
+                                            looped_forward="dbrx"))
     assert MoEExpertsPatch(row).check(model) is None
     assert [type(m).__name__ for _, m, _ in _looped_modules(model)] == ["DbrxExperts"] * 2
 

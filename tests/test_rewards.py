@@ -6,9 +6,9 @@ import functools
 import pytest
 
 from fastkit import FastkitError
+from fastkit.quickstart.rl_data import math_records, preference_records
 from fastkit.training import rewards
 from fastkit.training.grpo import CheckedReward, needed_columns, wrap_reward_funcs
-from fastkit.training.rl_data import math_records, preference_records
 
 
 def _chat(text):

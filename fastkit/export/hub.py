@@ -87,9 +87,13 @@ def _run_identity(run: Any) -> dict:
         return {}
     if isinstance(run, dict):
         return run
-    from fastkit.training.identity import run_identity
-
-    return run_identity(run)
+    # fit() leaves the run identity on the trainer (fastkit.training.identity.run_identity); read it there
+    # rather than importing training/ (export/ sits below training/: tests/test_import_graph.py)
+    identity = getattr(run, "fastkit_identity", None)
+    if isinstance(identity, dict):
+        return identity
+    logger.info("fastkit: the model card names no run options (this trainer has not been through fit())")
+    return {}
 
 
 def _adapter_options(model) -> dict:

@@ -390,6 +390,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys
     guard = RunGuard(trainer, _resume_or_new(trainer, resume, train_kwargs))
     trainer.add_callback(guard)
+    trainer.fastkit_identity = guard.identity  # the run a model card names (fastkit.export.hub)
     try:
         trainer.train(**train_kwargs)
         if guard.problem:
