@@ -274,12 +274,17 @@ def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
         merged = copy.deepcopy(model, memo)
     finally:
         model.to(device)
-    from fastkit.patches.moe.lora import merge_expert_lora
+    from fastkit.patches.moe.lora import add_expert_deltas, expert_deltas, merge_expert_lora
+    from fastkit.patches.moe.nf4 import has_4bit_experts
 
-    merge_expert_lora(merged)  # fastkit expert LoRA (if any) folds into the expert weights
+    deltas = expert_deltas(merged) if has_4bit_experts(merged) else None  # 4-bit: added once dequantized
+    if deltas is None:
+        merge_expert_lora(merged)  # fastkit expert LoRA (if any) folds into the expert weights
     if hasattr(merged, "merge_and_unload"):
         merged = merged.merge_and_unload()
     revert(merged)  # saved weights are plain transformers: no fastkit patches travel with them
+    if deltas is not None:
+        add_expert_deltas(merged, deltas)  # 4-bit experts dequantized (by revert, or here), then the update
     return merged
 
 

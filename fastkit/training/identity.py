@@ -255,10 +255,21 @@ def _free_name(path: Path) -> Path:
     return candidate
 
 
+def check_trainable(model) -> None:
+    """Refuse, before the first step, a model with nothing to train (it would fail at the first backward)."""
+    if any(p.requires_grad for p in model.parameters()):
+        return
+    hint = (" load_lora(model, path, is_trainable=False) loads an adapter for inference only; load it with "
+            "is_trainable=True to go on training it." if hasattr(model, "peft_config") else
+            " Add LoRA adapters first (FastModel.get_peft_model).")
+    raise FastkitError(f"fit: no parameter of the model is trainable (every requires_grad is False).{hint}")
+
+
 class RunGuard(TrainerCallback):
     """Writes the run identity into each checkpoint; stops a run whose loss or gradient norm is not finite."""
 
     def __init__(self, trainer, note: str):
+        check_trainable(trainer.model)
         self.identity = run_identity(trainer)
         self.note = note
         self.problem: str | None = None
