@@ -7,7 +7,7 @@ folder (:func:`commit`)
 - replaces a file only when the manifest lists it and its bytes are still the ones fastkit wrote;
 - removes the files an earlier save *of the same kind* wrote that this one does not (a merged model
   saved with 2 shards, then with 1) -- never another kind's (``save_gguf`` then ``save_merged`` into
-  one folder keeps both);
+  one folder keeps both), and never an earlier GGUF (one file per quantization, each kept);
 - keeps every other file byte-identical, and refuses, naming them, where it would overwrite a file it
   did not write (a user's notes, a model's own weights, a file edited since fastkit wrote it);
 - keeps the user's ``README.md`` instead of PEFT's model card (:data:`OPTIONAL`).
@@ -60,12 +60,22 @@ def read_manifest(folder: Path) -> dict[str, dict]:
         return {}
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-        assert data["format"] == FORMAT and isinstance(data["files"], dict)
-        return {str(k): dict(v) for k, v in data["files"].items()}
-    except (ValueError, KeyError, TypeError, AssertionError, OSError, UnicodeDecodeError) as exc:
+        if data["format"] != FORMAT or not isinstance(data["files"], dict):
+            raise ValueError("not fastkit's format")
+        entries = {str(k): dict(v) for k, v in data["files"].items()}
+        if not all(_inside(name) for name in entries):
+            raise ValueError("a name outside the folder")
+        return entries
+    except (ValueError, KeyError, TypeError, OSError) as exc:  # UnicodeDecodeError is a ValueError
         raise FastkitError(f"{str(file)!r} is not a manifest fastkit wrote ({type(exc).__name__}); fastkit "
                            f"keeps its list of the files it saved there. Move or delete that file, or save into "
                            "another folder.") from exc
+
+
+def _inside(name: str) -> bool:
+    """A relative name that stays inside its folder (no absolute path, no ``..``, no empty part)."""
+    parts = name.replace("\\", "/").split("/")
+    return bool(name) and not os.path.isabs(name) and all(p not in ("", ".", "..") for p in parts)
 
 
 def write_manifest(folder: Path, entries: dict[str, dict]) -> None:
@@ -99,7 +109,8 @@ def _blocked(target: Path, name: str) -> bool:
     return False
 
 
-def plan(staged: Path, target: Path, what: str, own: dict[str, dict]) -> tuple[list[str], list[str]]:
+def plan(staged: Path, target: Path, what: str, own: dict[str, dict],
+         prune: bool = True) -> tuple[list[str], list[str]]:
     """``(replaced, stale)`` names in ``target``; drops optional files the user has; refuses foreign ones."""
     foreign, replaced = [], []
     for name in files_in(staged):
@@ -121,18 +132,20 @@ def plan(staged: Path, target: Path, what: str, own: dict[str, dict]) -> tuple[l
                            f"Nothing was changed. Move them away, or save into a new folder (fastkit replaces "
                            f"only the files its {MANIFEST} lists).")
     new = set(files_in(staged))
-    stale = [n for n, e in own.items() if e.get("by") == what and n not in new and is_ours(target, n, own)]
+    stale = [n for n, e in own.items() if prune and e.get("by") == what and n not in new and is_ours(target, n, own)]
     return replaced, stale
 
 
-def commit(staged: Path, target: Path, what: str, backup: Path) -> None:
-    """Swap the files of ``staged`` into ``target`` (see the module docstring); ``backup`` is an empty folder."""
+def commit(staged: Path, target: Path, what: str, backup: Path, prune: bool = True) -> None:
+    """Swap the files of ``staged`` into ``target`` (see the module docstring); ``backup`` is an empty folder.
+
+    ``prune=False`` keeps an earlier save's files of the same kind (``save_gguf``: one .gguf per quantization)."""
     own = read_manifest(target) if target.is_dir() else {}
     if not target.exists():
         write_manifest(staged, entries_for(staged, what))
         os.replace(staged, target)  # a new folder: one rename
         return
-    replaced, stale = plan(staged, target, what, own)
+    replaced, stale = plan(staged, target, what, own, prune)
     new_entries = entries_for(staged, what)
     moved_aside, moved_in = [], []
     try:

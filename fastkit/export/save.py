@@ -309,7 +309,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     reference = None
     if check_verify:
         reference = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
-    with saving.staged_folder(path, "save_gguf", model) as tmp:
+    with saving.staged_folder(path, "save_gguf", model, prune=False) as tmp:  # other quantizations stay
         written = Path(_save_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
         if check_verify:
             quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),

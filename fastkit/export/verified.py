@@ -98,7 +98,7 @@ def scratch_sibling(path: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def staged_folder(path: Path, what: str, model: torch.nn.Module | None = None) -> Iterator[Path]:
+def staged_folder(path: Path, what: str, model: torch.nn.Module | None = None, prune: bool = True) -> Iterator[Path]:
     """Yield an empty temporary folder; on success its files go into ``path`` as :func:`fastkit.export.owned.commit`
     says: only the files this save wrote (and an earlier save's, per the folder's manifest) are replaced."""
     from fastkit.export.owned import commit, read_manifest
@@ -113,7 +113,7 @@ def staged_folder(path: Path, what: str, model: torch.nn.Module | None = None) -
         yield out
         backup = tmp / "old"
         backup.mkdir()
-        commit(out, path, what, backup)
+        commit(out, path, what, backup, prune)
 
 
 # -- verification --------------------------------------------------------------------------------------

@@ -131,11 +131,15 @@ def missing_pieces(trainer, folder: Path) -> list[str]:
     if not _has(folder, "scheduler.pt"):
         missing.append("scheduler.pt (the learning-rate schedule; without it transformers restores neither "
                        "the schedule nor the optimizer)")
-    if not _has(folder, "rng_state.pth", "rng_state_*.pth"):
-        missing.append("rng_state.pth (the random state: dropout and data order would differ)")
+    world = int(getattr(trainer.args, "world_size", 1) or 1)
+    rng = "rng_state.pth" if world == 1 else f"rng_state_{int(getattr(trainer.args, 'process_index', 0))}.pth"
+    if not _has(folder, rng):  # what transformers reads for this process (one per rank when distributed)
+        missing.append(f"{rng} (the random state: dropout and data order would differ)")
     if hasattr(trainer.model, "peft_config") and not _has(folder, "adapter_model.safetensors", "adapter_model.bin",
                                                           "pytorch_model_fsdp*"):
         missing.append("adapter_model.safetensors (the adapter weights)")
+    if hasattr(trainer.model, "peft_config") and not _has(folder, "adapter_config.json", "pytorch_model_fsdp*"):
+        missing.append("adapter_config.json (the adapter's configuration)")
     elif not hasattr(trainer.model, "peft_config") and not _has(folder, "model*.safetensors", "pytorch_model*"):
         missing.append("model.safetensors (the model weights)")
     return missing
