@@ -90,7 +90,12 @@ def source_folder(base: torch.nn.Module) -> str | None:
 def scratch_sibling(path: Path) -> Iterator[Path]:
     """An empty temporary folder beside ``path`` (same file system, so ``os.replace`` is a rename); removed after."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path.parent))
+    except PermissionError:  # "." in a folder whose parent is read-only: stage inside the folder itself
+        if not path.is_dir():
+            raise
+        tmp = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path))
     try:
         yield tmp
     finally:
