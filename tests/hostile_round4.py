@@ -231,6 +231,27 @@ def _inside_source(ctx):
     return Path(out)
 
 
+def _non_ascii_source(kind: str):
+    """A model loaded from a folder with a non-ASCII name, saved into another (the GGUF named after it)."""
+    def action(ctx):
+        from fastkit.families.twins import twin
+        from tests.helpers import save_twin
+
+        src = save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "模型 model")
+        model, tok = FastModel.from_pretrained(src, max_seq_length=64)
+        model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+        kw = {"name": None} if kind == "gguf" else {}
+        return Path(_save(kind, ctx.tmp / "导出", model=model, tok=tok, **kw))
+
+    def check(written, ctx):
+        folder = written.parent if written.suffix == ".gguf" else written
+        assert folder == ctx.tmp / "导出" and (folder / MANIFEST).is_file(), written
+        if kind == "gguf":
+            assert written.name == "模型-model-f16.gguf", written.name
+            assert (folder / "Modelfile").read_text(encoding="utf-8").startswith(f"FROM ./{written.name}")
+    return action, check
+
+
 def _bad_manifest(kind: str, content: bytes | None, needle: str = MANIFEST):
     def action(ctx):
         out = ctx.tmp / kind
@@ -423,6 +444,8 @@ def saves():
             action, check = _named(kind, name)
             short = {"x" * 250: "250_chars", "out/": "trailing_slash"}.get(name, name.encode().hex()[:12])
             out.append(Case(f"r4_save_{kind}_folder_name_{short}", action, check))
+        action, check = _non_ascii_source(kind)
+        out.append(Case(f"r4_save_{kind}_from_non_ascii_model_folder", action, check))
         action, check = _dot_target(kind)
         out.append(Case(f"r4_save_{kind}_dot_target_keeps_the_working_folder", action, check))
         action, check = _interrupted(kind, 2)

@@ -2,7 +2,8 @@
 
 Blocks of one file run in order in one namespace, like notebook cells, in a temporary working folder
 holding the files the examples name (:data:`GIVEN_FILES`). Offline, a Hub id loads as its tiny twin
-(``FastModel.from_pretrained(..., twin=True)``: same architecture and code path, random weights), and a
+(``FastModel.from_pretrained(..., twin=True)``: same architecture and code path, random weights), a
+``make_trainer(..., max_steps=N)`` runs at most :data:`MAX_STEPS` steps (the same code, a shorter run), and a
 block that starts from a model (``save_gguf(model, tokenizer, ...)``) gets a twin's as ``model`` /
 ``tokenizer``. A block that cannot run here is marked with ``<!-- not run: reason -->`` on the line
 before it; it is still compiled, and its imports are executed (so a renamed function still fails).
@@ -28,6 +29,7 @@ GIVEN_FILES = {"my_chats.jsonl": "\n".join(json.dumps({"messages": [
     {"role": "user", "content": f"What is {i} plus {i}?"}, {"role": "assistant", "content": f"{2 * i}."}]})
     for i in range(8)) + "\n"}
 """Files the examples read, as a user would have them."""
+MAX_STEPS = 3
 
 
 def code_blocks(path: Path) -> list[tuple[int, str, str | None]]:
@@ -66,6 +68,16 @@ def _offline_loads(monkeypatch) -> None:
         return real(name_or_path, *args, **kwargs)
 
     monkeypatch.setattr(FastModel, "from_pretrained", staticmethod(from_pretrained))
+    import fastkit.training
+
+    make_trainer = fastkit.training.make_trainer
+
+    def short_trainer(*args, **kwargs):
+        if isinstance(kwargs.get("max_steps"), int):
+            kwargs["max_steps"] = min(kwargs["max_steps"], MAX_STEPS)
+        return make_trainer(*args, **kwargs)
+
+    monkeypatch.setattr(fastkit.training, "make_trainer", short_trainer)
 
 
 def _given_names(code: str) -> set[str]:

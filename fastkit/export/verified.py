@@ -43,10 +43,11 @@ PARTIAL_PREFIX = ".fk-partial-"
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` as a plain file stem: no folders, no ``..``, no newlines or quotes (Modelfile injection)."""
+    """``name`` as a plain file stem: no folders, no ``..``, no newlines or quotes (Modelfile injection); letters
+    of any script stay (a model folder named ``模型`` gives ``模型-q8_0.gguf``)."""
     if not isinstance(name, str) or not name.strip():
         raise FastkitError(f"{what} must be a non-empty string, got {name!r}.")
-    clean = re.sub(r"[^A-Za-z0-9._+-]+", "-", name.strip()).strip(".-")
+    clean = re.sub(r"[^\w.+-]+", "-", name.strip()).strip(".-")  # letters and digits of any script kept
     if not clean:
         raise FastkitError(f"{what}={name!r} has no letters or digits to name a file with; pass e.g. name='my-model'.")
     if clean != name:

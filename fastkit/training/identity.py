@@ -200,7 +200,7 @@ CHECKPOINT_FILES = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt"
                     "adapter_config.json", "README.md", "model*.safetensors", "model.safetensors.index.json",
                     "pytorch_model*.bin", "config.json", "generation_config.json", "tokenizer*", "vocab.*",
                     "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-                    "fastkit_*.json", RUN_FILE)
+                    "fastkit_*", RUN_FILE)
 """File names the trainer (and fastkit) write into a checkpoint: a folder holding only these is a checkpoint."""
 
 
