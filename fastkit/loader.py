@@ -392,7 +392,7 @@ def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use
     """get_peft_model's options, each refused with its name before PEFT sees it."""
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise FastkitError(f"LoRA rank r must be a positive int, got {r!r}.")
-    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or lora_alpha <= 0:
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or not 0 < lora_alpha < float("inf"):
         raise FastkitError(f"lora_alpha must be a positive number, got {lora_alpha!r}.")
     if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
         raise FastkitError(f"lora_dropout must be a number in [0, 1), got {lora_dropout!r}.")

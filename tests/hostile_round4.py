@@ -468,11 +468,12 @@ def saves():
         Case("r4_save_lora_interrupted_at_first_move", *_interrupted("lora", 1)),
         Case("r4_save_lora_folder_name_255_bytes", *_named("lora", "y" * 255)),
         Case("r4_save_lora_folder_name_256_bytes_refused", lambda ctx: _save("lora", ctx.tmp / ("z" * 256)),
-             Raises(err, "256 bytes", "255")),
+             Raises(err, "over 255 bytes")),
         Case("r4_save_lora_dot_relative_name", *_named("lora", "my lora", cwd=True)),
     ]
-    for name, why in (("/tmp/evil-abs", "not a plain folder name"), ("..", "not a plain folder name"),
-                      ("a/b", "not a plain folder name"), ("../up", "not a plain folder name"),
+    # ("..", "../up": PEFT's module dict refuses a "." in an adapter name itself)
+    for name, why in (("/tmp/evil-abs", "not a plain folder name"), ("sub\\dir", "not a plain folder name"),
+                      ("a/b", "not a plain folder name"), ("/abs2/deeper", "not a plain folder name"),
                       (" padded", "not a plain folder name")):
         out.append(Case(f"r4_save_lora_adapter_name_{name.encode().hex()[:10]}_refused", _adapter_named(name),
                         lambda exc, ctx, why=why: why in str(exc) or (_ for _ in ()).throw(AssertionError(exc))))
@@ -776,7 +777,7 @@ def data():
              Raises(err, "split='train'", "chats.jsonl", "test.jsonl")),
         Case("r4_split_val_file_for_validation", _load_split({"train.jsonl": "tr", "val.jsonl": "va"}, "validation"),
              _only("va", 2)),
-        Case("r4_split_dev_file_for_validation", _load_split({"train.jsonl": "tr", "dev.json": "dv"}, "validation"),
+        Case("r4_split_dev_file_for_validation", _load_split({"train.jsonl": "tr", "dev.jsonl": "dv"}, "validation"),
              _only("dv", 2)),
         Case("r4_split_valid_alias", _load_split({"train.jsonl": "tr", "valid.jsonl": "vd"}, "valid"),
              _only("vd", 2)),
@@ -941,7 +942,8 @@ def adapters():
         Case("r4_hybrid_falcon_h1_default_targets", *_hybrid_default("falcon_h1")),
         Case("r4_hybrid_nemotron_h_default_targets", *_hybrid_default("nemotron_h")),
         Case("r4_llama_default_targets_still_all_linear", _llama_all_linear,
-             lambda t, ctx: {"q_proj", "down_proj"} <= t or (_ for _ in ()).throw(AssertionError(t))),
+             lambda t, ctx: {"q_proj", "down_proj"} <= {n.rsplit(".", 1)[-1] for n in t}
+             or (_ for _ in ()).throw(AssertionError(t))),
         Case("r4_merge_expert_lora_on_4bit_refused", _merge_nf4_directly, Raises(err, "stored 4-bit", "save_merged")),
         Case("r4_save_merged_4bit_experts_dequantizes_and_merges", _save_merged_nf4, _nf4_merged_ok),
     ]
