@@ -80,14 +80,13 @@ def _offline_loads(monkeypatch) -> None:
     monkeypatch.setattr(fastkit.training, "make_trainer", short_trainer)
 
 
-def _given_names(code: str) -> set[str]:
-    """Names a block uses without defining (``model``, ``tokenizer``: carried over from an earlier step)."""
+def _needs_a_model(code: str) -> bool:
+    """The block uses ``model`` / ``tokenizer`` without loading one (it continues an earlier step)."""
     tree = ast.parse(code)
-    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    stored |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-               for a in n.names}
-    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return loaded - stored
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    loads = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "from_pretrained"
+                for n in ast.walk(tree))
+    return bool(used & {"model", "tokenizer"}) and not loads
 
 
 def _imports_only(code: str) -> str:
@@ -109,6 +108,6 @@ def test_doc_code_blocks_run(doc: Path, tmp_path, monkeypatch):
         if reason is not None:
             exec(compile(_imports_only(code), where, "exec"), namespace)
             continue
-        if _given_names(code) & {"model", "tokenizer"} and "model" not in namespace:
+        if _needs_a_model(code) and "model" not in namespace:
             namespace["model"], namespace["tokenizer"] = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
         exec(compiled, namespace)
