@@ -404,8 +404,9 @@ def _manifest_write_fails(ctx):
         real(folder, entries)
 
     ctx.monkeypatch.setattr(owned, "write_manifest", fail)
+    _, other, other_tok = _local_model()  # other weights: files that differ, so a missing roll-back shows
     try:
-        _save("lora", out)
+        _save("lora", out, model=other, tok=other_tok)
     except OSError:
         return before, _hashes(out)
     raise AssertionError("no failure")
