@@ -100,6 +100,9 @@ def check_save_target(path: str | Path, what: str = "path") -> Path:
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise FastkitError(f"{what} must be a folder path, got {path!r}.")
     target = Path(os.path.expanduser(str(path)))
+    if any(len(os.fsencode(part)) > 255 for part in target.parts):
+        raise FastkitError(f"{what}: a folder name in {str(target)[:80]!r}... is over 255 bytes; file systems allow "
+                           "255. Pass a shorter name.")
     if target.exists() and not target.is_dir():
         raise FastkitError(f"{what}={str(target)!r} is an existing file, not a folder: the model would not be saved. "
                            "Pass a folder path (it is created if missing).")

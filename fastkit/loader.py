@@ -364,8 +364,8 @@ class FastModel:
         torch.manual_seed(random_state)
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             model = prepare_kbit_training(model)
-        lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
-                          bias=bias, task_type="CAUSAL_LM", **lora_kwargs)
+        lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, task_type="CAUSAL_LM",
+                          target_modules=_table_targets(model, target_modules), **lora_kwargs)
         peft_model = get_peft_model(model, lora)
         object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
         # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
@@ -392,7 +392,7 @@ def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use
     """get_peft_model's options, each refused with its name before PEFT sees it."""
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise FastkitError(f"LoRA rank r must be a positive int, got {r!r}.")
-    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or lora_alpha <= 0:
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or not 0 < lora_alpha < float("inf"):
         raise FastkitError(f"lora_alpha must be a positive number, got {lora_alpha!r}.")
     if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
         raise FastkitError(f"lora_dropout must be a number in [0, 1), got {lora_dropout!r}.")
@@ -408,8 +408,20 @@ def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use
                            f"{use_gradient_checkpointing!r}.")
 
 
+def _table_targets(model: torch.nn.Module, target_modules):
+    """``"all-linear"`` as the family's table row says (``ModelFacts.default_lora_targets``), else as given."""
+    facts = registry.facts_for(getattr(unwrap(model).config, "model_type", ""))
+    if target_modules == "all-linear" and facts is not None and facts.default_lora_targets:
+        return list(facts.default_lora_targets)
+    return target_modules
+
+
 def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
     """``model`` as is when its adapter is the one asked for; else a FastkitError naming the differences."""
+    if not hasattr(model, "active_adapter"):  # the base model inside a PeftModel (PEFT marks it with peft_config)
+        raise FastkitError("get_peft_model: this model already carries a LoRA adapter: it is the base inside the "
+                           "PEFT model an earlier get_peft_model call returned. Use that returned model (assign it: "
+                           "model = FastModel.get_peft_model(model, ...)), or re-load (FastModel.from_pretrained).")
     have = model.peft_config[model.active_adapter]
     diff = []
     for key, value in asked.items():

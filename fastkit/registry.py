@@ -128,6 +128,10 @@ class ModelFacts:
     stateful: tuple[str, ...] = ()
     """Class names of the layers that carry state along the sequence (linear attention, causal conv, SSM);
     the packing patch restarts each at every document start (:mod:`fastkit.patches.packing.state`)."""
+    default_lora_targets: tuple[str, ...] = ()
+    """``get_peft_model``'s targets for ``target_modules="all-linear"`` where PEFT's all-linear fails on this
+    family (empty: PEFT's all-linear). Mamba hybrids whose mixer PEFT refuses (``out_proj``: "incompatible with
+    Mamba-based models") list their attention / MLP projections."""
     varlen: str = ""
     """How those layers restart per document inside one CUDA kernel call, where the kernels transformers
     already uses are installed (:mod:`fastkit.patches.packing.varlen`): ``"gated_delta"`` (causal-conv1d
@@ -279,6 +283,7 @@ _CONV = "short causal conv restarts per document"
 _LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
             linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
 _MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+_ATTN_MLP_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
 MODEL_TABLE.update({f.model_type: f for f in [
     ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
@@ -293,6 +298,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
                twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
                          layer_types=["conv", "full_attention"])),
     ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
+               default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
                          mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
     ModelFacts("jamba", stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
@@ -303,6 +309,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
                          num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
     ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
+               default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
                          mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8)),
     ModelFacts("bamba", stateful=("BambaMixer",), varlen="mamba2", note=_MAMBA,

@@ -464,19 +464,24 @@ def saves():
         Case("r3_save_merged_dtype_int8", lambda ctx: _merged(ctx, dtype=torch.int8), Raises(err, "dtype=torch.int8")),
         Case("r3_save_merged_dtype_unknown", lambda ctx: _merged(ctx, dtype="fp8"), Raises(err, "dtype='fp8'")),
         Case("r3_save_merged_verify_string", lambda ctx: _merged(ctx, verify=1), Raises(err, "verify=1")),
-        Case("r3_save_merged_foreign_files_refused",
+        Case("r3_save_merged_foreign_files_kept",  # round 4 (issue 31): kept, not refused and not deleted
              lambda ctx: (_write(ctx, "merged/checkpoint-1/x.bin", b"x"), _merged(ctx))[1],
-             Raises(err, "already holds", "checkpoint-1")),
+             lambda out, ctx: _eq_bytes(ctx.tmp / "merged/checkpoint-1/x.bin", b"x")),
         Case("r3_save_merged_path_empty", lambda ctx: _save_to(ctx, ""), Raises(err, "path must be a folder path")),
         Case("r3_save_merged_path_none", lambda ctx: _save_to(ctx, None), Raises(err, "path must be a folder path")),
         Case("r3_save_merged_path_number", lambda ctx: _save_to(ctx, 3), Raises(err, "path must be a folder path")),
         Case("r3_save_lora_not_peft", lambda ctx: _lora_plain(ctx), Raises(err, "needs a PEFT model")),
-        Case("r3_save_lora_foreign_files_refused",
-             lambda ctx: (_write(ctx, "lora/notes.docx", b"x"), _lora(ctx))[1], Raises(err, "notes.docx")),
+        Case("r3_save_lora_foreign_files_kept",
+             lambda ctx: (_write(ctx, "lora/notes.docx", b"x"), _lora(ctx))[1],
+             lambda out, ctx: _eq_bytes(ctx.tmp / "lora/notes.docx", b"x")),
         Case("r3_save_merged_resized_vocab", lambda ctx: _resized(ctx), _resized_ok),
         Case("r3_save_merged_by_shard_interrupted_keeps_previous", _shard_interrupted, _shard_old_still_good),
     ]
     return [("saves", c) for c in out]
+
+
+def _eq_bytes(file, want):
+    assert Path(file).read_bytes() == want, file
 
 
 def _save_to(ctx, path):

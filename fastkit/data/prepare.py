@@ -2,7 +2,9 @@
 
 Every check here raises :class:`~fastkit.errors.FastkitError` with the field and the fix, before a
 single step runs: missing columns, an empty dataset, no chat template, every label masked, rows
-longer than ``max_seq_length``.
+longer than ``max_seq_length`` -- counted as TRL tokenizes them, the EOS it appends to ``text`` and
+string ``prompt``/``completion`` rows included (a row of exactly ``max_seq_length`` tokens plus that EOS
+is too long: packing would cut the EOS).
 
 Training data is turned into TRL's conversational prompt-completion form (``prompt``: the messages
 before the last assistant turn, ``completion``: that turn), so ``completion_only_loss`` trains on
@@ -80,17 +82,25 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     """(total tokens, trainable tokens) of one row, as TRL will tokenize it."""
     if "input_ids" in row:  # multi-turn chats, tokenized by fastkit.data.formats.tokenize_chats
         return len(row["input_ids"]), sum(row["completion_mask"])
-    if "text" in row:
-        n = len(tokenizer(row["text"])["input_ids"])
+    if "text" in row:  # TRL appends the EOS token to a text (when it does not end with it), then tokenizes
+        n = len(tokenizer(with_eos(row["text"], tokenizer))["input_ids"])
         return n, n
     prompt, completion = row["prompt"], row["completion"]
-    if isinstance(prompt, str):
-        c = len(tokenizer(completion)["input_ids"])
-        return len(tokenizer(prompt)["input_ids"]) + c, c
+    if isinstance(prompt, str):  # TRL: tokenizer(prompt + completion + EOS); the completion starts where they part
+        p = tokenizer(prompt)["input_ids"]
+        full = tokenizer(prompt + with_eos(completion, tokenizer))["input_ids"]
+        shared = next((i for i, (a, b) in enumerate(zip(p, full)) if a != b), min(len(p), len(full)))
+        return len(full), len(full) - shared
     p = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                           return_dict=True)["input_ids"])
     full = len(tokenizer.apply_chat_template(prompt + completion, tokenize=True, return_dict=True)["input_ids"])
     return full, max(full - p, 0) if completion else 0
+
+
+def with_eos(text: str, tokenizer) -> str:
+    """``text`` as TRL trains it: the tokenizer's EOS token appended unless it already ends with it."""
+    eos = tokenizer.eos_token or ""
+    return text if text.endswith(eos) else text + eos
 
 
 def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, drop_long: bool = False,

@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -259,9 +260,38 @@ def _from_folder(path: Path, split: str, where: str):
     if not files:
         raise FastkitError(f"{where}: folder {str(path)!r} holds no data files ({', '.join(DATA_SUFFIXES)}) and is "
                            "not a saved dataset (save_to_disk); point at a file.")
-    preferred = [p for p in files if p.name.lower().startswith(split)] or files
-    rows = [row for p in preferred for row in read_rows(p)]
+    rows = [row for p in split_files(files, split, path, where) for row in read_rows(p)]
     return rows_to_dataset(rows, where=str(path))
+
+
+SPLIT_WORDS = {"train": ("train", "training"), "validation": ("validation", "valid", "val", "dev"),
+               "test": ("test", "testing", "eval", "evaluation")}
+"""The words a data file's name holds to belong to a split (Hugging Face's convention for data folders)."""
+
+
+def _split_of(file: Path) -> str | None:
+    """The split ``file``'s name says (``train-00000.jsonl``, ``my_val.json``, ``data.test.csv``), or None."""
+    words = set(re.split(r"[-._ 0-9]+", file.name.lower()))
+    return next((split for split, names in SPLIT_WORDS.items() if words & set(names)), None)
+
+
+def split_files(files: list[Path], split: str, folder: Path, where: str) -> list[Path]:
+    """The files of ``folder`` that hold ``split``: those named for it; a folder with no split-named file at
+    all is all ``train``. Otherwise a FastkitError listing the files (never another split's rows)."""
+    if not isinstance(split, str) or not split.strip():
+        raise FastkitError(f"{where}: split must be a split name such as 'train', got {split!r}.")
+    asked = next((name for name, words in SPLIT_WORDS.items() if split.lower() in words), split.lower())
+    named = {p: _split_of(p) for p in files}
+    if not any(named.values()) and asked == "train":
+        return files  # no file names a split: the whole folder is the training data
+    chosen = [p for p in files if named[p] == asked or (named[p] is None and split.lower() in
+                                                        re.split(r"[-._ 0-9]+", p.name.lower()))]
+    if not chosen:
+        listed = ", ".join(p.name for p in files[:8]) + (" ..." if len(files) > 8 else "")
+        raise FastkitError(f"{where}: folder {str(folder)!r} has no file named for split={split!r} (its data files: "
+                           f"{listed}). Name the file after the split (e.g. {asked}.jsonl), or point at the file "
+                           "itself; fastkit does not read another split's rows in its place.")
+    return chosen
 
 
 def _refuse_nested(rows: list[dict], where: str) -> None:

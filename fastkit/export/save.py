@@ -90,8 +90,9 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
         raise FastkitError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full "
                            "weights.")
     path = checks.check_save_target(path)
+    _check_adapter_names(model)
     check_verify = saving.should_verify(model, None, verify, "save_lora")
-    with saving.staged_folder(path, "save_lora") as tmp:
+    with saving.staged_folder(path, "save_lora", model) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         checks.check_saved(tmp, "*.safetensors", "save_lora")
         from fastkit.patches.moe.peft_format import add_to_peft_adapter
@@ -102,6 +103,16 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
         if check_verify:
             _verify_adapter(model, tmp)
     return str(path)
+
+
+def _check_adapter_names(model: torch.nn.Module) -> None:
+    """PEFT writes an adapter other than ``default`` into ``path/<name>``: each name must stay inside ``path``."""
+    for name in model.peft_config:
+        if (not isinstance(name, str) or not name or name in (".", "..") or os.path.isabs(name)
+                or any(c in name for c in ("/", "\\", "\0")) or name != name.strip()):
+            raise FastkitError(f"save_lora: the adapter name {name!r} is not a plain folder name (PEFT writes a "
+                               "non-default adapter into path/<name>, so it could land outside the output folder). "
+                               "Give adapters names like 'default' or 'math_v2'.")
 
 
 def _verify_adapter(model: torch.nn.Module, folder: Path) -> None:
@@ -216,7 +227,7 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torc
     reference = None
     if check_verify:  # before writing: the in-memory model's own logits, adapters active
         reference = saving.logits_of(model, saving.probe_ids(base.get_input_embeddings().weight.shape[0]))
-    with saving.staged_folder(path, "save_merged") as tmp:
+    with saving.staged_folder(path, "save_merged", model) as tmp:
         _write_merged(model, tmp, dtype, can_merge_shards(model, base.config.name_or_path), quantized)
         checks.check_saved(tmp, "*.safetensors", "save_merged")
         tokenizer.save_pretrained(str(tmp))
@@ -263,12 +274,17 @@ def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
         merged = copy.deepcopy(model, memo)
     finally:
         model.to(device)
-    from fastkit.patches.moe.lora import merge_expert_lora
+    from fastkit.patches.moe.lora import add_expert_deltas, expert_deltas, merge_expert_lora
+    from fastkit.patches.moe.nf4 import has_4bit_experts
 
-    merge_expert_lora(merged)  # fastkit expert LoRA (if any) folds into the expert weights
+    deltas = expert_deltas(merged) if has_4bit_experts(merged) else None  # 4-bit: added once dequantized
+    if deltas is None:
+        merge_expert_lora(merged)  # fastkit expert LoRA (if any) folds into the expert weights
     if hasattr(merged, "merge_and_unload"):
         merged = merged.merge_and_unload()
     revert(merged)  # saved weights are plain transformers: no fastkit patches travel with them
+    if deltas is not None:
+        add_expert_deltas(merged, deltas)  # 4-bit experts dequantized (by revert, or here), then the update
     return merged
 
 
@@ -281,7 +297,8 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
 
     Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
     transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
-    quantization's tolerance), then each file replaces its earlier version with ``os.replace``. ``name``
+    quantization's tolerance), then each file replaces its earlier version with ``os.replace`` (other files in
+    ``path``, a merged model saved there included, are kept: :mod:`fastkit.export.owned`). ``name``
     is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
     """
     from fastkit.export.gguf import save_gguf as _save_gguf
@@ -292,17 +309,14 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     reference = None
     if check_verify:
         reference = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
-    with saving.scratch_sibling(path) as tmp:
+    with saving.staged_folder(path, "save_gguf", model, prune=False) as tmp:  # other quantizations stay
         written = Path(_save_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
         if check_verify:
             quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
                                                                                       "is_loaded_in_8bit", False)
             tol = float("inf") if quantized else saving.TOLERANCE.get(quantization, saving.TOLERANCE["q4_0"])
             saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf", reference=reference)
-        path.mkdir(parents=True, exist_ok=True)
-        for file in (written, tmp / "Modelfile"):  # each file replaces its earlier version atomically
-            os.replace(file, path / file.name)
-    return str(path / written.name)
+    return str(saving.output_folder(path, "save_gguf") / written.name)
 
 
 def _reload_gguf(file: Path, config) -> torch.nn.Module:

@@ -3,9 +3,11 @@
 Every save (1) writes into a temporary sibling of its output (a hidden ``.<name>.partial-*`` folder
 next to it), (2) reloads what was written with the reader its users have (transformers, PEFT, the
 GGUF reader) and compares the logits on a probe batch with the in-memory model, and only then (3)
-swaps the new output in with ``os.replace``. A crash, a Ctrl-C or a failed check at any point leaves
-the previous output exactly as it was (and the partial folder removed). Output names are sanitized so
-nothing is written outside the folder asked for.
+moves the files it wrote into the output folder (:mod:`fastkit.export.owned`: only files fastkit wrote
+there before are replaced; every other file is kept byte-identical, and a save that would overwrite
+one is refused, naming it). A crash, a Ctrl-C or a failed check at any point leaves the previous
+output exactly as it was (and the partial folder removed). Output names are sanitized so nothing is
+written outside the folder asked for, and nothing is saved into the folder the model was loaded from.
 
 Tolerances (:data:`TOLERANCE`) are relative: ``max|Δlogit| <= tol * max|logit|``. Measured on twins
 and SmolLM2-135M (tests/test_gguf_export.py): f16 2e-4, bf16 2e-3, q8_0 6e-3 (SmolLM2: 3e-2), q4_0 9e-2
@@ -22,7 +24,6 @@ import os
 import re
 import shutil
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,15 +38,16 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2,
              "f16": 1e-2, "bf16": 4e-2, "q8_0": 8e-2, "q6_k": 0.1, "q5_k_m": 0.15, "q4_0": 0.3, "q4_k_m": 0.3}
 """Allowed ``max|Δlogit| / max|logit|`` between the reloaded output and the in-memory model, per saved type."""
 
-SAVED_FILES = re.compile(r"(.*\.(safetensors|json|jinja|txt|model|gguf|md|bin)|Modelfile|\.gitattributes)$")
-"""Files a save writes: an existing output folder holding anything else is not swapped (it is the user's)."""
+PARTIAL_PREFIX = ".fk-partial-"
+"""Prefix of the temporary sibling a save writes into (short: a 255-byte folder name still fits beside it)."""
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` as a plain file stem: no folders, no ``..``, no newlines or quotes (Modelfile injection)."""
+    """``name`` as a plain file stem: no folders, no ``..``, no newlines or quotes (Modelfile injection); letters
+    of any script stay (a model folder named ``模型`` gives ``模型-q8_0.gguf``)."""
     if not isinstance(name, str) or not name.strip():
         raise FastkitError(f"{what} must be a non-empty string, got {name!r}.")
-    clean = re.sub(r"[^A-Za-z0-9._+-]+", "-", name.strip()).strip(".-")
+    clean = re.sub(r"[^\w.+-]+", "-", name.strip()).strip(".-")  # letters and digits of any script kept
     if not clean:
         raise FastkitError(f"{what}={name!r} has no letters or digits to name a file with; pass e.g. name='my-model'.")
     if clean != name:
@@ -53,22 +55,48 @@ def safe_name(name: str, what: str = "name") -> str:
     return clean
 
 
-def check_replaceable(path: Path, what: str) -> None:
-    """An existing output folder is swapped whole: refuse one that holds files a save did not write."""
-    if not path.is_dir():
+def output_folder(path: Path, what: str) -> Path:
+    """The absolute output folder (``"."`` and ``~`` resolved); refuses a root or a name the file system cannot hold."""
+    target = Path(os.path.abspath(path))
+    if target.parent == target:
+        raise FastkitError(f"{what}(path={str(path)!r}) is the root of a file system; pass a folder inside it.")
+    if len(os.fsencode(target.name)) > 255:
+        raise FastkitError(f"{what}: the folder name is {len(os.fsencode(target.name))} bytes; file systems allow "
+                           "255. Pass a shorter name.")
+    return target
+
+
+def check_not_source(model: torch.nn.Module | None, path: Path, what: str) -> None:
+    """Refuse to save into the folder ``model`` was loaded from (its weights would be overwritten or mixed)."""
+    if model is None:
         return
-    foreign = sorted(p.name for p in path.iterdir() if p.is_dir() or not SAVED_FILES.fullmatch(p.name))
-    if foreign:
-        raise FastkitError(f"{what}(path={str(path)!r}): the folder already holds {foreign[:3]} which a save does "
-                           "not write; it would be replaced whole. Pass a new or empty folder (or the folder of "
-                           "an earlier save).")
+    from fastkit.patching import unwrap
+
+    source = source_folder(unwrap(model))
+    if source is not None and os.path.exists(path) and os.path.samefile(source, path):
+        raise FastkitError(f"{what}(path={str(path)!r}) is the folder this model was loaded from; a save there "
+                           "would overwrite or mix with its weights. Save into another folder.")
+
+
+def source_folder(base: torch.nn.Module) -> str | None:
+    """The local folder the model's weights were read from (``config.name_or_path``), or None (Hub id, twin)."""
+    name = str(getattr(getattr(base, "config", None), "name_or_path", "") or "")
+    name = os.path.expanduser(name)
+    if name and os.path.isfile(name):
+        name = os.path.dirname(os.path.abspath(name))
+    return name if name and os.path.isdir(name) else None
 
 
 @contextmanager
 def scratch_sibling(path: Path) -> Iterator[Path]:
     """An empty temporary folder beside ``path`` (same file system, so ``os.replace`` is a rename); removed after."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path.parent))
+    except PermissionError:  # "." in a folder whose parent is read-only: stage inside the folder itself
+        if not path.is_dir():
+            raise
+        tmp = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path))
     try:
         yield tmp
     finally:
@@ -76,29 +104,22 @@ def scratch_sibling(path: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def staged_folder(path: Path, what: str) -> Iterator[Path]:
-    """Yield an empty temporary sibling of ``path``; on success it replaces ``path`` (see the module docstring)."""
-    check_replaceable(path, what)
+def staged_folder(path: Path, what: str, model: torch.nn.Module | None = None, prune: bool = True) -> Iterator[Path]:
+    """Yield an empty temporary folder; on success its files go into ``path`` as :func:`fastkit.export.owned.commit`
+    says: only the files this save wrote (and an earlier save's, per the folder's manifest) are replaced."""
+    from fastkit.export.owned import commit, read_manifest
+
+    path = output_folder(path, what)
+    check_not_source(model, path, what)
+    if path.is_dir():
+        read_manifest(path)  # an unreadable manifest is refused before any work
     with scratch_sibling(path) as tmp:
-        out = tmp / path.name
+        out = tmp / "out"
         out.mkdir()
         yield out
-        swap_in(out, path)  # a rename within the same parent folder
-
-
-def swap_in(tmp: Path, path: Path) -> None:
-    """Move ``tmp`` to ``path``; an old ``path`` is renamed aside first and removed only after the move."""
-    if not path.exists():
-        os.replace(tmp, path)
-        return
-    old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-    os.replace(path, old)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        os.replace(old, path)  # put the previous output back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        backup = tmp / "old"
+        backup.mkdir()
+        commit(out, path, what, backup, prune)
 
 
 # -- verification --------------------------------------------------------------------------------------
@@ -183,5 +204,5 @@ def verify_reload(model: torch.nn.Module, load: Callable[[], torch.nn.Module], t
     return err
 
 
-__all__ = ["TOLERANCE", "check_replaceable", "compare_logits", "logits_of", "probe_ids", "safe_name",
-           "scratch_sibling", "should_verify", "staged_folder", "swap_in", "verify_reload"]
+__all__ = ["TOLERANCE", "check_not_source", "compare_logits", "logits_of", "output_folder", "probe_ids",
+           "safe_name", "scratch_sibling", "should_verify", "source_folder", "staged_folder", "verify_reload"]

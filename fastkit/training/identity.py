@@ -4,8 +4,9 @@ A run's identity is the model (name, family, sizes), the adapter config, a finge
 data as the trainer sees it (token ids), and the hyperparameters that shape the trajectory (learning
 rate and schedule, steps, batch, seed, precision, packing). :class:`RunGuard` writes it into every
 checkpoint (``fastkit_run.json``); :func:`check_resumable` compares a checkpoint's with the current
-run's and refuses, naming each difference, a checkpoint from another run, one without optimizer state,
-and one that ends a finished run (resuming it would train past ``max_steps``).
+run's and refuses, naming each difference, a checkpoint from another run, an incomplete one (optimizer,
+scheduler, RNG state, trainer state, adapter weights, a parsable run file: :func:`check_complete`), and
+one that ends a finished run (resuming it would train past ``max_steps``).
 
 :class:`RunGuard` also stops a run whose logged loss or gradient norm is not finite (the weights are
 no use from that step on) and :func:`fit` raises its message; on fp16 it names the likely cause.
@@ -106,19 +107,11 @@ def checkpoint_step(folder: str | Path) -> int:
 
 
 def check_resumable(trainer, folder: str | Path) -> None:
-    """Raise unless ``folder`` is a checkpoint of this very run, with its optimizer state, not yet finished."""
+    """Raise unless ``folder`` is a complete checkpoint of this very run, not yet finished."""
     folder = Path(folder)
     name = folder.name
-    if not any((folder / f).is_file() for f in OPTIMIZER_FILES):
-        raise FastkitError(f"resume=True: {name} in {str(folder.parent)!r} has no optimizer state (optimizer.pt); "
-                           "resuming would restart AdamW from zero and train a different run. Resume from a "
-                           "complete checkpoint, or pass resume=False for a new run.")
-    run_file = folder / RUN_FILE
-    if not run_file.is_file():
-        raise FastkitError(f"resume=True: {name} has no {RUN_FILE} (it was not written by fastkit.fit), so it "
-                           "cannot be confirmed to be this run's. Pass resume=False for a new run, or "
-                           "trainer.train(resume_from_checkpoint=...) to continue it anyway.")
-    saved = json.loads(run_file.read_text())
+    check_complete(trainer, folder)
+    saved = read_run_file(folder)
     diff = differences(saved, run_identity(trainer))
     if diff:
         raise FastkitError(f"resume=True: {name} is from a different run ({'; '.join(diff[:4])}"
@@ -128,6 +121,69 @@ def check_resumable(trainer, folder: str | Path) -> None:
     if max_steps > 0 and step >= max_steps:
         raise FastkitError(f"resume=True: {name} ends a finished run (step {step} of max_steps={max_steps}); there "
                            "is nothing left to train. Use the saved model, or pass resume=False for a new run.")
+
+
+def _has(folder: Path, *patterns: str) -> bool:
+    return any(any(folder.glob(p)) for p in patterns)
+
+
+def missing_pieces(trainer, folder: Path) -> list[str]:
+    """What a checkpoint needs for the trainer to restore the run exactly, and ``folder`` lacks (in words)."""
+    missing = []
+    if not _has(folder, "scheduler.pt"):
+        missing.append("scheduler.pt (the learning-rate schedule; without it transformers restores neither "
+                       "the schedule nor the optimizer)")
+    world = int(getattr(trainer.args, "world_size", 1) or 1)
+    rng = "rng_state.pth" if world == 1 else f"rng_state_{int(getattr(trainer.args, 'process_index', 0))}.pth"
+    if not _has(folder, rng):  # what transformers reads for this process (one per rank when distributed)
+        missing.append(f"{rng} (the random state: dropout and data order would differ)")
+    if hasattr(trainer.model, "peft_config") and not _has(folder, "adapter_model.safetensors", "adapter_model.bin",
+                                                          "pytorch_model_fsdp*"):
+        missing.append("adapter_model.safetensors (the adapter weights)")
+    if hasattr(trainer.model, "peft_config") and not _has(folder, "adapter_config.json", "pytorch_model_fsdp*"):
+        missing.append("adapter_config.json (the adapter's configuration)")
+    elif not hasattr(trainer.model, "peft_config") and not _has(folder, "model*.safetensors", "pytorch_model*"):
+        missing.append("model.safetensors (the model weights)")
+    return missing
+
+
+def check_complete(trainer, folder: Path) -> None:
+    """Refuse a checkpoint missing any piece of the run's state, naming it, before the trainer reads it."""
+    name = f"{folder.name} in {str(folder.parent)!r}"
+    if not _has(folder, *OPTIMIZER_FILES, "optimizer_*"):
+        raise FastkitError(f"resume=True: {name} has no optimizer state (optimizer.pt); resuming would restart AdamW "
+                           "from zero and train a different run. Resume from a complete checkpoint, or pass "
+                           "resume=False for a new run.")
+    _read_json(folder / "trainer_state.json", name, "the step, logs and data position")
+    missing = missing_pieces(trainer, folder)
+    if missing:
+        raise FastkitError(f"resume=True: {name} is incomplete (an interrupted save, or files moved): missing "
+                           f"{'; '.join(missing)}. Resume from an earlier, complete checkpoint (delete this one), "
+                           "or pass resume=False for a new run.")
+
+
+def _read_json(file: Path, name: str, what: str) -> dict:
+    if not file.is_file():
+        raise FastkitError(f"resume=True: {name} has no {file.name} ({what}); it is incomplete. Resume from an "
+                           "earlier, complete checkpoint, or pass resume=False for a new run.")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FastkitError(f"resume=True: {name}: {file.name} is not valid JSON ({exc}; truncated by an interrupted "
+                           "save?). Resume from an earlier checkpoint, or pass resume=False for a new run.") from exc
+    if not isinstance(data, dict):
+        raise FastkitError(f"resume=True: {name}: {file.name} holds {type(data).__name__}, not an object; it was "
+                           "not written by this run. Pass resume=False for a new run.")
+    return data
+
+
+def read_run_file(folder: Path) -> dict:
+    """The run identity stored in checkpoint ``folder`` (:data:`RUN_FILE`), refused clearly when unreadable."""
+    if not (folder / RUN_FILE).is_file():
+        raise FastkitError(f"resume=True: {folder.name} has no {RUN_FILE} (it was not written by fastkit.fit), so it "
+                           "cannot be confirmed to be this run's. Pass resume=False for a new run, or "
+                           "trainer.train(resume_from_checkpoint=...) to continue it anyway.")
+    return _read_json(folder / RUN_FILE, folder.name, "fastkit's record of the run")
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -140,27 +196,86 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
 
 
+PREVIOUS_RUN = "previous-run"
+CHECKPOINT_FILES = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "rng_state*.pth",
+                    "trainer_state.json", "training_args.bin", "adapter_model.safetensors", "adapter_model.bin",
+                    "adapter_config.json", "README.md", "model*.safetensors", "model.safetensors.index.json",
+                    "pytorch_model*.bin", "config.json", "generation_config.json", "tokenizer*", "vocab.*",
+                    "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                    "fastkit_*", RUN_FILE)
+"""File names the trainer (and fastkit) write into a checkpoint: a folder holding only these is a checkpoint."""
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """The files under ``folder`` that are not a checkpoint's own (empty: ``folder`` is purely a checkpoint)."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()
+                  and (p.parent != folder or p.is_symlink() or not any(p.match(n) for n in CHECKPOINT_FILES)))
+
+
 def set_aside_old_checkpoints(output_dir: str | Path) -> None:
-    """A new run: earlier checkpoints move to ``output_dir/previous-run`` (the trainer's rotation would mix them)."""
+    """A new run: earlier checkpoints move to ``output_dir/previous-run`` (the trainer's rotation would mix them).
+
+    The checkpoints an older run left in ``previous-run`` are removed only when they hold nothing but a
+    checkpoint's files (:data:`CHECKPOINT_FILES`); anything else there (a user's notes, a checkpoint with
+    a file added) is kept as it is and named in the log, and a checkpoint that would collide with a kept
+    one moves in under a new name.
+    """
     old = checkpoints(output_dir)
     if not old:
         return
-    aside = Path(output_dir) / "previous-run"
-    if aside.exists():
-        import shutil
-
-        shutil.rmtree(aside)
-    aside.mkdir()
+    aside = Path(output_dir) / PREVIOUS_RUN
+    if aside.exists() and not aside.is_dir() or aside.is_symlink():
+        raise FastkitError(f"A new run moves the previous run's checkpoints to {str(aside)!r}, which is a file (or "
+                           "link) fastkit did not make. Move it away, or pass resume=True to continue that run.")
+    kept = _clear_previous_run(aside)
+    aside.mkdir(exist_ok=True)
     for p in old:
-        os.replace(p, aside / p.name)
+        os.replace(p, _free_name(aside / p.name))
     logger.info("fastkit: new run; %d checkpoint(s) of the previous run in %s moved to %s (fit(trainer, "
-                "resume=True) continues a run instead)", len(old), output_dir, aside)
+                "resume=True) continues a run instead)%s", len(old), output_dir, aside,
+                f"; kept there as they are (not a checkpoint's files): {kept[:5]}" if kept else "")
+
+
+def _clear_previous_run(aside: Path) -> list[str]:
+    """Remove the pure checkpoints in ``aside``; returns the names of what is kept."""
+    import shutil
+
+    if not aside.is_dir():
+        return []
+    kept = []
+    for entry in sorted(aside.iterdir()):
+        if entry.is_dir() and not entry.is_symlink() and entry.name.startswith("checkpoint-") \
+                and not foreign_files(entry):
+            shutil.rmtree(entry)
+        else:
+            kept.append(entry.name)
+    return kept
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path-1``, ``path-2``... when something is already there."""
+    candidate, n = path, 0
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def check_trainable(model) -> None:
+    """Refuse, before the first step, a model with nothing to train (it would fail at the first backward)."""
+    if any(p.requires_grad for p in model.parameters()):
+        return
+    hint = (" load_lora(model, path, is_trainable=False) loads an adapter for inference only; load it with "
+            "is_trainable=True to go on training it." if hasattr(model, "peft_config") else
+            " Add LoRA adapters first (FastModel.get_peft_model).")
+    raise FastkitError(f"fit: no parameter of the model is trainable (every requires_grad is False).{hint}")
 
 
 class RunGuard(TrainerCallback):
     """Writes the run identity into each checkpoint; stops a run whose loss or gradient norm is not finite."""
 
     def __init__(self, trainer, note: str):
+        check_trainable(trainer.model)
         self.identity = run_identity(trainer)
         self.note = note
         self.problem: str | None = None
@@ -192,5 +307,5 @@ def non_finite_message(key: str, value: float, step: int, args) -> str:
             f"(no checkpoint was written for it).{why}")
 
 
-__all__ = ["RUN_FILE", "RunGuard", "check_resumable", "checkpoints", "data_fingerprint", "differences",
-           "run_identity", "set_aside_old_checkpoints"]
+__all__ = ["RUN_FILE", "RunGuard", "check_complete", "check_resumable", "checkpoints", "data_fingerprint",
+           "differences", "missing_pieces", "read_run_file", "run_identity", "set_aside_old_checkpoints"]

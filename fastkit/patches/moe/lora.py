@@ -136,6 +136,19 @@ def _ensure_moe_patch(base: nn.Module) -> None:
         raise FastkitError(f"LoRA on experts needs fastkit's MoE patch, which does not apply here: {why}.")
 
 
+def check_expert_lora_options(r, lora_alpha, lora_dropout, use_rslora, dtype) -> None:
+    """The checks ``get_peft_model`` makes (the same messages), before anything is attached."""
+    from fastkit.loader import check_lora_options
+
+    check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules="all-linear",
+                       bias="none", use_gradient_checkpointing=False)
+    if not isinstance(use_rslora, bool):
+        raise FastkitError(f"use_rslora must be True or False, got {use_rslora!r}.")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise FastkitError(f"dtype must be None or a floating torch.dtype (torch.float32, torch.bfloat16), got "
+                           f"{dtype!r}.")
+
+
 def add_expert_lora(model: nn.Module, r: int = 16, lora_alpha: float = 16, lora_dropout: float = 0.0,
                     use_rslora: bool = False, dtype: torch.dtype | None = None) -> list[str]:
     """Attach trainable LoRA factors to every experts module; returns their qualified names.
@@ -144,10 +157,7 @@ def add_expert_lora(model: nn.Module, r: int = 16, lora_alpha: float = 16, lora_
     freezes everything it did not create). Applies fastkit's ``moe`` patch first if needed. Calling it
     again keeps the existing factors and marks them trainable again.
     """
-    if r <= 0:
-        raise FastkitError(f"Expert LoRA rank r must be positive, got {r}.")
-    if not 0.0 <= lora_dropout < 1.0:
-        raise FastkitError(f"lora_dropout must be in [0, 1), got {lora_dropout}.")
+    check_expert_lora_options(r, lora_alpha, lora_dropout, use_rslora, dtype)
     base = unwrap(model)
     if not experts_modules(base):
         raise FastkitError(f"{type(base).__name__} has no @use_experts_implementation experts module to adapt.")
@@ -212,6 +222,11 @@ def save_expert_lora(model: nn.Module, directory: str) -> str:
 def merge_expert_lora(model: nn.Module) -> list[str]:
     """Fold ``s·B·A`` into the expert weights and remove the factors (for export). Returns module names."""
     base = unwrap(model)
+    four_bit = [f"{name}.{proj}" for name, proj in expert_deltas(base, compute=False)
+                if not isinstance(getattr(dict(experts_modules(base))[name], proj), torch.Tensor)]
+    if four_bit:
+        raise FastkitError(f"merge_expert_lora: {four_bit[0]} is stored 4-bit; adding the update to 4-bit codes "
+                           "would round it away. save_merged merges into the dequantized experts instead.")
     merged = []
     for name, m in experts_modules(base):
         lora = getattr(m, LORA_ATTR, None)
@@ -224,6 +239,33 @@ def merge_expert_lora(model: nn.Module) -> list[str]:
         merged.append(name)
     revert(base, [PATCH_NAME])
     return merged
+
+
+def expert_deltas(model: nn.Module, compute: bool = True) -> dict[tuple[str, str], torch.Tensor | None]:
+    """``{(experts module name, projection): s·B·A}`` in the weight's stored layout (None when not ``compute``)."""
+    out = {}
+    for name, m in experts_modules(unwrap(model)):
+        lora = getattr(m, LORA_ATTR, None)
+        if isinstance(lora, ExpertLoRA):
+            for proj in lora.targets:
+                d = lora.delta(proj).detach() if compute else None  # (E, out, in)
+                out[(name, proj)] = d.transpose(-2, -1) if d is not None and m.is_transposed else d
+    return out
+
+
+def add_expert_deltas(model: nn.Module, deltas: dict[tuple[str, str], torch.Tensor]) -> None:
+    """Add :func:`expert_deltas` to plain expert weights; 4-bit ones (:class:`NF4Experts`) are dequantized first."""
+    modules = dict(unwrap(model).named_modules())
+    for (name, proj), delta in deltas.items():
+        m = modules[name]
+        w = getattr(m, proj)
+        if not isinstance(w, torch.Tensor):  # NF4Experts: the values it holds, as a plain parameter
+            full = w.dequantize()  # (E, a, b) stored layout
+            delattr(m, proj)
+            m.register_parameter(proj, nn.Parameter(full, requires_grad=False))
+            w = getattr(m, proj)
+        with torch.no_grad():
+            w.add_(delta.to(device=w.device, dtype=w.dtype))
 
 
 def factors_from_peft(peft_model: nn.Module, model: nn.Module) -> int:
