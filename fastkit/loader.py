@@ -356,7 +356,7 @@ class FastModel:
         """
         from peft import LoraConfig, get_peft_model
 
-        check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+        checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                            bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
         if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
             return _same_adapter(model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
@@ -386,26 +386,6 @@ class FastModel:
 
 
 ASKED_TARGETS = "fastkit_target_modules"  # on the LoraConfig: target_modules as asked (PEFT resolves 'all-linear')
-
-
-def check_lora_options(*, r, lora_alpha, lora_dropout, target_modules, bias, use_gradient_checkpointing) -> None:
-    """get_peft_model's options, each refused with its name before PEFT sees it."""
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise FastkitError(f"LoRA rank r must be a positive int, got {r!r}.")
-    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or not 0 < lora_alpha < float("inf"):
-        raise FastkitError(f"lora_alpha must be a positive number, got {lora_alpha!r}.")
-    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
-        raise FastkitError(f"lora_dropout must be a number in [0, 1), got {lora_dropout!r}.")
-    if not (target_modules == "all-linear" or isinstance(target_modules, str) and target_modules
-            or isinstance(target_modules, (list, tuple, set)) and target_modules
-            and all(isinstance(t, str) and t for t in target_modules)):
-        raise FastkitError(f"target_modules must be 'all-linear', a module name / regex, or a non-empty list of "
-                           f"module names, got {target_modules!r}.")
-    if bias not in ("none", "all", "lora_only"):
-        raise FastkitError(f"bias must be 'none', 'all' or 'lora_only', got {bias!r}.")
-    if use_gradient_checkpointing not in (True, False, "offload", "auto", "unsloth"):
-        raise FastkitError(f"use_gradient_checkpointing must be 'auto', True, False or 'offload', got "
-                           f"{use_gradient_checkpointing!r}.")
 
 
 def _table_targets(model: torch.nn.Module, target_modules):

@@ -138,7 +138,7 @@ def _ensure_moe_patch(base: nn.Module) -> None:
 
 def check_expert_lora_options(r, lora_alpha, lora_dropout, use_rslora, dtype) -> None:
     """The checks ``get_peft_model`` makes (the same messages), before anything is attached."""
-    from fastkit.loader import check_lora_options
+    from fastkit.checks import check_lora_options
 
     check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules="all-linear",
                        bias="none", use_gradient_checkpointing=False)
