@@ -129,8 +129,14 @@ def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
     assert field("tokenizer.ggml.pre") == "qwen2"
     assert len(reader.fields["tokenizer.ggml.merges"].data) == len(json.loads(tok.backend_tokenizer.to_str())[
         "model"]["merges"]) > 0
-    # No TEMPLATE: Ollama then uses the template embedded above; stop on the template's end-of-turn token.
-    assert (tmp_path / "Modelfile").read_text() == 'FROM ./tiny-q8_0.gguf\nPARAMETER stop "<|im_end|>"\n'
+    # A TEMPLATE (Ollama ignores the embedded Jinja; tests/test_modelfile.py renders it in Go), then the stop token.
+    from fastkit.export.modelfile import chat_layout, go_template
+
+    template = go_template(chat_layout(tok)[0])
+    assert (tmp_path / "Modelfile").read_text() == (
+        "FROM ./tiny-q8_0.gguf\n# differs from apply_chat_template: two system messages: Ollama joins consecutive "
+        f'messages of one role with a blank line before the template runs\nTEMPLATE """{template}"""\n'
+        'PARAMETER stop "<|im_end|>"\n')
 
 
 def test_pre_tokenizer_names_llama_cpp_knows():
@@ -169,7 +175,7 @@ def test_tokenizer_llama_cpp_cannot_load_is_refused(tmp_path):
 
 
 def test_stop_tokens_come_from_the_template():
-    from fastkit.export.gguf_vocab import modelfile, stop_tokens
+    from fastkit.export.modelfile import modelfile, stop_tokens
 
     tok = twin_bpe_tokenizer()
     assert stop_tokens(tok) == ["<|im_end|>"]
@@ -177,7 +183,7 @@ def test_stop_tokens_come_from_the_template():
     tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|eot_id|>\n{% endfor %}"
     tok.eos_token = "<|im_end|>"
     assert stop_tokens(tok) == ["<|eot_id|>", "<|im_end|>"]  # the turn's end first, then EOS
-    assert "TEMPLATE" not in modelfile(tok, "m.gguf")
+    assert modelfile(tok, "m.gguf").endswith('PARAMETER stop "<|eot_id|>"\nPARAMETER stop "<|im_end|>"\n')
 
 
 def test_sliding_window_llama_cpp_cannot_express_is_refused(tmp_path):

@@ -51,8 +51,9 @@ import torch
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
-from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer, modelfile
+from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
+from fastkit.export.modelfile import modelfile
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
@@ -641,9 +642,11 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             tmp.unlink(missing_ok=True)
             raise
     tmp.replace(target)
-    (path / "Modelfile").write_text(modelfile(tokenizer, target.name))
-    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, count,
-                quantization, target.stat().st_size / 1e6)
+    text = modelfile(tokenizer, target.name)  # None (and a warning) where no TEMPLATE renders the chat template
+    if text is not None:
+        (path / "Modelfile").write_text(text)
+    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB)%s", target, count, quantization,
+                target.stat().st_size / 1e6, " and an Ollama Modelfile" if text is not None else "")
     return str(target)
 
 

@@ -301,7 +301,10 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf", reference=reference)
         path.mkdir(parents=True, exist_ok=True)
         for file in (written, tmp / "Modelfile"):  # each file replaces its earlier version atomically
-            os.replace(file, path / file.name)
+            if file.exists():
+                os.replace(file, path / file.name)
+            else:  # no Modelfile this time (its template cannot be a TEMPLATE): no stale one beside the new GGUF
+                (path / file.name).unlink(missing_ok=True)
     return str(path / written.name)
 
 
