@@ -344,23 +344,23 @@ def quickstart_texts(tokenizer) -> list[str]:
 
 def all_rows(tmp: Path) -> list[Row]:
     """Every family twin in f16 / q8_0, the 4-bit-expert MoE, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
-    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
+    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
 
     rows = []
     for label in TWINS:
         model, tokenizer = twin_model(label)
         for quantization in ("f16", "q8_0"):
-            path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
+            path = write_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
             rows.append(check(path, model, tokenizer, label, quantization, extra_texts(label, tokenizer)))
     quantized, reference, tokenizer = moe_4bit_model()
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)
+        path = write_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)
         rows.append(check(path, reference, tokenizer, "qwen3_moe, NF4 experts (qwen2)", quantization))
     model, tokenizer = smollm2_model()
     extra = quickstart_texts(tokenizer)
     label = "SmolLM2-135M-Instruct (smollm), LoRA"
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(model, tokenizer, tmp / "smollm2", quantization=quantization)
+        path = write_gguf(model, tokenizer, tmp / "smollm2", quantization=quantization)
         rows.append(check(path, model, tokenizer, label, quantization, extra))
     for quantization in LLAMA_CPP_QUANTS:
         out = tmp / "smollm2" / f"k-{quantization}.gguf"

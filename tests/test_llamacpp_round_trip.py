@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
+from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
 from tests import gguf_round_trip as rt
 
 TOLERANCE = {"f16": 5e-3, "q8_0": 8e-2}
@@ -59,7 +59,7 @@ def _assert_reproduced(row: rt.Row, exact: bool = True) -> None:
 def test_every_family_reproduces_in_llama_cpp(tmp_path, label):
     model, tok = rt.twin_model(label)
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(model, tok, tmp_path / quantization, quantization=quantization)
+        path = write_gguf(model, tok, tmp_path / quantization, quantization=quantization)
         row = rt.check(path, model, tok, label, quantization, rt.extra_texts(label, tok))
         _assert_reproduced(row)
         assert row.pre == rt.expected_pre(label)
@@ -71,7 +71,7 @@ def test_k_quants_are_llama_cpp_own(tmp_path):
 
     model, tok = rt.twin_model("llama (smollm)", steps=0)  # greedy / logits are not compared for k-quants
     for quantization, ftype in LLAMA_CPP_QUANTS.items():
-        path = save_gguf(model, tok, tmp_path, quantization=quantization)
+        path = write_gguf(model, tok, tmp_path, quantization=quantization)
         assert Path(path).name.endswith(f"-{quantization}.gguf")
         assert not list(tmp_path.glob("*.partial"))  # the f16 it was quantized from is gone
         f = gguf.GGUFReader(path).fields["general.file_type"]
@@ -86,7 +86,7 @@ def test_smollm2_reproduces_in_llama_cpp(tmp_path):
     extra = rt.quickstart_texts(tok)
     rows = []
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(model, tok, tmp_path, quantization=quantization)
+        path = write_gguf(model, tok, tmp_path, quantization=quantization)
         rows.append(rt.check(path, model, tok, "SmolLM2-135M-Instruct", quantization, extra))
         _assert_reproduced(rows[-1])
         assert rows[-1].pre == "smollm"
@@ -102,5 +102,5 @@ def test_4bit_moe_reproduces_in_llama_cpp(tmp_path):
     """fastkit's NF4 experts, dequantized into the file: llama.cpp reproduces the 16-bit model with those weights."""
     quantized, reference, tok = rt.moe_4bit_model()
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(quantized, tok, tmp_path / quantization, quantization=quantization)
+        path = write_gguf(quantized, tok, tmp_path / quantization, quantization=quantization)
         _assert_reproduced(rt.check(path, reference, tok, "qwen3_moe, NF4 experts", quantization))

@@ -1,4 +1,5 @@
-"""GGUF export for llama.cpp, Ollama and LM Studio: :func:`save_gguf`.
+"""GGUF export for llama.cpp, Ollama and LM Studio: :func:`write_gguf`, the writer behind
+:func:`fastkit.export.save_gguf` (which verifies the file and swaps it in atomically).
 
 What it writes. ``<path>/<name>-<quantization>.gguf`` with LoRA merged in (PEFT adapters, PEFT
 ``target_parameters`` expert adapters and fastkit's own expert factors), tensors named and laid out
@@ -16,8 +17,9 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
 too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
-(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts...) is its row's
-:class:`fastkit.registry.GGUFRules`. Not supported (a FastkitError says so before writing): mixtral, olmoe,
+(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
+experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
+Not supported (a FastkitError says so before writing): mixtral, olmoe,
 deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
 (llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
 shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
@@ -58,29 +60,48 @@ from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-# transformers model_type -> llama.cpp architecture (only those whose round trip is tested): the table's gguf_arch.
-GGUF_ARCHS = registry.GGUF_ARCHS
-WRITTEN = ("f16", "bf16", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """One ``quantization`` name of :func:`write_gguf`: how its tensors are stored, what the file says, who makes it,
+    and how far transformers' read-back may be from the model (:func:`fastkit.export.save_gguf`'s check)."""
+
+    ggml_type: str
+    """The ``gguf.GGMLQuantizationType`` of its weight matrices (llama.cpp's mix may differ per tensor)."""
+    file_type: str
+    """The ``gguf.LlamaFileType`` written as ``general.file_type``."""
+    llama_ftype: int | None
+    """llama.cpp's ``llama_ftype`` when llama.cpp's own quantizer makes it (``llama_model_quantize``, from a 16-bit
+    file fastkit writes first); None: fastkit writes it itself (gguf-py)."""
+    tolerance: float
+    """Allowed ``max|Δlogit| / max|logit|`` of the read-back (measured: f16 2e-4, bf16 2e-3, q8_0 6e-3 (SmolLM2
+    3e-2), q4_0 9e-2 of the logit scale; wrong layouts are off by 0.3-20x)."""
+
+
+QUANTS: dict[str, QuantSpec] = {
+    "f16": QuantSpec("F16", "MOSTLY_F16", None, 1e-2),
+    "bf16": QuantSpec("BF16", "MOSTLY_BF16", None, 4e-2),
+    "q8_0": QuantSpec("Q8_0", "MOSTLY_Q8_0", None, 8e-2),
+    "q4_0": QuantSpec("Q4_0", "MOSTLY_Q4_0", None, 0.3),
+    "q4_k_m": QuantSpec("Q4_K", "MOSTLY_Q4_K_M", 15, 0.3),
+    "q5_k_m": QuantSpec("Q5_K", "MOSTLY_Q5_K_M", 17, 0.15),
+    "q6_k": QuantSpec("Q6_K", "MOSTLY_Q6_K", 18, 0.1),
+}
+"""Every quantization name save_gguf takes (Ollama's default is ``q4_k_m``)."""
+QUANTIZATIONS = tuple(QUANTS)
+WRITTEN = tuple(q for q, spec in QUANTS.items() if spec.llama_ftype is None)
 """Quantizations fastkit writes itself (pure Python, gguf-py)."""
-LLAMA_CPP_QUANTS = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
-"""Quantizations made by llama.cpp's own quantizer (``llama_model_quantize``; value: its ``llama_ftype``)."""
-QUANTIZATIONS = WRITTEN + tuple(LLAMA_CPP_QUANTS)
+LLAMA_CPP_QUANTS = {q: spec.llama_ftype for q, spec in QUANTS.items() if spec.llama_ftype is not None}
+"""Quantizations made by llama.cpp's own quantizer (value: its ``llama_ftype``)."""
 _F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
 _SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
 
 
-def _qtypes():
+def _qtype(quantization: str):
     import gguf
 
-    t = gguf.GGMLQuantizationType
-    return {"f16": t.F16, "bf16": t.BF16, "q8_0": t.Q8_0, "q4_0": t.Q4_0}
-
-
-def _file_type(quantization: str) -> int:  # only for WRITTEN
-    import gguf
-
-    f = gguf.LlamaFileType
-    return {"f16": f.MOSTLY_F16, "bf16": f.MOSTLY_BF16, "q8_0": f.MOSTLY_Q8_0, "q4_0": f.MOSTLY_Q4_0}[quantization]
+    return gguf.GGMLQuantizationType[QUANTS[quantization].ggml_type]
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -95,13 +116,14 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
         _llama_cpp(quantization)
     config = unwrap(model).config
     model_type = getattr(config, "model_type", None)
-    if model_type not in GGUF_ARCHS:
+    archs = registry.gguf_archs()
+    if model_type not in archs:
         raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here (supported: "
-                           f"{', '.join(GGUF_ARCHS)}); export with save_merged and convert with llama.cpp's "
+                           f"{', '.join(archs)}); export with save_merged and convert with llama.cpp's "
                            "convert_hf_to_gguf.py.")
     rules = registry.MODEL_TABLE[model_type].gguf
     _check_rope(config, model_type, rules)
-    _check_moe(config, model_type)
+    _check_moe(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -119,22 +141,29 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     return config, spec
 
 
-def _check_moe(config, model_type: str) -> None:
-    """Router rules llama.cpp's MoE graphs hard-code."""
-    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", True):
-        raise FastkitError("save_gguf: llama.cpp's qwen3moe always renormalizes the top-k router weights, but "
-                           "config.norm_topk_prob is False; this model cannot be expressed in GGUF as is.")
-    if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
-        raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
-                           "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
-    if model_type == "gpt_oss" and (getattr(config, "swiglu_alpha", 1.702), config.swiglu_limit) != (1.702, 7.0):
-        raise FastkitError(f"save_gguf: gpt_oss with swiglu_alpha={getattr(config, 'swiglu_alpha', 1.702)}, "
-                           f"swiglu_limit={config.swiglu_limit}: llama.cpp's gpt-oss graph hard-codes 1.702 and 7.0; "
-                           "this model cannot be expressed in GGUF as is.")
-    if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
+def _check_moe(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """Router and expert rules llama.cpp's MoE graph for the family hard-codes (the row's GGUFRules)."""
+    arch = _arch(model_type)
+    renorm = getattr(config, "norm_topk_prob", rules.router_renorm == "always")
+    if rules.router_renorm != "either" and bool(renorm) != (rules.router_renorm == "always"):
+        raise FastkitError(f"save_gguf: llama.cpp's {arch} {rules.router_renorm} renormalizes the top-k router "
+                           f"weights, but config.norm_topk_prob is {renorm}; this model cannot be expressed in GGUF "
+                           "as is.")
+    if rules.swiglu is not None:
+        got = (getattr(config, "swiglu_alpha", rules.swiglu[0]), getattr(config, "swiglu_limit", rules.swiglu[1]))
+        if tuple(got) != rules.swiglu:
+            raise FastkitError(f"save_gguf: {model_type} with swiglu_alpha={got[0]}, swiglu_limit={got[1]}: "
+                               f"llama.cpp's {arch} graph hard-codes {rules.swiglu[0]} and {rules.swiglu[1]}; this "
+                               "model cannot be expressed in GGUF as is.")
+    if rules.experts_every_layer and (getattr(config, "mlp_only_layers", None) or
                                       getattr(config, "decoder_sparse_step", 1) != 1):
-        raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
-                           "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+        raise FastkitError(f"save_gguf: {model_type} with dense layers (mlp_only_layers / decoder_sparse_step) has "
+                           "no GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+
+
+def _arch(model_type: str) -> str:
+    """llama.cpp's architecture for ``model_type``, read off its table row now."""
+    return registry.MODEL_TABLE[model_type].gguf_arch
 
 
 def _rope(config, rules: registry.GGUFRules) -> tuple[dict, dict | None]:
@@ -159,7 +188,7 @@ def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
 
 def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What llama.cpp's graph for the family hard-codes: activation, soft-capping, query scale, tied output."""
-    arch = GGUF_ARCHS[model_type]
+    arch = _arch(model_type)
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     if act != rules.activation:
         raise FastkitError(f"save_gguf: {model_type} with activation {act!r}: llama.cpp's {arch} graph applies "
@@ -207,7 +236,7 @@ def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
         if window >= config.max_position_embeddings:
             return  # a window as long as the context is no window
         raise FastkitError(f"save_gguf: {model_type} with a {window}-token sliding window (context "
-                           f"{config.max_position_embeddings}): llama.cpp's {GGUF_ARCHS[model_type]} graph has no "
+                           f"{config.max_position_embeddings}): llama.cpp's {_arch(model_type)} graph has no "
                            "sliding window, so the GGUF would attend over the whole context. If full attention is "
                            "what you want, set model.config.sliding_window = None before saving.")
 
@@ -354,7 +383,7 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
 
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
-    qt, qtypes = _qtypes()[quantization], _qtypes()
+    qt = _qtype(quantization)
     rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
     for hf_name, load, shape in merged_parameters(model):
@@ -381,7 +410,7 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             if gguf_name == "output.weight" and getattr(config, "tie_word_embeddings", False):
                 continue
             entries.append(_Entry(gguf_name, (lambda ld=load, f=fn: f(ld()) if f else ld()), out_shape,
-                                  _tensor_qtype(gguf_name, out_shape, quantization, qt, qtypes)))
+                                  _tensor_qtype(gguf_name, out_shape, quantization, qt)))
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type") == "llama3":  # llama.cpp reads Llama-3's frequency scaling from this tensor
         factors = llama3_rope_factors(config)
@@ -441,13 +470,13 @@ def llama3_rope_factors(config) -> torch.Tensor:
     return factors.float()
 
 
-def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt, qtypes):
+def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt):
     import gguf
 
     if len(shape) == 1 or name.endswith(".bias") or any(part in name for part in _F32_PARTS):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
-        qt = qtypes["q8_0"]  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
+        qt = _qtype("q8_0")  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
     block = gguf.GGML_QUANT_SIZES[qt][0]
     if shape[-1] % block:
         return gguf.GGMLQuantizationType.F16  # rows not a whole number of blocks (as llama.cpp falls back)
@@ -512,14 +541,14 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
     if getattr(config, "final_logit_softcapping", None) and rules.final_softcap != "none":
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
-    if model_type in ("qwen2_moe", "qwen3_moe", "gpt_oss"):
+    if _num_experts(config):
         writer.add_expert_count(_num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(getattr(config, "moe_intermediate_size", None) or
                                               config.intermediate_size)
-    if model_type == "qwen2_moe":
+    if rules.shared_expert:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-    writer.add_file_type(_file_type(quantization))
+    writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -580,7 +609,7 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
     count (``out`` is removed if anything fails)."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(out), GGUF_ARCHS[config.model_type])
+    writer = gguf.GGUFWriter(str(out), _arch(config.model_type))
     try:
         _add_model_kv(writer, config, config.model_type, name, quantization)
         add_tokenizer_kv(writer, tokenizer, spec, config.vocab_size)
@@ -600,8 +629,8 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
 
 
 @torch.no_grad()
-def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
-              name: str | None = None) -> str:
+def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
+               name: str | None = None) -> str:
     """Write ``model`` (LoRA merged in) as ``<path>/<name>-<quantization>.gguf`` plus an Ollama ``Modelfile``.
 
     ``quantization``: ``"f16"``, ``"bf16"``, ``"q8_0"`` (8-bit, ~half of f16) or ``"q4_0"`` (4-bit), written
@@ -622,7 +651,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
         model = merged_from_disk(model, config.name_or_path, torch.float16)
     wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
     written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
-    entries = _plan(model, config, GGUF_ARCHS[model_type], written)  # raises on unmapped tensors, before writing
+    entries = _plan(model, config, _arch(model_type), written)  # raises on unmapped tensors, before writing
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}-{quantization}.gguf"
     tmp = target.with_name(target.name + ".partial")
@@ -650,5 +679,5 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     return str(target)
 
 
-__all__ = ["GGUF_ARCHS", "LLAMA_CPP_QUANTS", "QUANTIZATIONS", "WRITTEN", "llama3_rope_factors", "merged_parameters",
-           "quantize_with_llama_cpp", "save_gguf"]
+__all__ = ["LLAMA_CPP_QUANTS", "QUANTIZATIONS", "QUANTS", "WRITTEN", "QuantSpec", "llama3_rope_factors",
+           "merged_parameters", "quantize_with_llama_cpp", "write_gguf"]

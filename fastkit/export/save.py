@@ -284,7 +284,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     quantization's tolerance), then each file replaces its earlier version with ``os.replace``. ``name``
     is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
     """
-    from fastkit.export.gguf import save_gguf as _save_gguf
+    from fastkit.export.gguf import QUANTS, write_gguf
 
     path = checks.check_save_target(path)
     config = unwrap(model).config
@@ -293,11 +293,11 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     if check_verify:
         reference = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
     with saving.scratch_sibling(path) as tmp:
-        written = Path(_save_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
+        written = Path(write_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
         if check_verify:
             quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
                                                                                       "is_loaded_in_8bit", False)
-            tol = float("inf") if quantized else saving.TOLERANCE.get(quantization, saving.TOLERANCE["q4_0"])
+            tol = float("inf") if quantized else QUANTS[quantization].tolerance
             saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf", reference=reference)
         path.mkdir(parents=True, exist_ok=True)
         for file in (written, tmp / "Modelfile"):  # each file replaces its earlier version atomically
@@ -312,8 +312,10 @@ def _reload_gguf(file: Path, config) -> torch.nn.Module:
     """transformers' GGUF reader. Its metadata table lacks qwen3's head_dim / MoE sizes: those get the config."""
     from transformers import AutoModelForCausalLM
 
+    from fastkit import registry
+
     kw = {}
-    if config.model_type not in ("llama", "mistral"):
+    if registry.MODEL_TABLE[config.model_type].gguf.reader_config:
         plain = copy.deepcopy(config)
         for key in ("quantization_config",):
             if hasattr(plain, key):
