@@ -471,3 +471,35 @@ def test_gpt_oss_4bit_experts_go_in_dequantized_in_llama_cpp_layout(tmp_path):
         got = torch.from_numpy(tensors[name].data.astype("float32"))
         torch.testing.assert_close(got, half.transpose(1, 2), rtol=1e-3, atol=1e-4)
     assert "blk.1.ffn_down_exps.bias" in tensors
+
+
+def test_family_facts_are_read_off_the_row_at_call_time(tmp_path, monkeypatch):
+    """A row changed (or added) at run time reaches save_gguf: its architecture and its router rule."""
+    import dataclasses
+
+    from fastkit import registry
+
+    tok = twin_bpe_tokenizer("qwen2")
+    row = registry.MODEL_TABLE["qwen3"]
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3", dataclasses.replace(row, gguf_arch=None))
+    with pytest.raises(FastkitError, match="model_type 'qwen3' has no GGUF mapping"):
+        write_gguf(twin("qwen3"), tok, tmp_path / "a")
+    moe = registry.MODEL_TABLE["qwen3_moe"]
+    rules = dataclasses.replace(moe.gguf, router_renorm="never")
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3_moe", dataclasses.replace(moe, gguf=rules))
+    with pytest.raises(FastkitError, match="qwen3moe never renormalizes"):
+        write_gguf(twin("qwen3_moe"), tok, tmp_path / "b")
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3", row)
+    assert os.path.exists(write_gguf(twin("qwen3"), tok, tmp_path / "c", quantization="f16"))
+
+
+def test_every_quantization_name_is_one_quant_spec():
+    from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTS, WRITTEN
+
+    for name, spec in QUANTS.items():
+        assert gguf.GGMLQuantizationType[spec.ggml_type].name.lower() in (name, name[:4])  # q4_k_m -> Q4_K
+        assert gguf.LlamaFileType[spec.file_type].name.lower().endswith(name)
+        assert 0 < spec.tolerance < 1
+    assert set(WRITTEN) | set(LLAMA_CPP_QUANTS) == set(QUANTS) and not set(WRITTEN) & set(LLAMA_CPP_QUANTS)
+    with pytest.raises(FastkitError, match="use one of f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k"):
+        write_gguf(twin("llama"), twin_bpe_tokenizer(), "/tmp/unused", quantization="q3_k")
