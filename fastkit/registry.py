@@ -81,6 +81,9 @@ class GGUFRules:
     swiglu: tuple[float, float] | None = None
     """``(alpha, limit)`` of the clamped SwiGLU llama.cpp's graph hard-codes (GPT-OSS: 1.702, 7.0); a config with
     other values is refused. None: plain SwiGLU."""
+    reader: bool = True
+    """transformers' GGUF reader loads this family's file (its read-back check runs); False (mixtral: the reader has
+    no such architecture): the check is skipped with a warning; the llama.cpp round trip is its proof."""
     reader_config: bool = True
     """transformers' GGUF reader lacks some of this family's config keys (qwen3's head_dim, MoE sizes): the
     read-back check passes the model's config. False: the reader rebuilds the whole config from the file."""
@@ -161,7 +164,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(router_renorm="never", experts_every_layer=True, shared_expert=True),
                    twin=dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
                              num_experts_per_tok=2, shared_expert_intermediate_size=64)),
-        ModelFacts("mixtral", moe=True,
+        ModelFacts("mixtral", moe=True, gguf_arch="llama",  # llama.cpp's llama graph with experts: softmax top-k
+                   gguf=GGUFRules(permute_qk=True, experts_every_layer=True, reader=False),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2)),
         ModelFacts("olmoe", moe=True, twin=dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
         ModelFacts("deepseek_v3", moe=True, mla=True, note="MLA attention: q/k and v head sizes differ",

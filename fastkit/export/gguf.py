@@ -15,11 +15,11 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 4/8-bit (QLoRA) model is the exception: its packed codes are not weights, so, as ``save_merged`` does,
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
-Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
-too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
+Families: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
+gate too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
 (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
 experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
-Not supported (a FastkitError says so before writing): mixtral, olmoe,
+Not supported (a FastkitError says so before writing): olmoe,
 deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
 (llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
 shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
