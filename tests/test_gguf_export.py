@@ -503,3 +503,25 @@ def test_every_quantization_name_is_one_quant_spec():
     assert set(WRITTEN) | set(LLAMA_CPP_QUANTS) == set(QUANTS) and not set(WRITTEN) & set(LLAMA_CPP_QUANTS)
     with pytest.raises(FastkitError, match="use one of f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k"):
         write_gguf(twin("llama"), twin_bpe_tokenizer(), "/tmp/unused", quantization="q3_k")
+
+
+def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
+    """A trained qwen3_moe twin at q8_0: rounding flips 1 of 32 probe tokens' expert choice (0.09 of the logit scale
+    in any q8_0 file of it), so the read-back compares every tensor within q8_0's rounding; it saves. Gate and up
+    halves swapped in the file: refused."""
+    from fastkit.export import gguf as writer
+    from fastkit.export import save_gguf as save_verified
+    from tests import gguf_round_trip as rt
+
+    model, tok = rt.twin_model("qwen3_moe (qwen2)")
+    assert os.path.exists(save_verified(model, tok, tmp_path / "ok", quantization="q8_0"))
+    pieces = writer._expert_pieces
+
+    def swapped(*args):
+        out = pieces(*args)
+        return [(n, f) for (n, _), (_, f) in zip(out, out[::-1], strict=True)] if len(out) == 2 else out
+
+    monkeypatch.setattr(writer, "_expert_pieces", swapped)
+    with pytest.raises(FastkitError, match="gate_up_proj reads back"):
+        save_verified(model, tok, tmp_path / "bad", quantization="q8_0")
+    assert not (tmp_path / "bad").exists()

@@ -77,16 +77,20 @@ class QuantSpec:
     tolerance: float
     """Allowed ``max|Δlogit| / max|logit|`` of the read-back (measured: f16 2e-4, bf16 2e-3, q8_0 6e-3 (SmolLM2
     3e-2), q4_0 9e-2 of the logit scale; wrong layouts are off by 0.3-20x)."""
+    weight_tolerance: float
+    """Allowed ``max|Δw| / max|w|`` per tensor read back (:func:`check_weights`, for MoE models): the rounding of
+    one block (q8_0: half a step of absmax/127 <= 0.4%; q4_0: absmax/16 = 6%; f16: 2^-11); a wrong layout (rows
+    permuted, halves swapped) is off by the tensor's whole size."""
 
 
 QUANTS: dict[str, QuantSpec] = {
-    "f16": QuantSpec("F16", "MOSTLY_F16", None, 1e-2),
-    "bf16": QuantSpec("BF16", "MOSTLY_BF16", None, 4e-2),
-    "q8_0": QuantSpec("Q8_0", "MOSTLY_Q8_0", None, 8e-2),
-    "q4_0": QuantSpec("Q4_0", "MOSTLY_Q4_0", None, 0.3),
-    "q4_k_m": QuantSpec("Q4_K", "MOSTLY_Q4_K_M", 15, 0.3),
-    "q5_k_m": QuantSpec("Q5_K", "MOSTLY_Q5_K_M", 17, 0.15),
-    "q6_k": QuantSpec("Q6_K", "MOSTLY_Q6_K", 18, 0.1),
+    "f16": QuantSpec("F16", "MOSTLY_F16", None, 1e-2, 1e-3),
+    "bf16": QuantSpec("BF16", "MOSTLY_BF16", None, 4e-2, 8e-3),
+    "q8_0": QuantSpec("Q8_0", "MOSTLY_Q8_0", None, 8e-2, 1e-2),
+    "q4_0": QuantSpec("Q4_0", "MOSTLY_Q4_0", None, 0.3, 0.1),
+    "q4_k_m": QuantSpec("Q4_K", "MOSTLY_Q4_K_M", 15, 0.3, 0.1),
+    "q5_k_m": QuantSpec("Q5_K", "MOSTLY_Q5_K_M", 17, 0.15, 0.05),
+    "q6_k": QuantSpec("Q6_K", "MOSTLY_Q6_K", 18, 0.1, 0.03),
 }
 """Every quantization name save_gguf takes (Ollama's default is ``q4_k_m``)."""
 QUANTIZATIONS = tuple(QUANTS)
@@ -159,6 +163,37 @@ def _check_moe(config, model_type: str, rules: registry.GGUFRules) -> None:
                                       getattr(config, "decoder_sparse_step", 1) != 1):
         raise FastkitError(f"save_gguf: {model_type} with dense layers (mlp_only_layers / decoder_sparse_step) has "
                            "no GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+
+
+def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantization: str) -> float:
+    """Every tensor transformers' GGUF reader gives back, against the merged model's, within the quantization's
+    rounding (:attr:`QuantSpec.weight_tolerance`); returns the worst ``max|Δw| / max|w|``.
+
+    Why not logits, for a MoE model: rounding the weights can flip a token's top-k expert choice (a qwen3_moe twin at
+    q8_0: 1 of 32 probe tokens in layer 0, the router itself kept in f32 as llama.cpp keeps it), which moves its
+    logits by 0.09 of their scale in any file of that quantization, llama.cpp's own included. Comparing weights
+    checks what a read-back is for (names, layout, every expert) without that cliff."""
+    got = dict(reloaded.named_parameters())
+    worst, missing = 0.0, []
+    for name, load, _ in merged_parameters(model):
+        if name not in got:
+            missing.append(name)
+            continue
+        w = load()  # one merged fp32 tensor at a time
+        if tuple(got[name].shape) != tuple(w.shape):
+            raise FastkitError(f"save_gguf: {name} reads back as {tuple(got[name].shape)}, not {tuple(w.shape)}; "
+                               "nothing was replaced. This is a fastkit bug for this model.")
+        err = ((got[name].detach().float() - w).abs().max() / w.abs().max().clamp_min(1e-12)).item()
+        worst = max(worst, err)
+        if err > QUANTS[quantization].weight_tolerance:
+            raise FastkitError(f"save_gguf: {name} reads back {err:.3g} of its scale away from the model's "
+                               f"(allowed {QUANTS[quantization].weight_tolerance} for {quantization}); nothing was "
+                               "replaced. This is a fastkit bug for this model.")
+    if missing:
+        raise FastkitError(f"save_gguf: {missing[:3]} ({len(missing)} tensors) are not in the file read back; nothing "
+                           "was replaced. This is a fastkit bug for this model.")
+    logger.info("fastkit: save_gguf verified: reloaded, every tensor within %.2g of its scale", worst)
+    return worst
 
 
 def _arch(model_type: str) -> str:
@@ -445,7 +480,7 @@ def _expert_pieces(block: str, kind: str, bias: bool, shape, layout: str) -> lis
 
 def _check_experts(entries: list[_Entry], config) -> None:
     """A MoE file must carry every layer's experts: llama.cpp would refuse it, or (one missing kind) run garbage."""
-    if not _num_experts(config):
+    if not num_experts(config):
         return
     names = {e.name for e in entries}
     missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
@@ -541,8 +576,8 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
     if getattr(config, "final_logit_softcapping", None) and rules.final_softcap != "none":
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
-    if _num_experts(config):
-        writer.add_expert_count(_num_experts(config))
+    if num_experts(config):
+        writer.add_expert_count(num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(getattr(config, "moe_intermediate_size", None) or
                                               config.intermediate_size)
@@ -552,7 +587,8 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _num_experts(config) -> int | None:
+def num_experts(config) -> int | None:
+    """The number of routed experts of a MoE config (None for a dense one)."""
     return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
 
 
@@ -679,5 +715,5 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization
     return str(target)
 
 
-__all__ = ["LLAMA_CPP_QUANTS", "QUANTIZATIONS", "QUANTS", "WRITTEN", "QuantSpec", "llama3_rope_factors",
-           "merged_parameters", "quantize_with_llama_cpp", "write_gguf"]
+__all__ = ["LLAMA_CPP_QUANTS", "QUANTIZATIONS", "QUANTS", "WRITTEN", "QuantSpec", "check_weights",
+           "llama3_rope_factors", "merged_parameters", "num_experts", "quantize_with_llama_cpp", "write_gguf"]

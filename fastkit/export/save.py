@@ -285,6 +285,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
     """
     from fastkit.export.gguf import QUANTS, write_gguf
+    from fastkit.export.gguf import num_experts as _num_experts
 
     path = checks.check_save_target(path)
     config = unwrap(model).config
@@ -303,7 +304,11 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
                                                                                       "is_loaded_in_8bit", False)
             tol = float("inf") if quantized else QUANTS[quantization].tolerance
-            saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf", reference=reference)
+            if _num_experts(config) and not quantized:  # routing flips under rounding: weights, not logits
+                _check_gguf_weights(model, written, config, quantization)
+            else:
+                saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf",
+                                     reference=reference)
         path.mkdir(parents=True, exist_ok=True)
         for file in (written, tmp / "Modelfile"):  # each file replaces its earlier version atomically
             if file.exists():
@@ -311,6 +316,17 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             else:  # no Modelfile this time (its template cannot be a TEMPLATE): no stale one beside the new GGUF
                 (path / file.name).unlink(missing_ok=True)
     return str(path / written.name)
+
+
+def _check_gguf_weights(model: torch.nn.Module, written: Path, config, quantization: str) -> None:
+    from fastkit.export.gguf import check_weights
+
+    try:
+        reloaded = _reload_gguf(written, config)
+    except Exception as exc:  # noqa: BLE001 -- whatever the reader says, the save is refused with it
+        raise FastkitError(f"save_gguf: the output does not load back ({type(exc).__name__}: {str(exc)[:200]}); "
+                           "nothing was replaced.") from exc
+    check_weights(model, reloaded, quantization)
 
 
 def _gguf_reader_loads(config) -> bool:
