@@ -81,6 +81,9 @@ class GGUFRules:
     swiglu: tuple[float, float] | None = None
     """``(alpha, limit)`` of the clamped SwiGLU llama.cpp's graph hard-codes (GPT-OSS: 1.702, 7.0); a config with
     other values is refused. None: plain SwiGLU."""
+    config_scales: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` pairs of float hyperparameters llama.cpp's graph reads (Granite's
+    ``add_embedding_scale`` <- ``embedding_multiplier``, ...), written from the config."""
     reader: bool = True
     """transformers' GGUF reader loads this family's file (its read-back check runs); False (mixtral: the reader has
     no such architecture): the check is skipped with a warning; the llama.cpp round trip is its proof."""
@@ -230,7 +233,9 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("gpt_bigcode"),
         ModelFacts("gpt_neox"),
         ModelFacts("gptj"),
-        ModelFacts("granite"),
+        ModelFacts("granite", gguf_arch="granite", gguf=GGUFRules(permute_qk=True, reader=False, config_scales=(
+            ("add_embedding_scale", "embedding_multiplier"), ("add_residual_scale", "residual_multiplier"),
+            ("add_attention_scale", "attention_multiplier"), ("add_logit_scale", "logits_scaling")))),
         ModelFacts("granite_swa", sliding_window=True, attention_sinks=True, default_attn="eager"),
         ModelFacts("granitemoe", moe=True),
         ModelFacts("granitemoe_swa", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),

@@ -225,6 +225,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
     "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
     "mixtral (llama-bpe)": ("mixtral", {"sliding_window": None}, "llama-bpe"),
+    # Granite: embedding / residual / attention multipliers and a logit divisor, all away from 1 so each one bites.
+    "granite (gpt-2)": ("granite", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                    "attention_multiplier": 0.1, "logits_scaling": 2.0}, "gpt-2"),
     # Gemma 2 / 3: norms x·(1+w), post-attention / post-ffw norms, an 8-token window (the prompts are longer) on one
     # of the two layers, Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear
     # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece-style

@@ -15,7 +15,7 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 4/8-bit (QLoRA) model is the exception: its packed codes are not weights, so, as ``save_merged`` does,
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
-Families: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
+Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
 (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
 experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
@@ -576,6 +576,8 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
     if getattr(config, "final_logit_softcapping", None) and rules.final_softcap != "none":
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
+    for method, attr in rules.config_scales:  # Granite's multipliers, as llama.cpp's graph reads them
+        getattr(writer, method)(float(getattr(config, attr)))
     if num_experts(config):
         writer.add_expert_count(num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
