@@ -38,10 +38,6 @@ class GGUFRules:
     each rule is a difference between the transformers model and llama.cpp's graph for ``gguf_arch`` (read in
     llama.cpp's ``src/models/<arch>.cpp``), proven by the family's row in tests/test_llamacpp_round_trip.py."""
 
-    reader_config: bool = False
-    """transformers' GGUF reader rebuilds this family's whole config from the file's metadata, so ``save_gguf``'s
-    reload check reads the file alone (its metadata table lacks e.g. qwen3's ``head_dim`` and MoE sizes: the other
-    families are reloaded with the model's config)."""
     norm_shift: float = 0.0
     """Added to every RMSNorm weight (names ending ``norm.weight``): Gemma's norms compute ``x·(1 + w)``, llama.cpp's
     ``x·w``."""
@@ -75,6 +71,26 @@ class GGUFRules:
     permute_qk: bool = False
     """q/k rows stored in llama.cpp's interleaved-pair rope order (its ``llama`` arch); transformers' reader
     undoes it."""
+    router_renorm: str = "either"
+    """Top-k router weights in llama.cpp's MoE graph: ``"always"`` renormalized (``config.norm_topk_prob`` False is
+    refused), ``"never"`` (True is refused), ``"either"`` (no experts, or a graph that reads it)."""
+    experts_every_layer: bool = False
+    """llama.cpp's MoE graph has experts in every layer: dense layers (``mlp_only_layers``, ``decoder_sparse_step``
+    other than 1) are refused."""
+    shared_expert: bool = False
+    """A shared expert beside the routed ones (its FFN length written as ``expert_shared_feed_forward_length``)."""
+    swiglu: tuple[float, float] | None = None
+    """``(alpha, limit)`` of the clamped SwiGLU llama.cpp's graph hard-codes (GPT-OSS: 1.702, 7.0); a config with
+    other values is refused. None: plain SwiGLU."""
+    config_scales: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` pairs of float hyperparameters llama.cpp's graph reads (Granite's
+    ``add_embedding_scale`` <- ``embedding_multiplier``, ...), written from the config."""
+    reader: bool = True
+    """transformers' GGUF reader loads this family's file (its read-back check runs); False (mixtral: the reader has
+    no such architecture): the check is skipped with a warning; the llama.cpp round trip is its proof."""
+    reader_config: bool = True
+    """transformers' GGUF reader lacks some of this family's config keys (qwen3's head_dim, MoE sizes): the
+    read-back check passes the model's config. False: the reader rebuilds the whole config from the file."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -148,22 +164,24 @@ _LOOPED = "experts looped upstream; fastkit routes them"
 MODEL_TABLE: dict[str, ModelFacts] = {
     f.model_type: f
     for f in [
-        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(reader_config=True, permute_qk=True,
-                                                              rope_types=("default", "llama3")),
+        ModelFacts("llama", gguf_arch="llama", gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"),
+                                                              reader_config=False),
                    twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
-        ModelFacts("mistral", sliding_window=True, gguf_arch="llama",
-                   gguf=GGUFRules(reader_config=True, permute_qk=True),
+        ModelFacts("mistral", sliding_window=True, gguf_arch="llama", gguf=GGUFRules(permute_qk=True,
+                                                                                     reader_config=False),
                    twin=dict(_ATTN, intermediate_size=128, sliding_window=64)),
         ModelFacts("qwen2", gguf_arch="qwen2"),  # windows only with use_sliding_window
         ModelFacts("qwen3", gguf_arch="qwen3",  # q/k RMSNorm
                    twin=dict(_ATTN, intermediate_size=128, tie_word_embeddings=True)),
-        ModelFacts("qwen3_moe", moe=True, gguf_arch="qwen3moe",
+        ModelFacts("qwen3_moe", moe=True, gguf_arch="qwen3moe", gguf=GGUFRules(router_renorm="always"),
                    twin=dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
                              num_experts_per_tok=2, norm_topk_prob=True)),
         ModelFacts("qwen2_moe", moe=True, gguf_arch="qwen2moe",
+                   gguf=GGUFRules(router_renorm="never", experts_every_layer=True, shared_expert=True),
                    twin=dict(_ATTN, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
                              num_experts_per_tok=2, shared_expert_intermediate_size=64)),
-        ModelFacts("mixtral", moe=True,
+        ModelFacts("mixtral", moe=True, gguf_arch="llama",  # llama.cpp's llama graph with experts: softmax top-k
+                   gguf=GGUFRules(permute_qk=True, experts_every_layer=True, reader=False),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2)),
         ModelFacts("olmoe", moe=True, twin=dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
         ModelFacts("deepseek_v3", moe=True, mla=True, note="MLA attention: q/k and v head sizes differ",
@@ -181,7 +199,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    no_4bit_experts=("Llama4TextExperts",), note=_LOOPED),
         ModelFacts("gpt_oss", moe=True, attention_sinks=True, sliding_window=True, default_attn="eager",
                    note="attention sinks: sdpa cannot express them upstream", gguf_arch="gpt-oss",
-                   gguf=GGUFRules(windows=True, rope_types=("default", "yarn"), experts="interleaved", output="untied"),
+                   gguf=GGUFRules(windows=True, rope_types=("default", "yarn"), experts="interleaved", output="untied",
+                                  swiglu=(1.702, 7.0)),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
                              sliding_window=16, layer_types=None),  # sinks
                    twin_layer_pattern=("sliding_attention", "full_attention")),
@@ -229,7 +248,9 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("gpt_bigcode"),
         ModelFacts("gpt_neox"),
         ModelFacts("gptj"),
-        ModelFacts("granite"),
+        ModelFacts("granite", gguf_arch="granite", gguf=GGUFRules(permute_qk=True, reader=False, config_scales=(
+            ("add_embedding_scale", "embedding_multiplier"), ("add_residual_scale", "residual_multiplier"),
+            ("add_attention_scale", "attention_multiplier"), ("add_logit_scale", "logits_scaling")))),
         ModelFacts("granite_swa", sliding_window=True, attention_sinks=True, default_attn="eager"),
         ModelFacts("granitemoe", moe=True),
         ModelFacts("granitemoe_swa", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
@@ -329,8 +350,10 @@ MODEL_TABLE.update({f.model_type: f for f in [
 REFUSED: dict[str, str] = {}
 """Types the census must not admit although their default-config twin passes, and why."""
 
-GGUF_ARCHS: dict[str, str] = {t: f.gguf_arch for t, f in MODEL_TABLE.items() if f.gguf_arch}
-"""transformers ``model_type`` -> llama.cpp architecture, for every row ``save_gguf`` writes."""
+def gguf_archs() -> dict[str, str]:
+    """transformers ``model_type`` -> llama.cpp architecture, for every row ``save_gguf`` writes (read at call time,
+    so a row added at run time is exported too)."""
+    return {t: f.gguf_arch for t, f in MODEL_TABLE.items() if f.gguf_arch}
 
 
 def facts_for(model_type: str) -> ModelFacts | None:

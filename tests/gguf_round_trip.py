@@ -14,6 +14,7 @@ text; and the max |Δ| of the first generated token's logits.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class Row:
     """max |Δ| of the first generated token's logits (llama.cpp vs transformers, fp32)."""
     logits_scale: float = float("nan")
     """max |logit| there (for scale)."""
+    perplexity: float = float("nan")
+    """llama.cpp's perplexity on the rendered training chats over exp(transformers' loss) on the same tokens."""
     notes: list[str] = field(default_factory=list)
     """Mismatches, for the test's message."""
 
@@ -76,7 +79,8 @@ class Row:
 
         logits = f"{self.logits_delta:.3g} (of {self.logits_scale:.3g})"
         return [self.family, self.quantization, "yes" if self.loads else "NO", self.pre or "none (SPM)",
-                frac(self.tokens), frac(self.template), "yes" if self.greedy else "no", logits]
+                frac(self.tokens), frac(self.template), "yes" if self.greedy else "no", logits,
+                f"{self.perplexity:.5f}"]
 
 
 def texts(tokenizer, chats=CHATS) -> list[str]:
@@ -107,6 +111,28 @@ def _greedy_llama(llm, ids: list[int], eos: int) -> tuple[list[int], np.ndarray]
             break
         llm.eval([nxt])
     return out, first
+
+
+def _logits_llama(llm, ids: list[int]) -> np.ndarray:
+    llm.reset()
+    llm.eval(ids)
+    return np.array(llm.scores[:len(ids)], dtype=np.float64)  # (T, V)
+
+
+@torch.no_grad()
+def _logits_hf(model, ids: list[int]) -> np.ndarray:
+    return model(input_ids=torch.tensor([ids], device=model.device)).logits[0].double().cpu().numpy()  # (T, V)
+
+
+def _nll(chats: list[list[int]], logits_of) -> float:
+    """Mean negative log-likelihood of every next token of every chat (the training loss on them)."""
+    total, count = 0.0, 0
+    for ids in chats:
+        logits = logits_of(ids)[:-1]  # (T-1, V): predicts ids[1:]
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        total += float((logz - logits[np.arange(len(ids) - 1), ids[1:]]).sum())
+        count += len(ids) - 1
+    return total / count
 
 
 @torch.no_grad()
@@ -155,6 +181,9 @@ def check(path: str, model, tokenizer, family: str, quantization: str, extra_tex
             row.notes.append(f"greedy: llama.cpp {tokenizer.decode(got)!r} vs HF {tokenizer.decode(want)!r}")
         row.logits_delta = float(np.abs(got_first - want_first).max())
         row.logits_scale = float(np.abs(want_first).max())
+        chats = [hf_ids(tokenizer, tokenizer.apply_chat_template(c, tokenize=False)) for c in CHATS]
+        row.perplexity = math.exp(_nll(chats, lambda ids: _logits_llama(llm, ids)) -
+                                  _nll(chats, lambda ids: _logits_hf(model, ids)))
     finally:
         llm.close()
     return row
@@ -195,6 +224,10 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "qwen3 (qwen2)": ("qwen3", {}, "qwen2"),
     "qwen3_moe (qwen2)": ("qwen3_moe", {}, "qwen2"),
     "qwen2_moe (qwen2)": ("qwen2_moe", {}, "qwen2"),
+    "mixtral (llama-bpe)": ("mixtral", {"sliding_window": None}, "llama-bpe"),
+    # Granite: embedding / residual / attention multipliers and a logit divisor, all away from 1 so each one bites.
+    "granite (gpt-2)": ("granite", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                    "attention_multiplier": 0.1, "logits_scaling": 2.0}, "gpt-2"),
     # Gemma 2 / 3: norms x·(1+w), post-attention / post-ffw norms, an 8-token window (the prompts are longer) on one
     # of the two layers, Gemma 2's soft-caps low enough to bite, Gemma 3's q/k norms and per-layer-type rope (linear
     # x8 on the full layer, thetas apart from llama.cpp's defaults). Their real tokenizers are SentencePiece-style
@@ -297,7 +330,7 @@ def texts_raw() -> list[str]:
 
 def table(rows: list[Row]) -> str:
     head = ["family (pre-tokenizer)", "quant", "loads", "tokenizer.ggml.pre", "tokens equal", "template equal",
-            "greedy equal", "first-token logits: max abs Δ (of max abs logit)"]
+            "greedy equal", "first-token logits: max abs Δ (of max abs logit)", "perplexity ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
     return "\n".join(lines)
@@ -344,23 +377,23 @@ def quickstart_texts(tokenizer) -> list[str]:
 
 def all_rows(tmp: Path) -> list[Row]:
     """Every family twin in f16 / q8_0, the 4-bit-expert MoE, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
-    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, save_gguf
+    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
 
     rows = []
     for label in TWINS:
         model, tokenizer = twin_model(label)
         for quantization in ("f16", "q8_0"):
-            path = save_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
+            path = write_gguf(model, tokenizer, tmp / label.split()[0] / quantization, quantization=quantization)
             rows.append(check(path, model, tokenizer, label, quantization, extra_texts(label, tokenizer)))
     quantized, reference, tokenizer = moe_4bit_model()
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)
+        path = write_gguf(quantized, tokenizer, tmp / "moe4" / quantization, quantization=quantization)
         rows.append(check(path, reference, tokenizer, "qwen3_moe, NF4 experts (qwen2)", quantization))
     model, tokenizer = smollm2_model()
     extra = quickstart_texts(tokenizer)
     label = "SmolLM2-135M-Instruct (smollm), LoRA"
     for quantization in ("f16", "q8_0"):
-        path = save_gguf(model, tokenizer, tmp / "smollm2", quantization=quantization)
+        path = write_gguf(model, tokenizer, tmp / "smollm2", quantization=quantization)
         rows.append(check(path, model, tokenizer, label, quantization, extra))
     for quantization in LLAMA_CPP_QUANTS:
         out = tmp / "smollm2" / f"k-{quantization}.gguf"

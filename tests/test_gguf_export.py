@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fastkit import FastkitError, FastModel
-from fastkit.export.gguf import merged_parameters, save_gguf
+from fastkit.export.gguf import merged_parameters, write_gguf
 from fastkit.export.gguf_vocab import pre_tokenizer_name
 from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_tokenizer
 from tests.helpers import save_twin, train_lora_steps
@@ -55,7 +55,7 @@ def test_f16_round_trip_is_the_merged_model_rounded(tmp_path, family):
     with torch.no_grad():
         ref = model(input_ids=_x()).logits
     merged = {name: load() for name, load, _ in merged_parameters(model)}
-    path = save_gguf(model, tok, tmp_path, quantization="f16")
+    path = write_gguf(model, tok, tmp_path, quantization="f16")
     back = _load(path, None if family == "llama" else model.config)
     loaded = dict(back.named_parameters())
     assert set(merged) == set(loaded)
@@ -84,7 +84,7 @@ def test_f16_round_trip_plain_models(tmp_path, family):
             if name.endswith("bias"):
                 p.normal_()  # zero-initialised upstream: make a bias layout mistake visible
         ref = model(input_ids=_x()).logits
-        back = _load(save_gguf(model, twin_bpe_tokenizer(PRE[family]), tmp_path, quantization="f16"))
+        back = _load(write_gguf(model, twin_bpe_tokenizer(PRE[family]), tmp_path, quantization="f16"))
         for name, p in model.named_parameters():
             assert torch.equal(dict(back.named_parameters())[name], p.half().float() if p.dim() > 1 else p), name
         torch.testing.assert_close(back(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
@@ -95,7 +95,7 @@ def test_quantized_round_trip_within_measured_tolerance(tmp_path, quantization):
     model, tok = _trained("llama")
     with torch.no_grad():
         ref = model(input_ids=_x()).logits
-        path = save_gguf(model, tok, tmp_path, quantization=quantization)
+        path = write_gguf(model, tok, tmp_path, quantization=quantization)
         got = _load(path)(input_ids=_x()).logits
     err = (got - ref).abs().max().item()
     assert err < TOLERANCE[quantization], (quantization, err)
@@ -108,7 +108,7 @@ def test_quantized_round_trip_within_measured_tolerance(tmp_path, quantization):
 
 def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
     model, tok = _trained("qwen3")
-    path = save_gguf(model, tok, tmp_path, quantization="q8_0", name="tiny")
+    path = write_gguf(model, tok, tmp_path, quantization="q8_0", name="tiny")
     assert os.path.basename(path) == "tiny-q8_0.gguf"
     reader = gguf.GGUFReader(path)
 
@@ -129,8 +129,14 @@ def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
     assert field("tokenizer.ggml.pre") == "qwen2"
     assert len(reader.fields["tokenizer.ggml.merges"].data) == len(json.loads(tok.backend_tokenizer.to_str())[
         "model"]["merges"]) > 0
-    # No TEMPLATE: Ollama then uses the template embedded above; stop on the template's end-of-turn token.
-    assert (tmp_path / "Modelfile").read_text() == 'FROM ./tiny-q8_0.gguf\nPARAMETER stop "<|im_end|>"\n'
+    # A TEMPLATE (Ollama ignores the embedded Jinja; tests/test_modelfile.py renders it in Go), then the stop token.
+    from fastkit.export.modelfile import chat_layout, go_template
+
+    template = go_template(chat_layout(tok)[0])
+    assert (tmp_path / "Modelfile").read_text() == (
+        "FROM ./tiny-q8_0.gguf\n# differs from apply_chat_template: two system messages: Ollama joins consecutive "
+        f'messages of one role with a blank line before the template runs\nTEMPLATE """{template}"""\n'
+        'PARAMETER stop "<|im_end|>"\n')
 
 
 def test_pre_tokenizer_names_llama_cpp_knows():
@@ -164,12 +170,12 @@ def test_pre_tokenizer_names_llama_cpp_knows():
 def test_tokenizer_llama_cpp_cannot_load_is_refused(tmp_path):
     """A BPE vocabulary without merges loads in transformers but not in llama.cpp: refused before writing."""
     with pytest.raises(FastkitError, match="without merges"):
-        save_gguf(twin("llama"), twin_tokenizer(), tmp_path / "out")
+        write_gguf(twin("llama"), twin_tokenizer(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_stop_tokens_come_from_the_template():
-    from fastkit.export.gguf_vocab import modelfile, stop_tokens
+    from fastkit.export.modelfile import modelfile, stop_tokens
 
     tok = twin_bpe_tokenizer()
     assert stop_tokens(tok) == ["<|im_end|>"]
@@ -177,15 +183,15 @@ def test_stop_tokens_come_from_the_template():
     tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|eot_id|>\n{% endfor %}"
     tok.eos_token = "<|im_end|>"
     assert stop_tokens(tok) == ["<|eot_id|>", "<|im_end|>"]  # the turn's end first, then EOS
-    assert "TEMPLATE" not in modelfile(tok, "m.gguf")
+    assert modelfile(tok, "m.gguf").endswith('PARAMETER stop "<|eot_id|>"\nPARAMETER stop "<|im_end|>"\n')
 
 
 def test_sliding_window_llama_cpp_cannot_express_is_refused(tmp_path):
     tok = twin_bpe_tokenizer("tekken")
     with pytest.raises(FastkitError, match="64-token sliding window"):
-        save_gguf(twin("mistral"), tok, tmp_path / "out")  # the twin's window: 64 of 32768 positions
+        write_gguf(twin("mistral"), tok, tmp_path / "out")  # the twin's window: 64 of 32768 positions
     with pytest.raises(FastkitError, match="sliding window"):
-        save_gguf(twin("qwen3", use_sliding_window=True, sliding_window=32), twin_bpe_tokenizer("qwen2"),
+        write_gguf(twin("qwen3", use_sliding_window=True, sliding_window=32), twin_bpe_tokenizer("qwen2"),
                   tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -202,7 +208,7 @@ def test_k_quants_without_llama_cpp_say_how_to_get_them(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
     with pytest.raises(FastkitError, match=r"fastkit-llm\[llamacpp\]"):
-        save_gguf(twin("llama"), twin_bpe_tokenizer("smollm"), tmp_path / "out", quantization="q4_k_m")
+        write_gguf(twin("llama"), twin_bpe_tokenizer("smollm"), tmp_path / "out", quantization="q4_k_m")
     assert not (tmp_path / "out").exists()
 
 
@@ -212,7 +218,7 @@ def test_llama3_rope_scaling_travels_as_rope_freqs(tmp_path):
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     model = twin("llama", rope_parameters=rope)
-    path = save_gguf(model, twin_bpe_tokenizer("llama-bpe"), tmp_path, quantization="f16")
+    path = write_gguf(model, twin_bpe_tokenizer("llama-bpe"), tmp_path, quantization="f16")
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     factors = torch.from_numpy(tensors["rope_freqs.weight"].data.copy())
     default = twin("llama", rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -226,7 +232,7 @@ def test_in_memory_model_is_unchanged(tmp_path):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         ref = model(input_ids=_x()).logits
-        save_gguf(model, tok, tmp_path, quantization="f16")
+        write_gguf(model, tok, tmp_path, quantization="f16")
         torch.testing.assert_close(model(input_ids=_x()).logits, ref, rtol=0, atol=0)
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n]), n
@@ -247,7 +253,7 @@ def test_4bit_model_merges_into_its_base_reloaded_in_16_bit(tmp_path):
         for name, p in model.named_parameters():
             if "base_layer" in name:
                 p.mul_(-1.0)  # stands in for packed codes: the in-memory base weights must not be exported
-        path = save_gguf(model, tok, tmp_path / "gguf", quantization="f16")
+        path = write_gguf(model, tok, tmp_path / "gguf", quantization="f16")
         torch.testing.assert_close(_load(path)(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
 
 
@@ -255,24 +261,24 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     model, tok = twin("llama"), twin_bpe_tokenizer("smollm")
     out = tmp_path / "out"
     with pytest.raises(FastkitError, match="quantization='q5_k'"):
-        save_gguf(model, tok, out, quantization="q5_k")
-    with pytest.raises(FastkitError, match="'mixtral' has no GGUF mapping"):
-        save_gguf(twin("mixtral"), tok, out)
+        write_gguf(model, tok, out, quantization="q5_k")
+    with pytest.raises(FastkitError, match="'olmoe' has no GGUF mapping"):
+        write_gguf(twin("olmoe"), tok, out)
     with pytest.raises(FastkitError, match="never renormalizes"):  # llama.cpp's qwen2moe routing differs
-        save_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
+        write_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
     with pytest.raises(FastkitError, match="dense layers"):
-        save_gguf(twin("qwen2_moe", mlp_only_layers=[0]), tok, out)
+        write_gguf(twin("qwen2_moe", mlp_only_layers=[0]), tok, out)
     (tmp_path / "file").write_text("x")
     with pytest.raises(FastkitError, match="is a file"):
-        save_gguf(model, tok, tmp_path / "file")
+        write_gguf(model, tok, tmp_path / "file")
     with pytest.raises(FastkitError, match="is a file"):
-        save_gguf(model, tok, tmp_path / "file" / "sub")
+        write_gguf(model, tok, tmp_path / "file" / "sub")
     monkeypatch.setattr(os, "access", lambda *a, **k: False)  # tests run as root: chmod would not stop us
     with pytest.raises(FastkitError, match="not writable"):
-        save_gguf(model, tok, out)
+        write_gguf(model, tok, out)
     monkeypatch.undo()
     with pytest.raises(FastkitError, match="byte-level BPE"):
-        save_gguf(model, object(), out)
+        write_gguf(model, object(), out)
     assert not out.exists()
 
 
@@ -290,7 +296,7 @@ def test_smollm2_quickstart_model_round_trips(tmp_path):
     model.eval()
     prompt = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     x = tok(prompt, return_tensors="pt")["input_ids"]
-    path = save_gguf(model, tok, tmp_path, quantization="q8_0")
+    path = write_gguf(model, tok, tmp_path, quantization="q8_0")
     with torch.no_grad():
         ref = model(input_ids=x).logits
         got = _load(path)(input_ids=x).logits
@@ -309,7 +315,7 @@ def test_4bit_experts_are_dequantized_into_the_file(tmp_path):
     from tests.gguf_round_trip import moe_4bit_model
 
     quantized, reference, tok = moe_4bit_model()
-    path = save_gguf(quantized, tok, tmp_path, quantization="f16")
+    path = write_gguf(quantized, tok, tmp_path, quantization="f16")
     names = {t.name for t in gguf.GGUFReader(path).tensors}
     assert {f"blk.{i}.ffn_{k}_exps.weight" for i in range(2) for k in ("gate", "up", "down")} <= names
     back = _load(path, reference.config)
@@ -326,7 +332,7 @@ def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
 
     quantize_experts(model)
     with pytest.raises(FastkitError, match="expert tensors"):
-        save_gguf(model, twin_bpe_tokenizer("qwen2"), tmp_path / "out")
+        write_gguf(model, twin_bpe_tokenizer("qwen2"), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -336,7 +342,7 @@ def test_gguf_loaded_tokenizer_splits_as_in_training(tmp_path, pre):
     ``tokenizer.ggml.pre``: a llama GGUF comes back with Llama-3's split and merges used): SmolLM2's vocabulary
     cuts every digit alone again, Llama-3's looks whole pieces up before merging; ids equal the trained tokenizer's."""
     tok = twin_bpe_tokenizer(pre)
-    path = save_gguf(twin("llama"), tok, tmp_path, quantization="f16")
+    path = write_gguf(twin("llama"), tok, tmp_path, quantization="f16")
     _, back = FastModel.from_pretrained(str(tmp_path), gguf_file=os.path.basename(path), max_seq_length=64)
     for text in ["Total: $1,234.56 in 2023 -- 1234567 IT'S fine", "x   \n\n  y\t'Re 12345"]:
         want = tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)
@@ -359,7 +365,7 @@ def test_gemma_and_phi3_files_carry_the_family_rules(tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
-    reader = gguf.GGUFReader(save_gguf(model, tok, tmp_path / "g3", quantization="f16"))
+    reader = gguf.GGUFReader(write_gguf(model, tok, tmp_path / "g3", quantization="f16"))
     tensors = {t.name: t for t in reader.tensors}
     for hf, name in (("model.norm.weight", "output_norm.weight"),
                      ("model.layers.1.self_attn.q_norm.weight", "blk.1.attn_q_norm.weight"),
@@ -373,12 +379,12 @@ def test_gemma_and_phi3_files_carry_the_family_rules(tmp_path):
     assert fields["gemma3.rope.freq_base_swa"].contents() == 100.0
     assert fields["gemma3.rope.scaling.factor"].contents() == 8.0
     g2 = twin("gemma2", **_SMALL, query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=1.0)
-    fields = gguf.GGUFReader(save_gguf(g2, tok, tmp_path / "g2", quantization="f16")).fields
+    fields = gguf.GGUFReader(write_gguf(g2, tok, tmp_path / "g2", quantization="f16")).fields
     assert fields["gemma2.attn_logit_softcapping"].contents() == 0.5
     assert fields["gemma2.final_logit_softcapping"].contents() == 1.0
     phi = twin("phi3", **_SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                    "partial_rotary_factor": 0.5})
-    reader = gguf.GGUFReader(save_gguf(phi, twin_bpe_tokenizer("dbrx"), tmp_path / "phi", quantization="f16"))
+    reader = gguf.GGUFReader(write_gguf(phi, twin_bpe_tokenizer("dbrx"), tmp_path / "phi", quantization="f16"))
     assert reader.fields["phi3.rope.dimension_count"].contents() == 8
     assert reader.fields["general.name"].contents() == "phi_3-finetune"  # llama.cpp's phi3 token rules stay off
     shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
@@ -404,7 +410,7 @@ def test_what_gemma_and_phi3_graphs_cannot_express_is_refused(tmp_path):
     ]
     for model, message in cases:
         with pytest.raises(FastkitError, match=message):
-            save_gguf(model, tok, out)
+            write_gguf(model, tok, out)
     assert not out.exists()
 
 
@@ -416,7 +422,7 @@ def test_gpt_oss_file_has_llama_cpp_expert_layout_sinks_and_yarn(tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
-    reader = gguf.GGUFReader(save_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path / "g", quantization="q8_0"))
+    reader = gguf.GGUFReader(write_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path / "g", quantization="q8_0"))
     tensors = {t.name: t for t in reader.tensors}
     experts = model.model.layers[0].mlp.experts
 
@@ -443,9 +449,9 @@ def test_gpt_oss_file_has_llama_cpp_expert_layout_sinks_and_yarn(tmp_path):
     assert [bool(x) for x in pattern] == [t == "sliding_attention" for t in model.config.layer_types]
     tok, out = twin_bpe_tokenizer("gpt-4o"), tmp_path / "out"
     with pytest.raises(FastkitError, match="tie_word_embeddings=True"):
-        save_gguf(twin("gpt_oss", tie_word_embeddings=True), tok, out)
+        write_gguf(twin("gpt_oss", tie_word_embeddings=True), tok, out)
     with pytest.raises(FastkitError, match="swiglu_limit=5.0"):
-        save_gguf(twin("gpt_oss", swiglu_limit=5.0), tok, out)
+        write_gguf(twin("gpt_oss", swiglu_limit=5.0), tok, out)
     assert not out.exists()
 
 
@@ -458,10 +464,64 @@ def test_gpt_oss_4bit_experts_go_in_dequantized_in_llama_cpp_layout(tmp_path):
     quantize_experts(model)
     q = model.model.layers[1].mlp.experts.gate_up_proj
     assert isinstance(q, NF4Experts)
-    reader = gguf.GGUFReader(save_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path, quantization="f16"))
+    reader = gguf.GGUFReader(write_gguf(model, twin_bpe_tokenizer("gpt-4o"), tmp_path, quantization="f16"))
     tensors = {t.name: t for t in reader.tensors}
     w = q.dequantize().float()  # (E, H, 2I)
     for name, half in (("blk.1.ffn_gate_exps.weight", w[..., ::2]), ("blk.1.ffn_up_exps.weight", w[..., 1::2])):
         got = torch.from_numpy(tensors[name].data.astype("float32"))
         torch.testing.assert_close(got, half.transpose(1, 2), rtol=1e-3, atol=1e-4)
     assert "blk.1.ffn_down_exps.bias" in tensors
+
+
+def test_family_facts_are_read_off_the_row_at_call_time(tmp_path, monkeypatch):
+    """A row changed (or added) at run time reaches save_gguf: its architecture and its router rule."""
+    import dataclasses
+
+    from fastkit import registry
+
+    tok = twin_bpe_tokenizer("qwen2")
+    row = registry.MODEL_TABLE["qwen3"]
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3", dataclasses.replace(row, gguf_arch=None))
+    with pytest.raises(FastkitError, match="model_type 'qwen3' has no GGUF mapping"):
+        write_gguf(twin("qwen3"), tok, tmp_path / "a")
+    moe = registry.MODEL_TABLE["qwen3_moe"]
+    rules = dataclasses.replace(moe.gguf, router_renorm="never")
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3_moe", dataclasses.replace(moe, gguf=rules))
+    with pytest.raises(FastkitError, match="qwen3moe never renormalizes"):
+        write_gguf(twin("qwen3_moe"), tok, tmp_path / "b")
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3", row)
+    assert os.path.exists(write_gguf(twin("qwen3"), tok, tmp_path / "c", quantization="f16"))
+
+
+def test_every_quantization_name_is_one_quant_spec():
+    from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTS, WRITTEN
+
+    for name, spec in QUANTS.items():
+        assert gguf.GGMLQuantizationType[spec.ggml_type].name.lower() in (name, name[:4])  # q4_k_m -> Q4_K
+        assert gguf.LlamaFileType[spec.file_type].name.lower().endswith(name)
+        assert 0 < spec.tolerance < 1
+    assert set(WRITTEN) | set(LLAMA_CPP_QUANTS) == set(QUANTS) and not set(WRITTEN) & set(LLAMA_CPP_QUANTS)
+    with pytest.raises(FastkitError, match="use one of f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k"):
+        write_gguf(twin("llama"), twin_bpe_tokenizer(), "/tmp/unused", quantization="q3_k")
+
+
+def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
+    """A trained qwen3_moe twin at q8_0: rounding flips 1 of 32 probe tokens' expert choice (0.09 of the logit scale
+    in any q8_0 file of it), so the read-back compares every tensor within q8_0's rounding; it saves. Gate and up
+    halves swapped in the file: refused."""
+    from fastkit.export import gguf as writer
+    from fastkit.export import save_gguf as save_verified
+    from tests import gguf_round_trip as rt
+
+    model, tok = rt.twin_model("qwen3_moe (qwen2)")
+    assert os.path.exists(save_verified(model, tok, tmp_path / "ok", quantization="q8_0"))
+    pieces = writer._expert_pieces
+
+    def swapped(*args):
+        out = pieces(*args)
+        return [(n, f) for (n, _), (_, f) in zip(out, out[::-1], strict=True)] if len(out) == 2 else out
+
+    monkeypatch.setattr(writer, "_expert_pieces", swapped)
+    with pytest.raises(FastkitError, match="gate_up_proj reads back"):
+        save_verified(model, tok, tmp_path / "bad", quantization="q8_0")
+    assert not (tmp_path / "bad").exists()

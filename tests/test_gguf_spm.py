@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from fastkit import FastkitError
-from fastkit.export.gguf import save_gguf
+from fastkit.export.gguf import write_gguf
 from fastkit.export.gguf_spm import check_spm, interleaved, spm_layout, spm_scores
 from fastkit.families.twins import twin, twin_spm_tokenizer
 from tests.gguf_round_trip import texts_raw
@@ -29,7 +29,7 @@ def gemma_tok():
 @pytest.mark.parametrize("space_prefix", [False, True])
 def test_spm_file_has_scores_from_merge_ranks_and_token_types(tmp_path, space_prefix):
     tok = twin_spm_tokenizer(space_prefix=space_prefix, corpus=tuple(texts_raw()))
-    path = save_gguf(twin("llama", vocab_size=640), tok, tmp_path, quantization="f16")
+    path = write_gguf(twin("llama", vocab_size=640), tok, tmp_path, quantization="f16")
     fields = gguf.GGUFReader(path).fields
 
     def values(key):
@@ -130,21 +130,21 @@ def test_merges_llama_cpp_may_order_differently_are_checked_in_llama_cpp(tmp_pat
     model = twin("llama", vocab_size=640)
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not installed
     with pytest.raises(FastkitError, match="llama-cpp-python is not installed"):
-        save_gguf(model, tok, tmp_path / "a", quantization="f16")
+        write_gguf(model, tok, tmp_path / "a", quantization="f16")
     assert not list((tmp_path / "a").glob("*.gguf*"))
     monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=_FakeLlama))  # it splits otherwise
     with pytest.raises(FastkitError, match="and they do: llama.cpp splits 'Hello world'"):
-        save_gguf(model, tok, tmp_path / "b", quantization="f16")
+        write_gguf(model, tok, tmp_path / "b", quantization="f16")
     assert not list((tmp_path / "b").glob("*.gguf*"))
     monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=None))  # grouped merges: not asked
-    assert save_gguf(model, gemma_tok, tmp_path / "c", quantization="f16").endswith(".gguf")
+    assert write_gguf(model, gemma_tok, tmp_path / "c", quantization="f16").endswith(".gguf")
 
 
 def test_interleaved_merges_that_llama_cpp_orders_alike_export(tmp_path, gemma_tok):
     """The real client: the moved merge changes no split, so llama.cpp agrees and the file is written."""
     pytest.importorskip("llama_cpp")
     tok = _tokenizer_from(_moved(_spec(gemma_tok)), gemma_tok)
-    path = save_gguf(twin("llama", vocab_size=640), tok, tmp_path, quantization="f16")
+    path = write_gguf(twin("llama", vocab_size=640), tok, tmp_path, quantization="f16")
     assert path.endswith(".gguf")
 
 
@@ -160,5 +160,5 @@ def test_bpe_trained_with_byte_fallback_is_refused(tmp_path):
         vocab_size=600, special_tokens=["<unk>", *alphabet], show_progress=False))
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<unk>")
     with pytest.raises(FastkitError, match="not one of its merges"):
-        save_gguf(twin("llama", vocab_size=640), tok, tmp_path / "out", quantization="f16")
+        write_gguf(twin("llama", vocab_size=640), tok, tmp_path / "out", quantization="f16")
     assert not (tmp_path / "out").exists()

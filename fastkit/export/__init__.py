@@ -2,8 +2,9 @@
 
     save.py         ``chat``, ``save_lora`` / ``load_lora`` (PEFT's format), ``save_merged``, ``save_gguf``
     merge.py        shard-by-shard merge of the adapters into the base's safetensors files
-    gguf.py         the GGUF writer (tensor names, rope order, quantization per tensor)
-    gguf_vocab.py   the GGUF tokenizer keys and the Ollama Modelfile
+    gguf.py         the GGUF writer ``write_gguf`` (tensor names, rope order, quantization per tensor: ``QUANTS``)
+    gguf_vocab.py   the GGUF tokenizer keys (byte-level BPE; gguf_spm.py: SentencePiece-style)
+    modelfile.py    the Ollama Modelfile: a Go TEMPLATE that renders what apply_chat_template renders
     verified.py     every save verified and atomic: written beside, reloaded, logits compared, swapped in
     adapter_checks.py  load_lora's check of an adapter against the model (family, layers, shapes, ranks)
     menu.py         ``export``: LoRA, merged, a list of GGUF quantizations in one call, the ``ollama create`` line

@@ -1,4 +1,5 @@
-"""GGUF export for llama.cpp, Ollama and LM Studio: :func:`save_gguf`.
+"""GGUF export for llama.cpp, Ollama and LM Studio: :func:`write_gguf`, the writer behind
+:func:`fastkit.export.save_gguf` (which verifies the file and swaps it in atomically).
 
 What it writes. ``<path>/<name>-<quantization>.gguf`` with LoRA merged in (PEFT adapters, PEFT
 ``target_parameters`` expert adapters and fastkit's own expert factors), tensors named and laid out
@@ -14,10 +15,11 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 4/8-bit (QLoRA) model is the exception: its packed codes are not weights, so, as ``save_merged`` does,
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
-Families: llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert gate
-too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
-(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts...) is its row's
-:class:`fastkit.registry.GGUFRules`. Not supported (a FastkitError says so before writing): mixtral, olmoe,
+Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
+gate too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
+(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
+experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
+Not supported (a FastkitError says so before writing): olmoe,
 deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
 (llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
 shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
@@ -51,35 +53,59 @@ import torch
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
-from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer, modelfile
+from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
+from fastkit.export.modelfile import modelfile
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-# transformers model_type -> llama.cpp architecture (only those whose round trip is tested): the table's gguf_arch.
-GGUF_ARCHS = registry.GGUF_ARCHS
-WRITTEN = ("f16", "bf16", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """One ``quantization`` name of :func:`write_gguf`: how its tensors are stored, what the file says, who makes it,
+    and how far transformers' read-back may be from the model (:func:`fastkit.export.save_gguf`'s check)."""
+
+    ggml_type: str
+    """The ``gguf.GGMLQuantizationType`` of its weight matrices (llama.cpp's mix may differ per tensor)."""
+    file_type: str
+    """The ``gguf.LlamaFileType`` written as ``general.file_type``."""
+    llama_ftype: int | None
+    """llama.cpp's ``llama_ftype`` when llama.cpp's own quantizer makes it (``llama_model_quantize``, from a 16-bit
+    file fastkit writes first); None: fastkit writes it itself (gguf-py)."""
+    tolerance: float
+    """Allowed ``max|Δlogit| / max|logit|`` of the read-back (measured: f16 2e-4, bf16 2e-3, q8_0 6e-3 (SmolLM2
+    3e-2), q4_0 9e-2 of the logit scale; wrong layouts are off by 0.3-20x)."""
+    weight_tolerance: float
+    """Allowed ``max|Δw| / max|w|`` per tensor read back (:func:`check_weights`, for MoE models): the rounding of
+    one block (q8_0: half a step of absmax/127 <= 0.4%; q4_0: absmax/16 = 6%; f16: 2^-11); a wrong layout (rows
+    permuted, halves swapped) is off by the tensor's whole size."""
+
+
+QUANTS: dict[str, QuantSpec] = {
+    "f16": QuantSpec("F16", "MOSTLY_F16", None, 1e-2, 1e-3),
+    "bf16": QuantSpec("BF16", "MOSTLY_BF16", None, 4e-2, 8e-3),
+    "q8_0": QuantSpec("Q8_0", "MOSTLY_Q8_0", None, 8e-2, 1e-2),
+    "q4_0": QuantSpec("Q4_0", "MOSTLY_Q4_0", None, 0.3, 0.1),
+    "q4_k_m": QuantSpec("Q4_K", "MOSTLY_Q4_K_M", 15, 0.3, 0.1),
+    "q5_k_m": QuantSpec("Q5_K", "MOSTLY_Q5_K_M", 17, 0.15, 0.05),
+    "q6_k": QuantSpec("Q6_K", "MOSTLY_Q6_K", 18, 0.1, 0.03),
+}
+"""Every quantization name save_gguf takes (Ollama's default is ``q4_k_m``)."""
+QUANTIZATIONS = tuple(QUANTS)
+WRITTEN = tuple(q for q, spec in QUANTS.items() if spec.llama_ftype is None)
 """Quantizations fastkit writes itself (pure Python, gguf-py)."""
-LLAMA_CPP_QUANTS = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
-"""Quantizations made by llama.cpp's own quantizer (``llama_model_quantize``; value: its ``llama_ftype``)."""
-QUANTIZATIONS = WRITTEN + tuple(LLAMA_CPP_QUANTS)
+LLAMA_CPP_QUANTS = {q: spec.llama_ftype for q, spec in QUANTS.items() if spec.llama_ftype is not None}
+"""Quantizations made by llama.cpp's own quantizer (value: its ``llama_ftype``)."""
 _F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
 _SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
 
 
-def _qtypes():
+def _qtype(quantization: str):
     import gguf
 
-    t = gguf.GGMLQuantizationType
-    return {"f16": t.F16, "bf16": t.BF16, "q8_0": t.Q8_0, "q4_0": t.Q4_0}
-
-
-def _file_type(quantization: str) -> int:  # only for WRITTEN
-    import gguf
-
-    f = gguf.LlamaFileType
-    return {"f16": f.MOSTLY_F16, "bf16": f.MOSTLY_BF16, "q8_0": f.MOSTLY_Q8_0, "q4_0": f.MOSTLY_Q4_0}[quantization]
+    return gguf.GGMLQuantizationType[QUANTS[quantization].ggml_type]
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -94,13 +120,14 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
         _llama_cpp(quantization)
     config = unwrap(model).config
     model_type = getattr(config, "model_type", None)
-    if model_type not in GGUF_ARCHS:
+    archs = registry.gguf_archs()
+    if model_type not in archs:
         raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here (supported: "
-                           f"{', '.join(GGUF_ARCHS)}); export with save_merged and convert with llama.cpp's "
+                           f"{', '.join(archs)}); export with save_merged and convert with llama.cpp's "
                            "convert_hf_to_gguf.py.")
     rules = registry.MODEL_TABLE[model_type].gguf
     _check_rope(config, model_type, rules)
-    _check_moe(config, model_type)
+    _check_moe(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -118,22 +145,60 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     return config, spec
 
 
-def _check_moe(config, model_type: str) -> None:
-    """Router rules llama.cpp's MoE graphs hard-code."""
-    if model_type == "qwen3_moe" and not getattr(config, "norm_topk_prob", True):
-        raise FastkitError("save_gguf: llama.cpp's qwen3moe always renormalizes the top-k router weights, but "
-                           "config.norm_topk_prob is False; this model cannot be expressed in GGUF as is.")
-    if model_type == "qwen2_moe" and getattr(config, "norm_topk_prob", False):
-        raise FastkitError("save_gguf: llama.cpp's qwen2moe never renormalizes the top-k router weights, but "
-                           "config.norm_topk_prob is True; this model cannot be expressed in GGUF as is.")
-    if model_type == "gpt_oss" and (getattr(config, "swiglu_alpha", 1.702), config.swiglu_limit) != (1.702, 7.0):
-        raise FastkitError(f"save_gguf: gpt_oss with swiglu_alpha={getattr(config, 'swiglu_alpha', 1.702)}, "
-                           f"swiglu_limit={config.swiglu_limit}: llama.cpp's gpt-oss graph hard-codes 1.702 and 7.0; "
-                           "this model cannot be expressed in GGUF as is.")
-    if model_type == "qwen2_moe" and (getattr(config, "mlp_only_layers", None) or
+def _check_moe(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """Router and expert rules llama.cpp's MoE graph for the family hard-codes (the row's GGUFRules)."""
+    arch = _arch(model_type)
+    renorm = getattr(config, "norm_topk_prob", rules.router_renorm == "always")
+    if rules.router_renorm != "either" and bool(renorm) != (rules.router_renorm == "always"):
+        raise FastkitError(f"save_gguf: llama.cpp's {arch} {rules.router_renorm} renormalizes the top-k router "
+                           f"weights, but config.norm_topk_prob is {renorm}; this model cannot be expressed in GGUF "
+                           "as is.")
+    if rules.swiglu is not None:
+        got = (getattr(config, "swiglu_alpha", rules.swiglu[0]), getattr(config, "swiglu_limit", rules.swiglu[1]))
+        if tuple(got) != rules.swiglu:
+            raise FastkitError(f"save_gguf: {model_type} with swiglu_alpha={got[0]}, swiglu_limit={got[1]}: "
+                               f"llama.cpp's {arch} graph hard-codes {rules.swiglu[0]} and {rules.swiglu[1]}; this "
+                               "model cannot be expressed in GGUF as is.")
+    if rules.experts_every_layer and (getattr(config, "mlp_only_layers", None) or
                                       getattr(config, "decoder_sparse_step", 1) != 1):
-        raise FastkitError("save_gguf: qwen2_moe with dense layers (mlp_only_layers / decoder_sparse_step) has no "
-                           "GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+        raise FastkitError(f"save_gguf: {model_type} with dense layers (mlp_only_layers / decoder_sparse_step) has "
+                           "no GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+
+
+def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantization: str) -> float:
+    """Every tensor transformers' GGUF reader gives back, against the merged model's, within the quantization's
+    rounding (:attr:`QuantSpec.weight_tolerance`); returns the worst ``max|Δw| / max|w|``.
+
+    Why not logits, for a MoE model: rounding the weights can flip a token's top-k expert choice (a qwen3_moe twin at
+    q8_0: 1 of 32 probe tokens in layer 0, the router itself kept in f32 as llama.cpp keeps it), which moves its
+    logits by 0.09 of their scale in any file of that quantization, llama.cpp's own included. Comparing weights
+    checks what a read-back is for (names, layout, every expert) without that cliff."""
+    got = dict(reloaded.named_parameters())
+    worst, missing = 0.0, []
+    for name, load, _ in merged_parameters(model):
+        if name not in got:
+            missing.append(name)
+            continue
+        w = load()  # one merged fp32 tensor at a time
+        if tuple(got[name].shape) != tuple(w.shape):
+            raise FastkitError(f"save_gguf: {name} reads back as {tuple(got[name].shape)}, not {tuple(w.shape)}; "
+                               "nothing was replaced. This is a fastkit bug for this model.")
+        err = ((got[name].detach().float() - w).abs().max() / w.abs().max().clamp_min(1e-12)).item()
+        worst = max(worst, err)
+        if err > QUANTS[quantization].weight_tolerance:
+            raise FastkitError(f"save_gguf: {name} reads back {err:.3g} of its scale away from the model's "
+                               f"(allowed {QUANTS[quantization].weight_tolerance} for {quantization}); nothing was "
+                               "replaced. This is a fastkit bug for this model.")
+    if missing:
+        raise FastkitError(f"save_gguf: {missing[:3]} ({len(missing)} tensors) are not in the file read back; nothing "
+                           "was replaced. This is a fastkit bug for this model.")
+    logger.info("fastkit: save_gguf verified: reloaded, every tensor within %.2g of its scale", worst)
+    return worst
+
+
+def _arch(model_type: str) -> str:
+    """llama.cpp's architecture for ``model_type``, read off its table row now."""
+    return registry.MODEL_TABLE[model_type].gguf_arch
 
 
 def _rope(config, rules: registry.GGUFRules) -> tuple[dict, dict | None]:
@@ -158,7 +223,7 @@ def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
 
 def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What llama.cpp's graph for the family hard-codes: activation, soft-capping, query scale, tied output."""
-    arch = GGUF_ARCHS[model_type]
+    arch = _arch(model_type)
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     if act != rules.activation:
         raise FastkitError(f"save_gguf: {model_type} with activation {act!r}: llama.cpp's {arch} graph applies "
@@ -206,7 +271,7 @@ def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
         if window >= config.max_position_embeddings:
             return  # a window as long as the context is no window
         raise FastkitError(f"save_gguf: {model_type} with a {window}-token sliding window (context "
-                           f"{config.max_position_embeddings}): llama.cpp's {GGUF_ARCHS[model_type]} graph has no "
+                           f"{config.max_position_embeddings}): llama.cpp's {_arch(model_type)} graph has no "
                            "sliding window, so the GGUF would attend over the whole context. If full attention is "
                            "what you want, set model.config.sliding_window = None before saving.")
 
@@ -353,7 +418,7 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
 
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
-    qt, qtypes = _qtypes()[quantization], _qtypes()
+    qt = _qtype(quantization)
     rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
     for hf_name, load, shape in merged_parameters(model):
@@ -380,7 +445,7 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             if gguf_name == "output.weight" and getattr(config, "tie_word_embeddings", False):
                 continue
             entries.append(_Entry(gguf_name, (lambda ld=load, f=fn: f(ld()) if f else ld()), out_shape,
-                                  _tensor_qtype(gguf_name, out_shape, quantization, qt, qtypes)))
+                                  _tensor_qtype(gguf_name, out_shape, quantization, qt)))
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type") == "llama3":  # llama.cpp reads Llama-3's frequency scaling from this tensor
         factors = llama3_rope_factors(config)
@@ -415,7 +480,7 @@ def _expert_pieces(block: str, kind: str, bias: bool, shape, layout: str) -> lis
 
 def _check_experts(entries: list[_Entry], config) -> None:
     """A MoE file must carry every layer's experts: llama.cpp would refuse it, or (one missing kind) run garbage."""
-    if not _num_experts(config):
+    if not num_experts(config):
         return
     names = {e.name for e in entries}
     missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
@@ -440,13 +505,13 @@ def llama3_rope_factors(config) -> torch.Tensor:
     return factors.float()
 
 
-def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt, qtypes):
+def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt):
     import gguf
 
     if len(shape) == 1 or name.endswith(".bias") or any(part in name for part in _F32_PARTS):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
-        qt = qtypes["q8_0"]  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
+        qt = _qtype("q8_0")  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
     block = gguf.GGML_QUANT_SIZES[qt][0]
     if shape[-1] % block:
         return gguf.GGMLQuantizationType.F16  # rows not a whole number of blocks (as llama.cpp falls back)
@@ -511,18 +576,21 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
     if getattr(config, "final_logit_softcapping", None) and rules.final_softcap != "none":
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
-    if model_type in ("qwen2_moe", "qwen3_moe", "gpt_oss"):
-        writer.add_expert_count(_num_experts(config))
+    for method, attr in rules.config_scales:  # Granite's multipliers, as llama.cpp's graph reads them
+        getattr(writer, method)(float(getattr(config, attr)))
+    if num_experts(config):
+        writer.add_expert_count(num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(getattr(config, "moe_intermediate_size", None) or
                                               config.intermediate_size)
-    if model_type == "qwen2_moe":
+    if rules.shared_expert:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-    writer.add_file_type(_file_type(quantization))
+    writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _num_experts(config) -> int | None:
+def num_experts(config) -> int | None:
+    """The number of routed experts of a MoE config (None for a dense one)."""
     return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
 
 
@@ -579,7 +647,7 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
     count (``out`` is removed if anything fails)."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(out), GGUF_ARCHS[config.model_type])
+    writer = gguf.GGUFWriter(str(out), _arch(config.model_type))
     try:
         _add_model_kv(writer, config, config.model_type, name, quantization)
         add_tokenizer_kv(writer, tokenizer, spec, config.vocab_size)
@@ -599,8 +667,8 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
 
 
 @torch.no_grad()
-def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
-              name: str | None = None) -> str:
+def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
+               name: str | None = None) -> str:
     """Write ``model`` (LoRA merged in) as ``<path>/<name>-<quantization>.gguf`` plus an Ollama ``Modelfile``.
 
     ``quantization``: ``"f16"``, ``"bf16"``, ``"q8_0"`` (8-bit, ~half of f16) or ``"q4_0"`` (4-bit), written
@@ -621,7 +689,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
         model = merged_from_disk(model, config.name_or_path, torch.float16)
     wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
     written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
-    entries = _plan(model, config, GGUF_ARCHS[model_type], written)  # raises on unmapped tensors, before writing
+    entries = _plan(model, config, _arch(model_type), written)  # raises on unmapped tensors, before writing
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}-{quantization}.gguf"
     tmp = target.with_name(target.name + ".partial")
@@ -641,11 +709,13 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             tmp.unlink(missing_ok=True)
             raise
     tmp.replace(target)
-    (path / "Modelfile").write_text(modelfile(tokenizer, target.name))
-    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, count,
-                quantization, target.stat().st_size / 1e6)
+    text = modelfile(tokenizer, target.name)  # None (and a warning) where no TEMPLATE renders the chat template
+    if text is not None:
+        (path / "Modelfile").write_text(text)
+    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB)%s", target, count, quantization,
+                target.stat().st_size / 1e6, " and an Ollama Modelfile" if text is not None else "")
     return str(target)
 
 
-__all__ = ["GGUF_ARCHS", "LLAMA_CPP_QUANTS", "QUANTIZATIONS", "WRITTEN", "llama3_rope_factors", "merged_parameters",
-           "quantize_with_llama_cpp", "save_gguf"]
+__all__ = ["LLAMA_CPP_QUANTS", "QUANTIZATIONS", "QUANTS", "WRITTEN", "QuantSpec", "check_weights",
+           "llama3_rope_factors", "merged_parameters", "num_experts", "quantize_with_llama_cpp", "write_gguf"]

@@ -270,56 +270,12 @@ def add_tokenizer_kv(writer, tokenizer, spec: dict, vocab_size: int) -> None:
         if (token_id := getattr(tokenizer, attr, None)) is not None:
             add(token_id)
     ids = tokenizer("a")["input_ids"]
-    writer.add_add_bos_token(bool(ids) and ids[0] == tokenizer.bos_token_id)
+    writer.add_add_bos_token(bool(ids) and ids[0] == tokenizer.bos_token_id)  # = modelfile.adds_bos
     writer.add_add_eos_token(bool(ids) and ids[-1] == tokenizer.eos_token_id and len(ids) > 1)
     if (template := chat_template(tokenizer)) is not None:
         writer.add_chat_template(template)
 
 
-# -------------------------------------------------------------------------------------- Modelfile
-
-
-def stop_tokens(tokenizer) -> list[str]:
-    """The special tokens the chat template closes an assistant turn with (``<|im_end|>``, ``<|eot_id|>``,
-    ``<end_of_turn>``...), read off a rendered two-turn chat, then the EOS token; what Ollama must stop on."""
-    marker = "FASTKIT_ASSISTANT_TURN"
-    specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t}, key=len, reverse=True)
-    stops: list[str] = []
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "FASTKIT_USER_TURN"},
-                                              {"role": "assistant", "content": marker},
-                                              {"role": "user", "content": "v"}], tokenize=False)
-    except Exception:  # no template, or one that refuses this chat: EOS alone
-        text = ""
-    opening = text.split("FASTKIT_USER_TURN", 1)[0]  # what opens a turn (BOS, <|im_start|>...) is no stop
-    rest = text.split(marker, 1)[1] if marker in text else ""
-    while rest:
-        rest = rest.lstrip("\n ")
-        hit = next((t for t in specials if rest.startswith(t)), None)
-        if hit is None or hit in opening:
-            break
-        stops.append(hit)
-        rest = rest[len(hit):]
-    eos = getattr(tokenizer, "eos_token", None)
-    if eos and eos not in stops:
-        stops.append(eos)
-    return stops
-
-
-def modelfile(tokenizer, gguf_name: str) -> str:
-    """An Ollama ``Modelfile`` for ``gguf_name`` (in the same folder).
-
-    No TEMPLATE: a Modelfile TEMPLATE overrides the chat template embedded in the GGUF, and a Go
-    template written here could only be checked against a Jinja rendering, not against Ollama itself.
-    Plain ChatML, for one, drops SmolLM2's default system prompt and the fine-tuned model loses its
-    format. Ollama reads the embedded tokenizer template instead; the stop tokens come from that
-    template (:func:`stop_tokens`).
-    """
-    lines = [f"FROM ./{gguf_name}"]
-    lines += [f"PARAMETER stop {json.dumps(t)}" for t in stop_tokens(tokenizer)]
-    return "\n".join(lines) + "\n"
-
-
-__all__ = ["PRE_TOKENIZERS", "PreTokenizer", "add_tokenizer_kv", "chat_template", "check_tokenizer", "modelfile",
+__all__ = ["PRE_TOKENIZERS", "PreTokenizer", "add_tokenizer_kv", "chat_template", "check_tokenizer",
            "gguf_pre_tokenizer", "pre_tokenizer_name", "pre_tokenizer_object", "pre_tokenizer_spec",
-           "restore_from_gguf", "restore_pre_tokenizer", "stop_tokens"]
+           "restore_from_gguf", "restore_pre_tokenizer"]

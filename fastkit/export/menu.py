@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from fastkit import checks
+from fastkit import checks, registry
 from fastkit.errors import FastkitError
 from fastkit.export import verified as saving
-from fastkit.export.gguf import GGUF_ARCHS, LLAMA_CPP_QUANTS, QUANTIZATIONS
+from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTIZATIONS
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
@@ -158,9 +158,10 @@ def _check_model(model: torch.nn.Module, lora: bool, quants: list[str]) -> None:
         raise FastkitError("export(lora=True) needs a PEFT model (FastModel.get_peft_model or load_lora); pass "
                            "lora=False to export a plain model as merged / GGUF only.")
     model_type = getattr(unwrap(model).config, "model_type", None)
-    if quants and model_type not in GGUF_ARCHS:
+    archs = registry.gguf_archs()  # read now: a row added at run time counts
+    if quants and model_type not in archs:
         raise FastkitError(f"export(gguf={quants}): model_type {model_type!r} has no GGUF layout in fastkit "
-                           f"(it has: {', '.join(GGUF_ARCHS)}); pass gguf=[] and convert the merged folder with "
+                           f"(it has: {', '.join(archs)}); pass gguf=[] and convert the merged folder with "
                            "llama.cpp's convert_hf_to_gguf.py. Nothing was saved.")
 
 

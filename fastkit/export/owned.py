@@ -97,6 +97,16 @@ def is_ours(target: Path, name: str, own: dict[str, dict]) -> bool:
     return entry is not None and file.is_file() and not file.is_symlink() and sha256(file) == entry.get("sha256")
 
 
+def remove_own(target: Path, name: str) -> bool:
+    """Delete ``target/name`` when it is fastkit's own (listed with its bytes in the manifest), and its entry;
+    a user's file of that name stays. Returns whether it was removed."""
+    own = read_manifest(target) if target.is_dir() else {}
+    if not is_ours(target, name, own):
+        return False
+    (target / name).unlink()
+    write_manifest(target, {n: e for n, e in own.items() if n != name})
+    return True
+
 def _blocked(target: Path, name: str) -> bool:
     """A folder of the same name, or a file where a parent folder of ``name`` must go."""
     if (target / name).is_dir():

@@ -34,9 +34,9 @@ from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
 
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2,
-             "f16": 1e-2, "bf16": 4e-2, "q8_0": 8e-2, "q6_k": 0.1, "q5_k_m": 0.15, "q4_0": 0.3, "q4_k_m": 0.3}
-"""Allowed ``max|Δlogit| / max|logit|`` between the reloaded output and the in-memory model, per saved type."""
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+"""Allowed ``max|Δlogit| / max|logit|`` between the reloaded output and the in-memory model, per saved dtype (a
+GGUF's, per quantization: ``fastkit.export.gguf.QUANTS``)."""
 
 PARTIAL_PREFIX = ".fk-partial-"
 """Prefix of the temporary sibling a save writes into (short: a 255-byte folder name still fits beside it)."""
