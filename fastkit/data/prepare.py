@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 def to_prompt_completion(dataset):
     """``messages`` rows -> conversational ``prompt``/``completion`` (last assistant turn is the completion)."""
     columns = set(dataset.column_names)
-    if {"prompt", "completion"} <= columns or "text" in columns:
-        return dataset
+    if {"prompt", "completion"} <= columns or "text" in columns or "input_ids" in columns:
+        return dataset  # already a trainable form (check_dataset's own output included: it is idempotent)
     if "messages" not in columns:
         raise FastkitError(f"The dataset has columns {sorted(columns)}; fastkit needs one of: 'messages' (chat), "
                            "'prompt' + 'completion', or 'text'. Rename or map your columns first.")
@@ -39,7 +39,8 @@ def to_prompt_completion(dataset):
             return {"prompt": msgs, "completion": []}
         return {"prompt": msgs[:-1], "completion": msgs[-1:]}
 
-    return dataset.map(split_last_turn, remove_columns=["messages"])
+    # a string 'prompt' beside 'messages' (HuggingFaceH4/no_robots) is replaced by the chat's prompt turns
+    return dataset.map(split_last_turn, remove_columns=[c for c in ("messages", "prompt") if c in columns])
 
 
 def to_chat_training_form(dataset, tokenizer):

@@ -351,7 +351,8 @@ def _host_weights_in_trainer(trainer, chunked_loss: bool | None) -> bool | None:
 
 
 def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
-        measure_syncs: bool = False, resume: bool = False, clock=None, **train_kwargs: Any) -> TrainingMetrics:
+        measure_syncs: bool = False, resume: bool = False, extend: bool = False, clock=None,
+        **train_kwargs: Any) -> TrainingMetrics:
     """Run ``trainer.train(**train_kwargs)`` with the dashboard; returns the final :class:`TrainingMetrics`.
 
     The trainer's own progress bar / log printer and the dashboard ``make_trainer`` attached are set
@@ -363,6 +364,9 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     there, only when it is this run's (same model, adapter config, data and hyperparameters, with
     optimizer state, not finished): otherwise it raises naming the difference
     (:mod:`fastkit.training.identity`). ``trainer.state.fastkit_run`` says which ("resumed from checkpoint-N").
+    ``extend=True`` (with ``resume=True``) continues a run, finished or not, for the longer schedule the trainer
+    has now (its ``max_steps`` / epochs): adapter, optimizer state and step count carry over, only the schedule's
+    length changes; the dashboard says "continued from checkpoint-N, schedule extended to M steps".
     A loss or gradient norm that is not finite stops the run and raises, naming the step (and on fp16
     the likely cause).
 
@@ -387,7 +391,9 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     for cb in set_aside:
         trainer.remove_callback(cb)
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys
-    guard = RunGuard(trainer, _resume_or_new(trainer, resume, train_kwargs))
+    note = _resume_or_new(trainer, resume, train_kwargs, extend)
+    callback.run_note = note if note.startswith("continued") else None
+    guard = RunGuard(trainer, note)
     trainer.add_callback(guard)
     try:
         trainer.train(**train_kwargs)
@@ -413,10 +419,14 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     return callback.metrics
 
 
-def _resume_or_new(trainer, resume: bool, train_kwargs: dict) -> str:
+def _resume_or_new(trainer, resume: bool, train_kwargs: dict, extend: bool = False) -> str:
     """Which run this is (logged, and on ``trainer.state.fastkit_run``): refuses a checkpoint of another run."""
     if not isinstance(resume, bool):
         raise FastkitError(f"fit(resume={resume!r}): give True (continue this run's newest checkpoint) or False.")
+    checks.check_bool("extend", extend)
+    if extend and not resume:
+        raise FastkitError("fit(extend=True) continues a run's checkpoint for a longer schedule: pass resume=True "
+                           "with it (and the longer max_steps / epochs in make_trainer).")
     trainer.args.logging_nan_inf_filter = False  # a NaN loss is shown (and stops the run), never averaged away
     given = train_kwargs.get("resume_from_checkpoint")
     if given not in (None, False):  # trainer.train's own argument: checked the same way
@@ -432,9 +442,11 @@ def _resume_or_new(trainer, resume: bool, train_kwargs: dict) -> str:
         if last is None:
             logger.info("fastkit: new run (resume=True, but no checkpoint in %s yet)", trainer.args.output_dir)
             return "new run"
-    check_resumable(trainer, last)
+    total = planned_steps(trainer) if extend else None
+    check_resumable(trainer, last, extend_to=total)
     train_kwargs["resume_from_checkpoint"] = last
-    note = f"resumed from {os.path.basename(os.path.normpath(last))}"
+    name = os.path.basename(os.path.normpath(last))
+    note = f"continued from {name}, schedule extended to {total:,} steps" if extend else f"resumed from {name}"
     logger.info("fastkit: %s", note)
     return note
 
