@@ -234,17 +234,18 @@ def _check_resume(args: argparse.Namespace) -> str:
 
 
 FLAG_WORDS = (
-    (r"\bPass resume=False\b", "Drop --resume"), (r"\bpass resume=False\b", "drop --resume"),
-    (r"\bfit\(trainer, resume=True\)", "--resume"), (r"\bresume=True\b", "--resume"),
-    (r"\bresume=False\b", "no --resume"), (r"\bextend=True\b", "--extend"),
-    (r"\bsave_gguf\(quantization=([^)]*)\)", r"--gguf \1"), (r"\bdrop_invalid=True\b", "--drop-invalid"),
-    (r"\bload_in_4bit=True\b", "--4bit"), (r"\bgpu=", "--gpu "),
-    (r"\b(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps)\b=?",
+    (r"(?<![-\w])Pass resume=False\b", "Drop --resume"), (r"(?<![-\w])pass resume=False\b", "drop --resume"),
+    (r"(?<![-\w])fit\(trainer, resume=True\)", "--resume"), (r"(?<![-\w])resume=True\b", "--resume"),
+    (r"(?<![-\w])resume=False\b", "no --resume"), (r"(?<![-\w])extend=True\b", "--extend"),
+    (r"(?<![-\w])save_gguf\(quantization=([^)]*)\)", r"--gguf \1"),
+    (r"(?<![-\w])drop_invalid=True\b", "--drop-invalid"),
+    (r"(?<![-\w])load_in_4bit=True\b", "--4bit"), (r"(?<![-\w])gpu=", "--gpu "),
+    (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps)\b=?",
      lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(0).endswith("=") else "")),
-    (r"\bmax_steps\b=?", lambda m: "--steps" + (" " if m.group(0).endswith("=") else "")),
-    (r"\b(num_train_epochs|epochs)\b=?", lambda m: "--epochs" + (" " if m.group(0).endswith("=") else "")),
-    (r"\blearning_rate\b=?", lambda m: "--lr" + (" " if m.group(0).endswith("=") else "")),
-    (r"\bgradient_accumulation_steps\b=?",
+    (r"(?<![-\w])max_steps\b=?", lambda m: "--steps" + (" " if m.group(0).endswith("=") else "")),
+    (r"(?<![-\w])(num_train_epochs|epochs)\b=?", lambda m: "--epochs" + (" " if m.group(0).endswith("=") else "")),
+    (r"(?<![-\w])learning_rate\b=?", lambda m: "--lr" + (" " if m.group(0).endswith("=") else "")),
+    (r"(?<![-\w])gradient_accumulation_steps\b=?",
      lambda m: "--grad-accumulation" + (" " if m.group(0).endswith("=") else "")),
 )
 """(regex, replacement) turning the Python names in fastkit's messages into the CLI's flags."""
