@@ -2,10 +2,11 @@
 
 Every entry matches one message from one upstream module (its logger or its ``warnings.warn`` call),
 by a fixed text, never by level or category alone: anything else upstream says still shows. The
-filters go in when fastkit is imported (before bitsandbytes / transformers modules log), and datasets'
-progress bars (tokenizing, TRL's labels and packing passes) are turned off, so fastkit's progress line is the
-only one; set ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` to see them all again. Remove an entry when the upstream
-version that emits it is no longer supported.
+filters go in when fastkit is imported (before bitsandbytes / transformers modules log); datasets' progress
+bars (tokenizing, TRL's labels and packing passes) are turned off where fastkit runs those passes
+(:func:`quiet_progress_bars`), so fastkit's progress line is the only one; set
+``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` to see them all again. Remove an entry when the upstream version that
+emits it is no longer supported.
 """
 
 from __future__ import annotations
@@ -95,7 +96,6 @@ def install() -> None:
     """Filter the :data:`KNOWN` messages (idempotent); a no-op under ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1``."""
     if os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1":
         return
-    quiet_progress_bars()
     by_logger: dict[str, list[str]] = {}
     for known in KNOWN:
         if known.category is not None:
@@ -110,14 +110,15 @@ def install() -> None:
 
 
 def quiet_progress_bars() -> None:
-    """datasets' progress bars off (:data:`PROGRESS_BARS`), unless the user set the variable themselves."""
-    import sys
-
-    if PROGRESS_BARS in os.environ:
+    """datasets' progress bars off (:data:`PROGRESS_BARS`), called where fastkit runs datasets' passes
+    (``check_dataset``, ``make_trainer``, the CLI); a no-op under ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` or when the
+    user set ``HF_DATASETS_DISABLE_PROGRESS_BARS`` themselves. The environment is left as it is (child processes
+    and kernels see the user's own settings)."""
+    if os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1" or PROGRESS_BARS in os.environ:
         return
-    os.environ[PROGRESS_BARS] = "1"  # read when datasets is imported
-    if "datasets" in sys.modules:  # already imported: its switch, the same thing
-        sys.modules["datasets"].disable_progress_bars()
+    import datasets
+
+    datasets.disable_progress_bars()
 
 
 def uninstall() -> None:

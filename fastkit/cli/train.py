@@ -184,10 +184,12 @@ def _check_output_dir(output_dir: str) -> None:
 
 def _read_data(data: str, drop_invalid: bool):
     """``--data`` read and checked without a tokenizer: the file, its format and columns, every row's fields."""
+    from fastkit import _quiet
     from fastkit.data import check_rows, normalize_dataset
     from fastkit.data.read import as_dataset
     from fastkit.errors import FastkitError
 
+    _quiet.quiet_progress_bars()
     if data == "quickstart":
         from fastkit.quickstart import quickstart_dataset
 

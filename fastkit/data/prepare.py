@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from fastkit import _quiet
 from fastkit.data.chat_template import require_chat_template
 from fastkit.data.formats import is_single_answer, normalize_dataset, tokenize_chats
 from fastkit.data.read import as_dataset
@@ -103,6 +104,7 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
     non-string content, a last turn that is not the assistant's, an answer of ``None``) are refused with
     their row numbers, or dropped and counted with ``drop_invalid=True``. A plain list of dicts is accepted.
     """
+    _quiet.quiet_progress_bars()  # fastkit's progress line / dashboard is the one progress display
     dataset = as_dataset(dataset, where=where)  # the one front door: lists, files, DataFrames, dicts, ...
     if len(dataset) == 0:
         raise FastkitError(f"{where}: the dataset is empty; give at least one example.")
