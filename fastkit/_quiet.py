@@ -110,15 +110,18 @@ def install() -> None:
 
 
 def quiet_progress_bars() -> None:
-    """datasets' progress bars off (:data:`PROGRESS_BARS`), called where fastkit runs datasets' passes
+    """datasets' progress bars off (:data:`PROGRESS_BARS`), and transformers' (weights loading: the reloads that
+    verify each save), called where fastkit runs datasets' passes
     (``check_dataset``, ``make_trainer``, the CLI); a no-op under ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` or when the
     user set ``HF_DATASETS_DISABLE_PROGRESS_BARS`` themselves. The environment is left as it is (child processes
     and kernels see the user's own settings)."""
     if os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1" or PROGRESS_BARS in os.environ:
         return
     import datasets
+    from transformers.utils import logging as hf_logging
 
     datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()  # the verifying reloads of saves ("Loading weights", GGUF de-quantizing)
 
 
 def uninstall() -> None:

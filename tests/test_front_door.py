@@ -160,8 +160,8 @@ def test_trainer_trains_the_tokens_preview_masks_counts(tmp_path):
     trainer = make_trainer(model, tok, check_dataset(rows, tok, 256), max_steps=1, max_seq_length=256,
                            output_dir=str(tmp_path), dashboard="none")
     counts = [int(m.group(2)) for m in HEAD.finditer(preview_masks(rows, tok, n=len(rows)))]
-    packed = trainer.train_dataset
-    trained = sum(sum(m) for m in packed["completion_mask"])
+    packed = trainer.train_dataset  # TRL's packed rows: labels -100 where nothing is trained
+    trained = sum(sum(label != -100 for label in row) for row in packed["labels"])
     assert len(counts) == len(rows) and trained == sum(counts)
     assert sorted(n for r in packed["seq_lengths"] for n in r) == sorted(
         int(m.group(3)) for m in HEAD.finditer(preview_masks(rows, tok, n=len(rows))))

@@ -642,7 +642,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             raise
     tmp.replace(target)
     (path / "Modelfile").write_text(modelfile(tokenizer, target.name))
-    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target, count,
+    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB) and an Ollama Modelfile", target.name, count,
                 quantization, target.stat().st_size / 1e6)
     return str(target)
 
