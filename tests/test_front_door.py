@@ -224,6 +224,17 @@ def test_messages_name_cli_flags_not_python_kwargs():
                     "--output-dir; --steps 5, --lr, --max-seq-length 128, --gpu 24, --epochs")
 
 
+def test_model_card_names_the_base_model_and_the_data(tmp_path):
+    from fastkit.training.run import model_card_sentence
+
+    (tmp_path / "chats.jsonl").write_text("{}")
+    assert model_card_sentence("Qwen/Qwen3-0.6B", "HuggingFaceH4/no_robots") == (
+        "This model is a fine-tuned version of [Qwen/Qwen3-0.6B](https://huggingface.co/Qwen/Qwen3-0.6B), trained on "
+        "[HuggingFaceH4/no_robots](https://huggingface.co/datasets/HuggingFaceH4/no_robots) with fastkit.")
+    local = model_card_sentence(str(tmp_path), str(tmp_path / "chats.jsonl"))
+    assert f"`{tmp_path}`" in local and f"`{tmp_path / 'chats.jsonl'}`" in local and "None" not in local
+
+
 def test_twin_of_a_local_config_folder(tmp_path):
     from fastkit import FastModel
     from fastkit.families.twins import twin_config
@@ -267,3 +278,39 @@ def test_resume_extend_continues_a_finished_run(tmp_path, caplog, capsys):
     state = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["max_steps"] == 4
     assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3, 4]  # the old steps kept
+    card = (tmp_path / "README.md").read_text()
+    assert "[None]" not in card and f"trained on `{NO_ROBOTS_SAMPLE}`" in card, card
+
+
+def test_progress_lines_show_their_own_steps_loss_and_lr(caplog):
+    """The terminal line of step N carries step N's loss and learning rate (not step N-1's: the Trainer calls the
+    step-end callbacks before it logs), so the last line and the summary agree."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from fastkit.dashboard import MetricsCallback
+    from fastkit.dashboard.views import TerminalView
+    from tests.helpers import FakeClock
+
+    clock = FakeClock(10.0)
+    cb = MetricsCallback(warmup_steps=1, clock=clock)
+    cb.add_listener(TerminalView(every_s=0.0))
+    args, control = SimpleNamespace(use_cpu=True), TrainerControl()
+    state = TrainerState(max_steps=4, is_world_process_zero=True)
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        cb.on_train_begin(args, state, control, model=None)
+        for step in range(1, 5):
+            clock.now += 1.0
+            state.global_step = step
+            cb.on_step_end(args, state, control)
+            cb.on_log(args, state, control, logs={"loss": 2.0 / step, "learning_rate": 1e-3 / step})
+        cb.on_train_end(args, state, control)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fastkit: step ")]
+    for line in lines:
+        step = int(line.split()[2].split("/")[0])
+        if step > 1:
+            assert f"loss {2.0 / step:.4f}" in line and f"lr {1e-3 / step:.2e}" in line, line
+    assert lines[-1].startswith("fastkit: step 4/4")
+    summary = next(r.getMessage() for r in caplog.records if "Learning rate" in r.getMessage())
+    assert f"{1e-3 / 4:.2e}" in summary

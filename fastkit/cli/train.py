@@ -270,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
     from fastkit import FastModel
     from fastkit.data import check_dataset
     from fastkit.export import save_lora
+    from fastkit.quickstart import NO_ROBOTS_SAMPLE
     from fastkit.training import fit, make_trainer, run_coverage
 
     model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=args.max_seq_length,
@@ -288,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
                            learning_rate=args.lr, max_seq_length=args.max_seq_length, eval_split=args.eval_split,
                            report_to=args.report_to, output_dir=args.output_dir, save_steps=args.save_steps,
                            dashboard="none")
+    trainer.fastkit_data = {"sample": str(NO_ROBOTS_SAMPLE), "quickstart": "fastkit's quickstart data"}.get(
+        args.data, args.data)  # what the run folder's model card names
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
     logger.info("fastkit: LoRA adapters in %s", save_lora(model, tokenizer, f"{args.output_dir}/lora"))

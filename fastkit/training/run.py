@@ -139,6 +139,7 @@ def make_trainer(
         if eval_dataset is not None and eval_steps is None:
             trainer.args.eval_steps = max(1, total // 10)
     _attach_packed_metadata(trainer)
+    _name_in_model_card(trainer, train_dataset)
     chunked_loss = _host_weights_in_trainer(trainer, chunked_loss)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
         from fastkit.patches.loss.patch import route_trainer_loss
@@ -319,6 +320,52 @@ def _check_packing_supported(model: torch.nn.Module, packing: bool) -> None:
                            f"patch{f' ({why})' if why else ''}, so packed documents would attend to each other. Pass "
                            "packing=False (or load the model through FastModel with patches='auto' for a family in "
                            "fastkit's table, docs/coverage.md).")
+
+
+CARD_LINE = "This model is a fine-tuned version of "
+"""The sentence of TRL's model card (trl/templates/lm_model_card.md, TRL 1.16) that names the base model and data."""
+
+
+def data_name(source) -> str | None:
+    """What the model card calls the training data: a path or Hub id as given, a Hub dataset's name, else None."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    return getattr(getattr(source, "info", None), "dataset_name", None) or None
+
+
+def model_card_sentence(base: str | None, data: str | None) -> str:
+    """fastkit's line for the run folder's README.md: a Hub id links to the Hub, a local folder or file is named."""
+    def named(what: str | None, kind: str) -> str:
+        if not what:
+            return "a model built in memory" if kind == "models" else "data given in memory"
+        local = os.path.exists(what) or what.startswith((".", "/", "~"))
+        hub = "" if kind == "models" else "datasets/"
+        return f"`{what}`" if local or what.count("/") != 1 else f"[{what}](https://huggingface.co/{hub}{what})"
+
+    return f"{CARD_LINE}{named(base, 'models')}, trained on {named(data, 'datasets')} with fastkit."
+
+
+def _name_in_model_card(trainer, train_dataset) -> None:
+    """TRL's card says "fine-tuned version of [None]" for a model loaded from a folder, and names no data: after
+    TRL writes it, its sentence names the base model (Hub id or folder) and the data (``trainer.fastkit_data``
+    when set, as the CLI does with ``--data``, else the dataset's path or Hub name)."""
+    original = trainer.create_model_card
+    trainer.fastkit_data = data_name(train_dataset)
+
+    def create_model_card(*args, **kwargs):
+        original(*args, **kwargs)
+        card = os.path.join(trainer.args.output_dir, "README.md")
+        if not os.path.isfile(card):
+            return
+        base = str(getattr(unwrap(trainer.model).config, "_name_or_path", "") or "") or None
+        line = model_card_sentence(base, trainer.fastkit_data)
+        with open(card, encoding="utf-8") as f:
+            text = f.read()
+        lines = [line if ln.startswith(CARD_LINE) else ln for ln in text.splitlines()]
+        with open(card, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+    trainer.create_model_card = create_model_card
 
 
 def _attach_packed_metadata(trainer) -> None:
