@@ -235,6 +235,28 @@ def test_model_card_names_the_base_model_and_the_data(tmp_path):
     assert f"`{tmp_path}`" in local and f"`{tmp_path / 'chats.jsonl'}`" in local and "None" not in local
 
 
+def test_run_folder_model_card_is_rewritten_after_trl_writes_it(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from fastkit.training.run import _name_in_model_card
+
+    def trl_card(model_name=None):  # what TRL 1.16 writes for a model loaded from a folder
+        (tmp_path / "README.md").write_text("# Model Card\n\nThis model is a fine-tuned version of "
+                                            "[None](https://huggingface.co/None).\n\n## Quick start\n")
+
+    model = torch.nn.Linear(1, 1)
+    model.config = SimpleNamespace(_name_or_path=str(tmp_path / "SmolLM2"))
+    trainer = SimpleNamespace(create_model_card=trl_card, args=SimpleNamespace(output_dir=str(tmp_path)),
+                              model=model)
+    _name_in_model_card(trainer, "HuggingFaceH4/no_robots")
+    trainer.create_model_card(model_name="run")
+    card = (tmp_path / "README.md").read_text()
+    assert "[None]" not in card and f"`{tmp_path / 'SmolLM2'}`" in card and "## Quick start" in card
+    assert "[HuggingFaceH4/no_robots](https://huggingface.co/datasets/HuggingFaceH4/no_robots)" in card
+
+
 def test_twin_of_a_local_config_folder(tmp_path):
     from fastkit import FastModel
     from fastkit.families.twins import twin_config
