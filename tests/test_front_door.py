@@ -252,10 +252,6 @@ def test_run_folder_model_card_is_rewritten_after_trl_writes_it(tmp_path):
                               model=model)
     _name_in_model_card(trainer, "HuggingFaceH4/no_robots")
     trainer.create_model_card(model_name="run")
-    import torch  # AdamW's own step count: 4 only if the optimizer state of steps 1-2 carried over
-
-    optimizer = torch.load(tmp_path / "checkpoint-4" / "optimizer.pt", weights_only=False)
-    assert {float(s["step"]) for s in optimizer["state"].values()} == {4.0}
     card = (tmp_path / "README.md").read_text()
     assert "[None]" not in card and f"`{tmp_path / 'SmolLM2'}`" in card and "## Quick start" in card
     assert "[HuggingFaceH4/no_robots](https://huggingface.co/datasets/HuggingFaceH4/no_robots)" in card
