@@ -17,7 +17,7 @@ import logging
 
 from fastkit import _quiet
 from fastkit.data.chat_template import require_chat_template
-from fastkit.data.formats import is_single_answer, normalize_dataset, tokenize_chats
+from fastkit.data.formats import is_single_answer, normalize_dataset, row_tokens, tokenize_chats
 from fastkit.data.read import as_dataset
 from fastkit.data.rules import check_rows
 from fastkit.errors import FastkitError
@@ -80,8 +80,9 @@ def token_counts(dataset, tokenizer, per_row, chunk: int = 1024) -> list[tuple[i
 
 def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     """(total tokens, trainable tokens) of one row, as TRL will tokenize it."""
-    if "input_ids" in row:  # multi-turn chats, tokenized by fastkit.data.formats.tokenize_chats
-        return len(row["input_ids"]), sum(row["completion_mask"])
+    if "input_ids" in row:  # pre-tokenized (multi-turn chats by tokenize_chats): completion_mask / labels / all
+        ids, mask = row_tokens(row, tokenizer)
+        return len(ids), sum(mask)
     if "text" in row:
         n = len(tokenizer(row["text"])["input_ids"])
         return n, n
