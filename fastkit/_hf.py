@@ -638,12 +638,19 @@ def has_no_4bit_layout(module: torch.nn.Module) -> bool:
     return cls in registry.no_4bit_experts() or cls.startswith("Mxfp4")
 
 
-def is_progress_callback(callback: Any) -> bool:
-    """transformers' progress printers (``ProgressCallback``, ``PrinterCallback``, ``NotebookProgressCallback``)."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from transformers.utils.notebook import NotebookProgressCallback
+PROGRESS_CALLBACKS = frozenset({("transformers.trainer_callback", "ProgressCallback"),
+                                ("transformers.trainer_callback", "PrinterCallback"),
+                                ("transformers.utils.notebook", "NotebookProgressCallback")})
+"""(module, class name) of transformers' progress printers (transformers 5.24)."""
 
-    return isinstance(callback, (ProgressCallback, PrinterCallback, NotebookProgressCallback))
+
+def is_progress_callback(callback: Any) -> bool:
+    """transformers' progress printers (``ProgressCallback``, ``PrinterCallback``, ``NotebookProgressCallback``).
+
+    Told by the class's module and name (its own or a base's), never by importing them:
+    ``transformers.utils.notebook`` imports IPython, which a terminal install does not have (issue 30).
+    """
+    return any((cls.__module__, cls.__name__) in PROGRESS_CALLBACKS for cls in type(callback).__mro__)
 
 
 BYTE_LEVEL = "ByteLevel"

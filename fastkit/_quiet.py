@@ -2,9 +2,11 @@
 
 Every entry matches one message from one upstream module (its logger or its ``warnings.warn`` call),
 by a fixed text, never by level or category alone: anything else upstream says still shows. The
-filters go in when fastkit is imported (before bitsandbytes / transformers modules log); set
-``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` to see them all again. Remove an entry when the upstream
-version that emits it is no longer supported.
+filters go in when fastkit is imported (before bitsandbytes / transformers modules log); datasets' progress
+bars (tokenizing, TRL's labels and packing passes) are turned off where fastkit runs those passes
+(:func:`quiet_progress_bars`), so fastkit's progress line is the only one; set
+``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` to see them all again. Remove an entry when the upstream version that
+emits it is no longer supported.
 """
 
 from __future__ import annotations
@@ -49,8 +51,27 @@ KNOWN: tuple[KnownWarning, ...] = (
         "Only for fastkit's tiny twins: a twin shrinks max_position_embeddings, so the YaRN factor no longer "
         "equals max_position_embeddings / original_max_position_embeddings; transformers uses the explicit factor, "
         "the real checkpoint's. Real GPT-OSS configs agree (131072 / 4096 = 32)."),
+    KnownWarning(
+        "accelerate.accelerator", "The used dataset had no length",
+        "accelerate 1.x logs it (as [RANK 0] ...) from gather_for_metrics at the end of an eval loop over a packed "
+        "dataset without a length, e.g. on resume; the Trainer drops nothing there, and fastkit's eval loss is the "
+        "Trainer's own mean."),
+    KnownWarning(
+        "gguf.gguf_writer", "This GGUF file is for",
+        "gguf-py states the byte order of every file it writes (always little endian for fastkit); fastkit's own "
+        "line names the file written."),
+    KnownWarning(
+        "gguf.gguf_writer", "Writing the following files:",
+        "gguf-py lists the temporary .gguf.partial-... paths it writes beside the target; fastkit verifies and "
+        "renames the file and logs the final path."),
+    KnownWarning(
+        "gguf.gguf_writer", ": n_tensors = ",
+        "gguf-py's per-file line under 'Writing the following files:' (a temporary path and its byte count)."),
 )
 """Everything fastkit filters. Nothing else is silenced."""
+PROGRESS_BARS = "HF_DATASETS_DISABLE_PROGRESS_BARS"
+"""datasets' switch for its per-``map`` progress bars (tokenizing, TRL's "Building labels", "Packing train
+dataset"): off under fastkit, whose progress line / dashboard is the one progress display."""
 
 
 class _DropKnown(logging.Filter):
@@ -88,6 +109,21 @@ def install() -> None:
             logging.getLogger(name).addFilter(_installed[name])  # the module's own logger: nothing else touched
 
 
+def quiet_progress_bars() -> None:
+    """datasets' progress bars off (:data:`PROGRESS_BARS`), and transformers' (weights loading: the reloads that
+    verify each save), called where fastkit runs datasets' passes
+    (``check_dataset``, ``make_trainer``, the CLI); a no-op under ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1`` or when the
+    user set ``HF_DATASETS_DISABLE_PROGRESS_BARS`` themselves. The environment is left as it is (child processes
+    and kernels see the user's own settings)."""
+    if os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1" or PROGRESS_BARS in os.environ:
+        return
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()  # the verifying reloads of saves ("Loading weights", GGUF de-quantizing)
+
+
 def uninstall() -> None:
     """Undo :func:`install` for the log filters (tests; ``warnings`` filters stay, as ``warnings`` has no undo)."""
     for name, flt in _installed.items():
@@ -103,4 +139,4 @@ def _regex(text: str) -> str:
 
 install()  # on import, so `from fastkit import _quiet` first in fastkit/__init__.py is enough
 
-__all__ = ["KNOWN", "KnownWarning", "install", "uninstall"]
+__all__ = ["KNOWN", "PROGRESS_BARS", "KnownWarning", "install", "quiet_progress_bars", "uninstall"]

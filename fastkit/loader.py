@@ -470,6 +470,7 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
     from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_family
 
     checks.check_max_seq_length(max_seq_length)  # the twin's context is not the real model's: no config here
+    name = _twin_name(name)
     try:
         family, overrides = twin_family(name)
     except ValueError as exc:
@@ -479,6 +480,25 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
     _patch(model, max_seq_length, patches, log=True)
     return model, tokenizer
+
+
+def _twin_name(name: str) -> str:
+    """``twin=True`` on a local folder (or its config.json): the model_type its config.json names."""
+    import json
+    from pathlib import Path
+
+    path = Path(os.path.expanduser(name))
+    config = path / "config.json" if path.is_dir() else path
+    if not (config.name == "config.json" and config.is_file()):
+        return name
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except ValueError as exc:
+        raise FastkitError(f"twin=True: {str(config)!r} is not valid JSON ({exc}).") from exc
+    if not model_type:
+        raise FastkitError(f"twin=True: {str(config)!r} names no model_type to build a twin of.")
+    logger.info("fastkit: twin=True: %s is a local %s config", name, model_type)
+    return str(model_type)
 
 
 def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offload_config=None) -> str:

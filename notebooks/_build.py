@@ -186,7 +186,8 @@ def _parameters(s: Spec):
     return [
         _md("## Parameters", "", "The only cell to edit. `DATASET` is a Hub id, a .json/.jsonl file or a list of "
             "rows: chat `messages`, ShareGPT `conversations`, Alpaca `instruction`/`input`/`output`, "
-            "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset. A run is "
+            "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset, \"sample\" 16 "
+            "offline chats in no_robots' schema (multi-turn rows included: every assistant turn is trained). A run is "
             "`MAX_STEPS` optimizer steps or `EPOCHS` passes over the data (set the other to `None`); each step "
             "trains on `BATCH_SIZE × GRAD_ACCUMULATION` packed rows of up to `MAX_SEQ_LENGTH` tokens, and the "
             "train cell prints how much of the data that is. Running the train cell again starts a new run; "
@@ -214,10 +215,15 @@ def _parameters(s: Spec):
               f"PROMPTS = [\n    {prompts}\n]",
               "",
               "if USE_TWIN:  # seconds on a CPU",
-              '    MAX_SEQ_LENGTH, MAX_STEPS, MAX_NEW_TOKENS, DATASET, SAVE_STEPS = 256, 6, 12, "quickstart", 3',
+              f'    MAX_SEQ_LENGTH, MAX_STEPS, MAX_NEW_TOKENS, DATASET, SAVE_STEPS = 256, 6, 12, "{_twin_data(s)}", 3',
               "    EVAL_SPLIT = 0.1",
               tags=("parameters",)),
     ]
+
+
+def _twin_data(s: Spec) -> str:
+    """The offline data a twin run trains on: the quickstart's own, else the no_robots-shaped sample (multi-turn)."""
+    return "quickstart" if s.dataset == "quickstart" else "sample"
 
 
 def install_lines(s: Spec) -> list[str]:
@@ -276,16 +282,17 @@ def _data(s: Spec):
     return [
         _md("## Data", "", "Bad data stops here, before training: missing columns, an empty dataset, a tokenizer "
             "without a chat template, rows where every label is masked. Rows longer than `MAX_SEQ_LENGTH` are dropped "
-            "(and counted) here; without `drop_long=True` they are refused."),
-        _code("from fastkit.data import check_dataset, load_chat_dataset",
-              "from fastkit.quickstart import quickstart_dataset", "",
+            "(and counted) here; without `drop_long=True` they are refused. Chats with several assistant turns are "
+            "tokenized with a mask on every assistant turn; the preview shows the trained tokens in [brackets]."),
+        _code("from fastkit.data import check_dataset, load_chat_dataset, preview_masks",
+              "from fastkit.quickstart import NO_ROBOTS_SAMPLE, quickstart_dataset", "",
               'if DATASET == "quickstart":',
               "    train_dataset, _ = quickstart_dataset()",
-              "else:",
-              "    train_dataset = load_chat_dataset(DATASET)",
+              "else:  # \"sample\": the no_robots-shaped chats shipped with fastkit",
+              '    train_dataset = load_chat_dataset(NO_ROBOTS_SAMPLE if DATASET == "sample" else DATASET)',
               "train_dataset = check_dataset(train_dataset, tokenizer, MAX_SEQ_LENGTH, drop_long=True)  # drops, logs",
-              'print(f"{len(train_dataset):,} examples; the first one:")',
-              "train_dataset[0]"),
+              'print(f"{len(train_dataset):,} examples; what the first ones train:")',
+              "print(preview_masks(train_dataset, tokenizer, n=3))"),
     ]
 
 

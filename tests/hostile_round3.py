@@ -1025,7 +1025,7 @@ def cli():
         Case("r3_cli_plan_missing_model", lambda ctx: _cli(ctx, "plan", str(ctx.tmp / "nope")),
              _exit(2, "fastkit plan:")),
         Case("r3_cli_plan_unknown_gpu", lambda ctx: _cli(ctx, "plan", _config_dir(ctx), "--gpu", "t5"),
-             _exit(2, "gpu='t5'")),
+             _exit(2, "--gpu 't5'")),
         Case("r3_cli_plan_past_context", lambda ctx: _cli(ctx, "plan", _config_dir(ctx), "--max-seq-length", "999999"),
              _exit(2, "max_position_embeddings")),
         Case("r3_cli_plan_non_decoder", lambda ctx: (_write(ctx, "bert/config.json", b'{"model_type": "bert"}'),

@@ -491,6 +491,11 @@ def check_is_progress_callback():
     assert all(_hf.is_progress_callback(c()) for c in (ProgressCallback, PrinterCallback, NotebookProgressCallback))
     assert not _hf.is_progress_callback(TrainerCallback())
 
+    class OwnProgress(ProgressCallback):  # a subclass is still a progress printer (told by its bases)
+        pass
+
+    assert _hf.is_progress_callback(OwnProgress())
+
 
 def check_byte_level_bpe():
     import json

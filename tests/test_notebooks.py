@@ -111,6 +111,7 @@ def test_notebook_runs_with_twin(path, tmp_path):
     assert "new run" in html[0] and "Eval loss" in html[0]  # EVAL_SPLIT = 0.1 in twin mode
     printed = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
     assert "One run: 6 steps × 1 packed row of ≤256 tokens" in printed and "% of one epoch" in printed, printed
+    _check_mask_preview(nb, path)
     # quiet: none of the upstream warnings fastkit filters reaches any output
     stderr = "".join(o.get("text", "") for c in nb.cells for o in _outputs(c) if o.get("name") == "stderr")
     for noise in ("gemm_4bit_forward", "is_gradient_checkpointing", "mtime may not be reliable", "RoPE scaling factor"):
@@ -134,6 +135,23 @@ def test_notebook_runs_with_twin(path, tmp_path):
     if 'GGUF = ["q8_0"]' in save.source:
         assert any((out_dir / "gguf").glob("*-q8_0.gguf")) and (out_dir / "gguf" / "Modelfile").is_file()
         assert "Ollama: ollama create " in printed and "/gguf/Modelfile" in printed, printed
+
+
+def _check_mask_preview(nb, path: Path) -> None:
+    """Twin mode trains the no_robots-shaped sample (multi-turn) in every per-model notebook: the data cell's
+    preview counts, per row, the tokens fastkit computes for the raw chats (every assistant turn trained)."""
+    from fastkit.data import load_chat_dataset, preview_masks
+    from fastkit.families.twins import twin_bpe_tokenizer
+    from fastkit.quickstart import NO_ROBOTS_SAMPLE
+
+    shown = "".join(o.get("text", "") for o in _outputs(_cell_with(nb, "preview_masks(")))
+    heads = re.findall(r"row \d+: \d+ of \d+ tokens trained", shown)
+    assert len(heads) == 3, shown
+    if path.stem == "00_quickstart":
+        return
+    expected = preview_masks(load_chat_dataset(NO_ROBOTS_SAMPLE), twin_bpe_tokenizer(), n=3)
+    assert heads == re.findall(r"row \d+: \d+ of \d+ tokens trained", expected)
+    assert shown.count("[") >= 4 and "[Water it at the base" in shown and "[When the top inch" in shown, shown
 
 
 @pytest.mark.notebook

@@ -8,6 +8,7 @@ turns into NaN or wrong gradients, and into a violated invariant of the recorded
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -90,16 +91,47 @@ def test_races_never_read_early_or_after_reuse(copy_s, compute_s, double):
     check_trace_invariants(trace)
 
 
-def test_mutation_missing_wait_is_caught(monkeypatch):
-    # The race detector works: without the stream wait the recompute reads a poisoned buffer.
+def _lazy_copies(monkeypatch) -> None:
+    """A copy stream whose reloads happen only when waited on: each h2d copy poisons its destination at issue
+    and copies in ``wait(event)``. Ordering is then a fact, not a race: a read that waits sees the data, a read
+    that does not sees the poison, whatever the machine's load (no thread, no sleep)."""
+    from fastkit.patches.offload.streams import _poison
+
+    def copy(self, dst, src, kind, tag=None):
+        event = threading.Event()
+        if kind == "h2d":
+            _poison(dst)
+            self.__dict__.setdefault("_lazy", {})[event] = (dst, src)
+        else:
+            dst.copy_(src)
+            event.set()
+        self._last = event
+        return event
+
+    def wait(self, event):
+        dst, src = self.__dict__.setdefault("_lazy", {}).pop(event, (None, None))
+        if dst is not None:
+            dst.copy_(src)
+        event.set()
+
+    monkeypatch.setattr(CpuStreams, "copy", copy)
+    monkeypatch.setattr(CpuStreams, "wait", wait)
+
+
+@pytest.mark.parametrize("double", [False, True], ids=["single", "double"])
+def test_mutation_missing_wait_is_caught(monkeypatch, double):
+    # The race detector works: without the stream wait the recompute reads a poisoned buffer. The copy stream
+    # copies only when waited on, so the outcome does not depend on timing or load.
     ref = train_steps(build(), steps=1)
-    # Single buffer: each reload is issued at unpack and read at once, so a missing wait always reads
-    # a slot whose copy (poison, 1 s delay, copy) has not finished.
+    _lazy_copies(monkeypatch)
     model = build()
-    enable_offload(model, cfg(double_buffer=False, throttle=Throttle(1.0, directions=("h2d",), poison=True)))
-    monkeypatch.setattr(CpuStreams, "wait", lambda self, event: None)
+    enable_offload(model, cfg(double_buffer=double))
+    (_, waited), = train_steps(model, steps=1)  # with its waits, the lazy stream gives the exact gradients
+    assert all(torch.equal(ref[0][1][n], g) for n, g in waited.items())
+    monkeypatch.setattr(CpuStreams, "wait", lambda self, event: None)  # the mutation: no wait before the read
+    model = build()
+    enable_offload(model, cfg(double_buffer=double))
     (loss, grads), = train_steps(model, steps=1)
-    offload_controller(model).streams.synchronize()
     assert not all(torch.equal(ref[0][1][n], g) for n, g in grads.items())
 
 

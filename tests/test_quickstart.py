@@ -13,6 +13,9 @@ def test_cli_quickstart_on_twin(tmp_path, caplog):
     assert main(["quickstart", "--twin", "--steps", "3", "--output-dir", str(tmp_path)]) == 0
     assert "loss per step" in caplog.text and "before:" in caplog.text and "after:" in caplog.text
     assert "held-out (6 questions): format 0/6 -> " in caplog.text and "facts " in caplog.text
+    # the adapters are where the config says (outputs/quickstart/lora by default), and the summary says so
+    assert (tmp_path / "lora" / "adapter_model.safetensors").is_file()
+    assert f"LoRA adapters saved in {tmp_path / 'lora'}" in caplog.text
 
 
 def test_cli_rejects_unknown_bench():

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("FASTKIT_DEBUG") == "1":
             raise
         bad_input = isinstance(exc, (FastkitError, FileNotFoundError))
-        text = " ".join(str(exc).split()) or type(exc).__name__
+        text = cli_train.flag_words(" ".join(str(exc).split())) or type(exc).__name__  # the CLI's flags, not kwargs
         kind = "" if bad_input else f"failed: {type(exc).__name__}: "
         print(f"fastkit {command}: {kind}{text[:400]}", file=sys.stderr)
         return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
@@ -108,7 +108,8 @@ def _main(argv: list[str]) -> int:
     qs.add_argument("--steps", type=cli_train.positive_int, default=20, help="optimizer steps (default 20)")
     qs.add_argument("--max-seq-length", type=cli_train.positive_int, default=256,
                     help="tokens per packed row (default 256)")
-    qs.add_argument("--output-dir", default="outputs/quickstart")
+    qs.add_argument("--output-dir", default="outputs/quickstart",
+                    help="where the LoRA adapters are saved, in <dir>/lora (default outputs/quickstart)")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
     cli_train.add_parser(sub)
     cli_export.add_parser(sub)

@@ -122,6 +122,9 @@ class TrainingMetrics:
     """Why training stopped, when it failed or was interrupted."""
     resumed_from: int | None = None
     """The optimizer step this run resumed from (``checkpoint-<N>``); None for a new run."""
+    run_note: str | None = None
+    """A continued run's own words (``fit(..., extend=True)``): "continued from checkpoint-N, schedule extended
+    to M steps"; None otherwise."""
     rates_include_warmup: bool = False
     """True when the run was too short to leave the warm-up out, so steps/s and tokens/s include it."""
     rl: dict[str, float] = field(default_factory=dict)
@@ -182,6 +185,7 @@ class MetricsCallback(TrainerCallback):
         self.log_every_step = log_every_step
         self.measure_syncs = measure_syncs
         self.examples = examples
+        self.run_note: str | None = None  # fit sets it for a continued run; copied onto the metrics at train begin
         self.metrics = TrainingMetrics(warmup_steps=warmup_steps)
         self.is_main = True
         self._listeners: list[Listener] = []
@@ -222,7 +226,8 @@ class MetricsCallback(TrainerCallback):
             torch.cuda.reset_peak_memory_stats(self._device)
         m = self.metrics = TrainingMetrics(status="running", max_steps=state.max_steps,
                                            warmup_steps=self.warmup_steps, step=state.global_step,
-                                           resumed_from=state.global_step or None)  # restored before train begin
+                                           resumed_from=state.global_step or None,  # restored before train begin
+                                           run_note=self.run_note)
         m.loss_history[:] = _restored(state.log_history, "loss")  # a resumed run: the curve from step 1
         m.lr_history[:] = _restored(state.log_history, "learning_rate")
         m.grad_norm_history[:] = _restored(state.log_history, "grad_norm")

@@ -311,7 +311,9 @@ def run_facts(m: TrainingMetrics) -> str:
 
 
 def run_kind(m: TrainingMetrics) -> str:
-    """'new run' or 'resumed from checkpoint-N'."""
+    """'new run', 'resumed from checkpoint-N' or 'continued from checkpoint-N, schedule extended to M steps'."""
+    if m.run_note and m.resumed_from is not None:
+        return m.run_note
     return "new run" if m.resumed_from is None else f"resumed from checkpoint-{m.resumed_from}"
 
 

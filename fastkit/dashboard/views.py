@@ -209,6 +209,8 @@ class TerminalView:
                 self._warned.add(line)
                 logger.warning("fastkit: WARNING %s", line)
         now = time.monotonic()
+        if event == "step" and m.loss_history and m.loss_history[-1][0] == m.step - 1:
+            return  # the run logs every step: this step's log follows, and the line waits for its loss and lr
         if event == "end":
             logger.info(summary_text(m))
         elif now - self._last >= self.every_s:  # 'step' or 'log': whichever comes first after every_s

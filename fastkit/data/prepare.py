@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 
+from fastkit import _quiet
 from fastkit.data.chat_template import require_chat_template
-from fastkit.data.formats import is_single_answer, normalize_dataset, tokenize_chats
+from fastkit.data.formats import is_single_answer, normalize_dataset, row_tokens, tokenize_chats
 from fastkit.data.read import as_dataset
 from fastkit.data.rules import check_rows
 from fastkit.errors import FastkitError
@@ -29,8 +30,8 @@ logger = logging.getLogger(__name__)
 def to_prompt_completion(dataset):
     """``messages`` rows -> conversational ``prompt``/``completion`` (last assistant turn is the completion)."""
     columns = set(dataset.column_names)
-    if {"prompt", "completion"} <= columns or "text" in columns:
-        return dataset
+    if {"prompt", "completion"} <= columns or "text" in columns or "input_ids" in columns:
+        return dataset  # already a trainable form (check_dataset's own output included: it is idempotent)
     if "messages" not in columns:
         raise FastkitError(f"The dataset has columns {sorted(columns)}; fastkit needs one of: 'messages' (chat), "
                            "'prompt' + 'completion', or 'text'. Rename or map your columns first.")
@@ -41,7 +42,8 @@ def to_prompt_completion(dataset):
             return {"prompt": msgs, "completion": []}
         return {"prompt": msgs[:-1], "completion": msgs[-1:]}
 
-    return dataset.map(split_last_turn, remove_columns=["messages"])
+    # a string 'prompt' beside 'messages' (HuggingFaceH4/no_robots) is replaced by the chat's prompt turns
+    return dataset.map(split_last_turn, remove_columns=[c for c in ("messages", "prompt") if c in columns])
 
 
 def to_chat_training_form(dataset, tokenizer):
@@ -80,8 +82,9 @@ def token_counts(dataset, tokenizer, per_row, chunk: int = 1024) -> list[tuple[i
 
 def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     """(total tokens, trainable tokens) of one row, as TRL will tokenize it."""
-    if "input_ids" in row:  # multi-turn chats, tokenized by fastkit.data.formats.tokenize_chats
-        return len(row["input_ids"]), sum(row["completion_mask"])
+    if "input_ids" in row:  # pre-tokenized (multi-turn chats by tokenize_chats): completion_mask / labels / all
+        ids, mask = row_tokens(row, tokenizer)
+        return len(ids), sum(mask)
     if "text" in row:  # TRL appends the EOS token to a text (when it does not end with it), then tokenizes
         n = len(tokenizer(with_eos(row["text"], tokenizer))["input_ids"])
         return n, n
@@ -112,6 +115,7 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
     non-string content, a last turn that is not the assistant's, an answer of ``None``) are refused with
     their row numbers, or dropped and counted with ``drop_invalid=True``. A plain list of dicts is accepted.
     """
+    _quiet.quiet_progress_bars()  # fastkit's progress line / dashboard is the one progress display
     dataset = as_dataset(dataset, where=where)  # the one front door: lists, files, DataFrames, dicts, ...
     if len(dataset) == 0:
         raise FastkitError(f"{where}: the dataset is empty; give at least one example.")

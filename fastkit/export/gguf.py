@@ -712,7 +712,7 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization
     text = modelfile(tokenizer, target.name)  # None (and a warning) where no TEMPLATE renders the chat template
     if text is not None:
         (path / "Modelfile").write_text(text)
-    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB)%s", target, count, quantization,
+    logger.info("fastkit: wrote %s (%d tensors, %s, %.1f MB)%s", target.name, count, quantization,
                 target.stat().st_size / 1e6, " and an Ollama Modelfile" if text is not None else "")
     return str(target)
 

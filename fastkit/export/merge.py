@@ -91,7 +91,7 @@ def can_merge_shards(model: torch.nn.Module, source: str) -> str | None:
         return adapted
     found = source_files(source)
     if found is None:
-        return f"no local safetensors for {source!r}"
+        return f"no local safetensors for {source!r}" if source else "the base model was not loaded from a checkpoint"
     folder, files = found
     from safetensors import safe_open
 

@@ -10,8 +10,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from fastkit import checks
 from fastkit.device import GiB
-from fastkit.export import chat
+from fastkit.export import chat, save_lora
 from fastkit.loader import FastModel
 from fastkit.quickstart.data import quickstart_dataset, score
 from fastkit.quickstart.weights import smollm2_135m_instruct
@@ -38,7 +39,7 @@ class QuickstartConfig:
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Linear layers that get LoRA adapters."""
     output_dir: str = "outputs/quickstart"
-    """Where the adapters are saved."""
+    """Where the LoRA adapters are saved (``<output_dir>/lora``) after training."""
     twin: bool = False
     """Use a tiny random twin instead of the real weights (CI smoke runs)."""
 
@@ -58,6 +59,10 @@ class QuickstartResult:
     """Training tokens per second after warm-up."""
     peak_memory_gib: float = 0.0
     seconds: float = 0.0
+    adapters: str = ""
+    """The folder the trained LoRA adapters were saved to (``<output_dir>/lora``)."""
+    weights: str | None = None
+    """The cached converted SmolLM2 folder (a plain transformers checkpoint), None for a twin run."""
 
     @property
     def format_before(self) -> int:
@@ -91,6 +96,11 @@ class QuickstartResult:
                  f"{self.peak_memory_gib:.2f} GiB, {self.seconds:.0f} s in all", self.scores()]
         for prompt in self.before:
             lines += [f"Q: {prompt}", f"  before: {self.before[prompt]}", f"  after:  {self.after[prompt]}"]
+        if self.adapters:
+            lines.append(f"LoRA adapters saved in {self.adapters}")
+        if self.weights:
+            lines.append(f"SmolLM2-135M-Instruct weights cached in {self.weights}; train on it again: fastkit train "
+                         f"--model {self.weights} --data sample (or --data your_chats.jsonl)")
         return "\n".join(lines)
 
 
@@ -101,13 +111,12 @@ def run(config: QuickstartConfig | None = None, view: str = "auto") -> Quickstar
     """
     config = config or QuickstartConfig()
     start = time.perf_counter()
-    if config.twin:
-        model, tokenizer = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct",
-                                                     max_seq_length=config.max_seq_length, twin=True)
-    else:
-        model, tokenizer = FastModel.from_pretrained(smollm2_135m_instruct(), max_seq_length=config.max_seq_length)
+    checks.check_save_target(config.output_dir, "output_dir")  # before the model loads
+    weights = None if config.twin else str(smollm2_135m_instruct())
+    model, tokenizer = FastModel.from_pretrained(weights or "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                 max_seq_length=config.max_seq_length, twin=config.twin)
     train, heldout = quickstart_dataset()
-    result = QuickstartResult()
+    result = QuickstartResult(weights=weights)
     result.before = {p: chat(model, tokenizer, p, max_new_tokens=48, stream=False) for p in heldout}
     model = FastModel.get_peft_model(model, r=config.lora_r, lora_alpha=config.lora_r,
                                      target_modules=list(config.target_modules), use_gradient_checkpointing=False)
@@ -120,6 +129,7 @@ def run(config: QuickstartConfig | None = None, view: str = "auto") -> Quickstar
     result.tokens_per_s = metrics.tokens_per_s or 0.0
     result.after = {p: chat(model, tokenizer, p, max_new_tokens=48, stream=False) for p in heldout}
     result.peak_memory_gib = metrics.peak_memory / GiB
+    result.adapters = str(save_lora(model, tokenizer, f"{config.output_dir}/lora"))
     result.seconds = time.perf_counter() - start
     logger.info("fastkit quickstart:\n%s", result.summary())
     return result

@@ -106,21 +106,34 @@ def checkpoint_step(folder: str | Path) -> int:
     return int(str(folder).rsplit("-", 1)[-1]) if str(folder).rsplit("-", 1)[-1].isdigit() else 0
 
 
-def check_resumable(trainer, folder: str | Path) -> None:
-    """Raise unless ``folder`` is a complete checkpoint of this very run, not yet finished."""
+SCHEDULE = ("max_steps", "num_train_epochs", "warmup_steps")
+"""The hyperparameters a continued run (``fit(resume=True, extend=True)``) may change: the schedule's length."""
+
+
+def check_resumable(trainer, folder: str | Path, extend_to: int | None = None) -> None:
+    """Raise unless ``folder`` is a checkpoint of this very run, with its optimizer state, not yet finished.
+
+    ``extend_to`` (the new schedule's optimizer steps, ``fit(..., extend=True)``): the run may be finished and
+    only its :data:`SCHEDULE` may differ, to a schedule that ends past the checkpoint's step."""
     folder = Path(folder)
     name = folder.name
     check_complete(trainer, folder)
     saved = read_run_file(folder)
     diff = differences(saved, run_identity(trainer))
+    if extend_to is not None:
+        diff = [d for d in diff if not d.startswith(tuple(f"hyperparameters.{k}:" for k in SCHEDULE))]
     if diff:
         raise FastkitError(f"resume=True: {name} is from a different run ({'; '.join(diff[:4])}"
                            f"{' ...' if len(diff) > 4 else ''}). Pass resume=False for a new run, or a different "
                            "output_dir.")
     step, max_steps = checkpoint_step(folder), trainer.args.max_steps
-    if max_steps > 0 and step >= max_steps:
+    if extend_to is not None and extend_to <= step:
+        raise FastkitError(f"extend=True: the schedule now ends at step {extend_to}, not past {name} (step {step}); "
+                           "give a larger max_steps (the whole schedule's length) or more epochs.")
+    if extend_to is None and max_steps > 0 and step >= max_steps:
         raise FastkitError(f"resume=True: {name} ends a finished run (step {step} of max_steps={max_steps}); there "
-                           "is nothing left to train. Use the saved model, or pass resume=False for a new run.")
+                           "is nothing left to train. Use the saved model, continue it with extend=True and a larger "
+                           "max_steps, or pass resume=False for a new run.")
 
 
 def _has(folder: Path, *patterns: str) -> bool:
@@ -307,5 +320,6 @@ def non_finite_message(key: str, value: float, step: int, args) -> str:
             f"(no checkpoint was written for it).{why}")
 
 
-__all__ = ["RUN_FILE", "RunGuard", "check_complete", "check_resumable", "checkpoints", "data_fingerprint",
-           "differences", "missing_pieces", "read_run_file", "run_identity", "set_aside_old_checkpoints"]
+__all__ = ["RUN_FILE", "SCHEDULE", "RunGuard", "check_complete", "check_resumable", "checkpoints",
+           "data_fingerprint", "differences", "missing_pieces", "read_run_file", "run_identity",
+           "set_aside_old_checkpoints"]

@@ -140,6 +140,7 @@ def make_trainer(
         if eval_dataset is not None and eval_steps is None:
             trainer.args.eval_steps = max(1, total // 10)
     _attach_packed_metadata(trainer)
+    _name_in_model_card(trainer, train_dataset)
     chunked_loss = _host_weights_in_trainer(trainer, chunked_loss)
     if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
         from fastkit.patches.loss.patch import route_trainer_loss
@@ -322,6 +323,52 @@ def _check_packing_supported(model: torch.nn.Module, packing: bool) -> None:
                            "fastkit's table, docs/coverage.md).")
 
 
+CARD_LINE = "This model is a fine-tuned version of "
+"""The sentence of TRL's model card (trl/templates/lm_model_card.md, TRL 1.16) that names the base model and data."""
+
+
+def data_name(source) -> str | None:
+    """What the model card calls the training data: a path or Hub id as given, a Hub dataset's name, else None."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    return getattr(getattr(source, "info", None), "dataset_name", None) or None
+
+
+def model_card_sentence(base: str | None, data: str | None) -> str:
+    """fastkit's line for the run folder's README.md: a Hub id links to the Hub, a local folder or file is named."""
+    def named(what: str | None, kind: str) -> str:
+        if not what:
+            return "a model built in memory" if kind == "models" else "data given in memory"
+        local = os.path.exists(what) or what.startswith((".", "/", "~"))
+        hub = "" if kind == "models" else "datasets/"
+        return f"`{what}`" if local or what.count("/") != 1 else f"[{what}](https://huggingface.co/{hub}{what})"
+
+    return f"{CARD_LINE}{named(base, 'models')}, trained on {named(data, 'datasets')} with fastkit."
+
+
+def _name_in_model_card(trainer, train_dataset) -> None:
+    """TRL's card says "fine-tuned version of [None]" for a model loaded from a folder, and names no data: after
+    TRL writes it, its sentence names the base model (Hub id or folder) and the data (``trainer.fastkit_data``
+    when set, as the CLI does with ``--data``, else the dataset's path or Hub name)."""
+    original = trainer.create_model_card
+    trainer.fastkit_data = data_name(train_dataset)
+
+    def create_model_card(*args, **kwargs):
+        original(*args, **kwargs)
+        card = os.path.join(trainer.args.output_dir, "README.md")
+        if not os.path.isfile(card):
+            return
+        base = str(getattr(unwrap(trainer.model).config, "_name_or_path", "") or "") or None
+        line = model_card_sentence(base, trainer.fastkit_data)
+        with open(card, encoding="utf-8") as f:
+            text = f.read()
+        lines = [line if ln.startswith(CARD_LINE) else ln for ln in text.splitlines()]
+        with open(card, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+    trainer.create_model_card = create_model_card
+
+
 def _attach_packed_metadata(trainer) -> None:
     """Let the packing patch see host-side document lengths (the Trainer moves tensors to the device)."""
     if "packing" not in active_patches(unwrap(trainer.model)):
@@ -352,7 +399,8 @@ def _host_weights_in_trainer(trainer, chunked_loss: bool | None) -> bool | None:
 
 
 def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
-        measure_syncs: bool = False, resume: bool = False, clock=None, **train_kwargs: Any) -> TrainingMetrics:
+        measure_syncs: bool = False, resume: bool = False, extend: bool = False, clock=None,
+        **train_kwargs: Any) -> TrainingMetrics:
     """Run ``trainer.train(**train_kwargs)`` with the dashboard; returns the final :class:`TrainingMetrics`.
 
     The trainer's own progress bar / log printer and the dashboard ``make_trainer`` attached are set
@@ -364,6 +412,9 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     there, only when it is this run's (same model, adapter config, data and hyperparameters, with
     optimizer state, not finished): otherwise it raises naming the difference
     (:mod:`fastkit.training.identity`). ``trainer.state.fastkit_run`` says which ("resumed from checkpoint-N").
+    ``extend=True`` (with ``resume=True``) continues a run, finished or not, for the longer schedule the trainer
+    has now (its ``max_steps`` / epochs): adapter, optimizer state and step count carry over, only the schedule's
+    length changes; the dashboard says "continued from checkpoint-N, schedule extended to M steps".
     A loss or gradient norm that is not finite stops the run and raises, naming the step (and on fp16
     the likely cause).
 
@@ -388,7 +439,9 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     for cb in set_aside:
         trainer.remove_callback(cb)
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys
-    guard = RunGuard(trainer, _resume_or_new(trainer, resume, train_kwargs))
+    note = _resume_or_new(trainer, resume, train_kwargs, extend)
+    callback.run_note = note if note.startswith("continued") else None
+    guard = RunGuard(trainer, note)
     trainer.add_callback(guard)
     trainer.fastkit_identity = guard.identity  # the run a model card names (fastkit.export.hub)
     try:
@@ -415,10 +468,14 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     return callback.metrics
 
 
-def _resume_or_new(trainer, resume: bool, train_kwargs: dict) -> str:
+def _resume_or_new(trainer, resume: bool, train_kwargs: dict, extend: bool = False) -> str:
     """Which run this is (logged, and on ``trainer.state.fastkit_run``): refuses a checkpoint of another run."""
     if not isinstance(resume, bool):
         raise FastkitError(f"fit(resume={resume!r}): give True (continue this run's newest checkpoint) or False.")
+    checks.check_bool("extend", extend)
+    if extend and not resume:
+        raise FastkitError("fit(extend=True) continues a run's checkpoint for a longer schedule: pass resume=True "
+                           "with it (and the longer max_steps / epochs in make_trainer).")
     trainer.args.logging_nan_inf_filter = False  # a NaN loss is shown (and stops the run), never averaged away
     given = train_kwargs.get("resume_from_checkpoint")
     if given not in (None, False):  # trainer.train's own argument: checked the same way
@@ -434,9 +491,11 @@ def _resume_or_new(trainer, resume: bool, train_kwargs: dict) -> str:
         if last is None:
             logger.info("fastkit: new run (resume=True, but no checkpoint in %s yet)", trainer.args.output_dir)
             return "new run"
-    check_resumable(trainer, last)
+    total = planned_steps(trainer) if extend else None
+    check_resumable(trainer, last, extend_to=total)
     train_kwargs["resume_from_checkpoint"] = last
-    note = f"resumed from {os.path.basename(os.path.normpath(last))}"
+    name = os.path.basename(os.path.normpath(last))
+    note = f"continued from {name}, schedule extended to {total:,} steps" if extend else f"resumed from {name}"
     logger.info("fastkit: %s", note)
     return note
 
