@@ -209,7 +209,7 @@ def gpu_budget(gpu: str | float | int) -> int | None:
         gib = -1.0
     if gib > 0:
         return int(gib * GiB)
-    raise FastkitError(f"GPU {gpu!r} is not one the planner knows. Use one of {', '.join(GPUS)}, "
+    raise FastkitError(f"gpu={gpu!r} is not a GPU the planner knows. Use one of {', '.join(GPUS)}, "
                        "'cpu', or a number of GiB (e.g. 24).")
 
 
