@@ -57,4 +57,14 @@ grep -q "training finished at step 2/2" "$WORK/train.log"
 test -f "$WORK/train/lora/adapter_model.safetensors"
 fastkit plan "$folder" --gpu t4 | tee "$WORK/plan.log"
 grep -q "GiB" "$WORK/plan.log"
+# a Hub id fastkit ships the config of: answered offline (HF_HUB_OFFLINE=1 above), no Hub retries
+set +e
+fastkit plan Qwen/Qwen3-14B --gpu t4 --4bit > "$WORK/plan14b.log" 2>&1
+rc=$?
+set -e
+tail -1 "$WORK/plan14b.log"
+if [ "$rc" -gt 1 ] || ! grep -q "predicted peak" "$WORK/plan14b.log"; then
+    echo "bare install: fastkit plan Qwen/Qwen3-14B --gpu t4 --4bit did not answer offline (exit $rc)" >&2
+    exit 1
+fi
 echo "bare install: passed in $(( $(date +%s) - start )) s"
