@@ -136,6 +136,9 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from fastkit import _quiet
+
+    _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
     if args.command == "quickstart":
         return _quickstart(args)
     if args.command == "plan":
