@@ -44,7 +44,7 @@ print("bare install: fastkit from", fastkit.__file__, "| no IPython, ipywidgets,
 EOF
 
 # the folder the quickstart told the user to train on again
-folder=$(sed -n 's/.*train on it again: fastkit train --model \(.*\) --data .*/\1/p' "$WORK/setup.log" | tail -1)
+folder=$(sed -n 's/.*train on it again: fastkit train --model \([^ ]*\) --data .*/\1/p' "$WORK/setup.log" | tail -1)
 if [ -z "$folder" ] || [ ! -f "$folder/config.json" ]; then
     echo "bare install: the quickstart did not name its cached weights folder ('train on it again: ...')" >&2
     exit 1
