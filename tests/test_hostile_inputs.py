@@ -342,7 +342,11 @@ def _numpy_vs_list_lengths():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input(case: Case, tmp_path, monkeypatch, caplog, capsys, tokenizer):
-    ctx = Ctx(tmp_path, monkeypatch, caplog, tokenizer, capsys)
+    run_case(case, Ctx(tmp_path, monkeypatch, caplog, tokenizer, capsys))
+
+
+def run_case(case: Case, ctx: Ctx) -> None:
+    """One row of a hostile table: the action raises with every needle in its message, or passes its check."""
     if isinstance(case.expect, Raises):
         with pytest.raises(case.expect.error) as exc:
             case.action(ctx)

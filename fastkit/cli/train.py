@@ -25,37 +25,30 @@ DEFAULTS = dict(max_seq_length=2048, steps=60, batch_size=1, grad_accumulation=1
 """The notebooks' parameters-cell defaults (notebooks/_build.py), which the options below share."""
 
 
+def _number(text: str, convert, ok, what: str):
+    """``convert(text)`` when ``ok`` of it, else argparse's error naming ``what`` the option wants."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: a positive integer (``--steps -1`` is refused here, naming the option)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
 def _positive_float(text: str) -> float:
     """argparse type: a positive, finite number (``--lr inf`` / ``nan`` would train to NaN: refused here)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return value
+    return _number(text, float, lambda v: v > 0 and math.isfinite(v), "a positive finite number")
 
 
 def _fraction(text: str) -> float:
     """argparse type: a fraction in [0, 1) (``--eval-split``: the share of rows held out; 0 = none)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), e.g. 0.05, got {text!r}")
-    return value
+    return _number(text, float, lambda v: 0 <= v < 1, "a fraction in [0, 1), e.g. 0.05")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
