@@ -311,16 +311,21 @@ class FastModel:
         return model, tokenizer
 
     @staticmethod
-    def patch(model: torch.nn.Module, *, max_seq_length: int = 2048,
+    def patch(model: torch.nn.Module, *, max_seq_length: int | None = None,
               patches: str | list[str] | None = "auto") -> torch.nn.Module:
         """Apply fastkit's patches to a model built elsewhere (a twin, your own loader). Idempotent.
 
         A family not in fastkit's table is first checked on a tiny twin of its own config (the census,
         :mod:`fastkit.families.census`, about a second): it is patched only if every check passes.
         ``max_seq_length`` is checked against the model's context and kept on its load report, which
-        ``make_trainer`` reads.
+        ``make_trainer`` reads; None: 2048, or the model's context where that is shorter.
         """
-        checks.check_max_seq_length(max_seq_length, unwrap(model).config)
+        config = unwrap(model).config
+        if max_seq_length is None:
+            text = config.get_text_config() if hasattr(config, "get_text_config") else config
+            context = getattr(text, "max_position_embeddings", None)
+            max_seq_length = min(2048, context) if isinstance(context, int) and context > 0 else 2048
+        checks.check_max_seq_length(max_seq_length, config)
         return _patch(model, max_seq_length, patches, log=True)
 
     @staticmethod
