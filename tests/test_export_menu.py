@@ -53,6 +53,11 @@ def test_notebook_export_cell(trained, tmp_path, capsys):
     assert (gguf_dir / "Modelfile").read_text().startswith("FROM ./my-model-q8_0.gguf\n")  # the list's first
     assert result.ollama == f"ollama create my-model -f {gguf_dir / 'Modelfile'}"
     assert f"Ollama: {result.ollama}" in printed
+    # the cell run again (a re-run notebook cell): the rewritten Modelfile is still fastkit's own (its manifest
+    # entry follows the rewrite), so the second export replaces it instead of refusing it as the user's file
+    exec(compile(source, "export-cell", "exec"), scope)
+    assert all(a.verified for a in scope["result"].artifacts)
+    assert (gguf_dir / "Modelfile").read_text().startswith("FROM ./my-model-q8_0.gguf\n")
 
 
 def test_cli_export_from_the_adapter_folder(trained, capsys):

@@ -213,11 +213,16 @@ def _modelfile(tokenizer, ggufs: list[Artifact]) -> tuple[str | None, str | None
     """The Modelfile for the first quantization of the call, and the ``ollama create`` line for it."""
     if not ggufs:
         return None, None
-    from fastkit.export.gguf_vocab import modelfile
+    from fastkit.export.modelfile import modelfile
+    from fastkit.export.owned import record_own
 
     first = Path(ggufs[0].path)
     path = first.parent / "Modelfile"
-    path.write_text(modelfile(tokenizer, first.name))  # each save_gguf wrote one for its own file: the first wins
+    text = modelfile(tokenizer, first.name)  # None (warned) where no TEMPLATE renders the chat template
+    if text is None:
+        return None, None
+    path.write_text(text)  # each save_gguf wrote one for its own file: the first wins
+    record_own(path.parent, path.name, "save_gguf")  # still fastkit's own file for the next save (the manifest)
     stem = first.name[: -len(f"-{ggufs[0].quantization}.gguf")]
     return str(path), f"ollama create {ollama_name(stem)} -f {path}"
 

@@ -97,6 +97,13 @@ def is_ours(target: Path, name: str, own: dict[str, dict]) -> bool:
     return entry is not None and file.is_file() and not file.is_symlink() and sha256(file) == entry.get("sha256")
 
 
+def record_own(target: Path, name: str, by: str) -> None:
+    """List ``target/name`` (just rewritten by fastkit, e.g. the export menu's Modelfile) in the manifest with its
+    bytes now, so the next save still knows it as fastkit's own."""
+    own = read_manifest(target) if target.is_dir() else {}
+    write_manifest(target, {**own, name: {"sha256": sha256(target / name), "by": by}})
+
+
 def remove_own(target: Path, name: str) -> bool:
     """Delete ``target/name`` when it is fastkit's own (listed with its bytes in the manifest), and its entry;
     a user's file of that name stays. Returns whether it was removed."""
