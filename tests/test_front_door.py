@@ -193,7 +193,9 @@ def test_bad_input_is_refused_before_the_model_loads(no_load, capsys, tmp_path):
     assert "missing.jsonl" in err
     (tmp_path / "bad.jsonl").write_text('{"question": "2+2?", "answer": "4"}\n')
     assert "'answer', 'question'" in _train_fails(capsys, *base, "--data", str(tmp_path / "bad.jsonl"))
-    assert "--gguf q3_x" in _train_fails(capsys, *base, "--data", "sample", "--gguf", "q3_x")
+    with pytest.raises(SystemExit) as stop:  # --gguf takes the one quantization list as argparse choices
+        cli.main(["train", *base, "--data", "sample", "--gguf", "q3_x"])
+    assert stop.value.code == 2 and "--gguf: invalid choice: 'q3_x'" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
     err = _train_fails(capsys, "--model", "m", "--data", "sample", "--output-dir", str(tmp_path / "file"))
     assert "--output-dir=" in err and "existing file" in err
