@@ -142,8 +142,12 @@ def test_mutation_reusing_a_busy_slot_is_caught(monkeypatch):
     enable_offload(model, cfg(throttle=Throttle(0.03, poison=True)))
     monkeypatch.setattr("fastkit.patches.offload.pipeline._other_readers", lambda buf: 0)
     monkeypatch.setattr(DevicePool, "acquire", lambda self, n, dtype: _first_slot(self, n, dtype))
-    (loss, grads), = train_steps(model, steps=1)
-    offload_controller(model).streams.synchronize()
+    try:
+        (loss, grads), = train_steps(model, steps=1)
+        offload_controller(model).streams.synchronize()
+    except RuntimeError as exc:  # the corrupted slot met autograd's own in-place check first (load decides which)
+        assert "modifying its input in place" in str(exc), exc
+        return
     assert not all(torch.equal(ref[0][1][n], g) for n, g in grads.items())
 
 
