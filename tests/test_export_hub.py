@@ -10,7 +10,6 @@ import pytest
 
 from fastkit import FastkitError, cli
 from fastkit.export import export
-from fastkit.export import verified as saving
 from tests import fake_hub
 from tests.export_twin import trained_twin
 
@@ -81,7 +80,11 @@ def test_public_when_asked_and_a_dict_of_repos(trained, hub, tmp_path):
 
 def test_nothing_is_uploaded_when_a_save_fails_its_check(trained, hub, tmp_path, monkeypatch):
     model, tok, _ = trained
-    monkeypatch.setitem(saving.TOLERANCE, "q8_0", 0.0)  # the GGUF read back can no longer match: refused
+    from dataclasses import replace
+
+    from fastkit.export.gguf import QUANTS
+
+    monkeypatch.setitem(QUANTS, "q8_0", replace(QUANTS["q8_0"], tolerance=0.0))  # the read-back cannot match: refused
     with pytest.raises(FastkitError, match="does not match the model in memory"):
         export(model, tok, tmp_path / "out", lora=True, gguf=["q8_0"], push_to_hub="tester/my-model")
     assert (tmp_path / "out" / "lora" / "adapter_model.safetensors").is_file()  # saved, verified, kept locally

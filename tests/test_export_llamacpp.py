@@ -14,8 +14,7 @@ import pytest
 
 from fastkit import cli
 from fastkit.export import chat, export
-from fastkit.export.gguf import LLAMA_CPP_QUANTS
-from fastkit.export.verified import TOLERANCE
+from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTS
 from tests import gguf_round_trip as rt
 from tests.export_twin import trained_twin
 
@@ -48,7 +47,7 @@ def test_menu_k_quants_load_and_run_in_llama_cpp(trained, tmp_path):
         assert file_type == LLAMA_CPP_QUANTS[q], (q, file_type)  # llama.cpp's quantizer wrote it
         row = rt.check(path, model, tok, "llama", q)
         assert row.loads and row.tokens[0] == row.tokens[1] and row.template[0] == row.template[1], row.notes
-        assert row.logits_delta <= TOLERANCE[q] * row.logits_scale, (q, row.logits_delta, row.logits_scale)
+        assert row.logits_delta <= QUANTS[q].tolerance * row.logits_scale, (q, row.logits_delta, row.logits_scale)
     assert (tmp_path / "gguf" / "Modelfile").read_text().startswith("FROM ./kq-q4_k_m.gguf\n")
 
 
