@@ -195,22 +195,16 @@ def _check_resume(args: argparse.Namespace) -> str:
     ``--extend``) a run that is not finished. Whether it is this run's is checked once the model is loaded."""
     from fastkit.errors import FastkitError
     from fastkit.training import last_checkpoint
-    from fastkit.training.identity import OPTIMIZER_FILES, RUN_FILE, checkpoint_step
+    from fastkit.training.identity import check_optimizer_state, checkpoint_step, read_run_file, read_trainer_state
 
     last = last_checkpoint(args.output_dir)
     if last is None:
         raise FastkitError(f"--resume: no checkpoint-N folder in --output-dir {args.output_dir}; drop --resume for a "
                            "new run there, or give the --output-dir of the run to continue.")
     folder = Path(last)
-    if not any((folder / f).is_file() for f in OPTIMIZER_FILES):
-        raise FastkitError(f"--resume: {folder} has no optimizer state (optimizer.pt); resuming would restart AdamW. "
-                           "Drop --resume for a new run.")
-    try:
-        json.loads((folder / RUN_FILE).read_text())
-        total = int(json.loads((folder / "trainer_state.json").read_text()).get("max_steps") or 0)
-    except (OSError, ValueError) as exc:
-        raise FastkitError(f"--resume: {folder} is not a complete fastkit checkpoint ({type(exc).__name__}: "
-                           f"{exc}); drop --resume for a new run.") from exc
+    check_optimizer_state(folder)  # the same refusals fit(resume=True) gives (flag_words names the flags)
+    read_run_file(folder)
+    total = int(read_trainer_state(folder).get("max_steps") or 0)
     step = checkpoint_step(folder)
     if args.extend and args.steps is not None and args.steps <= step:
         raise FastkitError(f"--extend: --steps {args.steps} does not reach past {folder.name} (step {step}); give "

@@ -162,17 +162,31 @@ def missing_pieces(trainer, folder: Path) -> list[str]:
 
 def check_complete(trainer, folder: Path) -> None:
     """Refuse a checkpoint missing any piece of the run's state, naming it, before the trainer reads it."""
-    name = f"{folder.name} in {str(folder.parent)!r}"
-    if not _has(folder, *OPTIMIZER_FILES, "optimizer_*"):
-        raise FastkitError(f"resume=True: {name} has no optimizer state (optimizer.pt); resuming would restart AdamW "
-                           "from zero and train a different run. Resume from a complete checkpoint, or pass "
-                           "resume=False for a new run.")
-    _read_json(folder / "trainer_state.json", name, "the step, logs and data position")
+    name = _named(folder)
+    check_optimizer_state(folder)
+    read_trainer_state(folder)
     missing = missing_pieces(trainer, folder)
     if missing:
         raise FastkitError(f"resume=True: {name} is incomplete (an interrupted save, or files moved): missing "
                            f"{'; '.join(missing)}. Resume from an earlier, complete checkpoint (delete this one), "
                            "or pass resume=False for a new run.")
+
+
+def _named(folder: Path) -> str:
+    return f"{folder.name} in {str(folder.parent)!r}"
+
+
+def check_optimizer_state(folder: Path) -> None:
+    """Refuse a checkpoint without the optimizer's state (resuming would restart AdamW from zero)."""
+    if not _has(folder, *OPTIMIZER_FILES, "optimizer_*"):
+        raise FastkitError(f"resume=True: {_named(folder)} has no optimizer state (optimizer.pt); resuming would "
+                           "restart AdamW from zero and train a different run. Resume from a complete checkpoint, or "
+                           "pass resume=False for a new run.")
+
+
+def read_trainer_state(folder: Path) -> dict:
+    """The checkpoint's ``trainer_state.json``, refused clearly when missing or unreadable."""
+    return _read_json(folder / "trainer_state.json", _named(folder), "the step, logs and data position")
 
 
 def _read_json(file: Path, name: str, what: str) -> dict:
