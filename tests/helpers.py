@@ -126,3 +126,19 @@ def save_twin(model: torch.nn.Module, path) -> str:
     model.save_pretrained(path, safe_serialization=True)
     twin_tokenizer().save_pretrained(path)
     return str(path)
+
+
+def require_llama_cpp():
+    """The llama_cpp module (the real GGUF client); fails in CI (CI=true: .ci/run installs the ``llamacpp``
+    extra), skips elsewhere when llama-cpp-python is not installed."""
+    import os
+
+    import pytest
+
+    try:
+        import llama_cpp
+    except ImportError:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("llama_cpp is not importable in CI: .ci/run must install fastkit-llm[llamacpp]")
+        pytest.skip("llama-cpp-python is not installed (pip install 'fastkit-llm[llamacpp]')")
+    return llama_cpp

@@ -7,8 +7,6 @@ they skip, as tests/test_llamacpp_round_trip.py does.
 
 from __future__ import annotations
 
-import os
-
 import gguf
 import pytest
 
@@ -17,17 +15,12 @@ from fastkit.export import chat, export
 from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTS
 from tests import gguf_round_trip as rt
 from tests.export_twin import trained_twin
+from tests.helpers import require_llama_cpp
 
 
 @pytest.fixture(scope="module")
 def llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("llama_cpp is not importable in CI: .ci/run must install fastkit-llm[llamacpp]")
-        pytest.skip("llama-cpp-python is not installed (pip install 'fastkit-llm[llamacpp]')")
-    return llama_cpp
+    return require_llama_cpp()
 
 
 @pytest.fixture(scope="module")

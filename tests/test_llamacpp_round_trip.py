@@ -30,6 +30,7 @@ import pytest
 
 from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
 from tests import gguf_round_trip as rt
+from tests.helpers import require_llama_cpp
 
 TOLERANCE = {"f16": 5e-3, "q8_0": 8e-2}
 PERPLEXITY = {"f16": 1e-3, "q8_0": 1e-2}
@@ -42,13 +43,7 @@ the same tokens."""
 
 @pytest.fixture(scope="module", autouse=True)
 def llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("llama_cpp is not importable in CI: .ci/run must install fastkit-llm[llamacpp]")
-        pytest.skip("llama-cpp-python is not installed (pip install 'fastkit-llm[llamacpp]')")
-    return llama_cpp
+    return require_llama_cpp()
 
 
 def _assert_reproduced(row: rt.Row, exact: bool = True) -> None:
