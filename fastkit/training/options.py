@@ -73,6 +73,10 @@ def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
     return names
 
 
+DEFAULT_MAX_STEPS = 60
+"""Optimizer steps of a run that sets neither max_steps nor epochs."""
+
+
 # -- value checks, one per kind of option (the CLI's type functions call them too) ------------------------------
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
@@ -183,10 +187,12 @@ class TrainOptions:
     lr_scheduler_type: str = option("linear", "learning-rate schedule: linear, cosine, constant_with_warmup, ... "
                                     "(transformers' SchedulerType)", check=lambda n, v: _scheduler(n, v))
     """transformers' scheduler name (``SFTConfig.lr_scheduler_type``)."""
-    warmup_steps: float | None = option(None, "warm-up steps (a value below 1: that fraction of the run); default "
-                                        "min(5, a tenth of the run)", check=functools.partial(
-                                            _number, low_open=False, allow_none=True))
-    """Steps of linear warm-up; below 1 a fraction of the run (transformers 5); None: min(5, run // 10)."""
+    warmup_steps: float | None = option(None, "warm-up steps (a value below 1: that fraction of the run, as "
+                                        "warmup_ratio was); default min(5, a tenth of the run)",
+                                        aliases=("warmup_ratio",),
+                                        check=functools.partial(_number, low_open=False, allow_none=True))
+    """Steps of linear warm-up; below 1 a fraction of the run (transformers 5 folded ``warmup_ratio`` in here, so
+    that name sets this field too); None: min(5, run // 10)."""
     weight_decay: float = option(0.0, "AdamW weight decay", check=functools.partial(_number, low_open=False))
     """Decoupled weight decay of the optimizer."""
     batch_size: int = option(1, "rows (packed rows with packing) per micro-batch per device",
@@ -486,6 +492,6 @@ def write_config(folder: str, config: dict[str, Any]) -> str:
     return path
 
 
-__all__ = ["CONFIG_FILE", "TRACKERS", "LoraOptions", "TrainOptions", "accepts", "aliases", "available_trackers",
-           "check_report_to", "check_sft_value", "dump_yaml", "option", "option_names", "sft_fields", "split_names",
-           "trackers", "type_words", "unknown_name", "write_config"]
+__all__ = ["CONFIG_FILE", "DEFAULT_MAX_STEPS", "TRACKERS", "LoraOptions", "TrainOptions", "accepts", "aliases",
+           "available_trackers", "check_report_to", "check_sft_value", "dump_yaml", "option", "option_names",
+           "sft_fields", "split_names", "trackers", "type_words", "unknown_name", "write_config"]

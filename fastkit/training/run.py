@@ -30,6 +30,7 @@ from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, report, unwrap
 from fastkit.training.identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
 from fastkit.training.options import (
+    DEFAULT_MAX_STEPS,
     TRACKERS,
     TrainOptions,
     available_trackers,
@@ -265,7 +266,7 @@ def _run_length(max_steps, epochs) -> tuple[int | None, float | None]:
         raise FastkitError(f"Give max_steps or epochs, not both (got max_steps={max_steps!r}, epochs={epochs!r}): "
                            "set the other to None.")
     if epochs is None:
-        max_steps = 60 if max_steps is None else max_steps
+        max_steps = DEFAULT_MAX_STEPS if max_steps is None else max_steps
         checks.check_max_steps(max_steps)
         return max_steps, None
     if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not epochs > 0:
