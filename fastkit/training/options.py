@@ -129,9 +129,11 @@ def _report_to(name: str, value: Any) -> None:
 
 
 def _output_dir(name: str, value: Any) -> None:
-    from fastkit import checks
+    """A folder path (whether it can be written is checked where the run starts: make_trainer, the CLI's preflight)."""
+    import os
 
-    checks.check_save_target(value, name)
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise FastkitError(f"{name} must be a folder path, got {value!r}.")
 
 
 def _targets(name: str, value: Any) -> None:

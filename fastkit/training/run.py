@@ -103,6 +103,7 @@ def make_trainer(
 
     options = _options(options, kwargs)
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
+    checks.check_save_target(options.output_dir, "output_dir")
     _check_eval_options(options, eval_dataset)
     loaded = report(model)  # the load's max_seq_length, checked there (Note: [max_seq_length] in fastkit.loader)
     max_seq_length = options.max_seq_length or (loaded.max_seq_length if loaded is not None else 2048)
