@@ -7,7 +7,6 @@ import logging
 import pytest
 
 from fastkit import cli
-from fastkit.cli.train import DEFAULTS
 
 
 def _help(capsys, *argv) -> str:
@@ -43,7 +42,7 @@ def test_train_defaults_are_the_notebooks(monkeypatch):
                  "learning_rate", "save_steps", "eval_split", "report_to", "drop_long", "drop_invalid", "seed",
                  "warmup_steps", "lr_scheduler_type"):
         assert notebook[name] == cli_train[name], (name, notebook[name], cli_train[name])
-    assert scope["lora"].lora_r == cli_default.lora.lora_r == DEFAULTS.get("lora_r", 16)
+    assert scope["lora"].lora_r == cli_default.lora.lora_r
 
 
 def test_steps_and_epochs_are_exclusive(capsys):

@@ -113,7 +113,8 @@ def _main(argv: list[str]) -> int:
     qs.add_argument("--output-dir", default="outputs/quickstart",
                     help="where the LoRA adapters are saved, in <dir>/lora (default outputs/quickstart)")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
-    cli_train.add_parser(sub, sft_flags=argv[:1] == ["train"])  # TRL's fields: imported for train only
+    train = argv[:1] == ["train"]  # its flags (TRL's fields among them) are built when it runs
+    cli_train.add_parser(sub, sft_flags=train, full=train)
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")

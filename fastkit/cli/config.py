@@ -95,8 +95,8 @@ class RunOptions:
 
 
 CLI_DEFAULTS = dict(max_seq_length=2048, save_steps=50, output_dir="outputs/train", drop_long=True, dashboard="none")
-"""Where ``fastkit train`` differs from the API's defaults (the notebooks' values): a checkpoint every 50 steps,
-long rows dropped (counted in the log), the progress line instead of the notebook dashboard."""
+"""Where ``fastkit train`` differs from make_trainer's defaults (the notebooks' values): a checkpoint every 50
+steps, long rows dropped (counted in the log), the progress line instead of the notebook dashboard."""
 
 GROUPS = (RunOptions, TrainOptions, LoraOptions)
 MENU = ("merged", "gguf", "name", "push_to_hub", "public")

@@ -16,12 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fastkit.cli import export as cli_export
-from fastkit.cli.config import CLI_DEFAULTS, add_arguments, print_config, resolve
 
 logger = logging.getLogger(__name__)
-
-DEFAULTS = CLI_DEFAULTS
-"""Where ``fastkit train`` differs from make_trainer's defaults (the notebooks' values; fastkit.cli.config)."""
 
 
 def _number(text: str, convert, ok, what: str):
@@ -40,16 +36,20 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
-def add_parser(sub, sft_flags: bool = True) -> argparse.ArgumentParser:
+def add_parser(sub, sft_flags: bool = True, full: bool = True) -> argparse.ArgumentParser:
     """Register ``fastkit train`` on the ``sub`` subparsers of the main command. Its flags are generated from
-    fastkit.TrainOptions, fastkit.LoraOptions and trl.SFTConfig (``sft_flags``: the last ones, which import TRL)."""
+    fastkit.TrainOptions, fastkit.LoraOptions and trl.SFTConfig (``sft_flags``: the last ones, which import TRL);
+    ``full=False`` registers the name only (another command runs: nothing of the training stack is imported)."""
     p = sub.add_parser("train", help="LoRA-train a model on chat data with the live progress line (as the notebooks)",
                        description="LoRA-train MODEL on DATA, as the notebooks do, with a progress line in the "
                                    "terminal. Every option is also a key of a --config YAML file (flags override "
                                    "it); --print-config shows the resolved file. Defaults are the notebooks'.",
                        usage="fastkit train --model MODEL --data DATA [--config FILE] [options] "
                              "(fastkit train --help lists every option)", allow_abbrev=False)
-    add_arguments(p, sft=sft_flags)
+    if full:
+        from fastkit.cli.config import add_arguments
+
+        add_arguments(p, sft=sft_flags)
     return p
 
 
@@ -205,6 +205,8 @@ def flag_words(text: str) -> str:
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
     """The parsed flags, the ``--config`` file and the defaults as one checked namespace: ``.resolved``
     (:class:`fastkit.cli.config.Resolved`), ``.train`` / ``.lora`` (the options) and the run's fields by name."""
+    from fastkit.cli.config import resolve
+
     control = ("config", "print_config", "resume", "extend", "command", "run")
     given = {k: v for k, v in vars(args).items() if k not in control}
     resolved = resolve(given, args.config)
@@ -232,6 +234,8 @@ def data_label(data) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``fastkit train`` with parsed ``args``; returns the exit status (0 when training finished, 130 when
     stopped by Ctrl-C, after the adapters trained so far are saved)."""
+    from fastkit.cli.config import print_config
+
     args = resolved_args(args)
     if args.print_config:  # nothing is loaded; the SFTConfig these options make is built (cheap) to check them
         _check_sft_config(args.train, args.load_in_4bit)
@@ -274,5 +278,5 @@ def build(args: argparse.Namespace, prepared: Prepared):
     return model, tokenizer, trainer
 
 
-__all__ = ["DEFAULTS", "FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "data_label", "flag_words",
+__all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "data_label", "flag_words",
            "preflight", "resolved_args", "run"]
