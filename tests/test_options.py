@@ -120,7 +120,7 @@ def test_every_sft_field_reaches_the_config_from_yaml_and_from_flags(trackers, t
     (["--max-grad-norm", "0.5"], ["--max_grad_norm", "0.5"], ["--sft", "max_grad_norm=0.5"]),
     (["--grad-accumulation", "2"], ["--gradient-accumulation-steps", "2"], ["--gradient_accumulation_steps", "2"]),
     (["--steps", "9"], ["--max-steps", "9"], ["--max_steps", "9"]),
-    (["--lr", "1e-3"], ["--learning-rate", "0.001"], ["--learning_rate", "1e-3"]),
+    (["--lr", "1e-3"], ["--learning-rate", "0.001"], ["--learning_rate", "1e-3"], ["--sft", "learning_rate=1e-3"]),
     (["--epochs", "2"], ["--num-train-epochs", "2"], ["--num_train_epochs", "2.0"]),
     (["--warmup-ratio", "0.1"], ["--warmup_steps", "0.1"]),
     (["--4bit"], ["--load-in-4bit", "true"], ["--load_in_4bit"]),
@@ -134,10 +134,10 @@ def test_kebab_snake_and_old_flag_names_are_one_option(spellings):
 def test_flags_override_the_file(tmp_path):
     file = tmp_path / "run.yaml"
     file.write_text("model: m\ndata: sample\nlearning_rate: 1e-3\nmax_steps: 10\nlora_r: 8\n"
-                    "max_grad_norm: 0.3\nsft: {adam_beta1: 0.8}\n")
+                    "max_grad_norm: 0.3\nsft: {adam_beta1: 0.8, weight_decay: 0.1}\n")  # weight_decay: an option's name
     from_file = _parse(["--config", str(file)])
     assert (from_file.train.learning_rate, from_file.train.max_steps, from_file.lora.lora_r) == (1e-3, 10, 8)
-    assert from_file.train.sft == {"max_grad_norm": 0.3, "adam_beta1": 0.8}
+    assert from_file.train.sft == {"max_grad_norm": 0.3, "adam_beta1": 0.8} and from_file.train.weight_decay == 0.1
     args = _parse(["--config", str(file), "--lr", "5e-4", "--epochs", "1", "--max-grad-norm", "0.7"])
     assert (args.train.learning_rate, args.train.epochs, args.train.max_steps) == (5e-4, 1, None)
     assert args.lora.lora_r == 8 and args.train.sft == {"max_grad_norm": 0.7, "adam_beta1": 0.8}

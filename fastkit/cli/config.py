@@ -323,7 +323,10 @@ def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[
     for key, value in config.items():
         where = f"--config {path}"
         if key == "sft":
-            sft.update(_file_sft(value, where))
+            named = _file_sft(value, where)
+            options.update({alias.get(k, k): _file_value(fields[alias.get(k, k)][1], v, where)
+                            for k, v in named.items() if _training_name(k)})  # a TrainOptions field's name
+            sft.update({k: v for k, v in named.items() if not _training_name(k)})
         elif key in fields or key in alias:
             name = alias.get(str(key), key)
             options[name] = _file_value(fields[name][1], value, where)
@@ -332,6 +335,11 @@ def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[
         else:
             raise ConfigFileError(unknown_name(f"--config {path}", str(key)))
     return options, sft
+
+
+def _training_name(name: str) -> bool:
+    """A TrainOptions field or its SFTConfig name (``num_train_epochs``): set there, not passed through."""
+    return name in aliases() or name in {f.name for f in dataclasses.fields(TrainOptions)} - {"sft"}
 
 
 def _file_value(f: dataclasses.Field, value: Any, where: str) -> Any:
@@ -365,8 +373,9 @@ def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) given as flags: single values of list-or-text options back to text."""
     options, sft = {}, {}
     for dest, value in given.items():
-        if dest == "sft":
-            sft.update(dict(value))
+        if dest == "sft":  # --sft NAME=VALUE; a TrainOptions field's name (or its SFTConfig name) sets that field
+            options.update({aliases().get(k, k): v for k, v in value if _training_name(k)})
+            sft.update({k: v for k, v in value if not _training_name(k)})
         elif dest.startswith("sft:"):
             name = dest[4:]
             sft[name] = _list_value(name, value)
