@@ -181,7 +181,10 @@ def _is_bool(f: dataclasses.Field) -> bool:
 
 
 def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> None:
-    kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"])
+    default = CLI_DEFAULTS.get(f.name, f.default)
+    shown = "" if default is None or "default" in f.metadata["help"] else f" (default {default})"
+    shown = f" (fastkit train's default: {default})" if f.name in CLI_DEFAULTS else shown
+    kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"] + shown)
     if _is_bool(f):
         kwargs.update(nargs="?", const=True, metavar="BOOL")
     elif _is_list(f):
