@@ -188,6 +188,8 @@ def test_the_same_seed_gives_the_same_data_fingerprint(abc):
     first = data_fingerprint(load_sources(mix, seed=11))
     assert data_fingerprint(load_sources(mix, seed=11)) == first
     assert data_fingerprint(load_sources(mix, seed=12)) != first
+    one = [data_fingerprint(load_sources(f"{a}?max_rows=4", seed=seed)) for seed in (11, 11, 12)]
+    assert one[0] == one[1] != one[2]  # one source, capped: the sample is in the table the fingerprint reads
 
 
 # -- shapes in one mix ------------------------------------------------------------------------------------------
