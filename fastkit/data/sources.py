@@ -349,6 +349,8 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
     if len(parts) == 1:  # one source keeps its order; a sample or cap is written out (the fingerprint reads it)
         return parts[0] if len(parts[0]) == len(read[0]) and listed[0].weight is None else parts[0].flatten_indices()
     mixed = _concatenate(parts, listed, concatenate_datasets)
+    logger.info("fastkit: data mix: %d rows from %d sources as %s, shuffled with seed %d", len(mixed), len(parts),
+                _KIND_WORDS[kind], seed)
     return mixed.shuffle(seed=seed).flatten_indices()
 
 
