@@ -163,6 +163,7 @@ def test_weights_give_the_documented_shares(abc, caplog):
     assert sorted(b_counts.values()) == [2, 2, 3, 3] and len(b_counts) == 4
     assert len({r["messages"][0]["content"] for r in rows if _tag(r) == "A"}) == 5  # a sample: no repeats
     assert f"data source {b!r}: 4 rows read, 10 used (weight 2)" in caplog.text
+    assert "data mix: 20 rows from 3 sources as chats, shuffled with seed 7" in caplog.text
     assert shares([3, 3, 4], [None, None, None]) == [3, 3, 4]  # no weights: every row once
     assert shares([3, 3, 4], [1, 1, 1]) == [4, 3, 3]  # 3.33 each: the one left over goes to the first
     assert shares([3, 3, 4], [1, None, 3]) == [2, 2, 6]  # a missing weight weighs 1
@@ -188,6 +189,8 @@ def test_the_same_seed_gives_the_same_data_fingerprint(abc):
     first = data_fingerprint(load_sources(mix, seed=11))
     assert data_fingerprint(load_sources(mix, seed=11)) == first
     assert data_fingerprint(load_sources(mix, seed=12)) != first
+    one = [data_fingerprint(load_sources(f"{a}?max_rows=4", seed=seed)) for seed in (11, 11, 12)]
+    assert one[0] == one[1] != one[2]  # one source, capped: the sample is in the table the fingerprint reads
 
 
 # -- shapes in one mix ------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class DataSource:
         if self.columns is not None:
             self.columns = check_columns(self.columns, where)
         _check_number(self.weight, "weight", where, float)
+        self.weight = None if self.weight is None else float(self.weight)
         _check_number(self.max_rows, "max_rows", where, int)
 
     @property
@@ -110,8 +111,9 @@ class DataSource:
         accepted = [f.name for f in fields(cls)]
         unknown = [k for k in entry if k not in accepted]
         if unknown:
+            rows = " (rows of data go in a file, or DataSource(path=[...rows]))" if unknown[0] in FIELDS else ""
             raise FastkitError(f"data source {entry.get('path', entry)!r:.80}: unknown key {unknown[0]!r}; the keys "
-                               f"are {', '.join(accepted)}.")
+                               f"are {', '.join(accepted)}{rows}.")
         if "path" not in entry:
             raise FastkitError(f"data source {dict(entry)!r:.80}: no path; add path: (a file, a folder, a Hub "
                                "dataset id or an offline name).")
@@ -344,9 +346,11 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
         logger.info("fastkit: data source %r: %d rows read, %d used%s", source.label, len(full), want,
                     "" if source.weight is None else f" (weight {source.weight:g})")
         parts.append(to_kind(chosen, kind))
-    if len(parts) == 1:
-        return parts[0].flatten_indices() if parts[0]._indices is not None else parts[0]
+    if len(parts) == 1:  # one source keeps its order; a sample or cap is written out (the fingerprint reads it)
+        return parts[0] if len(parts[0]) == len(read[0]) and listed[0].weight is None else parts[0].flatten_indices()
     mixed = _concatenate(parts, listed, concatenate_datasets)
+    logger.info("fastkit: data mix: %d rows from %d sources as %s, shuffled with seed %d", len(mixed), len(parts),
+                _KIND_WORDS[kind], seed)
     return mixed.shuffle(seed=seed).flatten_indices()
 
 
