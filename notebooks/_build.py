@@ -281,8 +281,21 @@ def _load(s: Spec, seq: str = "options.max_seq_length"):
             "prints which are active and why the others are not."),
         _code(*imports, "",
               f"model, tokenizer = FastModel.from_pretrained({source},",
-              " " * 45 + f"max_seq_length={seq}{s.load_args}, twin=USE_TWIN)"),
+              *_wrap_args(f"max_seq_length={seq}{s.load_args}, twin=USE_TWIN)", indent=45)),
     ]
+
+
+def _wrap_args(args: str, indent: int, width: int = 116) -> list[str]:
+    """Call arguments ``a=1, b=2)`` on lines of at most ``width`` characters, each starting at ``indent``."""
+    lines = [""]
+    for part in args.split(", "):
+        joined = f"{lines[-1]}, {part}" if lines[-1] else part
+        if len(joined) + indent > width and lines[-1]:
+            lines[-1] += ","
+            lines.append(part)
+        else:
+            lines[-1] = joined
+    return [" " * indent + line for line in lines]
 
 
 def _data(s: Spec):

@@ -3,7 +3,8 @@
 Blocks of one file run in order in one namespace, like notebook cells, in a temporary working folder
 holding the files the examples name (:data:`GIVEN_FILES`). Offline, a Hub id loads as its tiny twin
 (``FastModel.from_pretrained(..., twin=True)``: same architecture and code path, random weights), a
-``make_trainer(..., max_steps=N)`` (or ``options=TrainOptions(max_steps=N)``) runs at most :data:`MAX_STEPS` steps (the same code, a shorter run), and a
+``make_trainer(..., max_steps=N)`` (or ``options=TrainOptions(max_steps=N)``) runs at most :data:`MAX_STEPS`
+steps (the same code, a shorter run), and a
 block that starts from a model (``save_gguf(model, tokenizer, ...)``) gets a twin's as ``model`` /
 ``tokenizer``. A block that cannot run here is marked with ``<!-- not run: reason -->`` on the line
 before it; it is still compiled, and its imports are executed (so a renamed function still fails).
