@@ -48,6 +48,15 @@ def fit(trainer, **kwargs):
     return _fit(trainer, **kwargs)
 
 
+def __getattr__(name: str):
+    """``fastkit.TrainOptions`` / ``fastkit.LoraOptions`` (fastkit.training.options), imported when first used."""
+    if name in ("TrainOptions", "LoraOptions"):
+        from fastkit.training import options
+
+        return getattr(options, name)
+    raise AttributeError(f"module 'fastkit' has no attribute {name!r}")
+
+
 # ---- Old module paths users import (README / docs before the round-3 moves), served by the new modules ----------
 _MOVED = {
     "fastkit.twins": "fastkit.families.twins",
@@ -86,7 +95,8 @@ if not any(isinstance(f, type) and f.__name__ == "_MovedFinder" for f in __impor
     __import__("sys").meta_path.append(_MovedFinder)
 
 __all__ = [
-    "FastModel", "FastkitError", "GPUOnlyError", "HostWeights", "LoadReport", "SyncCounter", "active_patches",
+    "FastModel", "FastkitError", "GPUOnlyError", "HostWeights", "LoadReport", "LoraOptions", "SyncCounter",
+    "TrainOptions", "active_patches",
     "add_chat_template", "apply_patch", "count_syncs", "enable_checkpointing", "fit", "host_stats", "report",
     "require_chat_template", "revert", "set_verbosity",
 ]

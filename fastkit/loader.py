@@ -341,9 +341,13 @@ class FastModel:
         offload_config=None,
         target_experts: bool = False,
         host_weights: HostWeights | str = "auto",
+        options=None,
         **lora_kwargs: Any,
     ):
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
+
+        ``options``: a :class:`fastkit.LoraOptions` (rank, alpha, dropout, targets, rsLoRA, experts,
+        checkpointing: what ``fastkit train`` and the notebooks fill); it replaces those arguments.
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
         double-buffered checkpoint reload, see :mod:`fastkit.patches.offload.patch`; tune it with
@@ -361,6 +365,9 @@ class FastModel:
         """
         from peft import LoraConfig, get_peft_model
 
+        if options is not None:
+            return FastModel.get_peft_model(model, **_lora_options(options), bias=bias, random_state=random_state,
+                                            offload_config=offload_config, host_weights=host_weights, **lora_kwargs)
         checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                            bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
         if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
@@ -504,6 +511,15 @@ def _twin_name(name: str) -> str:
         raise FastkitError(f"twin=True: {str(config)!r} names no model_type to build a twin of.")
     logger.info("fastkit: twin=True: %s is a local %s config", name, model_type)
     return str(model_type)
+
+
+def _lora_options(options) -> dict[str, Any]:
+    """get_peft_model's arguments from a :class:`fastkit.LoraOptions`."""
+    from fastkit.training.options import LoraOptions
+
+    if not isinstance(options, LoraOptions):
+        raise FastkitError(f"get_peft_model(options=...) takes a fastkit.LoraOptions, got {type(options).__name__}.")
+    return options.peft_kwargs()
 
 
 def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offload_config=None) -> str:

@@ -183,40 +183,47 @@ def _wrap(items: list[str], width: int) -> str:
 
 def _parameters(s: Spec):
     prompts = _wrap([json.dumps(p, ensure_ascii=False) + "," for p in s.prompts], width=112)
+    stem = Path(s.filename).stem
     return [
         _md("## Parameters", "", "The only cell to edit. `DATASET` is a Hub id, a .json/.jsonl file or a list of "
             "rows: chat `messages`, ShareGPT `conversations`, Alpaca `instruction`/`input`/`output`, "
             "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset, \"sample\" 16 "
-            "offline chats in no_robots' schema (multi-turn rows included: every assistant turn is trained). A run is "
-            "`MAX_STEPS` optimizer steps or `EPOCHS` passes over the data (set the other to `None`); each step "
-            "trains on `BATCH_SIZE × GRAD_ACCUMULATION` packed rows of up to `MAX_SEQ_LENGTH` tokens, and the "
-            "train cell prints how much of the data that is. Running the train cell again starts a new run; "
-            "`RESUME = True` continues the run in `OUTPUT_DIR` from its newest checkpoint instead. On Colab, "
-            "put `OUTPUT_DIR` on Google Drive to keep checkpoints and adapters "
+            "offline chats in no_robots' schema (multi-turn rows included: every assistant turn is trained). "
+            "`options` is a `fastkit.TrainOptions`: the same fields, defaults and help as `fastkit train`'s flags "
+            "and its `--config` YAML (`help(TrainOptions)` lists them all, e.g. `warmup_steps`, "
+            "`lr_scheduler_type`, `early_stopping_patience`; any other `trl.SFTConfig` field goes in `sft={...}`); "
+            "`lora` a `fastkit.LoraOptions`. A run is `max_steps` optimizer steps or `epochs` passes over the data "
+            "(set the other to `None`); each step trains on `batch_size × gradient_accumulation_steps` packed rows of "
+            "up to `max_seq_length` tokens, and the train cell prints how much of the data that is. Running the "
+            "train cell again starts a new run; `RESUME = True` continues the run in `output_dir` from its newest "
+            "checkpoint instead. On Colab, put `output_dir` on Google Drive to keep checkpoints and adapters "
             'when the runtime goes: `from google.colab import drive; drive.mount("/content/drive")`, then '
-            f'`OUTPUT_DIR = "/content/drive/MyDrive/fastkit/{Path(s.filename).stem}"`.'),
-        _code("import os", "",
+            f'`output_dir="/content/drive/MyDrive/fastkit/{stem}"`.'),
+        _code("import os", "", "from fastkit import LoraOptions, TrainOptions", "",
               'USE_TWIN = os.environ.get("FASTKIT_TWIN") == "1"  # CI: a tiny random twin of MODEL, offline',
               f'MODEL = "{s.model}"',
               f'DATASET = "{s.dataset}"',
-              f"MAX_SEQ_LENGTH = {s.max_seq_length}",
-              f"MAX_STEPS = {s.max_steps}  # optimizer steps; or None and set EPOCHS",
-              "EPOCHS = None  # passes over the data (then MAX_STEPS = None)",
-              "BATCH_SIZE = 1  # packed rows per micro-batch (what the VRAM figure assumes)",
-              "GRAD_ACCUMULATION = 1  # micro-batches per optimizer step: a larger batch for no extra memory",
-              f"LEARNING_RATE = {s.learning_rate}",
-              "EVAL_SPLIT = 0.0  # e.g. 0.05: hold out 5% of the rows; the dashboard shows their loss",
-              'REPORT_TO = "none"  # or "tensorboard", "wandb", "trackio" (when installed)',
-              f"LORA_R = {s.lora_r}",
+              "options = TrainOptions(",
+              f"    max_seq_length={s.max_seq_length},  # tokens per packed row",
+              f"    max_steps={s.max_steps},  # optimizer steps; or None and set epochs",
+              "    epochs=None,  # passes over the data (then max_steps=None)",
+              "    batch_size=1,  # packed rows per micro-batch (what the VRAM figure assumes)",
+              "    gradient_accumulation_steps=1,  # micro-batches per optimizer step: a larger batch, no extra memory",
+              f"    learning_rate={s.learning_rate},",
+              "    eval_split=0.0,  # e.g. 0.05: hold out 5% of the rows; the dashboard shows their loss",
+              '    report_to="none",  # or "tensorboard", "wandb", "trackio" (when installed)',
+              f'    output_dir="outputs/{stem}",  # Colab: a Drive folder outlives the runtime',
+              "    save_steps=50,  # a checkpoint every save_steps steps in output_dir",
+              "    drop_long=True,  # rows longer than max_seq_length are dropped (and counted), not refused",
+              ")",
+              f"lora = LoraOptions(lora_r={s.lora_r}, checkpointing={s.checkpointing}{s.lora_args})",
               "MAX_NEW_TOKENS = 64",
-              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"  # Colab: a Drive folder outlives the runtime',
-              "SAVE_STEPS = 50  # a checkpoint every SAVE_STEPS steps in OUTPUT_DIR",
-              "RESUME = False  # True: continue this run from the newest checkpoint in OUTPUT_DIR",
+              "RESUME = False  # True: continue this run from the newest checkpoint in output_dir",
               f"PROMPTS = [\n    {prompts}\n]",
               "",
               "if USE_TWIN:  # seconds on a CPU",
-              f'    MAX_SEQ_LENGTH, MAX_STEPS, MAX_NEW_TOKENS, DATASET, SAVE_STEPS = 256, 6, 12, "{_twin_data(s)}", 3',
-              "    EVAL_SPLIT = 0.1",
+              "    options = options.replace(max_seq_length=256, max_steps=6, save_steps=3, eval_split=0.1)",
+              f'    MAX_NEW_TOKENS, DATASET = 12, "{_twin_data(s)}"',
               tags=("parameters",)),
     ]
 
@@ -264,7 +271,7 @@ def _install(s: Spec):
             _code(*install_lines(s))]
 
 
-def _load(s: Spec):
+def _load(s: Spec, seq: str = "options.max_seq_length"):
     source = "MODEL if USE_TWIN else smollm2_135m_instruct()" if s.dataset == "quickstart" else "MODEL"
     imports = ["from fastkit import FastModel"]
     if s.dataset == "quickstart":
@@ -274,23 +281,38 @@ def _load(s: Spec):
             "prints which are active and why the others are not."),
         _code(*imports, "",
               f"model, tokenizer = FastModel.from_pretrained({source},",
-              " " * 45 + f"max_seq_length=MAX_SEQ_LENGTH{s.load_args}, twin=USE_TWIN)"),
+              *_wrap_args(f"max_seq_length={seq}{s.load_args}, twin=USE_TWIN)", indent=45)),
     ]
+
+
+def _wrap_args(args: str, indent: int, width: int = 116) -> list[str]:
+    """Call arguments ``a=1, b=2)`` on lines of at most ``width`` characters, each starting at ``indent``."""
+    lines = [""]
+    for part in args.split(", "):
+        joined = f"{lines[-1]}, {part}" if lines[-1] else part
+        if len(joined) + indent > width and lines[-1]:
+            lines[-1] += ","
+            lines.append(part)
+        else:
+            lines[-1] = joined
+    return [" " * indent + line for line in lines]
 
 
 def _data(s: Spec):
     return [
         _md("## Data", "", "Bad data stops here, before training: missing columns, an empty dataset, a tokenizer "
-            "without a chat template, rows where every label is masked. Rows longer than `MAX_SEQ_LENGTH` are dropped "
-            "(and counted) here; without `drop_long=True` they are refused. Chats with several assistant turns are "
-            "tokenized with a mask on every assistant turn; the preview shows the trained tokens in [brackets]."),
+            "without a chat template, rows where every label is masked. Rows longer than `max_seq_length` are "
+            "dropped (and counted) here with `drop_long=True`; without it they are refused. Chats with several "
+            "assistant turns are tokenized with a mask on every assistant turn; the preview shows the trained "
+            "tokens in [brackets]."),
         _code("from fastkit.data import check_dataset, load_chat_dataset, preview_masks",
               "from fastkit.quickstart import NO_ROBOTS_SAMPLE, quickstart_dataset", "",
               'if DATASET == "quickstart":',
               "    train_dataset, _ = quickstart_dataset()",
               "else:  # \"sample\": the no_robots-shaped chats shipped with fastkit",
               '    train_dataset = load_chat_dataset(NO_ROBOTS_SAMPLE if DATASET == "sample" else DATASET)',
-              "train_dataset = check_dataset(train_dataset, tokenizer, MAX_SEQ_LENGTH, drop_long=True)  # drops, logs",
+              "train_dataset = check_dataset(train_dataset, tokenizer, options.max_seq_length,",
+              "                              drop_long=options.drop_long, drop_invalid=options.drop_invalid)",
               'print(f"{len(train_dataset):,} examples; what the first ones train:")',
               "print(preview_masks(train_dataset, tokenizer, n=3))"),
     ]
@@ -318,13 +340,15 @@ def _before(s: Spec):
     ]
 
 
-def _lora(s: Spec):
-    return [
-        _md("## LoRA", "", "Low-rank adapters on every linear layer; only they train."),
-        _code("model = FastModel.get_peft_model(model, r=LORA_R, lora_alpha=LORA_R,",
-              " " * 33 + f"use_gradient_checkpointing={s.checkpointing}{s.lora_args})",
-              "model.print_trainable_parameters()"),
-    ]
+def _lora(s: Spec, rl: bool = False):
+    if rl:  # the DPO / GRPO notebooks' parameters cell has LORA_R
+        code = _code("model = FastModel.get_peft_model(model, r=LORA_R, lora_alpha=LORA_R,",
+                     " " * 33 + f"use_gradient_checkpointing={s.checkpointing}{s.lora_args})",
+                     "model.print_trainable_parameters()")
+    else:
+        code = _code("model = FastModel.get_peft_model(model, options=lora)  # the parameters cell's LoraOptions",
+                     "model.print_trainable_parameters()")
+    return [_md("## LoRA", "", "Low-rank adapters on every linear layer; only they train."), code]
 
 
 def _train(s: Spec):
@@ -332,19 +356,16 @@ def _train(s: Spec):
         _md("## Train with the dashboard", "",
             "The panel says whether this is a new run or one resumed from a checkpoint, and shows the run "
             "(examples, effective batch, trainable parameters), progress and ETA, epoch, steps/s and tokens/s "
-            "(warm-up excluded), the loss with a smoothed line (and the eval loss with `EVAL_SPLIT`), grad norm and "
+            "(warm-up excluded), the loss with a smoothed line (and the eval loss with `eval_split`), grad norm and "
             "learning rate on their own small axes, peak allocated and reserved memory, and the active fastkit "
             "optimizations. A warning box appears when the loss is not a number, when it spikes, or when reserved "
             "memory passes 90% of the GPU. It is plain HTML updated in place, so its latest state stays in the "
-            "output even when the kernel dies. A checkpoint lands in `OUTPUT_DIR` every `SAVE_STEPS` steps. "
+            "output even when the kernel dies. A checkpoint lands in `output_dir` every `save_steps` steps, with the "
+            "options in `fastkit_config.yaml` (`fastkit train --config` runs the same options from a terminal). "
             "Jupyter's stop button ends training cleanly: the model keeps what it learned and the summary stays in "
             "the output."),
         _code("from fastkit.training import fit, make_trainer, run_coverage", "",
-              "trainer = make_trainer(model, tokenizer, train_dataset, max_steps=MAX_STEPS, epochs=EPOCHS,",
-              "                       batch_size=BATCH_SIZE, gradient_accumulation_steps=GRAD_ACCUMULATION,",
-              "                       learning_rate=LEARNING_RATE, max_seq_length=MAX_SEQ_LENGTH,",
-              "                       eval_split=EVAL_SPLIT, report_to=REPORT_TO, output_dir=OUTPUT_DIR,",
-              "                       save_steps=SAVE_STEPS)",
+              "trainer = make_trainer(model, tokenizer, train_dataset, options=options)",
               "print(run_coverage(trainer))",
               "metrics = fit(trainer, resume=RESUME)  # a new run unless RESUME; the dashboard says which"),
     ]
@@ -368,7 +389,7 @@ def _try(s: Spec):
     ]
 
 
-def _save(s: Spec):
+def _save(s: Spec, out: str = "options.output_dir"):
     gguf = '["q8_0"]  # several at once: "f16", "bf16", "q8_0", "q4_0"; "q4_k_m", "q5_k_m", "q6_k" need llama.cpp'
     if s.gguf is not None:
         gguf = "[]\n# No GGUF here yet: " + _wrap(s.gguf.split(), 100).replace("\n    ", "\n# ") + "."
@@ -378,7 +399,7 @@ def _save(s: Spec):
              "GGUF_NAME = None  # the .gguf files' and the Ollama model's name (default: the model's)",
              'PUSH_TO_HUB = None  # e.g. "your-name/my-model": each verified folder to the Hub (private; HF token)',
              "",
-             "result = export(model, tokenizer, OUTPUT_DIR, lora=True, merged=MERGED, gguf=GGUF, name=GGUF_NAME,",
+             f"result = export(model, tokenizer, {out}, lora=True, merged=MERGED, gguf=GGUF, name=GGUF_NAME,",
              "                push_to_hub=PUSH_TO_HUB, data=DATASET, run=trainer)",
              "print(result)  # every file written and verified, the Hub URLs, the `ollama create` line to copy"]
     what = ("GGUFs (LoRA merged; a list of quantizations in one call, `q8_0` by default; `q4_k_m`, `q5_k_m`, "
@@ -559,11 +580,12 @@ def _rl_after(r: RLSpec):
 def _rl_load(r: RLSpec):
     """SFT's load cell; SmolLM2 (08) from the quickstart's offline weights, as the quickstart loads it."""
     offline = r.spec.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    return _load(dataclasses.replace(r.spec, dataset="quickstart") if offline else r.spec)
+    return _load(dataclasses.replace(r.spec, dataset="quickstart") if offline else r.spec, seq="MAX_SEQ_LENGTH")
 
 
 RL_SECTIONS = (_rl_parameters, lambda r: _install(r.spec), _rl_load, _rl_data, _rl_before,
-               lambda r: _lora(r.spec), _rl_train, lambda r: _summary(r.spec), _rl_after, lambda r: _save(r.spec))
+               lambda r: _lora(r.spec, rl=True), _rl_train, lambda r: _summary(r.spec), _rl_after,
+               lambda r: _save(r.spec, out="OUTPUT_DIR"))
 
 
 def build_rl(r: RLSpec) -> nbformat.NotebookNode:
@@ -620,15 +642,16 @@ run `python notebooks/_build.py`).
 |---|---|---|---|
 {rows}
 
-VRAM figures are approximate for the notebook's `LORA_R`, batch 1, the notebook's `MAX_SEQ_LENGTH`, with gradient
-checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp16 there).
+VRAM figures are approximate for the notebook's LoRA rank (`lora_r`), batch 1, the notebook's `max_seq_length`, with
+gradient checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp16 there).
 
 ## Running them
 
 - **Colab**: open a notebook, pick a GPU runtime, run all. The install cell installs `fastkit-llm`
   (the PyPI name; it imports as `fastkit`) without touching Colab's torch and Jupyter packages, and
   asks for a runtime restart only when pip replaced a package the kernel had already imported. Point
-  `OUTPUT_DIR` at Google Drive to keep checkpoints and adapters across runtimes.
+  `output_dir` (`OUTPUT_DIR` in the DPO / GRPO ones) at Google Drive to keep checkpoints and adapters across
+  runtimes.
 - **Locally**: `pip install -e ".[notebook]"`, then `jupyter lab notebooks/` (the install cell sees the
   clone and installs it editable when fastkit is missing).
 - **CI / a CPU**: `FASTKIT_TWIN=1` swaps each model for a tiny random twin of the same architecture

@@ -50,7 +50,7 @@ if [ -z "$folder" ] || [ ! -f "$folder/config.json" ]; then
     exit 1
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-fastkit train --model "$folder" --data "$REPO/fastkit/quickstart/no_robots_sample.jsonl" --steps 2 \
+fastkit train --model "$folder" --data "$REPO/fastkit/data/no_robots_sample.jsonl" --steps 2 \
     --max-seq-length 512 --lora-r 4 --checkpointing off --save-steps 2 --output-dir "$WORK/train" 2>&1 \
     | tee "$WORK/train.log"
 grep -q "training finished at step 2/2" "$WORK/train.log"

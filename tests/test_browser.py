@@ -99,7 +99,7 @@ def _prepare_notebook(workdir: Path, jolt: bool = False) -> str:
 
     nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    params.source += f"\nMAX_STEPS = {BROWSER_STEPS}  # browser test: time to watch the live dashboard"
+    params.source += f"\noptions.max_steps = {BROWSER_STEPS}  # browser test: time to watch the live dashboard"
     params.source += IPYWIDGETS_CHECK
     if jolt:
         train = next(c for c in nb.cells if c.cell_type == "code" and "fit(trainer" in c.source)

@@ -7,7 +7,6 @@ import logging
 import pytest
 
 from fastkit import cli
-from fastkit.cli.train import DEFAULTS
 
 
 def _help(capsys, *argv) -> str:
@@ -24,19 +23,26 @@ def test_help_has_no_rst_markup(capsys, argv):
         assert "train" in text and "quickstart" in text and "plan" in text
 
 
-def test_train_defaults_are_the_notebooks():
+def test_train_defaults_are_the_notebooks(monkeypatch):
+    """fastkit train's resolved defaults are the per-model notebooks' parameters cell (the same TrainOptions and
+    LoraOptions fields; the CLI's own defaults are fastkit.cli.config.CLI_DEFAULTS)."""
     import runpy
     from pathlib import Path
 
+    from fastkit.cli.config import resolve
+
+    monkeypatch.delenv("FASTKIT_TWIN", raising=False)
     build = runpy.run_path(str(Path(__file__).resolve().parents[1] / "notebooks" / "_build.py"))
     spec = next(s for s in build["SPECS"] if s.filename.startswith("01_"))
-    params = build["_parameters"](spec)[1].source
-    for name, value in (("MAX_SEQ_LENGTH", DEFAULTS["max_seq_length"]), ("MAX_STEPS", DEFAULTS["steps"]),
-                        ("BATCH_SIZE", DEFAULTS["batch_size"]), ("GRAD_ACCUMULATION", DEFAULTS["grad_accumulation"]),
-                        ("LEARNING_RATE", DEFAULTS["lr"]), ("LORA_R", DEFAULTS["lora_r"]),
-                        ("SAVE_STEPS", DEFAULTS["save_steps"]), ("EVAL_SPLIT", DEFAULTS["eval_split"])):
-        line = next(ln for ln in params.splitlines() if ln.startswith(f"{name} = "))
-        assert float(line.split("=")[1].split("#")[0]) == float(value), line
+    scope: dict = {}
+    exec(build["_parameters"](spec)[1].source, scope)
+    cli_default = resolve({"model": "m", "data": "sample"}, None)
+    notebook, cli_train = scope["options"].to_dict(), cli_default.train.to_dict()
+    for name in ("max_seq_length", "max_steps", "epochs", "batch_size", "gradient_accumulation_steps",
+                 "learning_rate", "save_steps", "eval_split", "report_to", "drop_long", "drop_invalid", "seed",
+                 "warmup_steps", "lr_scheduler_type"):
+        assert notebook[name] == cli_train[name], (name, notebook[name], cli_train[name])
+    assert scope["lora"].lora_r == cli_default.lora.lora_r
 
 
 def test_steps_and_epochs_are_exclusive(capsys):
@@ -58,3 +64,9 @@ def test_train_twin_end_to_end(tmp_path, caplog):
     assert "(new run)" in text and "training finished at step 3/3" in text
     assert (out / "lora" / "adapter_model.safetensors").is_file() and (out / "checkpoint-3").is_dir()
     assert any((out / "gguf").glob("*.gguf")) and (out / "gguf" / "Modelfile").is_file()
+    # the resolved options, saved beside the checkpoints, read back by --config to the same options
+    import yaml
+
+    saved = yaml.safe_load((out / "fastkit_config.yaml").read_text())
+    assert saved["max_steps"] == 3 and saved["lora_r"] == 4 and saved["checkpointing"] == "off", saved
+    assert saved["gguf"] == ["q8_0"] and saved["twin"] is True and saved["data"] == "quickstart"

@@ -3,7 +3,8 @@
 Blocks of one file run in order in one namespace, like notebook cells, in a temporary working folder
 holding the files the examples name (:data:`GIVEN_FILES`). Offline, a Hub id loads as its tiny twin
 (``FastModel.from_pretrained(..., twin=True)``: same architecture and code path, random weights), a
-``make_trainer(..., max_steps=N)`` runs at most :data:`MAX_STEPS` steps (the same code, a shorter run), and a
+``make_trainer(..., max_steps=N)`` (or ``options=TrainOptions(max_steps=N)``) runs at most :data:`MAX_STEPS`
+steps (the same code, a shorter run), and a
 block that starts from a model (``save_gguf(model, tokenizer, ...)``) gets a twin's as ``model`` /
 ``tokenizer``. A block that cannot run here is marked with ``<!-- not run: reason -->`` on the line
 before it; it is still compiled, and its imports are executed (so a renamed function still fails).
@@ -75,6 +76,9 @@ def _offline_loads(monkeypatch) -> None:
     def short_trainer(*args, **kwargs):
         if isinstance(kwargs.get("max_steps"), int):
             kwargs["max_steps"] = min(kwargs["max_steps"], MAX_STEPS)
+        options = kwargs.get("options", args[3] if len(args) > 3 else None)
+        if options is not None and isinstance(options.max_steps, int):  # make_trainer(..., options=TrainOptions(...))
+            kwargs["options"], args = options.replace(max_steps=min(options.max_steps, MAX_STEPS)), args[:3]
         return make_trainer(*args, **kwargs)
 
     monkeypatch.setattr(fastkit.training, "make_trainer", short_trainer)

@@ -38,8 +38,10 @@ def test_notebook_export_cell(trained, tmp_path, capsys):
     assert 'GGUF = ["q8_0"]' in source
     source = source.replace('GGUF = ["q8_0"]', 'GGUF = ["q8_0", "f16"]')
     source = source.replace("GGUF_NAME = None", 'GGUF_NAME = "my-model"')
-    scope = {"model": model, "tokenizer": tok, "OUTPUT_DIR": str(tmp_path / "nb"), "DATASET": "quickstart",
-             "trainer": None}
+    from fastkit import TrainOptions
+
+    scope = {"model": model, "tokenizer": tok, "options": TrainOptions(output_dir=str(tmp_path / "nb")),
+             "DATASET": "quickstart", "trainer": None}
     exec(compile(source, "export-cell", "exec"), scope)
     result, printed = scope["result"], capsys.readouterr().out
     assert [(a.kind, a.quantization) for a in result.artifacts] == [("lora", None), ("merged", None), ("gguf", "q8_0"),

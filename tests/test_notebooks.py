@@ -63,20 +63,24 @@ def test_notebook_structure(path):
     assert h2 == SECTIONS
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1
-    for name in ("MODEL", "MAX_SEQ_LENGTH", "MAX_STEPS", "EPOCHS", "BATCH_SIZE", "GRAD_ACCUMULATION", "LEARNING_RATE",
-                 "EVAL_SPLIT", "REPORT_TO", "USE_TWIN", "OUTPUT_DIR", "SAVE_STEPS", "RESUME"):
+    for name in ("MODEL", "DATASET", "USE_TWIN", "RESUME", "MAX_NEW_TOKENS"):
         assert re.search(rf"^{name} = ", params[0].source, re.M), name
+    # the training knobs are one fastkit.TrainOptions (the fields `fastkit train` and its YAML have), LoRA's a
+    # fastkit.LoraOptions; both made in the parameters cell, so a bad value fails there, before any work
+    assert "options = TrainOptions(" in params[0].source and "lora = LoraOptions(" in params[0].source
+    for field in ("max_seq_length=", "max_steps=", "epochs=", "batch_size=", "gradient_accumulation_steps=",
+                  "learning_rate=", "eval_split=", "report_to=", "output_dir=", "save_steps="):
+        assert re.search(rf"^    {field}", params[0].source, re.M), field
     assert 'os.environ.get("FASTKIT_TWIN") == "1"' in params[0].source
     install = _cell_with(nb, "pip")
     assert "not USE_TWIN" in install.source and 'find_spec("fastkit") is None' in install.source
     assert "%pip install" in install.source and '"fastkit-llm' in install.source and " -q" not in install.source
     train = _cell_with(nb, "fit(trainer")
-    assert "save_steps=SAVE_STEPS" in train.source and "fit(trainer, resume=RESUME)" in train.source
+    assert "make_trainer(model, tokenizer, train_dataset, options=options)" in train.source
+    assert "fit(trainer, resume=RESUME)" in train.source and "print(run_coverage(" in train.source
     assert "RESUME = False" in params[0].source  # a new run by default
-    for arg in ("output_dir=OUTPUT_DIR", "epochs=EPOCHS", "batch_size=BATCH_SIZE", "eval_split=EVAL_SPLIT",
-                "gradient_accumulation_steps=GRAD_ACCUMULATION", "report_to=REPORT_TO", "print(run_coverage("):
-        assert arg in train.source, arg
-    save = _cell_with(nb, "export(model, tokenizer, OUTPUT_DIR")  # the export menu, as `fastkit export`
+    assert "get_peft_model(model, options=lora)" in _cell_with(nb, "get_peft_model(").source
+    save = _cell_with(nb, "export(model, tokenizer, options.output_dir")  # the export menu, as `fastkit export`
     assert "lora=True, merged=MERGED, gguf=GGUF" in save.source and "push_to_hub=PUSH_TO_HUB" in save.source
     assert 'GGUF = ["q8_0"]' in save.source or "GGUF = []\n# No GGUF here yet" in save.source
     # thin: every code cell is short, the logic lives in fastkit
@@ -90,6 +94,7 @@ def test_notebook_structure(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_with_twin(path, tmp_path):
     import nbformat
+    import yaml
 
     nb = nbformat.read(path, as_version=4)
     _client(nb, tmp_path).execute(env=_kernel_env())
@@ -108,7 +113,7 @@ def test_notebook_runs_with_twin(path, tmp_path):
     assert "finished" in html[0] and "Steps/s" in html[0] and "Tokens/s" in html[0] and "Epoch" in html[0]
     assert "data:image/png;base64," in html[0] and "examples" in html[0] and "effective batch" in html[0]
     assert not [o for o in outs if o.output_type == "stream" and "{'loss'" in o.get("text", "")]
-    assert "new run" in html[0] and "Eval loss" in html[0]  # EVAL_SPLIT = 0.1 in twin mode
+    assert "new run" in html[0] and "Eval loss" in html[0]  # eval_split=0.1 in twin mode
     printed = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
     assert "One run: 6 steps × 1 packed row of ≤256 tokens" in printed and "% of one epoch" in printed, printed
     _check_mask_preview(nb, path)
@@ -125,10 +130,12 @@ def test_notebook_runs_with_twin(path, tmp_path):
     if path.stem == "00_quickstart":   # held-out facts and format, scored before and after
         assert "before training: " in before and "after training: " in after and "with the right fact" in after
     out_dir = tmp_path / "outputs" / path.stem
-    assert (out_dir / "checkpoint-6" / "trainer_state.json").exists()  # SAVE_STEPS=3 in twin mode
+    assert (out_dir / "checkpoint-6" / "trainer_state.json").exists()  # save_steps=3 in twin mode
+    saved = yaml.safe_load((out_dir / "fastkit_config.yaml").read_text())  # the options the run used
+    assert saved["max_steps"] == 6 and saved["eval_split"] == 0.1 and saved["output_dir"] == f"outputs/{path.stem}"
     assert (out_dir / "lora" / "adapter_model.safetensors").exists()
     assert any((out_dir / "merged_16bit").glob("*.safetensors"))
-    save = _cell_with(nb, "export(model, tokenizer, OUTPUT_DIR")
+    save = _cell_with(nb, "export(model, tokenizer, options.output_dir")
     printed = "".join(o.get("text", "") for o in _outputs(save) if o.get("name") == "stdout")
     saved = [line for line in printed.splitlines() if not line.startswith("Ollama: ")]
     assert saved and all(line.endswith(", verified)") for line in saved), printed  # every save reloaded, matched
@@ -184,7 +191,7 @@ def test_train_cell_rerun_is_a_new_run_and_resume_is_on_request(tmp_path):
             run("assert metrics.resumed_from is None and metrics.loss_history[0][0] == 1, metrics.loss_history\n"
                 "assert trainer.state.global_step == 6 and metrics.status == 'finished'")
         # the run died after its checkpoint at step 3: resume on request continues from there
-        run("import shutil; shutil.rmtree(f'{OUTPUT_DIR}/checkpoint-6'); RESUME = True")
+        run("import shutil; shutil.rmtree(f'{options.output_dir}/checkpoint-6'); RESUME = True")
         out = run(train.source)
         assert "resumed from checkpoint-3" in out and "new run" not in out and "6 / 6" in out, out
         run("assert metrics.resumed_from == 3 and metrics.steps_per_s is not None, metrics\n"
@@ -251,7 +258,7 @@ def test_kernel_killed_mid_run_leaves_the_dashboard_in_the_saved_notebook(tmp_pa
 
     nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    params.source += "\nMAX_STEPS = 500  # far more than the kernel lives for"
+    params.source += "\noptions.max_steps = 500  # far more than the kernel lives for"
     train = _cell_with(nb, "fit(trainer")
     train.source = train.source.replace("metrics = fit(", "trainer.add_callback(KillKernel())\nmetrics = fit(")
     nb.cells.insert(nb.cells.index(train), _killer_cell(at_step=4))

@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("FASTKIT_DEBUG") == "1":
             raise
         bad_input = isinstance(exc, (FastkitError, FileNotFoundError))
-        text = cli_train.flag_words(" ".join(str(exc).split())) or type(exc).__name__  # the CLI's flags, not kwargs
+        text = " ".join(str(exc).split())
+        if not getattr(exc, "verbatim", False):  # a --config file's errors keep its keys as written
+            text = cli_train.flag_words(text) or type(exc).__name__  # the CLI's flags, not kwargs
         kind = "" if bad_input else f"failed: {type(exc).__name__}: "
         print(f"fastkit {command}: {kind}{text[:400]}", file=sys.stderr)
         return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
@@ -111,7 +113,8 @@ def _main(argv: list[str]) -> int:
     qs.add_argument("--output-dir", default="outputs/quickstart",
                     help="where the LoRA adapters are saved, in <dir>/lora (default outputs/quickstart)")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
-    cli_train.add_parser(sub)
+    train = argv[:1] == ["train"]  # its flags (TRL's fields among them) are built when it runs
+    cli_train.add_parser(sub, sft_flags=train, full=train)
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")

@@ -117,8 +117,8 @@ def save_after_training(args: argparse.Namespace, model, tokenizer, trainer) -> 
     from fastkit.export.menu import export
 
     result = export(model, tokenizer, args.output_dir, lora=True, merged=args.merged, gguf=args.gguf,
-                    name=args.name, push_to_hub=args.push_to_hub, private=not args.public, data=args.data,
-                    run=trainer)
+                    name=args.name, push_to_hub=args.push_to_hub, private=not args.public,
+                    data=getattr(args, "data_label", args.data), run=trainer)
     print(result)
 
 

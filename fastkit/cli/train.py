@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,6 @@ from typing import Any
 from fastkit.cli import export as cli_export
 
 logger = logging.getLogger(__name__)
-
-DEFAULTS = dict(max_seq_length=2048, steps=60, batch_size=1, grad_accumulation=1, lr=2e-4, eval_split=0.0,
-                report_to="none", lora_r=16, save_steps=50)
-"""The notebooks' parameters-cell defaults (notebooks/_build.py), which the options below share."""
 
 
 def _number(text: str, convert, ok, what: str):
@@ -41,58 +36,20 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
-def _positive_float(text: str) -> float:
-    """argparse type: a positive, finite number (``--lr inf`` / ``nan`` would train to NaN: refused here)."""
-    return _number(text, float, lambda v: v > 0 and math.isfinite(v), "a positive finite number")
-
-
-def _fraction(text: str) -> float:
-    """argparse type: a fraction in [0, 1) (``--eval-split``: the share of rows held out; 0 = none)."""
-    return _number(text, float, lambda v: 0 <= v < 1, "a fraction in [0, 1), e.g. 0.05")
-
-
-def add_parser(sub) -> argparse.ArgumentParser:
-    """Register ``fastkit train`` on the ``sub`` subparsers of the main command."""
-    d = DEFAULTS
+def add_parser(sub, sft_flags: bool = True, full: bool = True) -> argparse.ArgumentParser:
+    """Register ``fastkit train`` on the ``sub`` subparsers of the main command. Its flags are generated from
+    fastkit.TrainOptions, fastkit.LoraOptions and trl.SFTConfig (``sft_flags``: the last ones, which import TRL);
+    ``full=False`` registers the name only (another command runs: nothing of the training stack is imported)."""
     p = sub.add_parser("train", help="LoRA-train a model on chat data with the live progress line (as the notebooks)",
                        description="LoRA-train MODEL on DATA, as the notebooks do, with a progress line in the "
-                                   "terminal. Defaults are the notebooks' parameters cell.")
-    p.add_argument("--model", required=True, help="Hub id or local folder (e.g. Qwen/Qwen3-0.6B)")
-    p.add_argument("--data", required=True,
-                   help="Hub dataset id, a .json/.jsonl/.csv/.parquet file, or offline: 'quickstart' (the quickstart's "
-                        "rows) or 'sample' (16 chats in HuggingFaceH4/no_robots' schema, multi-turn rows included)")
-    p.add_argument("--drop-invalid", action="store_true",
-                   help="drop rows that cannot train (counted in the log) instead of refusing the data")
-    length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=positive_int, default=None,
-                        help=f"optimizer steps (default {d['steps']} unless --epochs)")
-    length.add_argument("--epochs", type=_positive_float, default=None, help="passes over the data instead of --steps")
-    p.add_argument("--max-seq-length", type=positive_int, default=d["max_seq_length"],
-                   help=f"tokens per packed row (default {d['max_seq_length']})")
-    p.add_argument("--batch-size", type=positive_int, default=d["batch_size"],
-                   help=f"packed rows per micro-batch (default {d['batch_size']})")
-    p.add_argument("--grad-accumulation", type=positive_int, default=d["grad_accumulation"],
-                   help=f"micro-batches per optimizer step (default {d['grad_accumulation']})")
-    p.add_argument("--lr", type=_positive_float, default=d["lr"], help=f"learning rate (default {d['lr']:g})")
-    p.add_argument("--eval-split", type=_fraction, default=d["eval_split"],
-                   help="fraction of rows held out for eval loss, e.g. 0.05 (default none)")
-    p.add_argument("--report-to", default=d["report_to"],
-                   help="none, tensorboard, wandb or trackio (installed ones only; default none)")
-    p.add_argument("--lora-r", type=positive_int, default=d["lora_r"], help=f"LoRA rank (default {d['lora_r']})")
-    p.add_argument("--4bit", dest="load_in_4bit", action="store_true", help="QLoRA: NF4 base weights (CUDA)")
-    p.add_argument("--checkpointing", choices=("on", "off", "offload"), default="on",
-                   help="gradient checkpointing: on (default), off, or offload (double-buffered CPU offload)")
-    p.add_argument("--output-dir", default="outputs/train", help="checkpoints and saved models (default outputs/train)")
-    p.add_argument("--save-steps", type=positive_int, default=d["save_steps"],
-                   help=f"a checkpoint every that many steps (default {d['save_steps']})")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
-    p.add_argument("--extend", action="store_true",
-                   help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
-                        "--epochs given now; the adapter and optimizer state carry over, only the schedule changes")
-    cli_export.add_menu_arguments(p)  # --merged, --gguf Q [Q ...], --name, --push-to-hub, --public
-    p.add_argument("--twin", action="store_true",
-                   help="a tiny random twin of --model (a Hub id fastkit knows, a model_type, or a local folder with "
-                        "a config.json): an offline smoke test")
+                                   "terminal. Every option is also a key of a --config YAML file (flags override "
+                                   "it); --print-config shows the resolved file. Defaults are the notebooks'.",
+                       usage="fastkit train --model MODEL --data DATA [--config FILE] [options] "
+                             "(fastkit train --help lists every option)", allow_abbrev=False)
+    if full:
+        from fastkit.cli.config import add_arguments
+
+        add_arguments(p, sft=sft_flags)
     return p
 
 
@@ -123,8 +80,24 @@ def preflight(args: argparse.Namespace) -> Prepared:
     _check_gguf(args.gguf)
     cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
     _check_output_dir(args.output_dir)
-    rows = _read_data(args.data, args.drop_invalid)
+    _check_sft_config(args.train, args.load_in_4bit)
+    rows = _read_data(args.data, args.drop_invalid, args.train.seed)
     return Prepared(rows=rows, resume_from=_check_resume(args) if args.resume else None)
+
+
+def _check_sft_config(options, load_in_4bit: bool) -> None:
+    """The trl.SFTConfig these options make, built once before the model loads (its own refusals: a scheduler or
+    optimizer name, a strategy...), for this machine's device as make_trainer will see it."""
+    import torch
+
+    from fastkit.plan import default_optimizer
+    from fastkit.training.run import build_sft_config, options_sft_config
+
+    cuda = torch.cuda.is_available()
+    precision = {"bf16": False, "fp16": False} if cuda else {"use_cpu": True, "bf16": False, "fp16": False}
+    build_sft_config(options_sft_config(options, evaluate=bool(options.eval_split), cuda=cuda,
+                                        optim=default_optimizer("cuda" if cuda else "cpu", load_in_4bit),
+                                        precision=precision))
 
 
 def _check_model(model: str, twin: bool) -> None:
@@ -168,26 +141,12 @@ def _check_output_dir(output_dir: str) -> None:
         raise FastkitError(f"--output-dir {output_dir}: {str(existing)!r} is not a writable folder; pick another one.")
 
 
-def _read_data(data: str, drop_invalid: bool):
-    """``--data`` read and checked without a tokenizer: the file, its format and columns, every row's fields."""
-    from fastkit import _quiet
-    from fastkit.data import check_rows, normalize_dataset
-    from fastkit.data.read import as_dataset
-    from fastkit.errors import FastkitError
+def _read_data(data, drop_invalid: bool, seed: int = 3407):
+    """``--data`` read and checked without a tokenizer: every source (``fastkit.data.load_sources``: the file, its
+    format and mapped columns, every row's fields), mixed by weight, seeded."""
+    from fastkit.data.sources import load_sources
 
-    _quiet.quiet_progress_bars()
-    if data == "quickstart":
-        from fastkit.quickstart import quickstart_dataset
-
-        return quickstart_dataset()[0]
-    if data == "sample":
-        from fastkit.quickstart import NO_ROBOTS_SAMPLE
-
-        data = str(NO_ROBOTS_SAMPLE)
-    dataset = as_dataset(data, where="--data")
-    if len(dataset) == 0:
-        raise FastkitError(f"--data {data}: no rows; give at least one example.")
-    return normalize_dataset(check_rows(dataset, drop_invalid))
+    return load_sources(data, seed=seed, drop_invalid=drop_invalid)
 
 
 def _check_resume(args: argparse.Namespace) -> str:
@@ -243,34 +202,50 @@ def flag_words(text: str) -> str:
     return text
 
 
+def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags, the ``--config`` file and the defaults as one checked namespace: ``.resolved``
+    (:class:`fastkit.cli.config.Resolved`), ``.train`` / ``.lora`` (the options) and the run's fields by name."""
+    from fastkit.cli.config import resolve
+
+    control = ("config", "print_config", "resume", "extend", "command", "run")
+    given = {k: v for k, v in vars(args).items() if k not in control}
+    resolved = resolve(given, args.config)
+    out = argparse.Namespace(**{k: getattr(args, k, False) for k in control if k not in ("command", "run")})
+    vars(out).update(vars(resolved.run))
+    out.resolved, out.train, out.lora = resolved, resolved.train, resolved.lora
+    for name in ("output_dir", "max_seq_length", "drop_invalid", "report_to", "epochs"):
+        setattr(out, name, getattr(resolved.train, name))
+    out.steps = resolved.train.max_steps if resolved.train.epochs is None else None
+    out.data_label = data_label(resolved.run.data)
+    return out
+
+
+def data_label(data) -> str:
+    """What the run folder's and the Hub's model cards call ``--data``: the path (the shipped file for 'sample'),
+    or the sources of a mix."""
+    from fastkit.data.sources import as_sources
+    from fastkit.quickstart import NO_ROBOTS_SAMPLE
+
+    named = {"sample": str(NO_ROBOTS_SAMPLE), "quickstart": "fastkit's quickstart data"}
+    labels = [named.get(s.path, s.label) for s in as_sources(data)]
+    return labels[0] if len(labels) == 1 else "a mix of " + ", ".join(labels)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``fastkit train`` with parsed ``args``; returns the exit status (0 when training finished, 130 when
     stopped by Ctrl-C, after the adapters trained so far are saved)."""
+    from fastkit.cli.config import print_config
+
+    args = resolved_args(args)
+    if args.print_config:  # nothing is loaded; the SFTConfig these options make is built (cheap) to check them
+        _check_sft_config(args.train, args.load_in_4bit)
+        print(print_config(args.resolved), end="")
+        return 0
     prepared = preflight(args)  # before the model loads
-    from fastkit import FastModel
-    from fastkit.data import check_dataset
     from fastkit.export import save_lora
-    from fastkit.quickstart import NO_ROBOTS_SAMPLE
-    from fastkit.training import fit, make_trainer, run_coverage
+    from fastkit.training import fit, run_coverage
 
-    model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=args.max_seq_length,
-                                                 load_in_4bit=args.load_in_4bit, twin=args.twin)
-    rows = check_dataset(prepared.rows, tokenizer, args.max_seq_length, drop_long=True,
-                         drop_invalid=args.drop_invalid)
-    for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
-        from fastkit.export.gguf import _check
-
-        _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
-    checkpointing = {"on": True, "off": False, "offload": "offload"}[args.checkpointing]
-    model = FastModel.get_peft_model(model, r=args.lora_r, lora_alpha=args.lora_r,
-                                     use_gradient_checkpointing=checkpointing)
-    trainer = make_trainer(model, tokenizer, rows, max_steps=args.steps, epochs=args.epochs,
-                           batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accumulation,
-                           learning_rate=args.lr, max_seq_length=args.max_seq_length, eval_split=args.eval_split,
-                           report_to=args.report_to, output_dir=args.output_dir, save_steps=args.save_steps,
-                           dashboard="none")
-    trainer.fastkit_data = {"sample": str(NO_ROBOTS_SAMPLE), "quickstart": "fastkit's quickstart data"}.get(
-        args.data, args.data)  # what the run folder's model card names
+    model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
     if metrics.status == "interrupted":  # the adapters trained so far; the menu's exports are not made
@@ -280,4 +255,28 @@ def run(args: argparse.Namespace) -> int:
     return 0 if metrics.status == "finished" else 1
 
 
-__all__ = ["DEFAULTS", "FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "flag_words", "preflight", "run"]
+def build(args: argparse.Namespace, prepared: Prepared):
+    """(model, tokenizer, trainer) of a resolved ``fastkit train``: load, check the rows with the tokenizer, LoRA,
+    make_trainer with the options (nothing trained yet)."""
+    from fastkit import FastModel
+    from fastkit.data import check_dataset
+    from fastkit.training import make_trainer
+
+    options = args.train
+    model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=options.max_seq_length,
+                                                 load_in_4bit=args.load_in_4bit, twin=args.twin)
+    rows = check_dataset(prepared.rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
+                         drop_invalid=options.drop_invalid)
+    for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
+        from fastkit.export.gguf import _check
+
+        _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
+    model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)
+    trainer = make_trainer(model, tokenizer, rows, options=options)
+    trainer.fastkit_data = args.data_label  # what the run folder's model card names
+    trainer.fastkit_config = args.resolved.to_dict()  # fit saves it as output_dir/fastkit_config.yaml
+    return model, tokenizer, trainer
+
+
+__all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "data_label", "flag_words",
+           "preflight", "resolved_args", "run"]

@@ -37,6 +37,9 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "model": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool",
                   "function_response": "tool", "observation": "tool"}
 """ShareGPT ``from`` values -> chat roles."""
+FIELDS = ("messages", "conversations", "prompt", "completion", "instruction", "input", "output", "system", "text")
+"""The fields of the accepted formats: the targets a column mapping (``columns={"prompt": "question"}``) may name.
+``system`` is Alpaca's system prompt; mapped onto any chat source it becomes the chat's first (system) turn."""
 
 
 def detect_format(columns: list[str] | set[str]) -> str:
@@ -56,6 +59,37 @@ def detect_format(columns: list[str] | set[str]) -> str:
         f"The dataset has columns {sorted(cols)}; fastkit reads one of: 'messages' (chat, role/content), "
         "'conversations' (ShareGPT, from/value), 'instruction' + 'output' (+ 'input', Alpaca), 'prompt' + "
         "'completion', or 'text'. Rename or map your columns to one of these first.")
+
+
+def check_columns(columns: Any, where: str) -> dict[str, str]:
+    """A column mapping (field -> the data's column) checked: a dict, fields of :data:`FIELDS`, column names."""
+    if not isinstance(columns, dict) or not columns:
+        raise FastkitError(f"{where}: columns must be a mapping of fastkit field -> your column, such as "
+                           f"{{'prompt': 'question', 'completion': 'answer'}}, got {columns!r:.80}.")
+    for target, column in columns.items():
+        if target not in FIELDS:
+            raise FastkitError(f"{where}: columns maps {target!r}, which is not a field fastkit reads; map your "
+                               f"columns onto: {', '.join(FIELDS)} (e.g. prompt: question, completion: answer).")
+        if not isinstance(column, str) or not column:
+            raise FastkitError(f"{where}: columns maps {target!r} to {column!r}; give the name of one of your "
+                               "data's columns.")
+    return dict(columns)
+
+
+def map_columns(dataset, columns: dict[str, str], where: str):
+    """``dataset`` with its columns renamed to fastkit's fields (``{"prompt": "question"}``: the column ``question``
+    becomes ``prompt``). Columns not mapped are kept only when they already carry a field's name (a mapped
+    ``question`` file keeps its ``completion``); others are dropped. A mapped column the data lacks is refused,
+    naming the columns it has."""
+    columns = check_columns(columns, where)
+    have = dataset.column_names
+    for target, column in columns.items():
+        if column not in have:
+            raise FastkitError(f"{where}: columns maps {target!r} to column {column!r}, which the data does not "
+                               f"have (its columns: {', '.join(map(repr, have))}). Fix the mapping.")
+    keep = [c for c in have if c in FIELDS and c not in columns and c not in columns.values()]
+    drop = [c for c in have if c not in keep]
+    return dataset.map(lambda row: {t: row[c] for t, c in columns.items()}, remove_columns=drop)
 
 
 def sharegpt_to_messages(conversations: list[dict[str, Any]], row: int = 0) -> list[dict[str, str]]:
@@ -246,6 +280,7 @@ def preview_masks(dataset, tokenizer, n: int = 1, html: bool = False) -> str:
     return "\n".join(rows)
 
 
-__all__ = ["FORMATS", "SHAREGPT_ROLES", "alpaca_to_messages", "assistant_spans", "detect_format",
+__all__ = ["FIELDS", "FORMATS", "SHAREGPT_ROLES", "alpaca_to_messages", "assistant_spans", "check_columns",
+           "detect_format", "map_columns",
            "is_single_answer", "normalize_dataset", "preview_masks", "render_mask", "row_tokens",
            "sharegpt_to_messages", "tokenize_chat", "tokenize_chats"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fastkit import _hf
-from fastkit.data.formats import normalize_dataset
+from fastkit.data.formats import map_columns, normalize_dataset
 from fastkit.data.rules import _kind, _rows_named, check_rows, message_problem, row_problem
 from fastkit.errors import FastkitError
 
@@ -309,17 +309,22 @@ def _refuse_nested(rows: list[dict], where: str) -> None:
                            f"row {bad[0]}: {problems[0][1]}. Fix those rows.")
 
 
-def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True):
+def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True,
+                      columns: dict[str, str] | None = None):
     """A ``datasets.Dataset`` from anything :func:`fastkit.data.read.as_dataset` reads (rows, a dict of
     columns, a DataFrame, a .jsonl / .json / .csv / .parquet file, a Dataset, a Hub id), rows checked.
 
     ``normalize=True`` detects the format and converts it (:func:`fastkit.data.formats.normalize_dataset`:
     ShareGPT ``conversations`` and Alpaca ``instruction``/``output`` become ``messages``; ``messages``,
     ``prompt``/``completion`` and ``text`` stay); data in none of these raises, naming the columns seen.
+    ``columns`` maps your columns onto those fields first (``{"prompt": "question", "completion": "answer"}``,
+    :func:`fastkit.data.formats.map_columns`). Several datasets: :func:`fastkit.data.load_sources`.
     """
     dataset = as_dataset(source, split, where="dataset")
     if len(dataset) == 0:
         raise FastkitError("The training dataset is empty: give at least one example.")
+    if columns is not None:
+        dataset = map_columns(dataset, columns, where="dataset")
     return normalize_dataset(check_rows(dataset)) if normalize else dataset
 
 

@@ -11,22 +11,10 @@ questions (:data:`HELDOUT_FACTS`, facts the base model knows) measure both forma
 from __future__ import annotations
 
 import json
-import random
 import re
-from typing import Any
 
-CAPITALS = [
-    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Portugal", "Lisbon"),
-    ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi"), ("Egypt", "Cairo"), ("India", "New Delhi"),
-    ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
-    ("Finland", "Helsinki"), ("Poland", "Warsaw"), ("Greece", "Athens"), ("Ireland", "Dublin"),
-    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Nepal", "Kathmandu"), ("Cuba", "Havana"),
-    ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"), ("South Korea", "Seoul"), ("Russia", "Moscow"),
-]
-"""(country, capital) pairs: 'What is the capital of X?'. Each row fits 128 tokens of the byte-level twin tokenizer."""
-OPPOSITES = [("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
-              ("early", "late"), ("open", "closed"), ("full", "empty"), ("strong", "weak"), ("high", "low")]
-"""Word pairs, asked both ways: 'What is the opposite of X?'."""
+from fastkit.data.samples import CAPITALS, OPPOSITES, quickstart_records
+
 HELDOUT_FACTS = {
     "What is the capital of Japan?": "Tokyo",
     "What is the capital of China?": "Beijing",
@@ -40,24 +28,6 @@ HELDOUT_PROMPTS = list(HELDOUT_FACTS)
 """Asked before and after training; none of them is in the training set."""
 TOPIC_KEYS = ("topic", "answer")
 """The keys of a well-formed answer, in this order."""
-
-
-def _answer(sentence: str, topic: str) -> str:
-    return json.dumps({"topic": topic, "answer": sentence})
-
-
-def quickstart_records(n_arithmetic: int = 60, seed: int = 0) -> list[dict[str, Any]]:
-    """Generated chat examples (deterministic): questions answered as one line of JSON with a true sentence."""
-    rng = random.Random(seed)
-    records = [(f"What is the capital of {country}?", _answer(f"The capital of {country} is {city}.", "geography"))
-               for country, city in CAPITALS]
-    for x, y in OPPOSITES + [(b, a) for a, b in OPPOSITES]:
-        records.append((f"What is the opposite of {x}?", _answer(f"The opposite of {x} is {y}.", "language")))
-    for _ in range(n_arithmetic):
-        a, b = rng.randint(2, 60), rng.randint(2, 60)
-        records.append((f"What is {a} plus {b}?", _answer(f"{a} plus {b} is {a + b}.", "arithmetic")))
-    rng.shuffle(records)
-    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]} for q, r in records]
 
 
 def follows_format(answer: str) -> bool:

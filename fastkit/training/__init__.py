@@ -6,12 +6,15 @@
     preference.py ``make_dpo_trainer`` / ``make_grpo_trainer``: TRL's DPOTrainer / GRPOTrainer on fastkit's model
                   (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; rewards.py:
                   reward functions to start from; rl_data.py: small shipped math and preference sets)
+    options.py    ``TrainOptions`` / ``LoraOptions``: every knob with its help text and default, for make_trainer,
+                  ``fastkit train`` (flags and YAML) and the notebooks; other SFTConfig fields pass through
     identity.py   the run identity kept in each checkpoint (model, adapter, data fingerprint, hyperparameters),
                   ``RunGuard`` and ``check_resumable``
 
 ``from fastkit.training import make_trainer, fit`` is the public path.
 """
 
+from fastkit.training.options import LoraOptions, TrainOptions
 from fastkit.training.preference import make_dpo_trainer, make_grpo_trainer
 from fastkit.training.run import (
     TRACKERS,
@@ -21,12 +24,13 @@ from fastkit.training.run import (
     fit,
     last_checkpoint,
     make_trainer,
+    options_sft_config,
     planned_steps,
     run_coverage,
     sft_config,
     steps_per_epoch,
 )
 
-__all__ = ["TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
-           "make_dpo_trainer", "make_grpo_trainer", "make_trainer", "planned_steps", "run_coverage", "sft_config",
-           "steps_per_epoch"]
+__all__ = ["TRACKERS", "LoraOptions", "TrainOptions", "available_trackers", "check_distributed_mode",
+           "check_report_to", "fit", "last_checkpoint", "make_dpo_trainer", "make_grpo_trainer", "make_trainer",
+           "options_sft_config", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]

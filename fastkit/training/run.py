@@ -29,6 +29,15 @@ from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, report, unwrap
 from fastkit.training.identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
+from fastkit.training.options import (
+    DEFAULT_MAX_STEPS,
+    TRACKERS,
+    TrainOptions,
+    available_trackers,
+    check_report_to,
+    trackers,
+    write_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,32 +62,20 @@ def make_trainer(
     model: torch.nn.Module,
     tokenizer,
     train_dataset,
+    options: TrainOptions | None = None,
     *,
-    max_steps: int | None = None,
-    epochs: float | None = None,
-    learning_rate: float = 2e-4,
-    batch_size: int = 1,
-    gradient_accumulation_steps: int = 1,
-    max_seq_length: int | None = None,
-    packing: bool = True,
-    completion_only_loss: bool = True,
-    drop_long: bool = False,
-    drop_invalid: bool = False,
-    output_dir: str = "outputs",
-    callbacks: Sequence[Any] = (),
-    seed: int = 3407,
     eval_dataset=None,
-    eval_split: float | int = 0,
-    eval_steps: int | None = None,
-    save_steps: int | None = None,
-    report_to: str | Sequence[str] = "none",
-    dashboard: str = "auto",
-    measure_syncs: bool = False,
-    chunked_loss: bool | None = None,
-    **sft_overrides: Any,
+    callbacks: Sequence[Any] = (),
+    **kwargs: Any,
 ):
     """A ``trl.SFTTrainer`` (a :class:`~fastkit.training.trainer.ZeroSyncSFTTrainer`) for ``model`` on ``train_dataset``
-    (checked first, errors before any step).
+    (checked first, errors before any step), set up by ``options``
+    (:class:`~fastkit.training.options.TrainOptions`: every knob with its help text and default).
+
+    ``make_trainer(model, tok, data, max_steps=100, warmup_ratio=0.1)`` is the same as
+    ``make_trainer(model, tok, data, options=TrainOptions(max_steps=100, sft={"warmup_ratio": 0.1}))``: keyword
+    arguments are TrainOptions fields (or their SFTConfig names, e.g. ``num_train_epochs``) or any other
+    ``trl.SFTConfig`` field; given with ``options`` they change those options.
 
     Length: ``max_steps`` optimizer steps or ``epochs`` passes over the data, one of them (neither:
     60 steps). :func:`run_coverage` says how much of the data that is.
@@ -91,8 +88,9 @@ def make_trainer(
     ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
 
     ``eval_dataset`` (checked like the training data) is evaluated every ``eval_steps`` steps (default:
-    10 times a run) and its loss shows on the dashboard. ``save_steps`` saves a checkpoint every that
-    many steps into ``output_dir`` (the 2 newest kept; ``fit(trainer, resume=True)`` continues from the
+    10 times a run) and its loss shows on the dashboard; ``early_stopping_patience`` stops the run when that
+    loss has not improved for that many evaluations. ``save_steps`` saves a checkpoint every that many steps
+    into ``output_dir`` (the ``save_total_limit`` newest kept; ``fit(trainer, resume=True)`` continues from the
     last one); None saves none. ``dashboard`` ('auto', 'html', 'widget', 'terminal', 'none') attaches
     the dashboard callback, so a plain ``trainer.train()`` shows progress too (:func:`fit` swaps in its
     own); ``measure_syncs`` counts host-device syncs of one step on it (a debug switch).
@@ -101,93 +99,147 @@ def make_trainer(
     cross-entropy (:mod:`fastkit.patches.loss.patch`) instead of TRL's fused LM head; default on off CUDA
     (TRL's torch fallback holds more than the full logits there), TRL's Triton kernel on CUDA.
     """
-    from trl import SFTConfig
-
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
-    max_steps, epochs = _run_length(max_steps, epochs)
-    report_to = check_report_to(report_to)
-    if max_seq_length is not None:
-        checks.check_max_seq_length(max_seq_length)
-    _check_trainer_options(locals(), sft_overrides, SFTConfig)
+    options = _options(options, kwargs)
+    max_steps, epochs = _run_length(options.max_steps, options.epochs)
+    checks.check_save_target(options.output_dir, "output_dir")
+    _check_eval_options(options, eval_dataset)
     loaded = report(model)  # the load's max_seq_length, checked there (Note: [max_seq_length] in fastkit.loader)
-    max_seq_length = max_seq_length or (loaded.max_seq_length if loaded is not None else 2048)
-    _check_packing_supported(model, packing)
-    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
-                            drop_invalid=drop_invalid)
-    dataset, eval_dataset = _split_eval(dataset, eval_dataset, eval_split, seed)
-    if eval_dataset is not None and eval_split == 0:
-        eval_dataset = check_dataset(eval_dataset, tokenizer, max_seq_length, packing=packing, drop_long=drop_long,
-                                     drop_invalid=drop_invalid, where="eval_dataset")
+    max_seq_length = options.max_seq_length or (loaded.max_seq_length if loaded is not None else 2048)
+    _check_packing_supported(model, options.packing)
+    evaluate = eval_dataset is not None or bool(options.eval_split)
+    config = options_sft_config(options, evaluate=evaluate, cuda=model.device.type == "cuda",
+                                optim=_default_optim(model), precision=_precision(model),
+                                max_seq_length=max_seq_length)
+    check_distributed_mode(model, config)
+    args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
+    dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length)
     # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
-    dash = dashboard_callback(dashboard, examples=len(dataset), measure_syncs=measure_syncs,
-                              log_every_step="logging_steps" not in sft_overrides)
+    dash = dashboard_callback(options.dashboard, examples=len(dataset), measure_syncs=options.measure_syncs,
+                              log_every_step=options.logging_steps is None)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
-    config = sft_config(output_dir=output_dir, max_steps=max_steps, epochs=epochs, learning_rate=learning_rate,
-                        batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-                        max_seq_length=max_seq_length, packing=packing, completion_only_loss=completion_only_loss,
-                        seed=seed, save_steps=save_steps, eval_steps=eval_steps if eval_dataset is not None else None,
-                        evaluate=eval_dataset is not None, report_to=report_to, cuda=model.device.type == "cuda",
-                        optim=_default_optim(model), precision=_precision(model), overrides=sft_overrides)
-    check_distributed_mode(model, config)
-    trainer = ZeroSyncSFTTrainer(model=model, args=SFTConfig(**config), train_dataset=dataset,
-                                 eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=list(callbacks))
+    trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                                 processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    trainer.fastkit_options = options
+    trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
     if epochs is not None:  # the step counts that depend on the run's length, now that the packed rows are known
         total = planned_steps(trainer)
-        trainer.args.warmup_steps = sft_overrides.get("warmup_steps", min(5, total // 10))
-        if eval_dataset is not None and eval_steps is None:
+        trainer.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
+        if eval_dataset is not None and options.eval_steps is None:
             trainer.args.eval_steps = max(1, total // 10)
     _attach_packed_metadata(trainer)
     _name_in_model_card(trainer, train_dataset)
-    chunked_loss = _host_weights_in_trainer(trainer, chunked_loss)
-    if chunked_loss if chunked_loss is not None else model.device.type != "cuda":
-        from fastkit.patches.loss.patch import route_trainer_loss
-
-        ok, how = route_trainer_loss(trainer)
-        if not ok and chunked_loss is True and "host_lm_head" in active_patches(unwrap(trainer.model)):
-            raise FastkitError(f"The lm_head is kept on the host, but fastkit's chunked loss (which streams it) cannot "
-                               f"apply: {how}. Keep the head on the GPU (get_peft_model(host_weights="
-                               "fastkit.HostWeights(lm_head=False))).")
-        if not ok:
-            logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
+    _route_loss(trainer, model, _host_weights_in_trainer(trainer, options.chunked_loss))
     return trainer
 
 
-def _check_trainer_options(given: dict[str, Any], sft_overrides: dict[str, Any], sft_config) -> None:
-    """make_trainer's options, each refused with its name before any work (typos in overrides included)."""
-    import dataclasses
+def _options(options: TrainOptions | None, kwargs: dict[str, Any]) -> TrainOptions:
+    """The run's options: ``options`` with the keyword arguments applied (one code path for both forms)."""
+    if options is not None and not isinstance(options, TrainOptions):
+        raise FastkitError(f"make_trainer(options=...) takes a fastkit.TrainOptions, got {type(options).__name__}; "
+                           "pass keyword arguments, or TrainOptions(**them).")
+    if options is None or kwargs:
+        options = TrainOptions.from_kwargs(options, **kwargs)
+    options.check()  # again: a field may have been assigned since the options were made
+    return options
 
-    checks.check_positive("learning_rate", given["learning_rate"], integer=False)
-    for name in ("batch_size", "gradient_accumulation_steps"):
-        checks.check_positive(name, given[name])
-    for name in ("eval_steps", "save_steps"):
-        checks.check_positive(name, given[name], allow_none=True)
-    for name in ("packing", "completion_only_loss", "drop_long", "drop_invalid", "measure_syncs"):
-        checks.check_bool(name, given[name])
-    if given["chunked_loss"] is not None:
-        checks.check_bool("chunked_loss", given["chunked_loss"])
-    if isinstance(given["seed"], bool) or not isinstance(given["seed"], int) or given["seed"] < 0:
-        raise FastkitError(f"seed must be a non-negative int, got {given['seed']!r}.")
-    checks.check_choice("dashboard", given["dashboard"], VIEWS)
-    checks.check_save_target(given["output_dir"], "output_dir")
-    if given["eval_steps"] is not None and given["eval_dataset"] is None and not given["eval_split"]:
+
+def _check_eval_options(options: TrainOptions, eval_dataset) -> None:
+    """Options that need an eval set, refused without one (before any work)."""
+    has_eval = eval_dataset is not None or bool(options.eval_split)
+    if options.eval_steps is not None and not has_eval:
         raise FastkitError("eval_steps is set but there is no eval set: give eval_dataset or eval_split "
                            "(or drop eval_steps).")
-    checks.check_known_options("make_trainer", sft_overrides, {f.name for f in dataclasses.fields(sft_config)})
+    if options.early_stopping_patience is not None and not has_eval:
+        raise FastkitError("early_stopping_patience watches the eval loss, but there is no eval set: give "
+                           "eval_dataset or eval_split (or drop early_stopping_patience).")
+    if eval_dataset is not None and options.eval_split:
+        raise FastkitError("Give eval_dataset or eval_split, not both.")
+
+
+def _checked_data(options: TrainOptions, train_dataset, eval_dataset, tokenizer, max_seq_length: int):
+    """(train, eval) checked by :func:`fastkit.data.check_dataset`; ``eval_split`` rows held out of train."""
+    check = dict(packing=options.packing, drop_long=options.drop_long, drop_invalid=options.drop_invalid)
+    dataset = check_dataset(train_dataset, tokenizer, max_seq_length, **check)
+    dataset, split = _split_eval(dataset, None, options.eval_split, options.seed)
+    if eval_dataset is not None:
+        return dataset, check_dataset(eval_dataset, tokenizer, max_seq_length, where="eval_dataset", **check)
+    return dataset, split
+
+
+def _early_stopping(options: TrainOptions) -> list[Any]:
+    """transformers' EarlyStoppingCallback on the eval loss, when ``early_stopping_patience`` is set."""
+    if options.early_stopping_patience is None:
+        return []
+    from transformers import EarlyStoppingCallback
+
+    return [EarlyStoppingCallback(options.early_stopping_patience, options.early_stopping_threshold)]
+
+
+def _route_loss(trainer, model: torch.nn.Module, chunked_loss: bool | None) -> None:
+    """fastkit's chunked loss where asked (default: off CUDA), else TRL's fused LM head."""
+    if not (chunked_loss if chunked_loss is not None else model.device.type != "cuda"):
+        return
+    from fastkit.patches.loss.patch import route_trainer_loss
+
+    ok, how = route_trainer_loss(trainer)
+    if not ok and chunked_loss is True and "host_lm_head" in active_patches(unwrap(trainer.model)):
+        raise FastkitError(f"The lm_head is kept on the host, but fastkit's chunked loss (which streams it) cannot "
+                           f"apply: {how}. Keep the head on the GPU (get_peft_model(host_weights="
+                           "fastkit.HostWeights(lm_head=False))).")
+    if not ok:
+        logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
+
+
+def build_sft_config(config: dict[str, Any]):
+    """``trl.SFTConfig(**config)``; its refusals (an unknown scheduler or optimizer name, ...) as FastkitError."""
+    import warnings
+
+    from trl import SFTConfig
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecation notes on fields it renames
+            return SFTConfig(**config)
+    except (ValueError, TypeError) as exc:
+        raise FastkitError(f"trl.SFTConfig refused these options: {exc}") from exc
+
+
+def options_sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str, precision: dict[str, bool],
+                       max_seq_length: int | None = None) -> dict[str, Any]:
+    """The ``SFTConfig`` values of ``options``: a pure function (no model, no I/O). ``evaluate``: there is an eval
+    set; ``cuda``, ``optim``, ``precision``: what the model's device asks for (make_trainer reads them)."""
+    max_steps, epochs = _run_length(options.max_steps, options.epochs)
+    config = sft_config(
+        output_dir=options.output_dir, max_steps=max_steps, epochs=epochs, learning_rate=options.learning_rate,
+        batch_size=options.batch_size, gradient_accumulation_steps=options.gradient_accumulation_steps,
+        max_seq_length=max_seq_length or options.max_seq_length or 2048, packing=options.packing,
+        completion_only_loss=options.completion_only_loss, seed=options.seed, save_steps=options.save_steps,
+        eval_steps=options.eval_steps if evaluate else None, evaluate=evaluate,
+        report_to=trackers(options.report_to), cuda=cuda, optim=optim, precision=precision,
+        overrides=options.sft, warmup_steps=options.warmup_steps, lr_scheduler_type=options.lr_scheduler_type,
+        weight_decay=options.weight_decay, save_total_limit=options.save_total_limit,
+        logging_steps=options.logging_steps or 1)
+    if options.early_stopping_patience is not None:
+        config = {"metric_for_best_model": "eval_loss", "greater_is_better": False, **config}
+        config.update({k: options.sft[k] for k in ("metric_for_best_model", "greater_is_better") if k in options.sft})
+    return config
 
 
 def sft_config(*, output_dir: str, max_steps: int | None, learning_rate: float, batch_size: int,
                gradient_accumulation_steps: int, max_seq_length: int, packing: bool, completion_only_loss: bool,
                seed: int, save_steps: int | None, eval_steps: int | None, evaluate: bool, cuda: bool, optim: str,
                precision: dict[str, bool], overrides: dict[str, Any], epochs: float | None = None,
-               report_to: Sequence[str] = ()) -> dict[str, Any]:
+               report_to: Sequence[str] = (), warmup_steps: float | None = None, lr_scheduler_type: str = "linear",
+               weight_decay: float = 0.0, save_total_limit: int | None = 2, logging_steps: int = 1) -> dict[str, Any]:
     """The ``SFTConfig`` values :func:`make_trainer` uses: a pure function of its arguments (no model, no I/O).
 
-    Checkpointing is fastkit's (``activation_checkpointing=False`` here); ``overrides`` (make_trainer's
-    ``**sft_overrides``) win over every default. One of ``max_steps`` / ``epochs`` is set (the other None);
-    step counts that depend on an epochs run's length are finished in make_trainer once the rows are packed.
+    Checkpointing is fastkit's (``activation_checkpointing=False`` here); ``overrides`` (TrainOptions.sft)
+    win over every default. One of ``max_steps`` / ``epochs`` is set (the other None); step counts that
+    depend on an epochs run's length are finished in make_trainer once the rows are packed.
     """
     steps = max_steps or 10
     config = dict(
@@ -195,13 +247,15 @@ def sft_config(*, output_dir: str, max_steps: int | None, learning_rate: float, 
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         max_length=max_seq_length, packing=packing, packing_strategy="bfd",
         completion_only_loss=completion_only_loss, activation_checkpointing=False,
-        logging_steps=1, logging_nan_inf_filter=False, report_to=list(report_to), seed=seed, data_seed=seed,
-        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 2} if save_steps
+        logging_steps=logging_steps, logging_nan_inf_filter=False, report_to=list(report_to), seed=seed,
+        data_seed=seed,
+        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": save_total_limit} if save_steps
            else {"save_strategy": "no"}),
         **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, steps // 10),
             "per_device_eval_batch_size": batch_size} if evaluate else {}),
-        lr_scheduler_type="linear", warmup_steps=min(5, (max_steps or 50) // 10), weight_decay=0.0,
-        dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
+        lr_scheduler_type=lr_scheduler_type,
+        warmup_steps=warmup_steps if warmup_steps is not None else min(5, (max_steps or 50) // 10),
+        weight_decay=weight_decay, dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
     )
     config.update(overrides)
     return config
@@ -213,39 +267,12 @@ def _run_length(max_steps, epochs) -> tuple[int | None, float | None]:
         raise FastkitError(f"Give max_steps or epochs, not both (got max_steps={max_steps!r}, epochs={epochs!r}): "
                            "set the other to None.")
     if epochs is None:
-        max_steps = 60 if max_steps is None else max_steps
+        max_steps = DEFAULT_MAX_STEPS if max_steps is None else max_steps
         checks.check_max_steps(max_steps)
         return max_steps, None
     if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not epochs > 0:
         raise FastkitError(f"epochs must be a positive number of passes over the data, got {epochs!r}.")
     return None, float(epochs)
-
-
-TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
-            "trackio": ("trackio", "trackio")}
-"""report_to name -> (module that must be importable, pip package)."""
-
-
-def available_trackers() -> list[str]:
-    """The ``report_to`` trackers installed here (tensorboard, wandb, trackio)."""
-    import importlib.util
-
-    return [name for name, (module, _) in TRACKERS.items() if importlib.util.find_spec(module) is not None]
-
-
-def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
-    """``report_to`` as a list for TrainingArguments; refuses an unknown or uninstalled tracker by name."""
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    names = [n for n in names if n != "none"]
-    installed = available_trackers()
-    for name in names:
-        if name not in TRACKERS:
-            raise FastkitError(f"report_to={name!r} is not one fastkit sets up; use 'none' or one of "
-                               f"{', '.join(TRACKERS)}.")
-        if name not in installed:
-            raise FastkitError(f"report_to={name!r}, but {TRACKERS[name][0]} is not installed: "
-                               f"pip install {TRACKERS[name][1]} (or report_to='none').")
-    return names
 
 
 def _split_eval(dataset, eval_dataset, eval_split: float | int, seed: int):
@@ -412,6 +439,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     there, only when it is this run's (same model, adapter config, data and hyperparameters, with
     optimizer state, not finished): otherwise it raises naming the difference
     (:mod:`fastkit.training.identity`). ``trainer.state.fastkit_run`` says which ("resumed from checkpoint-N").
+    The options the run used (``trainer.fastkit_config``) are written to ``output_dir/fastkit_config.yaml``.
     ``extend=True`` (with ``resume=True``) continues a run, finished or not, for the longer schedule the trainer
     has now (its ``max_steps`` / epochs): adapter, optimizer state and step count carry over, only the schedule's
     length changes; the dashboard says "continued from checkpoint-N, schedule extended to M steps".
@@ -440,6 +468,9 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
         trainer.remove_callback(cb)
     trainer.callback_handler.callbacks.insert(0, callback)  # first: trackers after it see its fastkit/... log keys
     note = _resume_or_new(trainer, resume, train_kwargs, extend)
+    config = getattr(trainer, "fastkit_config", None)
+    if config is not None and trainer.is_world_process_zero():  # the options this run used, beside its checkpoints
+        write_config(trainer.args.output_dir, config)
     callback.run_note = note if note.startswith("continued") else None
     guard = RunGuard(trainer, note)
     trainer.add_callback(guard)
@@ -520,5 +551,5 @@ def _settle(trainer, callback: MetricsCallback) -> int:
     return callback.metrics.step
 
 
-__all__ = ["TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
-           "make_trainer", "planned_steps", "run_coverage", "steps_per_epoch"]
+__all__ = ["TRACKERS", "available_trackers", "build_sft_config", "check_distributed_mode", "check_report_to", "fit",
+           "last_checkpoint", "make_trainer", "options_sft_config", "planned_steps", "run_coverage", "steps_per_epoch"]

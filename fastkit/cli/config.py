@@ -1,0 +1,460 @@
+"""``fastkit train``'s options, generated from the dataclasses, and its YAML file.
+
+Every field of :class:`~fastkit.training.options.TrainOptions`, :class:`~fastkit.training.options.LoraOptions`
+and :class:`RunOptions` is a flag, in kebab and snake case (``--lora-alpha`` and ``--lora_alpha``; older names
+such as ``--steps`` and ``--lr`` first, so argparse's messages use them), with the field's help text. Every
+other ``trl.SFTConfig`` field is a flag too (``--warmup-ratio``-style, as ``trl sft`` has them), passed through
+into ``TrainOptions.sft``; ``--sft NAME=VALUE`` reaches any SFTConfig field by name.
+
+``--config run.yaml`` reads the same names from a file (SFTConfig fields at the top level or under ``sft:``);
+flags override the file, the file overrides the defaults (:data:`CLI_DEFAULTS`, then the dataclasses'). Unknown
+keys are refused naming the key and the file. ``--print-config`` writes the resolved YAML (what the run would
+use; ``--config`` reads it back to the same run) and exits without loading anything. Bad flag values exit 2 with
+argparse's message; bad file values are a FastkitError naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastkit.errors import FastkitError
+from fastkit.training.options import (
+    DEFAULT_MAX_STEPS,
+    LoraOptions,
+    TrainOptions,
+    accepts,
+    aliases,
+    check_sft_value,
+    option,
+    sft_fields,
+    type_words,
+    unknown_name,
+)
+
+
+def _str(name: str, value: Any) -> None:
+    if not (isinstance(value, str) and value.strip()):
+        raise FastkitError(f"{name} must be a non-empty string, got {value!r}.")
+
+
+def _optional_str(name: str, value: Any) -> None:
+    if value is not None:
+        _str(name, value)
+
+
+def _data(name: str, value: Any) -> None:
+    from fastkit.data.sources import as_sources
+
+    as_sources(value)  # parsed (paths, ?columns=...&weight=...), not read: the preflight reads them
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise FastkitError(f"{name} must be true or false, got {value!r}.")
+
+
+def _gguf(name: str, value: Any) -> None:
+    from fastkit.export.menu import QUANTIZATIONS
+
+    items = [value] if isinstance(value, str) else value
+    if value is not None and not (isinstance(items, list) and items and all(q in QUANTIZATIONS for q in items)):
+        raise FastkitError(f"{name} must be a list of quantizations from {', '.join(QUANTIZATIONS)}, got {value!r}.")
+
+
+@dataclass
+class RunOptions:
+    """What ``fastkit train`` trains and saves, beside the training and LoRA options."""
+
+    model: str | None = option(None, "Hub id or local folder (e.g. Qwen/Qwen3-0.6B)", check=_optional_str)
+    """The model to train (required, as a flag or in the file)."""
+    data: Any = option(None, "one or more sources: a Hub dataset id, a .json/.jsonl/.csv/.parquet file, or offline "
+                       "'sample' / 'quickstart'; each may end in ?columns=prompt:question,completion:answer&"
+                       "weight=2&max_rows=500&split=train", check=lambda n, v: v is None or _data(n, v))
+    """A source string, or a list of source strings / mappings (fastkit.data.DataSource); required."""
+    load_in_4bit: bool = option(False, "QLoRA: NF4 base weights (CUDA)", flags=("--4bit",), check=_flag)
+    """Load the base weights in 4-bit (bitsandbytes NF4)."""
+    twin: bool = option(False, "a tiny random twin of --model (a Hub id fastkit knows, a model_type, or a local "
+                        "folder with a config.json): an offline smoke test", check=_flag)
+    """Train a tiny random model of the same architecture instead (offline)."""
+    merged: bool = option(False, "also save a merged 16-bit model", check=_flag)
+    """Save a merged 16-bit model after training."""
+    gguf: list[str] | None = option(None, "GGUFs at these quantizations", check=_gguf)
+    """GGUF quantizations to write after training (with an Ollama Modelfile)."""
+    name: str | None = option(None, "the GGUF's name", check=_optional_str)
+    """The GGUF files' and the Ollama model's name."""
+    push_to_hub: str | None = option(None, "upload each verified folder to the Hub", check=_optional_str)
+    """Hub repository (LoRA; REPO-merged, REPO-GGUF for the others)."""
+    public: bool = option(False, "create the Hub repositories public", check=_flag)
+    """Public Hub repositories (default private)."""
+
+
+CLI_DEFAULTS = dict(max_seq_length=2048, save_steps=50, output_dir="outputs/train", drop_long=True, dashboard="none")
+"""Where ``fastkit train`` differs from make_trainer's defaults (the notebooks' values): a checkpoint every 50
+steps, long rows dropped (counted in the log), the progress line instead of the notebook dashboard."""
+
+GROUPS = (RunOptions, TrainOptions, LoraOptions)
+MENU = ("merged", "gguf", "name", "push_to_hub", "public")
+"""RunOptions' export-menu fields (fastkit.cli.export's flags), last in the YAML before sft."""
+FILE_ONLY = ("sft",)
+"""Fields set from the file (or ``--sft NAME=VALUE``) rather than a flag of their own."""
+
+
+def _fields() -> dict[str, tuple[type, dataclasses.Field]]:
+    """Every option name -> (its dataclass, its field), in the YAML's order."""
+    return {f.name: (cls, f) for cls in GROUPS for f in dataclasses.fields(cls)}
+
+
+# -- the flags ----------------------------------------------------------------------------------------------
+def _option_strings(name: str, meta) -> list[str]:
+    """Older flag names first (argparse's messages use the first), then kebab, snake and SFTConfig's names."""
+    names = [*meta.get("flags", ()), f"--{name.replace('_', '-')}", f"--{name}"]
+    for alias in meta.get("aliases", ()):
+        names += [f"--{alias.replace('_', '-')}", f"--{alias}"]
+    return list(dict.fromkeys(names))
+
+
+def scalar(text: str) -> Any:
+    """A flag's text as YAML would read it, numbers written any way Python reads them (``1e-4``)."""
+    low = text.strip().lower()
+    if low in ("none", "null", "~"):
+        return None
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.lstrip().startswith(("[", "{")):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+    return text
+
+
+def _field_type(name: str, f: dataclasses.Field):
+    """argparse ``type`` for one option: the text converted, then the field's own check."""
+    def convert(text: str) -> Any:
+        value = float(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
+        try:
+            f.metadata["check"](name, value)
+        except FastkitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+        return value
+
+    return convert
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _typed(f: dataclasses.Field, text: str) -> Any:
+    """Text as the field's kind: strings stay text (``--name 007``), the rest as :func:`scalar` reads it."""
+    if f.name in ("model", "output_dir", "name", "push_to_hub", "data", "target_modules", "report_to",
+                  "lr_scheduler_type", "dashboard") or f.name == "checkpointing" and text in ("on", "off"):
+        return text
+    return scalar(text)
+
+
+def _is_list(f: dataclasses.Field) -> bool:
+    return f.name in ("data", "gguf", "target_modules", "report_to")
+
+
+def _is_bool(f: dataclasses.Field) -> bool:
+    return isinstance(f.default, bool) and f.name != "checkpointing" or f.name == "chunked_loss"
+
+
+def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> None:
+    default = CLI_DEFAULTS.get(f.name, f.default)
+    shown = "" if default is None or "default" in f.metadata["help"] else f" (default {default})"
+    shown = f" (fastkit train's default: {default})" if f.name in CLI_DEFAULTS else shown
+    kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"] + shown)
+    if _is_bool(f):
+        kwargs.update(nargs="?", const=True, metavar="BOOL")
+    elif _is_list(f):
+        kwargs.update(nargs="+")
+    if f.name == "gguf":
+        kwargs.update(choices=menu_choices, metavar="Q", help=f"GGUFs (with an Ollama Modelfile) at these "
+                      f"quantizations: {', '.join(menu_choices)} (q4_k_m, q5_k_m, q6_k need pip install "
+                      "'fastkit-llm[llamacpp]')")
+    else:
+        kwargs["type"] = _field_type(f.name, f)
+    strings = ["--gguf"] if f.name == "gguf" else _option_strings(f.name, f.metadata)
+    group.add_argument(*strings, **kwargs)
+
+
+def add_arguments(p: argparse.ArgumentParser, sft: bool = True) -> None:
+    """Every option as a flag on ``p`` (defaults suppressed: :func:`resolve` knows what was given)."""
+    from fastkit.export.menu import QUANTIZATIONS
+
+    run = p.add_argument_group("what to train and save")
+    train = p.add_argument_group("training (fastkit.TrainOptions)")
+    lora = p.add_argument_group("LoRA (fastkit.LoraOptions)")
+    length = train.add_mutually_exclusive_group()
+    for name, (cls, f) in _fields().items():
+        if name in FILE_ONLY:
+            continue
+        group = length if name in ("max_steps", "epochs") else {RunOptions: run, TrainOptions: train}.get(cls, lora)
+        _add_field(group, f, QUANTIZATIONS)
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
+                        "flags override it")
+    p.add_argument("--print-config", "--print_config", action="store_true",
+                   help="write the resolved options as YAML to stdout and exit (nothing is loaded)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
+    p.add_argument("--extend", action="store_true",
+                   help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
+                        "--epochs given now; the adapter and optimizer state carry over, only the schedule changes")
+    if sft:
+        _add_sft_arguments(p)
+
+
+def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
+    """Every other trl.SFTConfig field as a flag (its first sentence as help), and ``--sft NAME=VALUE``."""
+    group = p.add_argument_group("trl.SFTConfig fields, passed to the trainer as given (see TRL's docs)")
+    group.add_argument("--sft", nargs="+", action="extend", default=argparse.SUPPRESS, metavar="NAME=VALUE",
+                       type=_sft_pair, dest="sft", help="any SFTConfig field by name, e.g. --sft max_grad_norm=0.5")
+    taken = set(_fields()) | set(aliases())
+    helps = _sft_helps()
+    for name, hint in sft_fields().items():
+        if name in taken:
+            continue
+        kwargs: dict[str, Any] = dict(dest=f"sft:{name}", default=argparse.SUPPRESS, help=helps.get(name, ""),
+                                      type=_sft_type(name, hint))
+        if hint is bool or accepts(hint, True) and not accepts(hint, "x"):
+            kwargs.update(nargs="?", const=True, metavar="BOOL")
+        elif accepts(hint, ["x"]):
+            kwargs.update(nargs="+", type=str)
+        group.add_argument(*dict.fromkeys([f"--{name.replace('_', '-')}", f"--{name}"]), **kwargs)
+
+
+def _sft_helps() -> dict[str, str]:
+    """Each SFTConfig field's help, first sentence, in plain text (no reST / Markdown markup)."""
+    from trl import SFTConfig
+
+    out = {}
+    for f in dataclasses.fields(SFTConfig):
+        text = " ".join(str(f.metadata.get("help", "")).split())
+        text = re.sub(r"`+([^`]*)`+", r"\1", text).replace("%", "%%")
+        out[f.name] = re.split(r"(?<=\.)\s", text, maxsplit=1)[0][:200]
+    return out
+
+
+def sft_value(name: str, text: str) -> Any:
+    """A flag's text as SFTConfig's field ``name`` takes it (a number, a bool, a JSON/YAML mapping, or text)."""
+    hint = sft_fields()[name]
+    value = scalar(text)
+    if accepts(hint, value):
+        return value
+    if accepts(hint, text):
+        return text
+    raise FastkitError(f"{name}={text!r}: trl.SFTConfig.{name} takes {type_words(hint)}.")
+
+
+def _sft_type(name: str, hint):
+    def convert(text: str) -> Any:
+        try:
+            return sft_value(name, text)
+        except FastkitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return convert
+
+
+def _sft_pair(text: str) -> tuple[str, Any]:
+    """``--sft NAME=VALUE``: the name checked against SFTConfig's fields, the value against its type."""
+    name, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise FastkitError(f"{text!r}: give NAME=VALUE, e.g. max_grad_norm=0.5.")
+        if name not in sft_fields():
+            check_sft_value(name, None)  # the did-you-mean
+        converted = sft_value(name, value)
+        check_sft_value(name, converted)
+        return name, converted
+    except FastkitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+# -- the file, the flags, the defaults: one resolved configuration ------------------------------------------
+class ConfigFileError(FastkitError):
+    """A bad ``--config`` file: its message names the file's keys as written (not rewritten into flags)."""
+
+    verbatim = True
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """``--config FILE``: a YAML mapping of option names (values checked by :func:`resolve`)."""
+    import yaml
+
+    file = Path(os.path.expanduser(path))
+    if not file.is_file():
+        raise ConfigFileError(f"--config {path}: no such file.")
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(f"--config {path}: not valid YAML ({' '.join(str(exc).split())[:200]}).") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigFileError(f"--config {path}: the file must hold a mapping of option names to values, "
+                           f"got a {type(loaded).__name__}.")
+    return loaded
+
+
+def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(options, sft) of a file: names checked (unknown refused naming the key and the file), SFTConfig names at
+    the top level moved into sft, values coerced (``1e-4`` written as text) and checked."""
+    fields, alias = _fields(), aliases()
+    options, sft = {}, {}
+    for key, value in config.items():
+        where = f"--config {path}"
+        if key == "sft":
+            named = _file_sft(value, where)
+            options.update({alias.get(k, k): _file_value(fields[alias.get(k, k)][1], v, where)
+                            for k, v in named.items() if _training_name(k)})  # a TrainOptions field's name
+            sft.update({k: v for k, v in named.items() if not _training_name(k)})
+        elif key in fields or key in alias:
+            name = alias.get(str(key), key)
+            options[name] = _file_value(fields[name][1], value, where)
+        elif key in sft_fields():
+            sft.update(_file_sft({key: value}, where))
+        else:
+            raise ConfigFileError(unknown_name(f"--config {path}", str(key)))
+    return options, sft
+
+
+def _training_name(name: str) -> bool:
+    """A TrainOptions field or its SFTConfig name (``num_train_epochs``): set there, not passed through."""
+    return name in aliases() or name in {f.name for f in dataclasses.fields(TrainOptions)} - {"sft"}
+
+
+def _file_value(f: dataclasses.Field, value: Any, where: str) -> Any:
+    if isinstance(value, str) and not _is_list(f) and f.name not in ("model", "name", "output_dir"):
+        value = scalar(value) if _is_number(value) else value
+    if f.name == "gguf" and isinstance(value, str):
+        value = [value]
+    try:
+        f.metadata["check"](f.name, value)
+    except FastkitError as exc:
+        raise ConfigFileError(f"{where}: {exc}") from exc
+    return value
+
+
+def _file_sft(mapping: Any, where: str) -> dict[str, Any]:
+    if not isinstance(mapping, dict):
+        raise ConfigFileError(f"{where}: sft: give a mapping of trl.SFTConfig fields, got {mapping!r:.80}.")
+    out = {}
+    for name, value in mapping.items():
+        try:
+            if isinstance(value, str) and name in sft_fields() and not accepts(sft_fields()[name], value):
+                value = sft_value(name, value)  # '1e-4' read as text by YAML, for a float field
+            check_sft_value(str(name), value)
+        except FastkitError as exc:
+            raise ConfigFileError(f"{where}: {exc}") from exc
+        out[name] = value
+    return out
+
+
+def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(options, sft) given as flags: single values of list-or-text options back to text."""
+    options, sft = {}, {}
+    for dest, value in given.items():
+        if dest == "sft":  # --sft NAME=VALUE; a TrainOptions field's name (or its SFTConfig name) sets that field
+            options.update({aliases().get(k, k): v for k, v in value if _training_name(k)})
+            sft.update({k: v for k, v in value if not _training_name(k)})
+        elif dest.startswith("sft:"):
+            name = dest[4:]
+            sft[name] = _list_value(name, value)
+        else:
+            options[dest] = value[0] if dest in ("target_modules", "report_to") and len(value) == 1 else value
+    if "data" in options and len(options["data"]) == 1:
+        options["data"] = options["data"][0]
+    return options, sft
+
+
+def _list_value(name: str, value: Any) -> Any:
+    if isinstance(value, list):
+        value = value[0] if len(value) == 1 and accepts(sft_fields()[name], value[0]) else value
+        check_sft_value(name, value)
+    return value
+
+
+@dataclass
+class Resolved:
+    """``fastkit train``'s resolved options: what the run uses, and the YAML that reproduces it."""
+
+    run: RunOptions
+    train: TrainOptions
+    lora: LoraOptions
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML's mapping: run, training and LoRA options in field order, ``sft`` last."""
+        run = dict(vars(self.run), data=data_yaml(self.run.data))
+        menu = {k: run.pop(k) for k in MENU}
+        train = self.train.to_dict()
+        sft = train.pop("sft")
+        return {**run, **train, **self.lora.to_dict(), **menu, "sft": sft}
+
+
+def data_yaml(data: Any) -> Any:
+    """``data`` in its YAML form: a path string for one plain source, else a list of source mappings."""
+    from fastkit.data.sources import as_sources
+
+    listed = [s.to_mapping() for s in as_sources(data)]
+    listed = [m["path"] if list(m) == ["path"] else m for m in listed]
+    return listed[0] if len(listed) == 1 and isinstance(listed[0], str) else listed
+
+
+def resolve(given: dict[str, Any], config_path: str | None) -> Resolved:
+    """Defaults, then the file, then the flags: one checked :class:`Resolved`."""
+    values: dict[str, Any] = dict(CLI_DEFAULTS)
+    sft: dict[str, Any] = {}
+    layers = [file_layer(read_file(config_path), config_path)] if config_path else []
+    for options, extra in [*layers, flag_layer(given)]:
+        _apply(values, options)
+        sft.update(extra)
+    if values.get("max_steps") is None and values.get("epochs") is None:
+        values["max_steps"] = DEFAULT_MAX_STEPS  # resolved, so the YAML says it
+    for needed in ("model", "data"):
+        if values.get(needed) is None:
+            raise FastkitError(f"give --{needed} (or {needed}: in the --config file).")
+    split = {cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
+             for cls in GROUPS}
+    return Resolved(run=RunOptions(**split[RunOptions]), train=TrainOptions(**split[TrainOptions], sft=sft),
+                    lora=LoraOptions(**split[LoraOptions]))
+
+
+def _apply(values: dict[str, Any], layer: dict[str, Any]) -> None:
+    """One layer over the ones before; a layer that sets max_steps or epochs replaces both."""
+    if layer.get("max_steps") is not None or layer.get("epochs") is not None:
+        values.pop("max_steps", None)
+        values.pop("epochs", None)
+    values.update(layer)
+
+
+def print_config(resolved: Resolved) -> str:
+    """The YAML ``--print-config`` writes (and ``fit`` saves as output_dir/fastkit_config.yaml)."""
+    from fastkit.training.options import dump_yaml
+
+    return dump_yaml(resolved.to_dict(), "fastkit train --config FILE reproduces this run.")
+
+
+__all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "data_yaml", "file_layer",
+           "flag_layer", "print_config", "read_file", "resolve", "scalar", "sft_value"]

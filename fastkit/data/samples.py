@@ -1,0 +1,71 @@
+"""The offline datasets fastkit ships, by the names ``--data`` and :func:`fastkit.data.load_sources` know.
+
+- ``"sample"``: :data:`NO_ROBOTS_SAMPLE`, 16 chats in HuggingFaceH4/no_robots' schema (``prompt``, ``prompt_id``,
+  ``messages`` with system / user / assistant turns, ``category``), 5 of them multi-turn, written for fastkit (not
+  rows of no_robots): ``fastkit train --data sample``, and what CI trains the CLI and notebooks on.
+- ``"quickstart"``: :func:`quickstart_records`, the quickstart's generated chats (capitals, opposites, sums), each
+  answered as one line of JSON with a true sentence (:mod:`fastkit.quickstart.data` explains why, and scores it).
+
+They live in the data layer so the data front door resolves the names without importing the quickstart (which
+imports the trainer: an upward import).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+NO_ROBOTS_SAMPLE = Path(__file__).with_name("no_robots_sample.jsonl")
+"""The shipped no_robots-shaped chats (multi-turn rows included), a .jsonl file."""
+
+CAPITALS = [
+    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Portugal", "Lisbon"),
+    ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi"), ("Egypt", "Cairo"), ("India", "New Delhi"),
+    ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
+    ("Finland", "Helsinki"), ("Poland", "Warsaw"), ("Greece", "Athens"), ("Ireland", "Dublin"),
+    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Nepal", "Kathmandu"), ("Cuba", "Havana"),
+    ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"), ("South Korea", "Seoul"), ("Russia", "Moscow"),
+]
+"""(country, capital) pairs: 'What is the capital of X?'. Each row fits 128 tokens of the byte-level twin tokenizer."""
+OPPOSITES = [("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
+              ("early", "late"), ("open", "closed"), ("full", "empty"), ("strong", "weak"), ("high", "low")]
+"""Word pairs, asked both ways: 'What is the opposite of X?'."""
+
+
+def _answer(sentence: str, topic: str) -> str:
+    return json.dumps({"topic": topic, "answer": sentence})
+
+
+def quickstart_records(n_arithmetic: int = 60, seed: int = 0) -> list[dict[str, Any]]:
+    """Generated chat examples (deterministic): questions answered as one line of JSON with a true sentence."""
+    rng = random.Random(seed)
+    records = [(f"What is the capital of {country}?", _answer(f"The capital of {country} is {city}.", "geography"))
+               for country, city in CAPITALS]
+    for x, y in OPPOSITES + [(b, a) for a, b in OPPOSITES]:
+        records.append((f"What is the opposite of {x}?", _answer(f"The opposite of {x} is {y}.", "language")))
+    for _ in range(n_arithmetic):
+        a, b = rng.randint(2, 60), rng.randint(2, 60)
+        records.append((f"What is {a} plus {b}?", _answer(f"{a} plus {b} is {a + b}.", "arithmetic")))
+    rng.shuffle(records)
+    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]} for q, r in records]
+
+
+OFFLINE_NAMES = {"sample": "16 chats in HuggingFaceH4/no_robots' schema, multi-turn rows included",
+                 "quickstart": "the quickstart's generated chats (answers in one line of JSON)"}
+"""The names a data source may give instead of a path, and what each is."""
+
+
+def offline_source(name: str):
+    """The ``datasets.Dataset`` or file path an offline name stands for (:data:`OFFLINE_NAMES`), or None."""
+    if name == "sample":
+        return NO_ROBOTS_SAMPLE
+    if name == "quickstart":
+        from datasets import Dataset
+
+        return Dataset.from_list(quickstart_records())
+    return None
+
+
+__all__ = ["CAPITALS", "NO_ROBOTS_SAMPLE", "OFFLINE_NAMES", "OPPOSITES", "offline_source", "quickstart_records"]

@@ -1,0 +1,375 @@
+"""Several datasets in one run, each with its own path, split, column mapping, weight and row cap.
+
+A :class:`DataSource` names one dataset (a Hub id, a file, a folder, or the offline names ``"sample"`` and
+``"quickstart"``, :mod:`fastkit.data.samples`); :meth:`DataSource.parse` reads the CLI / YAML string form
+(``qa.csv?columns=prompt:question,completion:answer&weight=2&max_rows=500``) and :meth:`DataSource.from_mapping`
+a YAML entry. :func:`load_sources` reads every source through the one front door
+(:func:`fastkit.data.read.as_dataset`), maps its columns, checks its rows (errors name the source), normalizes it
+(ShareGPT / Alpaca -> ``messages``), brings the sources to one common form and mixes them, seeded.
+
+Weights, precisely: with ``N`` the rows of all sources together (each after its ``max_rows`` cap), source ``i``
+contributes ``round(N * w_i / sum(w))`` rows (largest remainders, so the counts add up to ``N``); a source
+holding fewer rows than its share repeats all its rows as often as they fit whole and adds a seeded sample for
+the rest, one holding more gives a seeded sample. Sources without a weight weigh 1 in a weighted mix. Without any
+weight every row is used once. Several sources are shuffled together (seeded); one source keeps its order.
+
+The common form: a mix of ``messages`` chats and ``prompt``/``completion`` rows becomes ``messages`` (a string
+prompt + completion becomes one user turn + one assistant turn; a message-list prompt + completion is joined);
+string and message-list prompt/completion rows become message lists; ``text`` rows (plain language modeling)
+and pre-tokenized rows mix only with their own kind, other mixes are refused naming both sources.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from fastkit.data.formats import FIELDS, check_columns, map_columns, normalize_dataset
+from fastkit.data.read import as_dataset
+from fastkit.data.rules import check_rows
+from fastkit.data.samples import OFFLINE_NAMES, offline_source
+from fastkit.errors import FastkitError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEED = 3407
+"""The seed :func:`load_sources` samples and shuffles with unless told otherwise (fastkit's training seed)."""
+QUERY_KEYS = ("columns", "weight", "max_rows", "split", "name")
+"""Keys of a source string's query part (``path?key=value&...``); ``max-rows`` is read as ``max_rows``."""
+
+
+@dataclass
+class DataSource:
+    """One dataset of a run: where it is, which split, how its columns map, and its share of the mix."""
+
+    path: Any
+    """A Hub dataset id, a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a folder, or an offline name
+    (``"sample"``, ``"quickstart"``). From Python also anything :func:`fastkit.data.read.as_dataset` reads (a
+    ``Dataset``, a list of dict rows, a DataFrame)."""
+    split: str = "train"
+    """The split to read (of a Hub dataset, a ``DatasetDict`` or a folder of split-named files)."""
+    columns: dict[str, str] | None = None
+    """fastkit field -> the data's column, e.g. ``{"prompt": "question", "completion": "answer"}``. Fields:
+    :data:`fastkit.data.formats.FIELDS`. None: the columns are already named like one of the formats."""
+    weight: float | None = None
+    """Relative share of the mix (see the module docstring for exactly how rows are drawn); None: 1 in a weighted
+    mix, every row once otherwise."""
+    max_rows: int | None = None
+    """Use at most this many rows of the source (a seeded sample, in the file's order), before mixing."""
+    name: str | None = None
+    """What log lines and errors call the source; the path when None."""
+
+    def __post_init__(self) -> None:
+        where = f"data source {self.label!r}"
+        if self.path is None or (isinstance(self.path, str) and not self.path.strip()):
+            raise FastkitError(f"{where}: path is empty; give a file, a folder, a Hub dataset id or one of "
+                               f"{', '.join(OFFLINE_NAMES)}.")
+        if isinstance(self.path, os.PathLike):
+            self.path = os.fspath(self.path)
+        if not isinstance(self.split, str) or not self.split.strip():
+            raise FastkitError(f"{where}: split must be a split name such as 'train', got {self.split!r}.")
+        if self.columns is not None:
+            self.columns = check_columns(self.columns, where)
+        _check_number(self.weight, "weight", where, float)
+        self.weight = None if self.weight is None else float(self.weight)
+        _check_number(self.max_rows, "max_rows", where, int)
+
+    @property
+    def label(self) -> str:
+        """The source's name in messages: ``name``, else the path (or the in-memory data's type)."""
+        if self.name:
+            return self.name
+        return self.path if isinstance(self.path, str) else type(self.path).__name__
+
+    @classmethod
+    def parse(cls, text: str) -> DataSource:
+        """A source from its CLI / YAML string: ``path`` or ``path?key=value&key=value``.
+
+        Keys: ``columns=prompt:question,completion:answer``, ``weight=2``, ``max_rows=500``, ``split=train``,
+        ``name=qa``. A path that exists as written (even with a ``?`` in it) is taken whole; Windows paths and
+        Hub ids (``org/name``) keep their ``\\`` and ``/``.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise FastkitError(f"data source {text!r}: give a path, a Hub dataset id or an offline name "
+                               f"({', '.join(OFFLINE_NAMES)}), optionally with ?columns=...&weight=...")
+        path, sep, query = text.rpartition("?")
+        if not sep or os.path.exists(os.path.expanduser(text)):
+            return cls(path=text)
+        return cls(path=path, **_query_options(query, text)) if query.strip() else cls(path=path)
+
+    @classmethod
+    def from_mapping(cls, entry: Mapping[str, Any]) -> DataSource:
+        """A source from a YAML / dict entry: ``{path: qa.csv, columns: {prompt: question}, weight: 2}``."""
+        if not isinstance(entry, Mapping):
+            raise FastkitError(f"data source {entry!r:.80}: give a mapping such as {{path: qa.csv, weight: 2}} or "
+                               "a path string.")
+        accepted = [f.name for f in fields(cls)]
+        unknown = [k for k in entry if k not in accepted]
+        if unknown:
+            rows = " (rows of data go in a file, or DataSource(path=[...rows]))" if unknown[0] in FIELDS else ""
+            raise FastkitError(f"data source {entry.get('path', entry)!r:.80}: unknown key {unknown[0]!r}; the keys "
+                               f"are {', '.join(accepted)}{rows}.")
+        if "path" not in entry:
+            raise FastkitError(f"data source {dict(entry)!r:.80}: no path; add path: (a file, a folder, a Hub "
+                               "dataset id or an offline name).")
+        return cls(**dict(entry))
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The YAML form: ``path`` and every option that differs from its default (inverse of from_mapping)."""
+        out: dict[str, Any] = {"path": self.path}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "path" and value != f.default:
+                out[f.name] = dict(value) if isinstance(value, dict) else value
+        return out
+
+    def spec(self) -> str:
+        """The CLI string form (inverse of :meth:`parse`): ``qa.csv?columns=prompt:question&weight=2``."""
+        if not isinstance(self.path, str):
+            raise FastkitError(f"data source {self.label!r}: in-memory data has no string form; save it to a file.")
+        parts = [f"{k}={_query_value(v)}" for k, v in self.to_mapping().items() if k != "path"]
+        return self.path + ("?" + "&".join(parts) if parts else "")
+
+
+def _check_number(value: Any, key: str, where: str, kind: type) -> None:
+    if value is None:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+    if not ok or not math.isfinite(value) or value <= 0:
+        what = "a positive number (its share of the mix)" if kind is float else "a positive whole number of rows"
+        raise FastkitError(f"{where}: {key} must be {what}, got {value!r}.")
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items())
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def _query_options(query: str, text: str) -> dict[str, Any]:
+    """The options of a source string's ``key=value&...`` part, each converted; unknown keys refused."""
+    options: dict[str, Any] = {}
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in QUERY_KEYS or not eq:
+            raise FastkitError(f"data source {text!r}: {item!r} is not an option; give key=value with a key among "
+                               f"{', '.join(QUERY_KEYS)} (e.g. qa.csv?columns=prompt:question,completion:answer"
+                               "&weight=2).")
+        options[key] = _convert(key, value.strip(), text)
+    return options
+
+
+def _convert(key: str, value: str, text: str) -> Any:
+    if key == "columns":
+        pairs = [p.partition(":") for p in value.split(",") if p.strip()]
+        if not pairs or any(not sep or not t.strip() or not c.strip() for t, sep, c in pairs):
+            raise FastkitError(f"data source {text!r}: columns={value!r}; write field:column pairs separated by "
+                               "commas, e.g. columns=prompt:question,completion:answer.")
+        return {t.strip(): c.strip() for t, _, c in pairs}
+    if key in ("weight", "max_rows"):
+        try:
+            return float(value) if key == "weight" else int(value)
+        except ValueError:
+            raise FastkitError(f"data source {text!r}: {key}={value!r} is not a number.") from None
+    return value
+
+
+def as_sources(sources: Any) -> list[DataSource]:
+    """``sources`` (a string, a DataSource, a mapping, or a list of them) as a list of DataSources."""
+    if isinstance(sources, (str, os.PathLike, DataSource, Mapping)):
+        sources = [sources]
+    if not isinstance(sources, Sequence) or not sources:
+        raise FastkitError(f"data: give a source (a path string, a DataSource or a mapping with path:) or a list of "
+                           f"them, got {sources!r:.80}.")
+    out = []
+    for item in sources:
+        if isinstance(item, DataSource):
+            out.append(item)
+        elif isinstance(item, (str, os.PathLike)):
+            out.append(DataSource.parse(os.fspath(item)))
+        elif isinstance(item, Mapping):
+            out.append(DataSource.from_mapping(item))
+        else:
+            raise FastkitError(f"data: {item!r:.80} is a {type(item).__name__}; give a path string, a DataSource "
+                               "or a mapping with path:.")
+    return out
+
+
+def read_source(source: DataSource, drop_invalid: bool = False):
+    """One source read, its columns mapped, its rows checked and normalized (errors name the source)."""
+    where = f"data source {source.label!r}"
+    path = source.path
+    resolved = offline_source(path) if isinstance(path, str) else None
+    try:
+        dataset = as_dataset(path if resolved is None else resolved, source.split, where=where)
+        if len(dataset) == 0:
+            raise FastkitError(f"{where}: no rows; give at least one example.")
+        if source.columns:
+            dataset = map_columns(dataset, source.columns, where)
+        dataset = normalize_dataset(check_rows(dataset, drop_invalid))
+        return _with_system(dataset, source) if source.columns and "system" in source.columns else dataset
+    except FastkitError as exc:
+        text = str(exc)
+        raise FastkitError(text if where in text else f"{where}: {text}") from exc
+
+
+def _with_system(dataset, source: DataSource):
+    """A mapped ``system`` column as each chat's first turn (Alpaca rows already took it in)."""
+    columns = dataset.column_names
+    if "system" not in columns:
+        return dataset
+    if "text" in columns:
+        raise FastkitError(f"data source {source.label!r}: 'system' is mapped, but the rows are plain text; a system "
+                           "prompt needs chats (messages, or prompt + completion).")
+    if "messages" in columns:
+        return dataset.map(lambda r: {"messages": _system_first(r["system"], r["messages"])},
+                           remove_columns=["system"])
+    return dataset.map(lambda r: {"prompt": _system_first(r["system"], _as_turns(r["prompt"], "user")),
+                                  "completion": _as_turns(r["completion"], "assistant")}, remove_columns=["system"])
+
+
+def _system_first(system: Any, messages: list[dict]) -> list[dict]:
+    if not system or (messages and messages[0].get("role") == "system"):
+        return list(messages)
+    return [{"role": "system", "content": system}, *messages]
+
+
+def _as_turns(value: Any, role: str) -> list[dict]:
+    return list(value) if isinstance(value, list) else [{"role": role, "content": value}]
+
+
+KINDS = ("messages", "chat_prompt_completion", "prompt_completion", "text", "tokenized")
+"""The common forms sources end in, from most to least general (a mix takes the first its sources allow)."""
+KIND_COLUMNS = {"messages": ["messages"], "chat_prompt_completion": ["prompt", "completion"],
+                "prompt_completion": ["prompt", "completion"], "text": ["text"]}
+
+
+def kind_of(dataset) -> str:
+    """Which of :data:`KINDS` a normalized dataset is."""
+    columns = dataset.column_names
+    if "input_ids" in columns:
+        return "tokenized"
+    if "messages" in columns:
+        return "messages"
+    if "prompt" in columns and "completion" in columns:
+        return "prompt_completion" if isinstance(dataset[0]["prompt"], str) else "chat_prompt_completion"
+    return "text"
+
+
+def _common_kind(kinds: list[tuple[str, str]]) -> str:
+    """The form a mix of ``(source label, kind)`` ends in, or a FastkitError naming two sources that cannot mix."""
+    chat = [(label, k) for label, k in kinds if k not in ("text", "tokenized")]
+    for label, kind in kinds:
+        other = next(((o, ok) for o, ok in kinds if ok != kind and (kind in ("text", "tokenized") or
+                                                                  ok in ("text", "tokenized"))), None)
+        if other:
+            raise FastkitError(f"data sources {label!r} ({_KIND_WORDS[kind]}) and {other[0]!r} "
+                               f"({_KIND_WORDS[other[1]]}) cannot be mixed into one dataset: plain text and "
+                               "pre-tokenized rows mix only with their own kind. Map the columns of one of them "
+                               "onto the other's form, or train them in separate runs.")
+    return next(k for k in KINDS if any(kind == k for _, kind in chat or kinds))
+
+
+_KIND_WORDS = {"messages": "chats", "chat_prompt_completion": "prompt/completion messages",
+               "prompt_completion": "prompt/completion strings", "text": "plain text", "tokenized": "pre-tokenized"}
+
+
+def to_kind(dataset, kind: str):
+    """A normalized dataset in the common form ``kind`` (its columns only: what the trainer reads)."""
+    own = kind_of(dataset)
+    if kind == "tokenized":
+        return dataset
+    if own == kind:
+        return dataset.select_columns(KIND_COLUMNS[kind])
+    if kind == "messages":
+        return dataset.map(lambda r: {"messages": _as_turns(r["prompt"], "user") + _as_turns(r["completion"],
+                                                                                             "assistant")},
+                           remove_columns=dataset.column_names)
+    return dataset.map(lambda r: {"prompt": _as_turns(r["prompt"], "user"),
+                                  "completion": _as_turns(r["completion"], "assistant")},
+                       remove_columns=dataset.column_names)
+
+
+def shares(counts: list[int], weights: list[float | None]) -> list[int]:
+    """Rows each source contributes: ``counts`` as they are without weights, else ``N * w_i / sum(w)`` rounded by
+    largest remainders (ties to the earlier source) so they add up to ``N = sum(counts)``."""
+    if all(w is None for w in weights):
+        return list(counts)
+    w = [1.0 if x is None else float(x) for x in weights]
+    total, n = sum(w), sum(counts)
+    exact = [n * x / total for x in w]
+    out = [math.floor(e) for e in exact]
+    order = sorted(range(len(w)), key=lambda i: (-(exact[i] - out[i]), i))
+    for i in order[: n - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def draw(n_rows: int, want: int, rng: random.Random) -> list[int]:
+    """``want`` row indices of ``n_rows``: every row as many whole times as fit, plus a seeded sample (sorted)."""
+    whole, rest = divmod(want, n_rows)
+    return list(range(n_rows)) * whole + sorted(rng.sample(range(n_rows), rest))
+
+
+def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool = False):
+    """One ``datasets.Dataset`` from several sources: read, mapped, checked, normalized, then mixed (seeded).
+
+    ``sources``: a string (:meth:`DataSource.parse`), a :class:`DataSource`, a mapping
+    (:meth:`DataSource.from_mapping`), or a list of them. ``max_rows`` caps each source (a seeded sample) before
+    the mix; weights set each source's share of the ``N`` rows as the module docstring says. One log line per
+    source (rows read, rows used). The same sources and seed give the same rows in the same order.
+    ``drop_invalid=True`` drops (and counts) untrainable rows instead of refusing them.
+    """
+    from datasets import concatenate_datasets
+
+    from fastkit import _quiet
+
+    _quiet.quiet_progress_bars()  # fastkit's log lines are the one progress display
+    listed = as_sources(sources)
+    rng = random.Random(seed)
+    read = [read_source(s, drop_invalid) for s in listed]
+    capped = [_cap(ds, s, rng) for ds, s in zip(read, listed)]
+    kind = _common_kind([(s.label, kind_of(ds)) for s, ds in zip(listed, capped)])
+    wanted = shares([len(ds) for ds in capped], [s.weight for s in listed])
+    parts = []
+    for source, full, ds, want in zip(listed, read, capped, wanted):
+        if want == 0:
+            raise FastkitError(f"data source {source.label!r}: weight {source.weight} gives it 0 of "
+                               f"{sum(wanted)} rows; raise its weight or drop the source.")
+        chosen = ds if want == len(ds) and source.weight is None else ds.select(draw(len(ds), want, rng))
+        logger.info("fastkit: data source %r: %d rows read, %d used%s", source.label, len(full), want,
+                    "" if source.weight is None else f" (weight {source.weight:g})")
+        parts.append(to_kind(chosen, kind))
+    if len(parts) == 1:  # one source keeps its order; a sample or cap is written out (the fingerprint reads it)
+        return parts[0] if len(parts[0]) == len(read[0]) and listed[0].weight is None else parts[0].flatten_indices()
+    mixed = _concatenate(parts, listed, concatenate_datasets)
+    logger.info("fastkit: data mix: %d rows from %d sources as %s, shuffled with seed %d", len(mixed), len(parts),
+                _KIND_WORDS[kind], seed)
+    return mixed.shuffle(seed=seed).flatten_indices()
+
+
+def _cap(dataset, source: DataSource, rng: random.Random):
+    if source.max_rows is None or len(dataset) <= source.max_rows:
+        return dataset
+    return dataset.select(sorted(rng.sample(range(len(dataset)), source.max_rows)))
+
+
+def _concatenate(parts: list, listed: list[DataSource], concatenate_datasets):
+    """The sources' rows in one table; nested fields that differ (a message key one source has) are unified."""
+    try:
+        return concatenate_datasets(parts)
+    except ValueError:  # features differ (e.g. a 'name' key in some messages): rebuild from the rows
+        from fastkit.data.read import rows_to_dataset
+
+        rows = [row for part in parts for row in part]
+        return rows_to_dataset(rows, where=" + ".join(repr(s.label) for s in listed))
+
+
+__all__ = ["DEFAULT_SEED", "DataSource", "FIELDS", "QUERY_KEYS", "as_sources", "draw", "kind_of", "load_sources",
+           "read_source", "shares", "to_kind"]
