@@ -226,6 +226,15 @@ def test_messages_name_cli_flags_not_python_kwargs():
                     "--output-dir; --steps 5, --lr, --max-seq-length 128, --gpu 24, --epochs")
 
 
+def test_the_coverage_line_keeps_its_epoch_count_in_words():
+    """'1.00 epochs over 20 examples' counts passes: it is not the --epochs option (it read '1.00 --epochs over')."""
+    from fastkit.cli.train import flag_words
+
+    line = "One run: 3 steps × 1 packed row = 3 of 3 rows: 1.00 epochs over 20 examples."
+    assert flag_words(line) == line
+    assert flag_words("More steps (max_steps) or epochs see more.") == "More steps (--steps) or --epochs see more."
+
+
 def test_model_card_names_the_base_model_and_the_data(tmp_path):
     from fastkit.training.run import model_card_sentence
 

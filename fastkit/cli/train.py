@@ -184,7 +184,8 @@ FLAG_WORDS = (
     (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps)\b=?",
      lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])max_steps\b=?", lambda m: "--steps" + (" " if m.group(0).endswith("=") else "")),
-    (r"(?<![-\w])(num_train_epochs|epochs)\b=?", lambda m: "--epochs" + (" " if m.group(0).endswith("=") else "")),
+    (r"(?<![-\w])(?<!\d )(num_train_epochs|epochs)\b=?",  # "1.00 epochs over ..." is a count, not the option
+     lambda m: "--epochs" + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])learning_rate\b=?", lambda m: "--lr" + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])gradient_accumulation_steps\b=?",
      lambda m: "--grad-accumulation" + (" " if m.group(0).endswith("=") else "")),
