@@ -164,3 +164,22 @@ def test_packed_passes_add_no_host_sync(runs, monkeypatch):
           f"{dict(padded.by_op)}")
     assert packed.total == 0, dict(packed.by_op)
     assert padded.total > 0
+
+
+def test_fit_with_accumulation_carries_each_rows_lengths(tmp_path, monkeypatch):
+    """Through fit: TRL generates for 2 accumulation steps at once, shuffles and splits the rows; each pass's spans
+    are checked against its own attention_mask (the CPU check), so lengths that did not travel with their rows fail."""
+    from fastkit import fit
+    from fastkit.quickstart.rl_data import math_dataset
+
+    checked = []
+    check = grpo_pack._check_spans
+    monkeypatch.setattr(grpo_pack, "_check_spans", lambda mask, spans: (checked.append(len(spans)), check(mask, spans)))
+    model, tok = FastModel.from_pretrained(SMOL, max_seq_length=256, twin=True)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+    trainer = make_grpo_trainer(model, tok, math_dataset(4), reward_funcs=[chars], num_generations=2,
+                                max_completion_length=6, max_steps=1, batch_size=1, gradient_accumulation_steps=2,
+                                output_dir=str(tmp_path), dashboard="none")
+    assert trainer.fastkit_packed
+    assert fit(trainer, view="none").status == "finished"
+    assert checked == [4, 2, 2]  # the reference pass on the generation batch, then the policy pass per micro-batch
