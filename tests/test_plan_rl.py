@@ -129,3 +129,20 @@ def test_cli_plans_grpo_and_dpo(tmp_path, capsys):
     assert "generation: KV cache" in out and "completions per prompt" in out and "fits on t4" in out
     assert main(["plan", "Qwen/Qwen3-0.6B", "--kind", "dpo", "--max-seq-length", "1024"]) == 0
     assert "reference pass (adapter disabled" in capsys.readouterr().out
+
+
+def test_docs_plan_md_grpo_table_is_what_plan_says():
+    """docs/plan.md's GRPO table, row by row, recomputed."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "plan.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\S+) \| (\S+) \| (4-bit|16-bit) \| (\d+) x (\d+) \((\d+)\) \| ([\d.]+) \| ([a-z ]+) \| "
+                      r"([\d,]+) \| ([\d,]+) \|$", text, re.M)
+    assert len(rows) == 5
+    for model, gpu, weights, g, c, seq, peak, verdict, most_g, longest_c in rows:
+        p = plan(model, gpu=gpu, kind="grpo", num_generations=int(g), max_completion_length=int(c),
+                 max_seq_length=int(seq), load_in_4bit=weights == "4-bit")
+        assert f"{p.total / 2**30:.2f}" == peak and ("fits" if p.fits else "does not fit") == verdict, model
+        assert (p.largest["num_generations"], p.largest["max_completion_length"]) == (
+            int(most_g.replace(",", "")), int(longest_c.replace(",", ""))), model
