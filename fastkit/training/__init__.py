@@ -4,7 +4,8 @@
                   (the live dashboard, new run / resume), ``run_coverage``, trackers
     trainer.py    ``ZeroSyncSFTTrainer``: TRL's step without its host-device reads
     preference.py ``make_dpo_trainer`` / ``make_grpo_trainer``: TRL's DPOTrainer / GRPOTrainer on fastkit's model
-                  (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; rewards.py:
+                  (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; grpo_pack.py:
+                  the log-prob passes on packed prompt + completion rows; rewards.py:
                   reward functions to start from; rl_data.py: small shipped math and preference sets)
     identity.py   the run identity kept in each checkpoint (model, adapter, data fingerprint, hyperparameters),
                   ``RunGuard`` and ``check_resumable``
