@@ -202,6 +202,7 @@ def test_grpo_trains_with_shipped_rewards_and_shows_them(tmp_path):
                                 max_steps=2, num_generations=2, max_completion_length=6, output_dir=str(tmp_path),
                                 dashboard="none")
     assert trainer.ref_model is None and trainer.args.use_cpu
+    assert trainer.fastkit_packed  # the log-prob passes on packed rows (tests/test_grpo_pack.py: exact)
     metrics = fit(trainer, view="none")
     assert metrics.status == "finished"
     assert {"reward", "kl", "completions/mean_length", "completions/clipped_ratio", "rewards/format_reward/mean",

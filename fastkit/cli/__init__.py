@@ -43,14 +43,22 @@ def _plan(args: argparse.Namespace) -> int:
     gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
     result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
                   load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
-                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head)
+                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head, **_rl_options(args))
     if result.longest:  # --max-seq-length max: the longest row per setup, then the asked setup's table at its own
         print(result.longest_table() + f"\n\nThe asked setup at {result.inputs.max_seq_length:,} tokens:\n")
     print(result.table())
-    asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head)
+    asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head) and args.kind == "sft"
     if not result.fits and asked_defaults and args.expert_lora and args.r == 16 and args.batch_size == 1:
         _print_auto(args.model, gpu, result.inputs.max_seq_length, args.load_in_4bit)
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _rl_options(args: argparse.Namespace) -> dict:
+    """``--kind dpo|grpo`` and GRPO's flags as :class:`fastkit.plan.PlanInputs` fields (SFT: none)."""
+    if args.kind == "sft":
+        return {}
+    return dict(kind=args.kind, num_generations=args.num_generations, max_completion_length=args.max_completion_length,
+                max_prompt_length=args.max_prompt_length, beta=args.beta)
 
 
 def _seq_length(text: str):
@@ -133,6 +141,16 @@ def _main(argv: list[str]) -> int:
                     help="the frozen input embedding in host memory (fastkit.HostWeights(input_embedding=True))")
     pl.add_argument("--host-lm-head", action="store_true",
                     help="the frozen lm_head in host memory, streamed by the chunked loss (HostWeights(lm_head=True))")
+    pl.add_argument("--kind", choices=("sft", "dpo", "grpo"), default="sft",
+                    help="sft (default); dpo: --batch-size pairs, chosen + rejected packed, the reference pass; "
+                    "grpo: --batch-size prompts x --num-generations completions (generation's KV cache, the "
+                    "reference pass, the log-prob pass) and the largest G / completion length that fit")
+    pl.add_argument("--num-generations", type=cli_train.positive_int, default=8, help="GRPO: completions per prompt")
+    pl.add_argument("--max-completion-length", type=cli_train.positive_int, default=512,
+                    help="GRPO: tokens per completion (default 512)")
+    pl.add_argument("--max-prompt-length", type=cli_train.positive_int, default=None,
+                    help="GRPO: tokens per prompt (default: --max-seq-length less --max-completion-length)")
+    pl.add_argument("--beta", type=float, default=0.04, help="GRPO: KL strength; 0 skips the reference pass")
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")

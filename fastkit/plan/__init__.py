@@ -2,6 +2,7 @@
 
     planner.py    ``plan``, ``Plan``, ``PlanInputs``, the GPU table, the load-time ``check_fits``
     terms.py      ``ModelShape`` and the byte terms (weights, adapters, activations, loss)
+    rl.py         the DPO / GRPO passes (``plan(kind="dpo"|"grpo")``): reference pass, generation (KV cache)
     moe_4bit.py   the 4-bit-experts plan for the published MoE configs (GPT-OSS-20B, Qwen3-30B-A3B)
     memprobe.py   ``measure_peak``: the peak an actual step allocated (profiler memory events)
 """

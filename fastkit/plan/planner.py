@@ -35,6 +35,7 @@ from fastkit import checks
 from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
 from fastkit.patches.moe.nf4 import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
+from fastkit.plan import rl
 from fastkit.plan.configs import known_config
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
@@ -124,6 +125,21 @@ class PlanInputs:
     unified: bool | None = None
     """The GPU allocates from host memory (:data:`UNIFIED`): host-side bytes count against the budget.
     ``None``: from the ``gpu`` name (a number of GiB: a discrete card)."""
+    kind: str = "sft"
+    """``"sft"``, ``"dpo"`` (``batch_size`` pairs, chosen + rejected packed: 2 x ``max_seq_length`` tokens each, and
+    the reference pass) or ``"grpo"`` (``batch_size`` prompts x ``num_generations`` completions: generation, the
+    reference pass, the policy's log-prob pass); :mod:`fastkit.plan.rl` has the terms."""
+    num_generations: int = 8
+    """GRPO: completions per prompt (G, ``make_grpo_trainer(num_generations=...)``)."""
+    max_completion_length: int = 512
+    """GRPO: tokens per completion (C), counted at the maximum."""
+    max_prompt_length: int | None = None
+    """GRPO: tokens per prompt (P); None: ``max_seq_length - max_completion_length`` (make_grpo_trainer's limit)."""
+    beta: float = 0.04
+    """GRPO: KL strength; 0 skips the reference pass (DPO always runs it)."""
+    gradient_accumulation_steps: int = 1
+    """GRPO: TRL generates for a whole optimizer step at once (``steps_per_generation`` = this), so the
+    generation batch is ``batch_size x num_generations x gradient_accumulation_steps`` completions."""
 
 
 @dataclass
@@ -148,6 +164,9 @@ class Plan:
     longest: dict[str, int | None] = field(default_factory=dict)
     """``max_seq_length="max"``: setup name (:data:`SETUPS`) -> the longest packed row that fits (None: not even
     :data:`MIN_SEARCH` tokens). Empty otherwise."""
+    largest: dict[str, int | None] = field(default_factory=dict)
+    """GRPO on a GPU: ``"num_generations"`` -> the most completions per prompt that fit at this completion length,
+    ``"max_completion_length"`` -> the longest completions that fit at this G (None: not even the smallest)."""
 
     @property
     def host_weights(self):
@@ -191,7 +210,19 @@ class Plan:
         rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.components.items()]
         rows.append(f"| **predicted peak** | **{self.total / scale:.2f}** |")
         rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.host.items()]
-        return "\n".join(rows) + "\n\n" + self.verdict()
+        return "\n".join(rows) + "\n\n" + self.verdict() + self._largest_line()
+
+    def _largest_line(self) -> str:
+        """GRPO on a GPU: the most completions per prompt and the longest completions that fit (``largest``)."""
+        if not self.largest:
+            return ""
+        i = self.inputs
+        g, c = (self.largest.get(k) for k in ("num_generations", "max_completion_length"))
+        g_text = f"at most {g:,}" if g is not None else "not even 2"
+        c_text = f"at most {c:,} tokens" if c is not None else "not even 1 token"
+        return (f"\nGRPO on {i.gpu}: {g_text} completions per prompt of {i.max_completion_length} tokens fit; "
+                f"completions of {c_text} with num_generations={i.num_generations} "
+                f"(batch {i.batch_size} prompt(s) of {rl.prompt_tokens(i)} tokens).")
 
 
 def gpu_budget(gpu: str | float | int) -> int | None:
@@ -342,6 +373,9 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
     search = max_seq_length == "max"
     inputs = PlanInputs(gpu=str(gpu), max_seq_length=MIN_SEARCH if search else max_seq_length, batch_size=batch_size,
                         r=r, load_in_4bit=load_in_4bit, offload=offload, **options)
+    if search and inputs.kind == "grpo":
+        raise FastkitError("max_seq_length='max' searches SFT/DPO rows; a GRPO plan on a GPU gives the largest "
+                           "num_generations and max_completion_length that fit (Plan.largest).")
     _check_inputs(inputs)
     budget = gpu_budget(gpu)
     if inputs.unified is None:
@@ -351,7 +385,9 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
     config = read_config(model_or_config)
     check_config(config)
     _check_decoder(config)
-    if not search:  # the search tries lengths up to the model's context itself
+    if inputs.kind == "grpo":  # the generated rows: prompt + completion
+        checks.check_max_seq_length(rl.prompt_tokens(inputs) + inputs.max_completion_length, config)
+    elif not search:  # the search tries lengths up to the model's context itself
         checks.check_max_seq_length(max_seq_length, config)
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
     return _predict(config, inputs, budget, name, search=search)
@@ -369,6 +405,8 @@ def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "", sea
         inputs.max_seq_length = asked or MIN_SEARCH
     result = _result(name or config.model_type, shape, inputs, budget)
     result.longest = longest
+    if inputs.kind == "grpo" and budget is not None:
+        result.largest = largest_grpo(shape, inputs, budget, _context(config))
     return result
 
 
@@ -435,6 +473,35 @@ def longest_row(shape: ModelShape, inputs: PlanInputs, budget: int, context: int
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid * SEARCH_STEP) else (lo, mid)
     return lo * SEARCH_STEP
+
+
+GRPO_MAX_GENERATIONS = 1024
+"""The most completions per prompt :func:`largest_grpo` tries."""
+
+
+def _largest(fits, lo: int, hi: int) -> int | None:
+    """The largest ``n`` in ``[lo, hi]`` with ``fits(n)`` (``fits`` true up to some n, false above); None if not lo."""
+    if hi < lo or not fits(lo):
+        return None
+    if fits(hi):
+        return hi
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def largest_grpo(shape: ModelShape, inputs: PlanInputs, budget: int, context: int) -> dict[str, int | None]:
+    """The most completions per prompt (at this ``max_completion_length``) and the longest completions (at this
+    ``num_generations``) whose GRPO plan fits ``budget``, the prompt length held (the same byte model, bisection)."""
+    prompt = rl.prompt_tokens(inputs)
+    base = {**inputs.__dict__, "max_prompt_length": prompt}
+
+    def fits(**change) -> bool:
+        return _peak(components(shape, PlanInputs(**{**base, **change}), cuda=True)) <= budget
+
+    return {"num_generations": _largest(lambda n: fits(num_generations=n), 2, GRPO_MAX_GENERATIONS),
+            "max_completion_length": _largest(lambda n: fits(max_completion_length=n), 1, context - prompt)}
 
 
 def longest_rows(shape: ModelShape, inputs: PlanInputs, budget: int, context: int) -> dict[str, int | None]:
@@ -530,13 +597,31 @@ def _check_inputs(inputs: PlanInputs) -> None:  # max_seq_length: once, with the
     if (inputs.host_embedding or inputs.host_lm_head) and inputs.r is None:
         raise FastkitError("host_embedding / host_lm_head keep FROZEN weights on the host: full fine-tuning (r=None) "
                            "trains them. Give a LoRA rank r, or leave them on the GPU.")
+    _check_rl_inputs(inputs)
+
+
+def _check_rl_inputs(inputs: PlanInputs) -> None:
+    checks.check_choice("kind", inputs.kind, rl.KINDS)
+    checks.check_positive("num_generations", inputs.num_generations)
+    checks.check_positive("max_completion_length", inputs.max_completion_length)
+    checks.check_positive("max_prompt_length", inputs.max_prompt_length, allow_none=True)
+    checks.check_positive("gradient_accumulation_steps", inputs.gradient_accumulation_steps)
+    if isinstance(inputs.beta, bool) or not isinstance(inputs.beta, (int, float)) or not inputs.beta >= 0:
+        raise FastkitError(f"beta must be a number >= 0 (0: no reference pass), got {inputs.beta!r}.")
+    if inputs.kind != "grpo":
+        return
+    if inputs.num_generations < 2:
+        raise FastkitError(f"num_generations={inputs.num_generations}: GRPO compares completions of the same prompt, "
+                           "give at least 2.")
+    if rl.prompt_tokens(inputs) <= 0:
+        raise FastkitError(f"max_completion_length={inputs.max_completion_length} leaves no room for the prompt in "
+                           f"max_seq_length={inputs.max_seq_length}: raise max_seq_length or give max_prompt_length.")
 
 
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """Bytes at the training peak, by component (see the module docstring)."""
     dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
     size = torch.tensor([], dtype=dtype).element_size()
-    tokens = inputs.max_seq_length * inputs.batch_size
     out: dict[str, int] = {}
     if inputs.load_in_4bit:  # MXFP4 (GPT-OSS) too: patches.moe.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
@@ -551,6 +636,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         experts_16 = experts
     what = "norms, router, experts, other" if experts_16 else "norms, router, other"
     out[f"weights: {what}, {_dtype_name(dtype)}"] = (shape.other_params - experts + experts_16) * size
+    out.update(rl.reference_weights(shape, inputs, size, _dtype_name(dtype)))
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer
     if optimizer == "auto":
@@ -571,20 +657,49 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
     out[f"optimizer state ({optimizer})"] = trainable * OPTIMIZER_STATE_BYTES[optimizer]
     stream = 4 if dtype == torch.float16 and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
-    kept, transient = activation_bytes(shape, inputs, tokens, size, adapter=size if cuda else 4, stream=stream)
+    kept, phases = _step_terms(shape, inputs, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)
     if inputs.load_in_4bit:
         out["4-bit dequantized weight (largest layer)"] = shape.largest_linear * size * 2
-    transient.update(_loss_term(shape, inputs, tokens, size))
-    smaller = min(transient, key=transient.get)
-    for name, nbytes in transient.items():  # the loss and the layers' backward do not overlap: peak = larger
-        out[name if name != smaller else f"{OFF_PEAK}{name}"] = nbytes
+    out.update(rl.kept_logps(inputs))
+    out.update(phases)
+    tokens = _tokens(inputs)
     if cuda and inputs.unified:
         out.update(_unified_terms(shape, inputs, tokens, size, stream))
     if cuda:
         out["CUDA context (outside the allocator)"] = CUDA_CONTEXT
         out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = int(ALLOCATOR_SLACK * _peak(out))
     return out
+
+
+def _tokens(inputs: PlanInputs) -> int:
+    rows, per_row = rl.step_rows(inputs)
+    return rows * per_row
+
+
+def _step_terms(shape: ModelShape, inputs: PlanInputs, size: int, adapter: int,
+                stream: int) -> tuple[dict[str, int], dict[str, int]]:
+    """``(kept, phases)``: the training step's kept activations and the phases that do not overlap, the smaller
+    ones marked :data:`OFF_PEAK` (in both): one layer's backward, the loss, the reference pass (DPO: after the
+    policy's forward, so on top of its kept activations; GRPO: before the step, alone) and GRPO's generation
+    (alone)."""
+    rows, per_row = rl.step_rows(inputs)
+    tokens = rows * per_row
+    step = PlanInputs(**{**inputs.__dict__, "batch_size": rows, "max_seq_length": per_row})
+    kept, transient = activation_bytes(shape, step, tokens, size, adapter=adapter, stream=stream)
+    transient.update(_loss_term(shape, inputs, tokens, size))
+    alone: list[dict[str, int]] = []  # phases with no training activations alive (GRPO's, before the step)
+    if inputs.kind == "grpo":
+        alone = [p for p in (rl.generation_phase(shape, inputs, size), rl.reference_pass(shape, inputs, size)) if p]
+    else:
+        transient.update(rl.reference_pass(shape, inputs, size))
+    top = max(transient, key=transient.get)
+    phases = [{**kept, top: transient[top]}, *alone]
+    peak = max(phases, key=lambda p: sum(p.values()))
+    def mark(terms: dict[str, int]) -> dict[str, int]:
+        return {name if name in peak else f"{OFF_PEAK}{name}": nbytes for name, nbytes in terms.items()}
+
+    return mark(kept), mark({**transient, **{k: v for p in alone for k, v in p.items()}})
 
 
 def _unified_terms(shape: ModelShape, inputs: PlanInputs, tokens: int, size: int, stream: int) -> dict[str, int]:
@@ -635,7 +750,7 @@ def host_terms(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     """What the host weights cost off the GPU: pinned host memory, and host-to-GPU bytes per step."""
     dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
     size = torch.tensor([], dtype=dtype).element_size()
-    tokens = inputs.max_seq_length * inputs.batch_size
+    tokens = _tokens(inputs)
     out: dict[str, int] = {}
     if inputs.host_embedding and not shape.tied:
         out["host (pinned): input embedding"] = shape.input_embedding_params * size
@@ -690,14 +805,30 @@ def _tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
     if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
         tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
                       dict(expert_lora=False)))
-    seq = inputs.max_seq_length
+    seq = inputs.max_seq_length if inputs.kind != "grpo" else 0  # GRPO: its own knobs below
     while seq > 256:
         seq //= 2
         tries.append((f"shorter rows: max_seq_length={seq}", dict(max_seq_length=seq)))
     if inputs.batch_size > 1:
         tries.append(("batch_size=1 with gradient_accumulation_steps", dict(batch_size=1)))
+    tries += _grpo_tries(inputs)
     if inputs.r is not None and inputs.r > 8:
         tries.append(("smaller LoRA rank: r=8", dict(r=8)))
+    return tries
+
+
+def _grpo_tries(inputs: PlanInputs) -> list[tuple[str, dict]]:
+    """GRPO's own knobs: fewer completions per prompt, shorter completions (halved, while sensible)."""
+    if inputs.kind != "grpo":
+        return []
+    tries = []
+    if inputs.num_generations >= 4:
+        g = inputs.num_generations // 2
+        tries.append((f"fewer completions per prompt: num_generations={g}", dict(num_generations=g)))
+    if inputs.max_completion_length >= 128:
+        c = inputs.max_completion_length // 2
+        tries.append((f"shorter completions: max_completion_length={c}", dict(max_completion_length=c,
+                                                                               max_prompt_length=rl.prompt_tokens(inputs))))
     return tries
 
 

@@ -264,3 +264,42 @@ def loss_bytes(s: ModelShape, loss: str, tokens: int, size: int) -> int:
 
 __all__ = ["CHUNK_BYTES", "TRL_TILE", "ModelShape", "activation_bytes", "layer_bytes", "loss_bytes", "shape_of",
            "streamed_rows"]
+
+
+# -- preference tuning (DPO) and reasoning RL (GRPO): the terms of their extra passes -------------------------------
+GENERATION_LOGIT_COPIES = 3
+"""fp32 ``(rows, vocab)`` tensors per decode step besides the model's own logits: ``generate``'s fp32 copy of the last
+position, the logits processors' output (temperature / top-k / top-p write new tensors) and the softmax
+probabilities ``multinomial`` samples from (transformers 5.24 ``GenerationMixin._sample``)."""
+
+
+def _widest(s: ModelShape) -> int:
+    """The widest MLP activation of a layer (dense intermediate, or top_k experts + the shared expert)."""
+    return max(s.intermediate if s.dense_layers else 0, s.top_k * s.expert_intermediate + s.shared_intermediate)
+
+
+def kv_cache_bytes(s: ModelShape, rows: int, row_tokens: int, size: int) -> int:
+    """``generate``'s KV cache: layers x 2 (keys and values) x kv_heads x head_dim x tokens per row x rows x bytes."""
+    return s.layers * 2 * s.kv_dim * row_tokens * rows * size
+
+
+def generation_logits_bytes(s: ModelShape, rows: int, size: int) -> int:
+    """One decode step's logits: the last position only (``generate`` asks ``logits_to_keep=1``) in the compute dtype,
+    plus :data:`GENERATION_LOGIT_COPIES` fp32 copies, for every row."""
+    return rows * s.vocab * (size + GENERATION_LOGIT_COPIES * 4)
+
+
+def forward_layer_bytes(s: ModelShape, tokens: int, size: int) -> int:
+    """One decoder layer's temporaries in a no-grad forward over ``tokens`` (nothing is kept for backward): the
+    residual in and out, q / k / v and the attention output, the MLP's gate, up and their product."""
+    return tokens * (2 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim + 3 * _widest(s)) * size
+
+
+def prefill_bytes(s: ModelShape, rows: int, prompt: int, size: int) -> int:
+    """The prompts' forward in ``generate`` (no grad): one layer's temporaries over ``rows x prompt`` tokens plus
+    the bool padding mask ``(rows, 1, prompt, prompt)`` left-padded prompts get."""
+    return forward_layer_bytes(s, rows * prompt, size) + rows * prompt * prompt
+
+
+__all__ += ["GENERATION_LOGIT_COPIES", "forward_layer_bytes", "generation_logits_bytes", "kv_cache_bytes",
+            "prefill_bytes"]

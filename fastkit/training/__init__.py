@@ -4,7 +4,8 @@
                   (the live dashboard, new run / resume), ``run_coverage``, trackers
     trainer.py    ``ZeroSyncSFTTrainer``: TRL's step without its host-device reads
     preference.py ``make_dpo_trainer`` / ``make_grpo_trainer``: TRL's DPOTrainer / GRPOTrainer on fastkit's model
-                  (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; rewards.py:
+                  (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; grpo_pack.py:
+                  the log-prob passes on packed prompt + completion rows; rewards.py:
                   reward functions to start from; rl_data.py: small shipped math and preference sets)
     options.py    ``TrainOptions`` / ``LoraOptions``: every knob with its help text and default, for make_trainer,
                   ``fastkit train`` (flags and YAML) and the notebooks; other SFTConfig fields pass through

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 ROW_LENS_KWARG = "fastkit_row_lens"
 """Batch key (added by :class:`PairLengthsCollator`): the real (unpadded) length of each right-padded row."""
+ROW_SPANS_KWARG = "fastkit_row_spans"
+"""Decoder keyword (GRPO, :mod:`fastkit.training.grpo_pack`): ``(start, end)`` of each padded row's real tokens, a
+contiguous span (a left-padded prompt followed by its right-padded completion)."""
 PACK_CHANGE = "dpo_packed_pairs"
 """The :func:`fastkit.patching.change` record of the decoder wrapper (``fastkit.revert`` undoes it)."""
 
@@ -158,9 +161,21 @@ class PairLengthsCollator:
         return getattr(self.collator, name)
 
 
-def _flat_index(lengths: Sequence[int], row_len: int) -> np.ndarray:
-    """Positions of the real tokens of right-padded rows in the flattened ``(B*T,)`` batch, row by row."""
-    return np.concatenate([row * row_len + np.arange(n) for row, n in enumerate(lengths)])
+def _flat_index(spans: Sequence[tuple[int, int]], row_len: int) -> np.ndarray:
+    """Positions of the real tokens (``spans``: ``[start, end)`` per row) in the flattened ``(B*T,)`` batch."""
+    return np.concatenate([row * row_len + np.arange(start, end) for row, (start, end) in enumerate(spans)])
+
+
+def _row_spans(kwargs: dict, rows: int, row_len: int) -> list[tuple[int, int]] | None:
+    """The real-token span of each row, from ``fastkit_row_lens`` (right padding) or ``fastkit_row_spans``."""
+    lengths, spans = kwargs.pop(ROW_LENS_KWARG, None), kwargs.pop(ROW_SPANS_KWARG, None)
+    if lengths is None and spans is None:
+        return None
+    spans = [(0, n) for n in lengths] if spans is None else [tuple(s) for s in spans]
+    if len(spans) != rows or any(not 0 <= a < b <= row_len for a, b in spans):
+        raise FastkitError(f"{ROW_LENS_KWARG} / {ROW_SPANS_KWARG}: one non-empty span inside the row per row of "
+                           f"input_ids is needed (got {spans[:4]}... for {rows} rows of {row_len} tokens).")
+    return spans
 
 
 def _scatter(packed: torch.Tensor, index: torch.Tensor, rows: int, row_len: int) -> torch.Tensor:
@@ -171,21 +186,21 @@ def _scatter(packed: torch.Tensor, index: torch.Tensor, rows: int, row_len: int)
 
 def _packed_forward(original: Callable) -> Callable:
     def forward(*args, **kwargs):
-        lengths = kwargs.pop(ROW_LENS_KWARG, None)
-        if lengths is None:
+        if ROW_LENS_KWARG not in kwargs and ROW_SPANS_KWARG not in kwargs:
             return original(*args, **kwargs)
         input_ids = kwargs.pop("input_ids", None) if not args else args[0]
-        if input_ids is None or input_ids.dim() != 2 or len(lengths) != input_ids.shape[0]:
-            raise FastkitError(f"{ROW_LENS_KWARG}: one length per row of input_ids is needed (got {len(lengths)} "
-                               f"lengths for input_ids {None if input_ids is None else tuple(input_ids.shape)}).")
+        if input_ids is None or input_ids.dim() != 2:
+            raise FastkitError(f"{ROW_LENS_KWARG} / {ROW_SPANS_KWARG} pack 2-D input_ids (got "
+                               f"{None if input_ids is None else tuple(input_ids.shape)}).")
         if kwargs.get("position_ids") is not None or kwargs.get("inputs_embeds") is not None:
-            raise FastkitError(f"{ROW_LENS_KWARG} packs right-padded input_ids; position_ids / inputs_embeds next "
-                               "to it are not supported.")
-        kwargs.pop("attention_mask", None)  # the packed row has no padding
+            raise FastkitError(f"{ROW_LENS_KWARG} / {ROW_SPANS_KWARG} pack padded input_ids; position_ids / "
+                               "inputs_embeds next to them are not supported.")
         rows, row_len = input_ids.shape
-        index = torch.from_numpy(_flat_index(lengths, row_len)).to(input_ids.device, non_blocking=True)  # (N,)
+        spans = _row_spans(kwargs, rows, row_len)
+        kwargs.pop("attention_mask", None)  # the packed row has no padding
+        index = torch.from_numpy(_flat_index(spans, row_len)).to(input_ids.device, non_blocking=True)  # (N,)
         flat = input_ids.reshape(-1).index_select(0, index).unsqueeze(0)  # (1, N)
-        out = original(flat, *args[1:], fastkit_seq_lens=[list(lengths)], **kwargs)
+        out = original(flat, *args[1:], fastkit_seq_lens=[[b - a for a, b in spans]], **kwargs)
         hidden = out.last_hidden_state[0]  # (N, H)
         out.last_hidden_state = _scatter(hidden, index, rows, row_len).view(rows, row_len, -1)  # (2B, T, H)
         if getattr(out, "router_logits", None) is not None:  # per layer (N, E) -> (2B*T, E), as padded
@@ -250,5 +265,5 @@ def preference_accuracy(model: torch.nn.Module, tokenizer, pairs) -> tuple[float
     return sum(m > 0 for m in margins) / len(margins), sum(margins) / len(margins)
 
 
-__all__ = ["PACK_CHANGE", "ROW_LENS_KWARG", "PairLengthsCollator", "check_pair_row", "check_pairs",
+__all__ = ["PACK_CHANGE", "ROW_LENS_KWARG", "ROW_SPANS_KWARG", "PairLengthsCollator", "check_pair_row", "check_pairs",
            "check_tokenized_pairs", "pack_pairs", "preference_accuracy"]
