@@ -262,8 +262,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(FastkitError, match="quantization='q5_k'"):
         write_gguf(model, tok, out, quantization="q5_k")
-    with pytest.raises(FastkitError, match="'olmoe' has no GGUF mapping"):
-        write_gguf(twin("olmoe"), tok, out)
+    with pytest.raises(FastkitError, match="'dbrx' has no GGUF mapping"):
+        write_gguf(twin("dbrx"), tok, out)
     with pytest.raises(FastkitError, match="never renormalizes"):  # llama.cpp's qwen2moe routing differs
         write_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
     with pytest.raises(FastkitError, match="dense layers"):
