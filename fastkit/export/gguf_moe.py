@@ -69,10 +69,11 @@ def check_family(config, model_type: str, rules: registry.GGUFRules) -> None:
                            "GGUF as is.")
     if _groups_restrict(config):
         if not rules.expert_groups:
-            raise FastkitError(f"save_gguf: {model_type} with config.topk_method={config.topk_method!r} (n_group="
-                               f"{config.n_group}, topk_group={config.topk_group}): llama.cpp's {arch} graph scores "
-                               "a group by the sum of its top-2 experts, not its best one; this model cannot be "
-                               "expressed in GGUF as is.")
+            method = getattr(config, "topk_method", None)
+            raise FastkitError(f"save_gguf: {model_type} with config.topk_method={method!r} (n_group={config.n_group}"
+                               f", topk_group={config.topk_group}): llama.cpp's {arch} graph does not route within "
+                               "groups this way (where llama.cpp has groups, it scores one by the sum of its top-2 "
+                               "experts); this model cannot be expressed in GGUF as is.")
 
 
 def head_lengths(config, rules: registry.GGUFRules, head_dim: int, rope_dim: int) -> tuple[int, int, int, int]:
