@@ -128,11 +128,12 @@ class GGUFRules:
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
-_DEEPSEEK_GGUF = dict(reader=False, mla=True, dense_lead="first_k_dense_replace",
+_DEEPSEEK_GGUF = dict(reader=False, mla=True, dense_lead="first_k_dense_replace", rope_types=("default", "yarn"),
                       config_ints=(("add_expert_shared_count", "n_shared_experts"),),
                       config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))
 """DeepSeek-V2 / V3 as llama.cpp's deepseek2 graph (src/models/deepseek2.cpp): absorbed MLA, leading dense layers,
-shared experts (``n_shared_experts`` x the expert width), routed weights scaled by ``routed_scaling_factor``."""
+shared experts (``n_shared_experts`` x the expert width), routed weights scaled by ``routed_scaling_factor``, YaRN
+with its ``mscale_all_dim`` as ``rope.scaling.yarn_log_mul``."""
 _SELECTION_BIAS = dict(gating="sigmoid", router_renorm="config", expert_groups=True,
                        buffers=("e_score_correction_bias",),
                        renames=((r"\.e_score_correction_bias$", ".e_score_correction.bias"),))

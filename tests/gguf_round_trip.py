@@ -211,6 +211,13 @@ def train_on_chats(model, tokenizer, steps: int = 40, lr: float = 3e-3, seed: in
 _ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 _MLA = dict(num_hidden_layers=3, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=8,
             v_head_dim=32)
+
+
+def _yarn(mscale: float) -> dict:
+    return {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale}
+
+
 _GEMMA = dict(_ATTN, intermediate_size=128, query_pre_attn_scalar=16, sliding_window=8)
 TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
     "llama (smollm)": ("llama", {}, "smollm"),
@@ -261,11 +268,14 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # DeepSeek-V2: MLA (q_a/q_b, kv_a_proj_with_mqa, kv_b split into attn_k_b / attn_v_b, widths that q8_0 blocks),
     # a dense first layer, 2 shared experts, routed weights x2; V2-Lite's plain q_proj in its own row.
     "deepseek_v2 (gpt-2)": ("deepseek_v2", dict(_MLA, first_k_dense_replace=1, routed_scaling_factor=2.0), "gpt-2"),
-    "deepseek_v2 (q_proj, as V2-Lite)": ("deepseek_v2", dict(_MLA, q_lora_rank=None, first_k_dense_replace=1),
-                                         "gpt-2"),
+    "deepseek_v2 (q_proj, yarn, as V2-Lite)": ("deepseek_v2", dict(_MLA, q_lora_rank=None, first_k_dense_replace=1,
+                                                                   rope_parameters=_yarn(0.707)), "gpt-2"),
+    # DeepSeek's YaRN as their real configs have it (factor 40; mscale = mscale_all_dim: 0.707 V2-Lite, 1.0 V3) over a
+    # 16-token original context, so the chats run past it.
     # DeepSeek-V3: sigmoid router with a selection bias (exp_probs_b), 2 groups of 4 experts with one group used,
     # top-k renormalized then x2.5, a dense first layer, a shared expert.
     "deepseek_v3 (gpt-2)": ("deepseek_v3", dict(_MLA), "gpt-2"),
+    "deepseek_v3 (yarn, as V3)": ("deepseek_v3", dict(_MLA, rope_parameters=_yarn(1.0)), "gpt-2"),
     # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
@@ -273,6 +283,7 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "deepseek_v2", "deepseek_v3",
                                                                     "glm4_moe")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
+ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}

@@ -15,8 +15,8 @@ from fastkit.export.gguf import merged_parameters, write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer
 from tests import gguf_round_trip as rt
 
-FAMILIES = ["olmoe (gpt-2)", "granitemoe (gpt-2)", "deepseek_v2 (gpt-2)", "deepseek_v2 (q_proj, as V2-Lite)",
-            "deepseek_v3 (gpt-2)", "glm4_moe (gpt-2)"]
+FAMILIES = ["olmoe (gpt-2)", "granitemoe (gpt-2)", "deepseek_v2 (gpt-2)", "deepseek_v2 (q_proj, yarn, as V2-Lite)",
+            "deepseek_v3 (gpt-2)", "deepseek_v3 (yarn, as V3)", "glm4_moe (gpt-2)"]
 
 
 def _model(label: str):
@@ -115,9 +115,12 @@ def test_metadata_states_the_routing_and_mla(tmp_path):
     assert fields["deepseek2.expert_gating_func"].contents() == gguf.ExpertGatingFuncType.SOFTMAX
     assert fields["deepseek2.expert_weights_scale"].contents() == 2.0
     assert "deepseek2.expert_weights_norm" not in fields and "deepseek2.expert_group_count" not in fields
-    fields = gguf.GGUFReader(write_gguf(_model("deepseek_v2 (q_proj, as V2-Lite)"), tok, tmp_path / "lite",
+    fields = gguf.GGUFReader(write_gguf(_model("deepseek_v2 (q_proj, yarn, as V2-Lite)"), tok, tmp_path / "lite",
                                         "f16")).fields
     assert fields["deepseek2.attention.q_lora_rank"].contents() == 0
+    assert fields["deepseek2.rope.scaling.type"].contents() == "yarn"
+    assert fields["deepseek2.rope.scaling.factor"].contents() == 40.0
+    assert abs(fields["deepseek2.rope.scaling.yarn_log_multiplier"].contents() - 0.0707) < 1e-6  # 0.1 x mscale_all_dim
     fields = gguf.GGUFReader(write_gguf(_model("granitemoe (gpt-2)"), tok, tmp_path / "gm", "f16")).fields
     assert fields["granitemoe.embedding_scale"].contents() == 4.0 and fields["granitemoe.logit_scale"].contents() == 2.0
 
@@ -125,7 +128,8 @@ def test_metadata_states_the_routing_and_mla(tmp_path):
 def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
     """Refused before any work, naming the key: OLMoE with grouped-query attention (llama.cpp's k norm spans all
     heads) or clip_qkv; DeepSeek-V2's group_limited_greedy (llama.cpp scores a group by its top-2 sum), biases;
-    DeepSeek-V3 with rope_interleave False or YaRN rope (not written); GraniteMoE / OLMoE renormalization rules."""
+    DeepSeek with rope_interleave False, YaRN whose mscale differs from mscale_all_dim (llama.cpp assumes them equal),
+    other rope types; GraniteMoE / OLMoE renormalization rules."""
     tok, out = twin_bpe_tokenizer("gpt-2"), tmp_path / "out"
     mla = dict(rt._MLA)
     cases = [
@@ -137,7 +141,10 @@ def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
         (twin("deepseek_v2", **mla, attention_bias=True), "config.attention_bias=True"),
         (twin("deepseek_v3", **mla, rope_interleave=False), "config.rope_interleave=False"),
         (twin("deepseek_v3", **mla, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
-                                                      "original_max_position_embeddings": 64}), "rope types default"),
+                                                      "original_max_position_embeddings": 64}), "YaRN rope"),
+        (twin("deepseek_v2", **mla, rope_parameters=dict(rt._yarn(0.707), mscale=1.0)), "'mscale': 1.0"),
+        (twin("deepseek_v3", **mla, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
+         "rope types default, yarn"),
     ]
     for model, message in cases:
         with pytest.raises(FastkitError, match=message):

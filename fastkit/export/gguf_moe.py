@@ -67,6 +67,8 @@ def check_family(config, model_type: str, rules: registry.GGUFRules) -> None:
                            f"(of {config.num_attention_heads} heads): llama.cpp's {arch} graph normalizes keys over "
                            "all heads' width (attn_k_norm is hidden_size wide); this model cannot be expressed in "
                            "GGUF as is.")
+    if rules.mla:
+        _check_mla_yarn(config, model_type, arch)
     if _groups_restrict(config):
         if not rules.expert_groups:
             method = getattr(config, "topk_method", None)
@@ -74,6 +76,27 @@ def check_family(config, model_type: str, rules: registry.GGUFRules) -> None:
                                f", topk_group={config.topk_group}): llama.cpp's {arch} graph does not route within "
                                "groups this way (where llama.cpp has groups, it scores one by the sum of its top-2 "
                                "experts); this model cannot be expressed in GGUF as is.")
+
+
+def _yarn(config) -> dict | None:
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    return rope if rope.get("rope_type") == "yarn" else None
+
+
+def _check_mla_yarn(config, model_type: str, arch: str) -> None:
+    """YaRN as src/llama-context.cpp and deepseek2.cpp compute it for MLA: cos/sin x ``get_mscale(f, m) /
+    get_mscale(f, mscale_all_dim)`` and the attention scale x ``get_mscale(f, m)^2`` with llama.cpp's ``m`` =
+    ``mscale_all_dim`` (1 where that is 1); transformers: cos/sin x the same ratio with the config's ``mscale``, the
+    scale x ``get_mscale(f, mscale_all_dim)^2``. Equal only when ``mscale == mscale_all_dim`` (DeepSeek's configs: 1.0
+    and 1.0 for V3, 0.707 and 0.707 for V2-Lite) and no explicit ``attention_factor``."""
+    rope = _yarn(config)
+    if rope is None:
+        return
+    keys = {k: rope.get(k) for k in ("mscale", "mscale_all_dim", "attention_factor")}
+    if not keys["mscale_all_dim"] or keys["mscale"] != keys["mscale_all_dim"] or keys["attention_factor"] is not None:
+        raise FastkitError(f"save_gguf: {model_type} with YaRN rope {keys}: llama.cpp's {arch} graph computes YaRN's "
+                           "attention scaling only for mscale == mscale_all_dim and no attention_factor; this model "
+                           "cannot be expressed in GGUF as is.")
 
 
 def head_lengths(config, rules: registry.GGUFRules, head_dim: int, rope_dim: int) -> tuple[int, int, int, int]:
@@ -100,6 +123,8 @@ def add_kv(writer, config, rules: registry.GGUFRules) -> None:
     if rules.expert_groups and _groups_restrict(config):
         writer.add_expert_group_count(int(config.n_group))
         writer.add_expert_group_used_count(int(config.topk_group))
+    if rules.mla and _yarn(config) is not None:  # llama.cpp divides it by 0.1 again (as its converter writes it)
+        writer.add_rope_scaling_yarn_log_mul(0.1 * float(_yarn(config)["mscale_all_dim"]))
     if rules.mla:
         writer.add_q_lora_rank(int(config.q_lora_rank or 0))  # 0: a plain q_proj (attn_q), as V2-Lite
         writer.add_kv_lora_rank(int(config.kv_lora_rank))
