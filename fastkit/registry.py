@@ -105,8 +105,9 @@ class GGUFRules:
     """The router's score function written as ``expert_gating_func`` (``"softmax"`` / ``"sigmoid"``) for graphs that
     read it (src/models/deepseek2.cpp, glm4-moe.cpp); ``""``: the graph hard-codes it, nothing written."""
     dense_lead: str = ""
-    """Config attribute counting the leading dense-MLP layers (DeepSeek / GLM-4.5 ``first_k_dense_replace``), written
-    as ``leading_dense_block_count``: those layers have ``ffn_{gate,up,down}`` and no experts."""
+    """Config attribute counting the leading dense-MLP layers (DeepSeek / GLM-4.5 ``first_k_dense_replace``), or
+    listing each layer's kind (GLM-4.7-Flash's ``mlp_layer_types``: ``"dense"`` ones must come first), written as
+    ``leading_dense_block_count``: those layers have ``ffn_{gate,up,down}`` and no experts."""
     config_ints: tuple[tuple[str, str], ...] = ()
     """``(gguf-py writer method, config attribute)`` integer hyperparameters the graph reads
     (``add_expert_shared_count`` <- ``n_shared_experts``)."""
@@ -299,7 +300,9 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(**_SELECTION_BIAS, reader=False, dense_lead="first_k_dense_replace",
                                   config_ints=(("add_expert_shared_count", "n_shared_experts"),),
                                   config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))),
-        ModelFacts("glm4_moe_lite", mla=True, moe=True),
+        ModelFacts("glm4_moe_lite", mla=True, moe=True, gguf_arch="deepseek2",  # GLM-4.7-Flash: V3's MLA and router
+                   gguf=GGUFRules(**dict(_DEEPSEEK_GGUF, dense_lead="mlp_layer_types"), **_SELECTION_BIAS,
+                                  fixed=(("attention_bias", False), ("rope_interleave", True)))),
         ModelFacts("gpt-sw3"),
         ModelFacts("gpt2"),
         ModelFacts("gpt_bigcode"),

@@ -10,13 +10,14 @@ import gguf
 import pytest
 import torch
 
-from fastkit import FastkitError
+from fastkit import FastkitError, registry
+from fastkit.export import gguf_moe
 from fastkit.export.gguf import merged_parameters, write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer
 from tests import gguf_round_trip as rt
 
 FAMILIES = ["olmoe (gpt-2)", "granitemoe (gpt-2)", "deepseek_v2 (gpt-2)", "deepseek_v2 (q_proj, yarn, as V2-Lite)",
-            "deepseek_v3 (gpt-2)", "deepseek_v3 (yarn, as V3)", "glm4_moe (gpt-2)"]
+            "deepseek_v3 (gpt-2)", "deepseek_v3 (yarn, as V3)", "glm4_moe_lite (gpt-2)", "glm4_moe (gpt-2)"]
 
 
 def _model(label: str):
@@ -46,7 +47,8 @@ def test_tensors_are_llama_cpp_layout(tmp_path, label):
     tensors = _tensors(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="f16"))
     merged = {name.replace("block_sparse_moe.router", "mlp.gate").replace("block_sparse_moe", "mlp"): load()
               for name, load, _ in merged_parameters(model)}
-    lead = getattr(config, "first_k_dense_replace", 0) or 0
+    lead = gguf_moe.dense_lead(config, registry.MODEL_TABLE[config.model_type].gguf)
+    assert lead == (0 if label.startswith(("olmoe", "granitemoe")) else 1)
     for i in range(config.num_hidden_layers):
         kinds = {n.split(".")[2] for n in tensors if n.startswith(f"blk.{i}.ffn")}
         if i < lead:
@@ -127,9 +129,9 @@ def test_metadata_states_the_routing_and_mla(tmp_path):
 
 def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
     """Refused before any work, naming the key: OLMoE with grouped-query attention (llama.cpp's k norm spans all
-    heads) or clip_qkv; DeepSeek-V2's group_limited_greedy (llama.cpp scores a group by its top-2 sum), biases;
-    DeepSeek with rope_interleave False, YaRN whose mscale differs from mscale_all_dim (llama.cpp assumes them equal),
-    other rope types; GraniteMoE / OLMoE renormalization rules."""
+    heads) or clip_qkv; GLM-4.7-Flash with a dense layer after a MoE one; DeepSeek-V2's group_limited_greedy
+    (llama.cpp scores a group by its top-2 sum), biases; DeepSeek with rope_interleave False, YaRN whose mscale differs
+    from mscale_all_dim (llama.cpp assumes them equal), other rope types; OLMoE's renormalization rule."""
     tok, out = twin_bpe_tokenizer("gpt-2"), tmp_path / "out"
     mla = dict(rt._MLA)
     cases = [
@@ -140,6 +142,7 @@ def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
          "topk_method='group_limited_greedy'"),
         (twin("deepseek_v2", **mla, attention_bias=True), "config.attention_bias=True"),
         (twin("deepseek_v3", **mla, rope_interleave=False), "config.rope_interleave=False"),
+        (twin("glm4_moe_lite", **mla, mlp_layer_types=["sparse", "dense", "sparse"]), "only before the first MoE"),
         (twin("deepseek_v3", **mla, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
                                                       "original_max_position_embeddings": 64}), "YaRN rope"),
         (twin("deepseek_v2", **mla, rope_parameters=dict(rt._yarn(0.707), mscale=1.0)), "'mscale': 1.0"),

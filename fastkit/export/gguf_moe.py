@@ -45,7 +45,10 @@ def buffer_tensors(model: torch.nn.Module, rules: registry.GGUFRules) -> list[tu
 
 def dense_lead(config, rules: registry.GGUFRules) -> int:
     """How many leading layers have a dense MLP and no experts (:attr:`GGUFRules.dense_lead`)."""
-    return int(getattr(config, rules.dense_lead, 0) or 0) if rules.dense_lead else 0
+    value = (getattr(config, rules.dense_lead, 0) or 0) if rules.dense_lead else 0
+    if isinstance(value, (list, tuple)):  # per-layer kinds ("dense" / "sparse"): the dense ones first
+        return next((i for i, kind in enumerate(value) if kind != "dense"), len(value))
+    return int(value)
 
 
 def _groups_restrict(config) -> bool:
@@ -67,6 +70,11 @@ def check_family(config, model_type: str, rules: registry.GGUFRules) -> None:
                            f"(of {config.num_attention_heads} heads): llama.cpp's {arch} graph normalizes keys over "
                            "all heads' width (attn_k_norm is hidden_size wide); this model cannot be expressed in "
                            "GGUF as is.")
+    kinds = getattr(config, rules.dense_lead, None) if rules.dense_lead else None
+    if isinstance(kinds, (list, tuple)) and "dense" in kinds[dense_lead(config, rules):]:
+        raise FastkitError(f"save_gguf: {model_type} with config.{rules.dense_lead}={list(kinds)}: llama.cpp's {arch} "
+                           "graph has dense-MLP layers only before the first MoE layer; this model cannot be "
+                           "expressed in GGUF as is.")
     if rules.mla:
         _check_mla_yarn(config, model_type, arch)
     if _groups_restrict(config):
