@@ -12,6 +12,7 @@ patch names from here).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,6 +121,10 @@ class GGUFRules:
     into ``attn_k_b`` (its nope rows, transposed) and ``attn_v_b``, one KV head, key / value lengths of the latent
     (``kv_lora_rank + qk_rope_head_dim`` / ``kv_lora_rank``) and the heads' as ``key_length_mla`` /
     ``value_length_mla``, ``q_lora_rank`` (0: a plain ``q_proj``) and ``kv_lora_rank``."""
+    fused_halves: tuple[tuple[str, str, str], ...] = ()
+    """``(transformers module name suffix, llama.cpp tensor of the first half of its rows, of the second half)``: a
+    fused linear split in two (GraniteMoeShared's ``shared_mlp.input_linear`` ``(2S, H)``, gate rows first, is
+    ``ffn_gate_shexp`` and ``ffn_up_shexp``)."""
     mha_only: bool = False
     """The graph needs ``num_key_value_heads == num_attention_heads`` (src/models/olmoe.cpp: ``attn_k_norm`` is
     ``n_embd`` wide, transformers' ``k_norm`` spans the KV heads): grouped-query attention is refused."""
@@ -134,7 +139,7 @@ _DEEPSEEK_GGUF = dict(reader=False, mla=True, dense_lead="first_k_dense_replace"
                       config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))
 """DeepSeek-V2 / V3 as llama.cpp's deepseek2 graph (src/models/deepseek2.cpp): absorbed MLA, leading dense layers,
 shared experts (``n_shared_experts`` x the expert width), routed weights scaled by ``routed_scaling_factor``, YaRN
-with its ``mscale_all_dim`` as ``rope.scaling.yarn_log_mul``."""
+with its ``mscale_all_dim`` as ``rope.scaling.yarn_log_multiplier``."""
 _SELECTION_BIAS = dict(gating="sigmoid", router_renorm="config", expert_groups=True,
                        buffers=("e_score_correction_bias",),
                        renames=((r"\.e_score_correction_bias$", ".e_score_correction.bias"),))
@@ -142,6 +147,10 @@ _SELECTION_BIAS = dict(gating="sigmoid", router_renorm="config", expert_groups=T
 their top-2, top-k renormalized when ``norm_topk_prob``."""
 _GRANITE_SCALES = (("add_embedding_scale", "embedding_multiplier"), ("add_residual_scale", "residual_multiplier"),
                    ("add_attention_scale", "attention_multiplier"), ("add_logit_scale", "logits_scaling"))
+_GRANITEMOE_GGUF = GGUFRules(permute_qk=True, reader=False, router_renorm="always", experts_every_layer=True,
+                             config_scales=_GRANITE_SCALES, renames=((r"\.block_sparse_moe\.router\.", ".mlp.gate."),
+                                                                     (r"\.block_sparse_moe\.", ".mlp.")))
+"""GraniteMoE as llama.cpp's granitemoe (src/models/granite.cpp's graph with experts, top-k renormalized)."""
 
 
 @dataclass(frozen=True)
@@ -312,12 +321,12 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                                                   config_scales=_GRANITE_SCALES)),
         ModelFacts("granite_swa", sliding_window=True, attention_sinks=True, default_attn="eager"),
         ModelFacts("granitemoe", moe=True, gguf_arch="granitemoe",  # granite.cpp's graph with experts: top-k softmax
-                   gguf=GGUFRules(permute_qk=True, reader=False, router_renorm="always", experts_every_layer=True,
-                                  config_scales=_GRANITE_SCALES,
-                                  renames=((r"\.block_sparse_moe\.router\.", ".mlp.gate."),
-                                           (r"\.block_sparse_moe\.", ".mlp.")))),
+                   gguf=_GRANITEMOE_GGUF),
         ModelFacts("granitemoe_swa", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
-        ModelFacts("granitemoeshared", moe=True),
+        ModelFacts("granitemoeshared", moe=True, gguf_arch="granitemoe",  # granite.cpp's shared expert (n_ff_shexp)
+                   gguf=dataclasses.replace(_GRANITEMOE_GGUF, config_ints=(
+                       ("add_expert_shared_feed_forward_length", "shared_intermediate_size"),),
+                       fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),))),
         ModelFacts("helium"),
         ModelFacts("hrm_text"),
         ModelFacts("hunyuan_v1_dense"),

@@ -265,6 +265,11 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "granitemoe (gpt-2)": ("granitemoe", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
                                           "attention_multiplier": 0.1, "logits_scaling": 2.0,
                                           "intermediate_size": 32}, "gpt-2"),
+    # GraniteMoeShared: the same with a shared expert whose fused input_linear is split into gate / up.
+    "granitemoeshared (gpt-2)": ("granitemoeshared", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                                      "attention_multiplier": 0.1, "logits_scaling": 2.0,
+                                                      "intermediate_size": 32, "shared_intermediate_size": 64},
+                                 "gpt-2"),
     # DeepSeek-V2: MLA (q_a/q_b, kv_a_proj_with_mqa, kv_b split into attn_k_b / attn_v_b, widths that q8_0 blocks),
     # a dense first layer, 2 shared experts, routed weights x2; V2-Lite's plain q_proj in its own row.
     "deepseek_v2 (gpt-2)": ("deepseek_v2", dict(_MLA, first_k_dense_replace=1, routed_scaling_factor=2.0), "gpt-2"),
@@ -282,8 +287,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
 }
-ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "deepseek_v2", "deepseek_v3",
-                                                                    "glm4_moe_lite", "glm4_moe")}
+ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
+                                                                    "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
+                                                                    "glm4_moe")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 

@@ -16,8 +16,8 @@ from fastkit.export.gguf import merged_parameters, write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer
 from tests import gguf_round_trip as rt
 
-FAMILIES = ["olmoe (gpt-2)", "granitemoe (gpt-2)", "deepseek_v2 (gpt-2)", "deepseek_v2 (q_proj, yarn, as V2-Lite)",
-            "deepseek_v3 (gpt-2)", "deepseek_v3 (yarn, as V3)", "glm4_moe_lite (gpt-2)", "glm4_moe (gpt-2)"]
+FAMILIES = [label for label in rt.ROUTER_STD]
+"""Every MoE family of tests/gguf_round_trip.py whose rules live in fastkit/export/gguf_moe.py."""
 
 
 def _model(label: str):
@@ -48,7 +48,7 @@ def test_tensors_are_llama_cpp_layout(tmp_path, label):
     merged = {name.replace("block_sparse_moe.router", "mlp.gate").replace("block_sparse_moe", "mlp"): load()
               for name, load, _ in merged_parameters(model)}
     lead = gguf_moe.dense_lead(config, registry.MODEL_TABLE[config.model_type].gguf)
-    assert lead == (0 if label.startswith(("olmoe", "granitemoe")) else 1)
+    assert lead == (0 if label.startswith(("olmoe", "granite")) else 1)
     for i in range(config.num_hidden_layers):
         kinds = {n.split(".")[2] for n in tensors if n.startswith(f"blk.{i}.ffn")}
         if i < lead:
@@ -71,6 +71,10 @@ def test_tensors_are_llama_cpp_layout(tmp_path, label):
             assert bias.abs().max() > 0 and torch.equal(_value(tensors[f"blk.{i}.exp_probs_b.bias"]), bias)
         if getattr(config, "kv_lora_rank", None):
             _assert_mla_split(tensors, merged, config, i)
+        if getattr(config, "shared_intermediate_size", None):  # (2S, H): gate rows, then up rows
+            fused = merged[f"model.layers.{i}.shared_mlp.input_linear.weight"].half().float()
+            assert torch.equal(_value(tensors[f"blk.{i}.ffn_gate_shexp.weight"]), fused[: fused.shape[0] // 2])
+            assert torch.equal(_value(tensors[f"blk.{i}.ffn_up_shexp.weight"]), fused[fused.shape[0] // 2:])
 
 
 def _assert_mla_split(tensors, merged, config, i: int) -> None:
@@ -123,8 +127,9 @@ def test_metadata_states_the_routing_and_mla(tmp_path):
     assert fields["deepseek2.rope.scaling.type"].contents() == "yarn"
     assert fields["deepseek2.rope.scaling.factor"].contents() == 40.0
     assert abs(fields["deepseek2.rope.scaling.yarn_log_multiplier"].contents() - 0.0707) < 1e-6  # 0.1 x mscale_all_dim
-    fields = gguf.GGUFReader(write_gguf(_model("granitemoe (gpt-2)"), tok, tmp_path / "gm", "f16")).fields
+    fields = gguf.GGUFReader(write_gguf(_model("granitemoeshared (gpt-2)"), tok, tmp_path / "gm", "f16")).fields
     assert fields["granitemoe.embedding_scale"].contents() == 4.0 and fields["granitemoe.logit_scale"].contents() == 2.0
+    assert fields["granitemoe.expert_shared_feed_forward_length"].contents() == 64
 
 
 def test_what_their_graphs_cannot_compute_is_refused(tmp_path):

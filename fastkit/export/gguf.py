@@ -17,7 +17,7 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
-granitemoe, deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe); how each differs from llama.cpp's graph for its
+granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe); how each differs from llama.cpp's graph for its
 architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
 experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
 Not supported (a FastkitError says so before writing): families without ``gguf_arch``, qwen2_moe with dense
@@ -430,8 +430,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
             pieces = _expert_pieces(f"blk.{m[1]}", m[2], bool(m[3]), shape, rules.experts)
-        elif rules.mla and (m := re.fullmatch(r".*\.layers\.(\d+)\.self_attn\.kv_b_proj\.weight", hf_name)):
-            pieces = gguf_moe.mla_kv_b_pieces(f"blk.{m[1]}", config)
+        elif split := gguf_moe.split_pieces(hf_name, config, rules):  # MLA's kv_b_proj, fused halves
+            pieces = split
         elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
             unmapped.append(hf_name)
             continue

@@ -140,6 +140,21 @@ def add_kv(writer, config, rules: registry.GGUFRules) -> None:
         writer.add_value_length_mla(int(config.v_head_dim))
 
 
+def split_pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, Callable]]:
+    """llama.cpp tensors cut out of one transformers tensor where the family fuses what llama.cpp keeps apart: MLA's
+    ``kv_b_proj`` (:func:`mla_kv_b_pieces`) and :attr:`GGUFRules.fused_halves`; ``[]`` for any other tensor."""
+    m = re.fullmatch(r".*\.layers\.(\d+)\.(.+)\.weight", hf_name)
+    if m is None:
+        return []
+    if rules.mla and m[2] == "self_attn.kv_b_proj":
+        return mla_kv_b_pieces(f"blk.{m[1]}", config)
+    for module, first, second in rules.fused_halves:
+        if m[2] == module:
+            return [(f"blk.{m[1]}.{first}.weight", lambda w: w[: w.shape[0] // 2]),  # (2S, H) -> (S, H) each
+                    (f"blk.{m[1]}.{second}.weight", lambda w: w[w.shape[0] // 2:])]
+    return []
+
+
 def mla_kv_b_pieces(block: str, config) -> list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]]:
     """``kv_b_proj`` ``(H·(nope+v), kv_lora_rank)`` as llama.cpp's absorbed MLA reads it: ``attn_k_b`` ``(H, rank,
     nope)`` (each head's key rows, transposed) and ``attn_v_b`` ``(H, v, rank)``."""
@@ -156,4 +171,5 @@ def mla_kv_b_pieces(block: str, config) -> list[tuple[str, Callable[[torch.Tenso
     return [(f"{block}.attn_k_b.weight", k_b), (f"{block}.attn_v_b.weight", v_b)]
 
 
-__all__ = ["add_kv", "buffer_tensors", "check_family", "dense_lead", "head_lengths", "mla_kv_b_pieces", "renamed"]
+__all__ = ["add_kv", "buffer_tensors", "check_family", "dense_lead", "head_lengths", "mla_kv_b_pieces", "renamed",
+           "split_pieces"]
