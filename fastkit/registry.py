@@ -360,7 +360,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("sarvam_moe", moe=True),
         ModelFacts("seed_oss"),
         ModelFacts("smollm3"),
-        ModelFacts("solar_open", moe=True),
+        ModelFacts("solar_open", moe=True, gguf_arch="glm4moe",  # glm4-moe.cpp: MoE in every layer, V3's router
+                   gguf=GGUFRules(**_SELECTION_BIAS, reader=False,
+                                  config_ints=(("add_expert_shared_count", "n_shared_experts"),),
+                                  config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))),
         ModelFacts("starcoder2"),
         ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
         ModelFacts("youtu", mla=True),

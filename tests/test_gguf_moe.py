@@ -47,8 +47,9 @@ def test_tensors_are_llama_cpp_layout(tmp_path, label):
     tensors = _tensors(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="f16"))
     merged = {name.replace("block_sparse_moe.router", "mlp.gate").replace("block_sparse_moe", "mlp"): load()
               for name, load, _ in merged_parameters(model)}
-    lead = gguf_moe.dense_lead(config, registry.MODEL_TABLE[config.model_type].gguf)
-    assert lead == (0 if label.startswith(("olmoe", "granite")) else 1)
+    rules = registry.MODEL_TABLE[config.model_type].gguf
+    lead = gguf_moe.dense_lead(config, rules)
+    assert lead == (0 if label.startswith(("olmoe", "granite", "solar_open")) else 1)
     for i in range(config.num_hidden_layers):
         kinds = {n.split(".")[2] for n in tensors if n.startswith(f"blk.{i}.ffn")}
         if i < lead:
@@ -64,8 +65,7 @@ def test_tensors_are_llama_cpp_layout(tmp_path, label):
         router = tensors[f"blk.{i}.ffn_gate_inp.weight"]
         assert router.tensor_type == gguf.GGMLQuantizationType.F32
         assert torch.equal(_value(router), merged[f"model.layers.{i}.mlp.gate.weight"])
-        bias = model.get_buffer(f"model.layers.{i}.mlp.gate.e_score_correction_bias") if "v3" in label or "glm" in \
-            label else None
+        bias = model.get_buffer(f"model.layers.{i}.mlp.gate.e_score_correction_bias") if rules.buffers else None
         assert (f"blk.{i}.exp_probs_b.bias" in tensors) == (bias is not None)
         if bias is not None:
             assert bias.abs().max() > 0 and torch.equal(_value(tensors[f"blk.{i}.exp_probs_b.bias"]), bias)

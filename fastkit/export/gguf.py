@@ -17,9 +17,10 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
-granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe); how each differs from llama.cpp's graph for its
-architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
-experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
+granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open); how each differs from
+llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
+router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
+Quantization names: :data:`QUANTS`.
 Not supported (a FastkitError says so before writing): families without ``gguf_arch``, qwen2_moe with dense
 layers or renormalized top-k (llama.cpp's qwen2moe has neither), rope types the family's graph does not
 compute, a sliding window shorter than the context where llama.cpp's graph has none, whatever else a family's
@@ -566,7 +567,8 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
+    if getattr(config, "intermediate_size", None):  # None where every layer is MoE (Solar Open)
+        writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
