@@ -341,7 +341,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("mellum", sliding_window=True, moe=True),
         ModelFacts("mimo_v2_flash", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
         ModelFacts("minicpm3", mla=True),
-        ModelFacts("minimax_m2", moe=True),
+        ModelFacts("minimax_m2", moe=True, gguf_arch="minimax-m2",  # minimax-m2.cpp: sigmoid + bias, top-k renormalized
+                   gguf=GGUFRules(gating="sigmoid", router_renorm="always", experts_every_layer=True, output="untied",
+                                  buffers=("e_score_correction_bias",),
+                                  renames=((r"\.mlp\.e_score_correction_bias$", ".mlp.e_score_correction.bias"),))),
         ModelFacts("minimax_m3_vl_text", moe=True),
         ModelFacts("ministral", sliding_window=True),
         ModelFacts("ministral3"),

@@ -286,13 +286,16 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # Solar Open: llama.cpp's glm4moe with experts in every layer, q/k/v biases, V3's router (groups here).
     "solar_open (gpt-2)": ("solar_open", {"attention_bias": True, "n_group": 2, "topk_group": 1,
                                           "routed_scaling_factor": 2.0}, "gpt-2"),
+    # MiniMax-M2: sigmoid router with a selection bias, top-k renormalized, q/k norms over all heads, partial rotary.
+    "minimax_m2 (gpt-2)": ("minimax_m2", {"intermediate_size": 32, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "gpt-2"),
     # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
-                                                                    "glm4_moe", "solar_open")}
+                                                                    "glm4_moe", "solar_open", "minimax_m2")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
