@@ -426,7 +426,7 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
     for hf_name, load, shape in merged_parameters(model) + gguf_moe.buffer_tensors(model, rules):
-        hf_name = gguf_moe.renamed(hf_name, rules)
+        hf_name = gguf_moe.renamed(_clean(hf_name), rules)  # buffers come with their PEFT-wrapped names
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):

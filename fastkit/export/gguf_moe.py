@@ -1,10 +1,11 @@
-"""GGUF rules of the MoE / MLA families beyond the Qwen / Mixtral / GPT-OSS layouts: OLMoE, GraniteMoE, DeepSeek-V2 / V3
-(llama.cpp's ``deepseek2``: multi-head latent attention, leading dense layers, shared experts, sigmoid routing with a
-selection bias, expert groups) and GLM-4.5 (``glm4moe``). Each rule is a field of the family's
+"""GGUF rules of the MoE / MLA families beyond the Qwen / Mixtral / GPT-OSS layouts: OLMoE, GraniteMoE(Shared),
+DeepSeek-V2 / V3 and GLM-4.7-Flash (llama.cpp's ``deepseek2``: multi-head latent attention, leading dense layers,
+shared experts, sigmoid routing with a selection bias, expert groups, YaRN), GLM-4.5 and Solar Open (``glm4moe``),
+MiniMax-M2 (``minimax-m2``). Each rule is a field of the family's
 :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
 writes a file.
 
-What must not change: llama.cpp (src/models/deepseek2.cpp, glm4-moe.cpp, olmoe.cpp, granite.cpp, and
+What must not change: llama.cpp (src/models/deepseek2.cpp, glm4-moe.cpp, olmoe.cpp, granite.cpp, minimax-m2.cpp, and
 ``build_moe_ffn`` in src/llama-graph.cpp) reproduces the transformers model's tokens, greedy text and logits from the
 file (tests/test_llamacpp_round_trip.py), and what it cannot compute is refused before anything is written.
 """
@@ -38,8 +39,7 @@ def buffer_tensors(model: torch.nn.Module, rules: registry.GGUFRules) -> list[tu
     out = []
     for name, b in unwrap(model).named_buffers():
         if name.rpartition(".")[2] in rules.buffers:
-            out.append((re.sub(r"\.modules_to_save\.[^.]+\.", ".", name).replace(".base_layer", ""),
-                        lambda b=b: b.detach().float().cpu(), b.shape))
+            out.append((name, lambda b=b: b.detach().float().cpu(), b.shape))  # named as in the model
     return out
 
 
