@@ -12,6 +12,7 @@ patch names from here).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +74,8 @@ class GGUFRules:
     undoes it."""
     router_renorm: str = "either"
     """Top-k router weights in llama.cpp's MoE graph: ``"always"`` renormalized (``config.norm_topk_prob`` False is
-    refused), ``"never"`` (True is refused), ``"either"`` (no experts, or a graph that reads it)."""
+    refused), ``"never"`` (True is refused), ``"either"`` (no experts, or a graph that reads it), ``"config"``
+    (the graph reads ``expert_weights_norm``: written from ``config.norm_topk_prob``)."""
     experts_every_layer: bool = False
     """llama.cpp's MoE graph has experts in every layer: dense layers (``mlp_only_layers``, ``decoder_sparse_step``
     other than 1) are refused."""
@@ -91,9 +93,64 @@ class GGUFRules:
     reader_config: bool = True
     """transformers' GGUF reader lacks some of this family's config keys (qwen3's head_dim, MoE sizes): the
     read-back check passes the model's config. False: the reader rebuilds the whole config from the file."""
+    # MoE families (gguf-moe): read by fastkit/export/gguf_moe.py
+    renames: tuple[tuple[str, str], ...] = ()
+    """``(regex, replacement)`` applied to a transformers tensor name before gguf-py's map, where the family names a
+    tensor differently from the names gguf-py knows (GraniteMoe's ``block_sparse_moe.router`` is llama.cpp's
+    ``ffn_gate_inp``; DeepSeek-V3's ``mlp.gate.e_score_correction_bias`` is ``exp_probs_b.bias``)."""
+    buffers: tuple[str, ...] = ()
+    """Buffers (last name component) written as tensors beside the parameters: DeepSeek-V3's / GLM-4.5's
+    ``e_score_correction_bias``, llama.cpp's ``exp_probs_b`` (added to the router scores for the choice of experts
+    only, ``build_moe_ffn`` in src/llama-graph.cpp)."""
+    gating: str = ""
+    """The router's score function written as ``expert_gating_func`` (``"softmax"`` / ``"sigmoid"``) for graphs that
+    read it (src/models/deepseek2.cpp, glm4-moe.cpp); ``""``: the graph hard-codes it, nothing written."""
+    dense_lead: str = ""
+    """Config attribute counting the leading dense-MLP layers (DeepSeek / GLM-4.5 ``first_k_dense_replace``), or
+    listing each layer's kind (GLM-4.7-Flash's ``mlp_layer_types``: ``"dense"`` ones must come first), written as
+    ``leading_dense_block_count``: those layers have ``ffn_{gate,up,down}`` and no experts."""
+    config_ints: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` integer hyperparameters the graph reads
+    (``add_expert_shared_count`` <- ``n_shared_experts``)."""
+    expert_groups: bool = False
+    """llama.cpp's graph restricts routing to the best ``n_group_used`` of ``n_expert_groups`` groups, a group scored
+    by the sum of its top-2 biased scores (DeepSeek-V3's ``noaux_tc``, ``build_moe_ffn``): ``n_group`` / ``topk_group``
+    written when they restrict. False: a config restricting routing to groups is refused."""
+    mla: bool = False
+    """DeepSeek's multi-head latent attention as src/models/deepseek2.cpp absorbs it: ``kv_b_proj`` split per head
+    into ``attn_k_b`` (its nope rows, transposed) and ``attn_v_b``, one KV head, key / value lengths of the latent
+    (``kv_lora_rank + qk_rope_head_dim`` / ``kv_lora_rank``) and the heads' as ``key_length_mla`` /
+    ``value_length_mla``, ``q_lora_rank`` (0: a plain ``q_proj``) and ``kv_lora_rank``."""
+    fused_halves: tuple[tuple[str, str, str], ...] = ()
+    """``(transformers module name suffix, llama.cpp tensor of the first half of its rows, of the second half)``: a
+    fused linear split in two (GraniteMoeShared's ``shared_mlp.input_linear`` ``(2S, H)``, gate rows first, is
+    ``ffn_gate_shexp`` and ``ffn_up_shexp``)."""
+    mha_only: bool = False
+    """The graph needs ``num_key_value_heads == num_attention_heads`` (src/models/olmoe.cpp: ``attn_k_norm`` is
+    ``n_embd`` wide, transformers' ``k_norm`` spans the KV heads): grouped-query attention is refused."""
+    fixed: tuple[tuple[str, Any], ...] = ()
+    """``(config attribute, the only value llama.cpp's graph computes)``: a config with another value is refused
+    naming the key (OLMoE's ``clip_qkv`` None: olmoe.cpp does not clamp; DeepSeek's biases off)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
+_DEEPSEEK_GGUF = dict(reader=False, mla=True, dense_lead="first_k_dense_replace", rope_types=("default", "yarn"),
+                      config_ints=(("add_expert_shared_count", "n_shared_experts"),),
+                      config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))
+"""DeepSeek-V2 / V3 as llama.cpp's deepseek2 graph (src/models/deepseek2.cpp): absorbed MLA, leading dense layers,
+shared experts (``n_shared_experts`` x the expert width), routed weights scaled by ``routed_scaling_factor``, YaRN
+with its ``mscale_all_dim`` as ``rope.scaling.yarn_log_multiplier``."""
+_SELECTION_BIAS = dict(gating="sigmoid", router_renorm="config", expert_groups=True,
+                       buffers=("e_score_correction_bias",),
+                       renames=((r"\.e_score_correction_bias$", ".e_score_correction.bias"),))
+"""DeepSeek-V3's router (GLM-4.5's too): sigmoid scores, a selection-only bias (``exp_probs_b``), groups scored by
+their top-2, top-k renormalized when ``norm_topk_prob``."""
+_GRANITE_SCALES = (("add_embedding_scale", "embedding_multiplier"), ("add_residual_scale", "residual_multiplier"),
+                   ("add_attention_scale", "attention_multiplier"), ("add_logit_scale", "logits_scaling"))
+_GRANITEMOE_GGUF = GGUFRules(permute_qk=True, reader=False, router_renorm="always", experts_every_layer=True,
+                             config_scales=_GRANITE_SCALES, renames=((r"\.block_sparse_moe\.router\.", ".mlp.gate."),
+                                                                     (r"\.block_sparse_moe\.", ".mlp.")))
+"""GraniteMoE as llama.cpp's granitemoe (src/models/granite.cpp's graph with experts, top-k renormalized)."""
 
 
 @dataclass(frozen=True)
@@ -183,8 +240,13 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("mixtral", moe=True, gguf_arch="llama",  # llama.cpp's llama graph with experts: softmax top-k
                    gguf=GGUFRules(permute_qk=True, experts_every_layer=True, reader=False),
                    twin=dict(_ATTN, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2)),
-        ModelFacts("olmoe", moe=True, twin=dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
+        ModelFacts("olmoe", moe=True, gguf_arch="olmoe",  # softmax top-k, not renormalized; q/k norms over all heads
+                   gguf=GGUFRules(router_renorm="never", experts_every_layer=True, output="untied", reader=False,
+                                  mha_only=True, fixed=(("clip_qkv", None),)),
+                   twin=dict(_ATTN, intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
         ModelFacts("deepseek_v3", moe=True, mla=True, note="MLA attention: q/k and v head sizes differ",
+                   gguf_arch="deepseek2", gguf=GGUFRules(**_DEEPSEEK_GGUF, **_SELECTION_BIAS,
+                                                         fixed=(("attention_bias", False), ("rope_interleave", True))),
                    twin=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
                              moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                              n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
@@ -218,7 +280,9 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("cohere2", sliding_window=True),
         ModelFacts("cohere2_moe", sliding_window=True, moe=True),
         ModelFacts("cwm", sliding_window=True),
-        ModelFacts("deepseek_v2", mla=True, moe=True),
+        ModelFacts("deepseek_v2", mla=True, moe=True, gguf_arch="deepseek2",  # HF's V2 router never renormalizes
+                   gguf=GGUFRules(**_DEEPSEEK_GGUF, gating="softmax",  # (norm_topk_prob unread): llama.cpp's default
+                                  fixed=(("attention_bias", False), ("mlp_bias", False)))),
         ModelFacts("diffllama"),
         ModelFacts("dory", sliding_window=True),
         ModelFacts("emu3"),
@@ -241,20 +305,28 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only"),
         ModelFacts("glm"),
         ModelFacts("glm4"),
-        ModelFacts("glm4_moe", moe=True),
-        ModelFacts("glm4_moe_lite", mla=True, moe=True),
+        ModelFacts("glm4_moe", moe=True, gguf_arch="glm4moe",  # glm4-moe.cpp: q/k norms, qkv biases optional
+                   gguf=GGUFRules(**_SELECTION_BIAS, reader=False, dense_lead="first_k_dense_replace",
+                                  config_ints=(("add_expert_shared_count", "n_shared_experts"),),
+                                  config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))),
+        ModelFacts("glm4_moe_lite", mla=True, moe=True, gguf_arch="deepseek2",  # GLM-4.7-Flash: V3's MLA and router
+                   gguf=GGUFRules(**dict(_DEEPSEEK_GGUF, dense_lead="mlp_layer_types"), **_SELECTION_BIAS,
+                                  fixed=(("attention_bias", False), ("rope_interleave", True)))),
         ModelFacts("gpt-sw3"),
         ModelFacts("gpt2"),
         ModelFacts("gpt_bigcode"),
         ModelFacts("gpt_neox"),
         ModelFacts("gptj"),
-        ModelFacts("granite", gguf_arch="granite", gguf=GGUFRules(permute_qk=True, reader=False, config_scales=(
-            ("add_embedding_scale", "embedding_multiplier"), ("add_residual_scale", "residual_multiplier"),
-            ("add_attention_scale", "attention_multiplier"), ("add_logit_scale", "logits_scaling")))),
+        ModelFacts("granite", gguf_arch="granite", gguf=GGUFRules(permute_qk=True, reader=False,
+                                                                  config_scales=_GRANITE_SCALES)),
         ModelFacts("granite_swa", sliding_window=True, attention_sinks=True, default_attn="eager"),
-        ModelFacts("granitemoe", moe=True),
+        ModelFacts("granitemoe", moe=True, gguf_arch="granitemoe",  # granite.cpp's graph with experts: top-k softmax
+                   gguf=_GRANITEMOE_GGUF),
         ModelFacts("granitemoe_swa", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
-        ModelFacts("granitemoeshared", moe=True),
+        ModelFacts("granitemoeshared", moe=True, gguf_arch="granitemoe",  # granite.cpp's shared expert (n_ff_shexp)
+                   gguf=dataclasses.replace(_GRANITEMOE_GGUF, config_ints=(
+                       ("add_expert_shared_feed_forward_length", "shared_intermediate_size"),),
+                       fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),))),
         ModelFacts("helium"),
         ModelFacts("hrm_text"),
         ModelFacts("hunyuan_v1_dense"),
@@ -269,7 +341,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("mellum", sliding_window=True, moe=True),
         ModelFacts("mimo_v2_flash", sliding_window=True, attention_sinks=True, moe=True, default_attn="eager"),
         ModelFacts("minicpm3", mla=True),
-        ModelFacts("minimax_m2", moe=True),
+        ModelFacts("minimax_m2", moe=True, gguf_arch="minimax-m2",  # minimax-m2.cpp: sigmoid + bias, top-k renormalized
+                   gguf=GGUFRules(gating="sigmoid", router_renorm="always", experts_every_layer=True, output="untied",
+                                  buffers=("e_score_correction_bias",),
+                                  renames=((r"\.mlp\.e_score_correction_bias$", ".mlp.e_score_correction.bias"),))),
         ModelFacts("minimax_m3_vl_text", moe=True),
         ModelFacts("ministral", sliding_window=True),
         ModelFacts("ministral3"),
@@ -288,7 +363,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("sarvam_moe", moe=True),
         ModelFacts("seed_oss"),
         ModelFacts("smollm3"),
-        ModelFacts("solar_open", moe=True),
+        ModelFacts("solar_open", moe=True, gguf_arch="glm4moe",  # glm4-moe.cpp: MoE in every layer, V3's router
+                   gguf=GGUFRules(**_SELECTION_BIAS, reader=False,
+                                  config_ints=(("add_expert_shared_count", "n_shared_experts"),),
+                                  config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))),
         ModelFacts("starcoder2"),
         ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
         ModelFacts("youtu", mla=True),

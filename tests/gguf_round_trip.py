@@ -209,6 +209,15 @@ def train_on_chats(model, tokenizer, steps: int = 40, lr: float = 3e-3, seed: in
 
 
 _ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+_MLA = dict(num_hidden_layers=3, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=8,
+            v_head_dim=32)
+
+
+def _yarn(mscale: float) -> dict:
+    return {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale}
+
+
 _GEMMA = dict(_ATTN, intermediate_size=128, query_pre_attn_scalar=16, sliding_window=8)
 TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
     "llama (smollm)": ("llama", {}, "smollm"),
@@ -247,7 +256,48 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # GPT-OSS: attention sinks, q/k/v/o and expert biases, interleaved gate/up experts, clamped SwiGLU, alternating
     # 16-token windows, YaRN rope (x32 over 4096), untied head; o200k's split.
     "gpt_oss (gpt-4o)": ("gpt_oss", {"initializer_range": 0.1}, "gpt-4o"),
+    # MoE families (gguf-moe). Their real tokenizers' pre-tokenizers (olmo, deepseek-llm / deepseek-v3, glm4) are not
+    # among those fastkit writes yet: the twins carry GPT-2's split. Routers drawn wide (ROUTER_STD) so every token
+    # has a clear top-k and tokens spread over the experts (expert_spread: a wrong expert split cannot pass).
+    # OLMoE: q/k RMSNorm over all heads (MHA only), softmax top-k not renormalized.
+    "olmoe (gpt-2)": ("olmoe", {"num_key_value_heads": 4}, "gpt-2"),
+    # GraniteMoE: granite's multipliers away from 1, renormalized top-k, experts under block_sparse_moe.
+    "granitemoe (gpt-2)": ("granitemoe", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                          "attention_multiplier": 0.1, "logits_scaling": 2.0,
+                                          "intermediate_size": 32}, "gpt-2"),
+    # GraniteMoeShared: the same with a shared expert whose fused input_linear is split into gate / up.
+    "granitemoeshared (gpt-2)": ("granitemoeshared", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+                                                      "attention_multiplier": 0.1, "logits_scaling": 2.0,
+                                                      "intermediate_size": 32, "shared_intermediate_size": 64},
+                                 "gpt-2"),
+    # DeepSeek-V2: MLA (q_a/q_b, kv_a_proj_with_mqa, kv_b split into attn_k_b / attn_v_b, widths that q8_0 blocks),
+    # a dense first layer, 2 shared experts, routed weights x2; V2-Lite's plain q_proj in its own row.
+    "deepseek_v2 (gpt-2)": ("deepseek_v2", dict(_MLA, first_k_dense_replace=1, routed_scaling_factor=2.0), "gpt-2"),
+    "deepseek_v2 (q_proj, yarn, as V2-Lite)": ("deepseek_v2", dict(_MLA, q_lora_rank=None, first_k_dense_replace=1,
+                                                                   rope_parameters=_yarn(0.707)), "gpt-2"),
+    # DeepSeek's YaRN as their real configs have it (factor 40; mscale = mscale_all_dim: 0.707 V2-Lite, 1.0 V3) over a
+    # 16-token original context, so the chats run past it.
+    # DeepSeek-V3: sigmoid router with a selection bias (exp_probs_b), 2 groups of 4 experts with one group used,
+    # top-k renormalized then x2.5, a dense first layer, a shared expert.
+    "deepseek_v3 (gpt-2)": ("deepseek_v3", dict(_MLA), "gpt-2"),
+    "deepseek_v3 (yarn, as V3)": ("deepseek_v3", dict(_MLA, rope_parameters=_yarn(1.0)), "gpt-2"),
+    # GLM-4.7-Flash: V3's MLA and router on llama.cpp's deepseek2, its dense layers from mlp_layer_types.
+    "glm4_moe_lite (gpt-2)": ("glm4_moe_lite", dict(_MLA, n_group=2, topk_group=1), "gpt-2"),
+    # Solar Open: llama.cpp's glm4moe with experts in every layer, q/k/v biases, V3's router (groups here).
+    "solar_open (gpt-2)": ("solar_open", {"attention_bias": True, "n_group": 2, "topk_group": 1,
+                                          "routed_scaling_factor": 2.0}, "gpt-2"),
+    # MiniMax-M2: sigmoid router with a selection bias, top-k renormalized, q/k norms over all heads, partial rotary.
+    "minimax_m2 (gpt-2)": ("minimax_m2", {"intermediate_size": 32, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "gpt-2"),
+    # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
+    "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
+                                      "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
 }
+ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
+                                                                    "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
+                                                                    "glm4_moe", "solar_open", "minimax_m2")}
+"""Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
+ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}
@@ -277,6 +327,8 @@ def twin_model(label: str, steps: int | None = None):
     else:
         base = twin(model_type, **overrides)
     _draw_zeros(base)
+    if label in ROUTER_STD:
+        _draw_routers(base, ROUTER_STD[label])
     model = FastModel.get_peft_model(base, r=8, lora_alpha=16, use_gradient_checkpointing=False)
     return train_on_chats(model, tokenizer, steps=steps, lr=1e-2), tokenizer
 
@@ -289,6 +341,37 @@ def _draw_zeros(model, std: float = 0.5) -> None:
     for name, p in model.named_parameters():
         if not p.any() or name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen) * std)
+    for name, b in model.named_buffers():  # DeepSeek-V3 / GLM-4.5's selection bias (exp_probs_b) starts at zero
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
+
+
+_ROUTER = re.compile(r".*\.(mlp\.gate|block_sparse_moe\.router)\.weight")
+
+
+@torch.no_grad()
+def _draw_routers(model, std: float) -> None:
+    """Router weights drawn at ``std``: clear top-k choices that spread tokens over the experts."""
+    gen = torch.Generator().manual_seed(2)
+    for name, p in model.named_parameters():
+        if _ROUTER.fullmatch(name):
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+@torch.no_grad()
+def expert_spread(model, tokenizer) -> list[int]:
+    """How many distinct experts each MoE layer picks over the chat corpus (the experts modules' ``top_k_index``)."""
+    seen: dict[str, set] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: seen.setdefault(name, set()).update(
+        args[1].flatten().tolist())) for name, m in model.named_modules() if type(m).__name__.endswith("Experts")
+        and hasattr(m, "gate_up_proj")]
+    try:
+        for text in texts(tokenizer)[: len(CHATS)]:
+            model(input_ids=torch.tensor([hf_ids(tokenizer, text)]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return [len(v) for v in seen.values()]
 
 
 def expected_pre(label: str) -> str:

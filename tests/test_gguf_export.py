@@ -262,8 +262,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(FastkitError, match="quantization='q5_k'"):
         write_gguf(model, tok, out, quantization="q5_k")
-    with pytest.raises(FastkitError, match="'olmoe' has no GGUF mapping"):
-        write_gguf(twin("olmoe"), tok, out)
+    with pytest.raises(FastkitError, match="'dbrx' has no GGUF mapping"):
+        write_gguf(twin("dbrx"), tok, out)
     with pytest.raises(FastkitError, match="never renormalizes"):  # llama.cpp's qwen2moe routing differs
         write_gguf(twin("qwen2_moe", norm_topk_prob=True), tok, out)
     with pytest.raises(FastkitError, match="dense layers"):
@@ -525,3 +525,20 @@ def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
     with pytest.raises(FastkitError, match="gate_up_proj reads back"):
         save_verified(model, tok, tmp_path / "bad", quantization="q8_0")
     assert not (tmp_path / "bad").exists()
+
+
+def test_minimax_m2_reads_back_in_transformers(tmp_path):
+    """MiniMax-M2 (llama.cpp's minimax-m2; transformers' GGUF reader has it): save_gguf's read-back passes in f16 and
+    q8_0, and the f16 file reloads to the model's logits, its router's selection bias (exp_probs_b) included."""
+    from fastkit.export import save_gguf as save_verified
+    from tests import gguf_round_trip as rt
+
+    model, tok = rt.twin_model("minimax_m2 (gpt-2)", steps=2)
+    assert os.path.exists(save_verified(model, tok, tmp_path / "q8", quantization="q8_0"))
+    path = save_verified(model, tok, tmp_path / "f16", quantization="f16")
+    back = _load(path, model.config)
+    name = "model.layers.1.mlp.e_score_correction_bias"
+    assert back.get_buffer(name).abs().max() > 0
+    assert torch.equal(back.get_buffer(name), model.base_model.model.get_buffer(name))
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=_x()).logits, model(input_ids=_x()).logits, rtol=0, atol=2e-3)

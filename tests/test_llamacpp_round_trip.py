@@ -60,6 +60,8 @@ def _assert_reproduced(row: rt.Row, exact: bool = True) -> None:
 @pytest.mark.parametrize("label", list(rt.TWINS))
 def test_every_family_reproduces_in_llama_cpp(tmp_path, label):
     model, tok = rt.twin_model(label)
+    if label in rt.ROUTER_STD:  # tokens spread over the experts: a wrong expert layout cannot pass
+        assert min(rt.expert_spread(model, tok)) >= 4, rt.expert_spread(model, tok)
     for quantization in ("f16", "q8_0"):
         path = write_gguf(model, tok, tmp_path / quantization, quantization=quantization)
         row = rt.check(path, model, tok, label, quantization, rt.extra_texts(label, tok))

@@ -16,15 +16,17 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
-gate too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
-(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
-experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
-Not supported (a FastkitError says so before writing): olmoe,
-deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
-(llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
-shorter than the context where llama.cpp's graph has none, whatever else a family's graph hard-codes
-differently (activation, soft-caps, query scale, tied head, SwiGLU clamp), and tokenizers llama.cpp would
-split or merge differently or cannot load (:mod:`fastkit.export.gguf_vocab`, :mod:`fastkit.export.gguf_spm`).
+gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
+granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2); how each differs
+from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
+router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
+Quantization names: :data:`QUANTS`.
+Not supported (a FastkitError says so before writing): families without ``gguf_arch``, qwen2_moe with dense
+layers or renormalized top-k (llama.cpp's qwen2moe has neither), rope types the family's graph does not
+compute, a sliding window shorter than the context where llama.cpp's graph has none, whatever else a family's
+graph hard-codes differently (activation, soft-caps, query scale, tied head, SwiGLU clamp, expert groups scored
+otherwise, MLA with biases), and tokenizers llama.cpp would split or merge differently or cannot load
+(:mod:`fastkit.export.gguf_vocab`, :mod:`fastkit.export.gguf_spm`).
 
 4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
 file, one tensor at a time; a MoE file missing any layer's experts is refused. ``q4_k_m`` / ``q5_k_m`` /
@@ -52,6 +54,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
+from fastkit.export import gguf_moe
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
@@ -128,6 +131,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     rules = registry.MODEL_TABLE[model_type].gguf
     _check_rope(config, model_type, rules)
     _check_moe(config, model_type, rules)
+    gguf_moe.check_family(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -149,7 +153,7 @@ def _check_moe(config, model_type: str, rules: registry.GGUFRules) -> None:
     """Router and expert rules llama.cpp's MoE graph for the family hard-codes (the row's GGUFRules)."""
     arch = _arch(model_type)
     renorm = getattr(config, "norm_topk_prob", rules.router_renorm == "always")
-    if rules.router_renorm != "either" and bool(renorm) != (rules.router_renorm == "always"):
+    if rules.router_renorm not in ("either", "config") and bool(renorm) != (rules.router_renorm == "always"):
         raise FastkitError(f"save_gguf: llama.cpp's {arch} {rules.router_renorm} renormalizes the top-k router "
                            f"weights, but config.norm_topk_prob is {renorm}; this model cannot be expressed in GGUF "
                            "as is.")
@@ -421,11 +425,14 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     qt = _qtype(quantization)
     rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
-    for hf_name, load, shape in merged_parameters(model):
+    for hf_name, load, shape in merged_parameters(model) + gguf_moe.buffer_tensors(model, rules):
+        hf_name = gguf_moe.renamed(_clean(hf_name), rules)  # buffers come with their PEFT-wrapped names
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
             pieces = _expert_pieces(f"blk.{m[1]}", m[2], bool(m[3]), shape, rules.experts)
+        elif split := gguf_moe.split_pieces(hf_name, config, rules):  # MLA's kv_b_proj, fused halves
+            pieces = split
         elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
             unmapped.append(hf_name)
             continue
@@ -483,7 +490,8 @@ def _check_experts(entries: list[_Entry], config) -> None:
     if not num_experts(config):
         return
     names = {e.name for e in entries}
-    missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(config.num_hidden_layers)
+    first = gguf_moe.dense_lead(config, registry.MODEL_TABLE[config.model_type].gguf)  # dense-MLP layers first
+    missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(first, config.num_hidden_layers)
                for kind in ("gate", "up", "down") if f"blk.{i}.ffn_{kind}_exps.weight" not in names]
     if missing:
         raise FastkitError(f"save_gguf: expert tensors {missing[:3]} ({len(missing)} in all) were not found in the "
@@ -553,18 +561,21 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rope, sliding_rope = _rope(config, rules)
     partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    kv_heads, key_length, value_length, rope_dim = gguf_moe.head_lengths(config, rules, head_dim,
+                                                                         int(head_dim * partial))  # MLA: the latent's
     writer.add_name(_general_name(name))
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
+    if getattr(config, "intermediate_size", None):  # None where every layer is MoE (Solar Open)
+        writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(int(head_dim * partial))
+    writer.add_key_length(key_length)
+    writer.add_value_length(value_length)
+    writer.add_rope_dimension_count(rope_dim)
     writer.add_vocab_size(config.vocab_size)
     if rope.get("rope_type") == "linear":  # llama.cpp: the full layers' scale; the windowed ones keep 1
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -585,6 +596,7 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
                                               config.intermediate_size)
     if rules.shared_expert:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    gguf_moe.add_kv(writer, config, rules)
     writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
