@@ -42,8 +42,9 @@ class GGUFRules:
     norm_shift: float = 0.0
     """Added to every RMSNorm weight (names ending ``norm.weight``): Gemma's norms compute ``x·(1 + w)``, llama.cpp's
     ``x·w``."""
-    activation: str = "silu"
-    """The MLP activation llama.cpp's graph applies (``config.hidden_activation`` / ``hidden_act``); others refused."""
+    activation: str | None = "silu"
+    """The MLP activation llama.cpp's graph applies (``config.hidden_activation`` / ``hidden_act``); others refused.
+    None: the config names none (LFM2: SiLU on both sides, hard-coded)."""
     attn_softcap: str = "none"
     """Attention-logit soft-capping: ``"none"`` (llama.cpp has none: a configured cap is refused), ``"required"``
     (llama.cpp always caps: written, a missing cap refused)."""
@@ -131,6 +132,17 @@ class GGUFRules:
     fixed: tuple[tuple[str, Any], ...] = ()
     """``(config attribute, the only value llama.cpp's graph computes)``: a config with another value is refused
     naming the key (OLMoE's ``clip_qkv`` None: olmoe.cpp does not clamp; DeepSeek's biases off)."""
+    # hybrid families (gguf-hybrid): read by fastkit/export/gguf_hybrid.py
+    eps_attr: str = "rms_norm_eps"
+    """Config attribute of the RMSNorm epsilon, written as ``attention.layer_norm_rms_epsilon`` (LFM2: ``norm_eps``)."""
+    kv_heads_by_layer: tuple[str, str] = ()
+    """``(config attribute listing each layer's kind, the kind that has attention)``: ``head_count_kv`` written per
+    layer, 0 for the others, which is how llama.cpp marks a layer recurrent (src/models/lfm2.cpp ``load_arch_hparams``:
+    ``is_recr_impl[il] = n_head_kv(il) == 0``; LFM2's ``layer_types``, ``"full_attention"`` vs ``"conv"``)."""
+    ffn_auto_adjust: bool = False
+    """The MLP width is not ``intermediate_size`` but Lfm2MLP's (``block_auto_adjust_ff_dim``: 2/3 of it, times
+    ``block_ffn_dim_multiplier`` rounded up to ``block_multiple_of``), written as ``feed_forward_length`` (llama.cpp
+    reads ``n_ff`` for its dense ``ffn_gate/up/down``)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -191,6 +203,9 @@ class ModelFacts:
     """llama.cpp's architecture name, where ``save_gguf`` writes (and a round trip tests) this family."""
     gguf: GGUFRules = field(default_factory=GGUFRules)
     """How this family's tensors and metadata differ from llama.cpp's ``gguf_arch`` graph (read by ``save_gguf``)."""
+    gguf_refusal: str = ""
+    """Why ``save_gguf`` does not write this family yet where llama.cpp has an architecture for it (said in the
+    refusal); empty: no reason beyond "no GGUF mapping"."""
     twin: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.families.twins`)."""
     twin_layer_pattern: tuple[str, ...] = ()
@@ -384,40 +399,61 @@ _LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_di
 _MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 _ATTN_MLP_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
+_NOT_YET = "llama.cpp's {arch} runs it; fastkit does not write its {what} yet"
+"""Why a hybrid family llama.cpp runs is still refused (``ModelFacts.gguf_refusal``)."""
+_LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
+                       ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
+                       fixed=(("conv_bias", False),))
+"""LFM2 as llama.cpp's lfm2 (src/models/lfm2.cpp): conv layers are those with 0 KV heads; the conv's kernel length
+(``conv_L_cache``) as ``shortconv.l_cache``; no biases in the conv block (its graph has none)."""
 MODEL_TABLE.update({f.model_type: f for f in [
-    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
+    ModelFacts("qwen3_5_text", gguf_refusal=_NOT_YET.format(arch="qwen35", what="gated DeltaNet layers"),
+               stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
                twin=dict(_ATTN, **_LIN, intermediate_size=128)),
-    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
+    ModelFacts("qwen3_5_moe_text", gguf_refusal=_NOT_YET.format(arch="qwen35moe", what="gated DeltaNet layers"),
+               stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
-    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
+    ModelFacts("qwen3_next",
+               gguf_refusal=_NOT_YET.format(arch="qwen3next", what="gated DeltaNet layers, gated attention"),
+               stateful=("Qwen3NextGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32)),
     ModelFacts("lfm2", stateful=("Lfm2ShortConv",), varlen="short_conv", note=_CONV,
+               gguf_arch="lfm2", gguf=_LFM2_GGUF,  # src/models/lfm2.cpp: short conv (B·x, conv, C·) + attention
                twin=dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3)),
-    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
+    ModelFacts("lfm2_moe", gguf_refusal=_NOT_YET.format(arch="lfm2moe", what="experts beside short convs"),
+               stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
                twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
                          layer_types=["conv", "full_attention"])),
-    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("falcon_h1",
+               gguf_refusal=_NOT_YET.format(arch="falcon-h1", what="parallel Mamba2 + attention, multipliers"),
+               stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
                default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
                          mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
-    ModelFacts("jamba", stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
+    ModelFacts("jamba", gguf_refusal=_NOT_YET.format(arch="jamba", what="Mamba layers"),
+               stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
                          expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
                          mamba_d_state=8, mamba_dt_rank=8)),
-    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
+    ModelFacts("granitemoehybrid", gguf_refusal=_NOT_YET.format(arch="granitehybrid", what="Mamba2 layers"),
+               stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
                          num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
-    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("nemotron_h", gguf_refusal=_NOT_YET.format(arch="nemotron_h", what="Mamba2 layers"),
+               stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
                default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
                          mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8)),
-    ModelFacts("bamba", stateful=("BambaMixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("bamba", gguf_refusal=_NOT_YET.format(arch="granitehybrid", what="Mamba2 layers"),
+               stateful=("BambaMixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1])),
-    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("zamba2", gguf_refusal="llama.cpp has no architecture for Zamba2",
+               stateful=("Zamba2MambaMixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
                          mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
                          attention_head_dim=32)),
-    ModelFacts("kimi_linear", stateful=("KimiLinearDeltaAttention",), moe=True, mla=True,
+    ModelFacts("kimi_linear", gguf_refusal=_NOT_YET.format(arch="kimi-linear", what="Kimi delta attention"),
+               stateful=("KimiLinearDeltaAttention",), moe=True, mla=True,
                note="Kimi delta attention (causal convs + chunked delta-rule state) restarts per document",
                twin=dict(_ATTN, **_MOE4, num_key_value_heads=4, intermediate_size=128,  # MLA: kv heads = heads
                          layer_types=["linear_attention", "full_attention"],

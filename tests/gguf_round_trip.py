@@ -292,6 +292,13 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
+    # Hybrid families (gguf-hybrid): recurrent layers beside attention. Their real tokenizers' pre-tokenizers (lfm2,
+    # qwen35) are not all among those fastkit writes: these twins carry GPT-2's split. Every chat is longer than the
+    # recurrent layers' reach, so a state carried wrong (conv taps reversed, a layer's kind) shows in the logits.
+    # LFM2: conv / attention / conv / attention (layers of 0 KV heads are llama.cpp's conv layers), conv kernel 3, q/k
+    # norms, the MLP's auto-adjusted width (2/3 of intermediate_size, rounded up to 256).
+    "lfm2 (gpt-2)": ("lfm2", {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
+                                                                      "full_attention"]}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",

@@ -17,7 +17,8 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
-granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2); how each differs
+granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2), and the hybrid
+families of :mod:`fastkit.export.gguf_hybrid` (lfm2); how each differs
 from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
 router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
 Quantization names: :data:`QUANTS`.
@@ -54,7 +55,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.export import gguf_moe
+from fastkit.export import gguf_hybrid, gguf_moe
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
@@ -101,7 +102,7 @@ WRITTEN = tuple(q for q, spec in QUANTS.items() if spec.llama_ftype is None)
 """Quantizations fastkit writes itself (pure Python, gguf-py)."""
 LLAMA_CPP_QUANTS = {q: spec.llama_ftype for q, spec in QUANTS.items() if spec.llama_ftype is not None}
 """Quantizations made by llama.cpp's own quantizer (value: its ``llama_ftype``)."""
-_F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
+_F32_PARTS = ("ffn_gate_inp", *gguf_hybrid.CONV_KERNELS)  # routers, conv kernels: f32, as llama.cpp keeps them
 _SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
 
 
@@ -125,7 +126,9 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     model_type = getattr(config, "model_type", None)
     archs = registry.gguf_archs()
     if model_type not in archs:
-        raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here (supported: "
+        facts = registry.facts_for(model_type)
+        why = f" ({facts.gguf_refusal})" if facts is not None and facts.gguf_refusal else ""
+        raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here{why} (supported: "
                            f"{', '.join(archs)}); export with save_merged and convert with llama.cpp's "
                            "convert_hf_to_gguf.py.")
     rules = registry.MODEL_TABLE[model_type].gguf
@@ -446,6 +449,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
                 fn = _permute(heads)
             elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
                 fn = _flat
+            else:
+                fn = gguf_hybrid.transform(gname)  # recurrent layers' tensors (conv kernels squeezed)
             pieces = [(full, fn)]
         for gguf_name, fn in pieces:
             out_shape = tuple(fn(torch.empty(shape, device="meta")).shape if fn else shape)
@@ -567,12 +572,12 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
-    if getattr(config, "intermediate_size", None):  # None where every layer is MoE (Solar Open)
-        writer.add_feed_forward_length(config.intermediate_size)
+    if ffn := gguf_hybrid.ffn_length(config, rules):  # None where every layer is MoE (Solar Open)
+        writer.add_feed_forward_length(ffn)
     writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv(gguf_hybrid.kv_heads(config, rules, kv_heads))  # per layer: 0 on recurrent ones
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_layer_norm_rms_eps(getattr(config, rules.eps_attr))
     writer.add_key_length(key_length)
     writer.add_value_length(value_length)
     writer.add_rope_dimension_count(rope_dim)

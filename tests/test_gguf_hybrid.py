@@ -1,0 +1,87 @@
+"""save_gguf for the hybrid families (recurrent layers beside attention; fastkit/export/gguf_hybrid.py): the file's
+tensors and metadata as llama.cpp's graphs read them, what those graphs cannot compute refused before anything is
+written, and the hybrid families not written yet refused naming why. The real llama.cpp round trip of each family
+written is its row in tests/test_llamacpp_round_trip.py (tests/gguf_round_trip.py TWINS).
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+from fastkit import FastkitError, registry
+from fastkit.export.gguf import merged_parameters, write_gguf
+from fastkit.families.twins import twin, twin_bpe_tokenizer
+from tests import gguf_round_trip as rt
+
+LFM2 = "lfm2 (gpt-2)"
+
+
+def _reader(path: str):
+    return gguf.GGUFReader(path)
+
+
+def _field(reader, key: str):
+    f = reader.fields[key]
+    values = [f.parts[i].tolist() for i in f.data]
+    return [v[0] for v in values] if len(values) > 1 or key.endswith("head_count_kv") else values[0][0]
+
+
+def _lfm2():
+    model_type, overrides, _ = rt.TWINS[LFM2]
+    return twin(model_type, **overrides).eval()
+
+
+@pytest.mark.parametrize("quantization", ["f16", "q8_0"])
+def test_lfm2_layout(tmp_path, quantization):
+    """Conv layers carry 0 KV heads (llama.cpp's mark of a recurrent layer); the conv kernel (C, 1, K) is written
+    (C, K) in f32 and bit-exact in every quantization; the MLP's adjusted width and the kernel length are stated."""
+    model = _lfm2()
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization=quantization))
+    arch = registry.MODEL_TABLE["lfm2"].gguf_arch
+    kinds = config.layer_types
+    assert "conv" in kinds and "full_attention" in kinds
+    assert _field(reader, f"{arch}.attention.head_count_kv") == [
+        config.num_key_value_heads if k == "full_attention" else 0 for k in kinds]
+    assert _field(reader, f"{arch}.shortconv.l_cache") == config.conv_L_cache
+    assert _field(reader, f"{arch}.feed_forward_length") == model.model.layers[0].feed_forward.w1.out_features
+    assert _field(reader, f"{arch}.feed_forward_length") != config.intermediate_size  # the adjusted width bites
+    assert abs(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon") - config.norm_eps) < 1e-12
+    tensors = {t.name: t for t in reader.tensors}
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    for i, kind in enumerate(kinds):
+        conv = f"blk.{i}.shortconv.conv.weight"
+        assert (conv in tensors) == (kind == "conv")
+        assert (f"blk.{i}.attn_q.weight" in tensors) == (kind == "full_attention")
+        if kind == "conv":
+            t = tensors[conv]
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32
+            want = merged[f"model.layers.{i}.conv.conv.weight"]  # (C, 1, K)
+            assert torch.equal(torch.from_numpy(t.data.copy()), want[:, 0, :])  # (C, K), taps in order
+
+
+def test_lfm2_conv_bias_refused(tmp_path):
+    """llama.cpp's lfm2 conv block has no biases: a conv_bias model is refused naming the key, nothing written."""
+    model_type, overrides, _ = rt.TWINS[LFM2]
+    model = twin(model_type, **overrides, conv_bias=True)
+    with pytest.raises(FastkitError, match="conv_bias"):
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert not (tmp_path / "out").exists()
+
+
+NOT_WRITTEN = [t for t, f in registry.MODEL_TABLE.items() if f.stateful and not f.gguf_arch]
+"""Hybrid families the table has with no GGUF layout yet."""
+
+
+@pytest.mark.parametrize("model_type", NOT_WRITTEN)
+def test_unwritten_hybrids_refused_with_reason(tmp_path, model_type):
+    """Each hybrid family not written is refused before anything is written, with its row's reason
+    (``ModelFacts.gguf_refusal``) where llama.cpp has an architecture for it."""
+    model = twin(model_type)
+    reason = registry.MODEL_TABLE[model_type].gguf_refusal
+    with pytest.raises(FastkitError, match="no GGUF mapping") as err:
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert reason in str(err.value)
+    assert not (tmp_path / "out").exists()
