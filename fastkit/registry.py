@@ -139,6 +139,20 @@ class GGUFRules:
     """``(config attribute listing each layer's kind, the kind that has attention)``: ``head_count_kv`` written per
     layer, 0 for the others, which is how llama.cpp marks a layer recurrent (src/models/lfm2.cpp ``load_arch_hparams``:
     ``is_recr_impl[il] = n_head_kv(il) == 0``; LFM2's ``layer_types``, ``"full_attention"`` vs ``"conv"``)."""
+    recurrent_layers: tuple[str, str] = ()
+    """``(config attribute listing each layer's kind, the recurrent kind)``: written as the per-layer bool array
+    ``attention.recurrent_layers`` (src/models/qwen3next.cpp ``load_arch_hparams``; without it llama.cpp assumes
+    every 4th layer attention, ``full_attention_interval``). Qwen3-Next's ``layer_types``, ``"linear_attention"``."""
+    gated_delta: bool = False
+    """Gated DeltaNet layers (``linear_attn``) as src/models/qwen3next.cpp reads them, as its converter writes them:
+    ``in_proj_qkvz`` (per key head ``[q, k, v, z]``) split into ``attn_qkv`` (all q, all k, all v) and ``attn_gate``
+    (z); ``in_proj_ba`` as ``ssm_ba``; the conv kernel ``(C, K)``; ``dt_bias`` as ``ssm_dt.bias``; ``A_log`` as
+    ``ssm_a = -exp(A_log)``; the gated norm as ``ssm_norm`` (plain weight: no ``norm_shift``); ``out_proj`` as
+    ``ssm_out``; and the SSM sizes (conv kernel, key head dim as state size, key heads as groups, value heads as
+    time-step rank, value width as inner size)."""
+    same: tuple[tuple[str, str], ...] = ()
+    """``(config attribute, config attribute)`` pairs llama.cpp's graph takes as equal (Qwen3-Next: the linear
+    attention's key and value head dims, both read from ``ssm.state_size``); a config where they differ is refused."""
     ffn_auto_adjust: bool = False
     """The MLP width is not ``intermediate_size`` but Lfm2MLP's (``block_auto_adjust_ff_dim``: 2/3 of it, times
     ``block_ffn_dim_multiplier`` rounded up to ``block_multiple_of``), written as ``feed_forward_length`` (llama.cpp
@@ -401,6 +415,13 @@ _ATTN_MLP_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
 _NOT_YET = "llama.cpp's {arch} runs it; fastkit does not write its {what} yet"
 """Why a hybrid family llama.cpp runs is still refused (``ModelFacts.gguf_refusal``)."""
+_QWEN3_NEXT_GGUF = GGUFRules(norm_shift=1.0, reader=False, router_renorm="always", experts_every_layer=True,
+                             shared_expert=True, gated_delta=True, recurrent_layers=("layer_types", "linear_attention"),
+                             same=(("linear_key_head_dim", "linear_value_head_dim"),),
+                             fixed=(("attention_bias", False),))
+"""Qwen3-Next as llama.cpp's qwen3next (src/models/qwen3next.cpp): norms x·(1 + w) but the DeltaNet's gated norm,
+gated attention (q_proj's per-head [query, gate] halves, as llama.cpp splits them), softmax top-k renormalized, a
+shared expert with its sigmoid gate, every layer MoE."""
 _LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
                        ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
                        fixed=(("conv_bias", False),))
@@ -413,8 +434,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
     ModelFacts("qwen3_5_moe_text", gguf_refusal=_NOT_YET.format(arch="qwen35moe", what="gated DeltaNet layers"),
                stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
-    ModelFacts("qwen3_next",
-               gguf_refusal=_NOT_YET.format(arch="qwen3next", what="gated DeltaNet layers, gated attention"),
+    ModelFacts("qwen3_next", gguf_arch="qwen3next", gguf=_QWEN3_NEXT_GGUF,
                stateful=("Qwen3NextGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32)),
     ModelFacts("lfm2", stateful=("Lfm2ShortConv",), varlen="short_conv", note=_CONV,

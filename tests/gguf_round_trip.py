@@ -299,11 +299,17 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # norms, the MLP's auto-adjusted width (2/3 of intermediate_size, rounded up to 256).
     "lfm2 (gpt-2)": ("lfm2", {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
                                                                       "full_attention"]}, "gpt-2"),
+    # Qwen3-Next: gated DeltaNet / gated attention alternating (not llama.cpp's default of every 4th layer attention), 2
+    # key heads for 4 value heads, norms x·(1+w) drawn away from 0, partial rotary 0.25, 4 experts top-2 renormalized,
+    # a shared expert with its sigmoid gate.
+    "qwen3_next (gpt-2)": ("qwen3_next", {"num_hidden_layers": 4, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "full_attention"]}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
                                                                     "glm4_moe", "solar_open", "minimax_m2")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
+ROUTER_STD["qwen3_next (gpt-2)"] = 1.0  # gguf-hybrid
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 

@@ -71,6 +71,60 @@ def test_lfm2_conv_bias_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+QWEN3_NEXT = "qwen3_next (gpt-2)"
+
+
+@pytest.mark.parametrize("quantization", ["f16", "q8_0"])
+def test_qwen3_next_layout(tmp_path, quantization):
+    """Gated DeltaNet as llama.cpp's converter writes it: in_proj_qkvz (per key head [q, k, v, z]) as attn_qkv (all q,
+    all k, all v) + attn_gate (z); A_log as ssm_a = -exp(A_log), conv kernel (C, K), dt bias and gated norm (no +1)
+    in f32 in every quantization; the recurrent layers as a per-layer bool array; the SSM sizes."""
+    model_type, overrides, _ = rt.TWINS[QWEN3_NEXT]
+    model = twin(model_type, **overrides).eval()
+    rt._draw_zeros(model)
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization=quantization))
+    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    recurrent = reader.fields[f"{arch}.attention.recurrent_layers"]
+    assert [bool(recurrent.parts[i][0]) for i in recurrent.data] == [k == "linear_attention"
+                                                                     for k in config.layer_types]
+    assert _field(reader, f"{arch}.ssm.group_count") == config.linear_num_key_heads
+    assert _field(reader, f"{arch}.ssm.time_step_rank") == config.linear_num_value_heads
+    assert _field(reader, f"{arch}.ssm.conv_kernel") == config.linear_conv_kernel_dim
+    tensors = {t.name: t for t in reader.tensors}
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    nk, hk = config.linear_num_key_heads, config.linear_key_head_dim
+    rv = config.linear_num_value_heads // nk * config.linear_value_head_dim
+    f32 = gguf.GGMLQuantizationType.F32
+    for i, kind in enumerate(config.layer_types):
+        assert (f"blk.{i}.ssm_a" in tensors) == (kind == "linear_attention")
+        if kind != "linear_attention":
+            continue
+        stem = f"model.layers.{i}.linear_attn"
+        for name, want in ((f"blk.{i}.ssm_a", -torch.exp(merged[f"{stem}.A_log"])),
+                           (f"blk.{i}.ssm_dt.bias", merged[f"{stem}.dt_bias"]),
+                           (f"blk.{i}.ssm_norm.weight", merged[f"{stem}.norm.weight"]),
+                           (f"blk.{i}.ssm_conv1d.weight", merged[f"{stem}.conv1d.weight"][:, 0, :])):
+            assert tensors[name].tensor_type == f32, name
+            assert torch.equal(torch.from_numpy(tensors[name].data.copy()), want), name
+        if quantization == "f16":
+            fused = merged[f"{stem}.in_proj_qkvz.weight"].reshape(nk, 2 * hk + 2 * rv, -1)  # per key head q k v z
+            q, k, v, z = (t.reshape(-1, fused.shape[-1]) for t in fused.split([hk, hk, rv, rv], dim=1))
+            got = torch.from_numpy(tensors[f"blk.{i}.attn_qkv.weight"].data.copy()).float()
+            assert torch.equal(got, torch.cat([q, k, v]).half().float())
+            got = torch.from_numpy(tensors[f"blk.{i}.attn_gate.weight"].data.copy()).float()
+            assert torch.equal(got, z.half().float())
+
+
+def test_qwen3_next_unequal_head_dims_refused(tmp_path):
+    """llama.cpp's qwen3next reads the DeltaNet's key and value head dims from one key: unequal ones are refused."""
+    model_type, overrides, _ = rt.TWINS[QWEN3_NEXT]
+    model = twin(model_type, **overrides, linear_value_head_dim=32)
+    with pytest.raises(FastkitError, match="linear_value_head_dim"):
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert not (tmp_path / "out").exists()
+
+
 NOT_WRITTEN = [t for t, f in registry.MODEL_TABLE.items() if f.stateful and not f.gguf_arch]
 """Hybrid families the table has with no GGUF layout yet."""
 

@@ -18,7 +18,7 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
 granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2), and the hybrid
-families of :mod:`fastkit.export.gguf_hybrid` (lfm2); how each differs
+families of :mod:`fastkit.export.gguf_hybrid` (lfm2, qwen3_next); how each differs
 from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
 router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
 Quantization names: :data:`QUANTS`.
@@ -135,6 +135,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     _check_rope(config, model_type, rules)
     _check_moe(config, model_type, rules)
     gguf_moe.check_family(config, model_type, rules)
+    gguf_hybrid.check(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -434,7 +435,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
             pieces = _expert_pieces(f"blk.{m[1]}", m[2], bool(m[3]), shape, rules.experts)
-        elif split := gguf_moe.split_pieces(hf_name, config, rules):  # MLA's kv_b_proj, fused halves
+        elif split := (gguf_moe.split_pieces(hf_name, config, rules)  # MLA's kv_b_proj, fused halves
+                       or gguf_hybrid.pieces(hf_name, config, rules)):  # gated DeltaNet tensors
             pieces = split
         elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
             unmapped.append(hf_name)
@@ -521,7 +523,7 @@ def llama3_rope_factors(config) -> torch.Tensor:
 def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt):
     import gguf
 
-    if len(shape) == 1 or name.endswith(".bias") or any(part in name for part in _F32_PARTS):
+    if len(shape) == 1 or not name.endswith(".weight") or any(part in name for part in _F32_PARTS):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
         qt = _qtype("q8_0")  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
@@ -602,6 +604,7 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     if rules.shared_expert:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     gguf_moe.add_kv(writer, config, rules)
+    gguf_hybrid.add_kv(writer, config, _arch(model_type), rules)
     writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 

@@ -1,20 +1,23 @@
 """GGUF rules of the hybrid families, whose recurrent layers (short convolutions, SSM / linear-attention state)
-sit beside attention layers: LFM2 (llama.cpp's ``lfm2``). Each rule is a field of the family's
+sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions) and Qwen3-Next (``qwen3next``: gated
+DeltaNet, gated attention, MoE). Each rule is a field of the family's
 :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
 writes a file.
 
-What must not change: llama.cpp (src/models/lfm2.cpp) reproduces the transformers model's tokens, greedy text and
-logits from the file (tests/test_llamacpp_round_trip.py), with prompts long enough that the recurrent state carries
-across many tokens, and what it cannot compute is refused before anything is written.
+What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp) reproduces the transformers model's tokens,
+greedy text and logits from the file (tests/test_llamacpp_round_trip.py), with prompts long enough that the
+recurrent state carries across many tokens, and what it cannot compute is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
 
 from fastkit import registry
+from fastkit.errors import FastkitError
 
 CONV_KERNELS = ("shortconv.conv", "ssm_conv1d")
 """llama.cpp tensors of a depthwise causal convolution: ``ggml_ssm_conv`` reads them as ``(channels, kernel)`` in
@@ -55,4 +58,69 @@ def ffn_length(config, rules: registry.GGUFRules) -> int | None:
     return size
 
 
-__all__ = ["CONV_KERNELS", "ffn_length", "kv_heads", "transform"]
+def check(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """What the family's llama.cpp graph takes as equal (:attr:`GGUFRules.same`), refused before any work."""
+    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    for a, b in rules.same:
+        if getattr(config, a) != getattr(config, b):
+            raise FastkitError(f"save_gguf: {model_type} with config.{a}={getattr(config, a)} and config.{b}="
+                               f"{getattr(config, b)}: llama.cpp's {arch} graph reads both from one value; this model "
+                               "cannot be expressed in GGUF as is.")
+
+
+def add_kv(writer, config, arch: str, rules: registry.GGUFRules) -> None:
+    """The recurrent layers' hyperparameters the family's llama.cpp graph reads."""
+    if rules.recurrent_layers:
+        attr, recurrent = rules.recurrent_layers
+        writer.add_array(f"{arch}.attention.recurrent_layers", [kind == recurrent for kind in getattr(config, attr)])
+    if rules.gated_delta:
+        writer.add_ssm_conv_kernel(int(config.linear_conv_kernel_dim))
+        writer.add_ssm_state_size(int(config.linear_key_head_dim))
+        writer.add_ssm_group_count(int(config.linear_num_key_heads))
+        writer.add_ssm_time_step_rank(int(config.linear_num_value_heads))
+        writer.add_ssm_inner_size(int(config.linear_value_head_dim * config.linear_num_value_heads))
+
+
+def _neg_exp(w: torch.Tensor) -> torch.Tensor:
+    return -torch.exp(w)  # A_log -> A (the decay rate llama.cpp multiplies by)
+
+
+def _qkvz(config) -> tuple[Callable, Callable]:
+    """``in_proj_qkvz`` ``(Nk·(2·hk + 2·r·hv), H)``, per key head ``[q, k, v, z]`` -> ``attn_qkv`` (every head's q,
+    then k, then v) and ``attn_gate`` (z), as llama.cpp's converter reorders it."""
+    nk, hk = config.linear_num_key_heads, config.linear_key_head_dim
+    rv = config.linear_num_value_heads // nk * config.linear_value_head_dim  # value width per key head
+
+    def parts(w: torch.Tensor) -> list[torch.Tensor]:
+        per_head = w.reshape(nk, 2 * hk + 2 * rv, w.shape[-1])  # (Nk, 2hk + 2rv, H)
+        return list(per_head.split([hk, hk, rv, rv], dim=1))  # q, k (Nk, hk, H); v, z (Nk, rv, H)
+
+    def qkv(w: torch.Tensor) -> torch.Tensor:
+        q, k, v, _ = parts(w)
+        return torch.cat([t.reshape(-1, w.shape[-1]) for t in (q, k, v)])  # (Nk·(2hk + rv), H)
+
+    def z(w: torch.Tensor) -> torch.Tensor:
+        return parts(w)[3].reshape(-1, w.shape[-1]).contiguous()  # (Nk·rv, H)
+
+    return qkv, z
+
+
+def pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, Callable | None]]:
+    """llama.cpp tensors of one gated DeltaNet tensor (:attr:`GGUFRules.gated_delta`); ``[]`` for any other."""
+    m = re.fullmatch(r".*\.layers\.(\d+)\.linear_attn\.(.+)", hf_name)
+    if m is None or not rules.gated_delta:
+        return []
+    blk, leaf = f"blk.{m[1]}", m[2]
+    if leaf == "in_proj_qkvz.weight":
+        qkv, z = _qkvz(config)
+        return [(f"{blk}.attn_qkv.weight", qkv), (f"{blk}.attn_gate.weight", z)]
+    plain = {"in_proj_ba.weight": ("ssm_ba.weight", None), "conv1d.weight": ("ssm_conv1d.weight", _squeeze_conv),
+             "dt_bias": ("ssm_dt.bias", None), "A_log": ("ssm_a", _neg_exp),
+             "norm.weight": ("ssm_norm.weight", None), "out_proj.weight": ("ssm_out.weight", None)}
+    if leaf not in plain:
+        return []
+    name, fn = plain[leaf]
+    return [(f"{blk}.{name}", fn)]
+
+
+__all__ = ["CONV_KERNELS", "add_kv", "check", "ffn_length", "kv_heads", "pieces", "transform"]
