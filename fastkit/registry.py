@@ -150,6 +150,13 @@ class GGUFRules:
     ``ssm_a = -exp(A_log)``; the gated norm as ``ssm_norm`` (plain weight: no ``norm_shift``); ``out_proj`` as
     ``ssm_out``; and the SSM sizes (conv kernel, key head dim as state size, key heads as groups, value heads as
     time-step rank, value width as inner size)."""
+    split_delta: bool = False
+    """Qwen3.5's gated DeltaNet (src/models/qwen35.cpp, qwen35moe.cpp; :attr:`gated_delta`'s sizes and norms):
+    separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a`` (``attn_qkv``, ``attn_gate``,
+    ``ssm_beta``, ``ssm_alpha``), with the value heads reordered from grouped by key head (``[k0: v0 v1, k1: v0 v1]``)
+    to tiled (``[k0 v0, k1 v0, k0 v1, k1 v1]``, how ggml broadcasts the key heads) in every tensor that has them:
+    qkv's and the conv's value rows, z, b, a, ``A_log``, ``dt_bias`` and ``out_proj``'s columns; rope sections
+    (``mrope_section``, llama.cpp's default [11, 11, 10]) as ``rope.dimension_sections``."""
     same: tuple[tuple[str, str], ...] = ()
     """``(config attribute, config attribute)`` pairs llama.cpp's graph takes as equal (Qwen3-Next: the linear
     attention's key and value head dims, both read from ``ssm.state_size``); a config where they differ is refused."""
@@ -422,16 +429,21 @@ _QWEN3_NEXT_GGUF = GGUFRules(norm_shift=1.0, reader=False, router_renorm="always
 """Qwen3-Next as llama.cpp's qwen3next (src/models/qwen3next.cpp): norms x·(1 + w) but the DeltaNet's gated norm,
 gated attention (q_proj's per-head [query, gate] halves, as llama.cpp splits them), softmax top-k renormalized, a
 shared expert with its sigmoid gate, every layer MoE."""
+_QWEN3_5_GGUF = dataclasses.replace(_QWEN3_NEXT_GGUF, split_delta=True, router_renorm="either",
+                                    experts_every_layer=False, shared_expert=False)
+"""Qwen3.5 (dense) as llama.cpp's qwen35: Qwen3-Next's DeltaNet with split projections and tiled value heads."""
+_QWEN3_5_MOE_GGUF = dataclasses.replace(_QWEN3_5_GGUF, experts_every_layer=True, shared_expert=True)
+"""Qwen3.5 MoE as llama.cpp's qwen35moe: top-k always renormalized (transformers' router too; no config key)."""
 _LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
                        ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
                        fixed=(("conv_bias", False),))
 """LFM2 as llama.cpp's lfm2 (src/models/lfm2.cpp): conv layers are those with 0 KV heads; the conv's kernel length
 (``conv_L_cache``) as ``shortconv.l_cache``; no biases in the conv block (its graph has none)."""
 MODEL_TABLE.update({f.model_type: f for f in [
-    ModelFacts("qwen3_5_text", gguf_refusal=_NOT_YET.format(arch="qwen35", what="gated DeltaNet layers"),
+    ModelFacts("qwen3_5_text", gguf_arch="qwen35", gguf=_QWEN3_5_GGUF,
                stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
                twin=dict(_ATTN, **_LIN, intermediate_size=128)),
-    ModelFacts("qwen3_5_moe_text", gguf_refusal=_NOT_YET.format(arch="qwen35moe", what="gated DeltaNet layers"),
+    ModelFacts("qwen3_5_moe_text", gguf_arch="qwen35moe", gguf=_QWEN3_5_MOE_GGUF,
                stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
     ModelFacts("qwen3_next", gguf_arch="qwen3next", gguf=_QWEN3_NEXT_GGUF,

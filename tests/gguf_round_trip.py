@@ -218,6 +218,10 @@ def _yarn(mscale: float) -> dict:
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale}
 
 
+_QWEN3_5 = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+                                "mrope_section": [2, 1, 1], "mrope_interleaved": True}}
+"""Qwen3.5 twins: M-RoPE sections that fit the twin's 8 rotary dims (the real [11, 11, 10] fits 64)."""
 _GEMMA = dict(_ATTN, intermediate_size=128, query_pre_attn_scalar=16, sliding_window=8)
 TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
     "llama (smollm)": ("llama", {}, "smollm"),
@@ -304,12 +308,16 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # a shared expert with its sigmoid gate.
     "qwen3_next (gpt-2)": ("qwen3_next", {"num_hidden_layers": 4, "layer_types": [
         "linear_attention", "full_attention", "linear_attention", "full_attention"]}, "gpt-2"),
+    # Qwen3.5 (dense / MoE): the same DeltaNet with split projections, value heads tiled in the file (2 key heads for 4
+    # value heads, so the order matters), interleaved M-RoPE sections (plain rope on text positions).
+    "qwen3_5_text (gpt-2)": ("qwen3_5_text", _QWEN3_5, "gpt-2"),
+    "qwen3_5_moe_text (gpt-2)": ("qwen3_5_moe_text", _QWEN3_5, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
                                                                     "glm4_moe", "solar_open", "minimax_m2")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
-ROUTER_STD["qwen3_next (gpt-2)"] = 1.0  # gguf-hybrid
+ROUTER_STD["qwen3_next (gpt-2)"] = ROUTER_STD["qwen3_5_moe_text (gpt-2)"] = 1.0  # gguf-hybrid
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 

@@ -125,6 +125,50 @@ def test_qwen3_next_unequal_head_dims_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("label", ["qwen3_5_text (gpt-2)", "qwen3_5_moe_text (gpt-2)"])
+def test_qwen3_5_value_heads_tiled(tmp_path, label):
+    """Qwen3.5's value heads, grouped by key head in transformers ([k0: v0 v1, k1: v0 v1]), are tiled in the file
+    ([k0 v0, k1 v0, k0 v1, k1 v1]) in z, b, a, A_log (as -exp), dt_bias, qkv's and the conv's value rows and out_proj's
+    columns; q / k rows untouched; the M-RoPE sections written."""
+    model_type, overrides, _ = rt.TWINS[label]
+    model = twin(model_type, **overrides).eval()
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="f16"))
+    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    assert _field(reader, f"{arch}.rope.dimension_sections") == [*overrides["rope_parameters"]["mrope_section"], 0]
+    tensors = {t.name: torch.from_numpy(t.data.copy()).float() for t in reader.tensors}
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    nk, nv, hv = config.linear_num_key_heads, config.linear_num_value_heads, config.linear_value_head_dim
+    assert nk < nv  # else tiled == grouped
+    order = torch.arange(nv).reshape(nk, nv // nk).T.reshape(-1)  # file head j holds transformers' head order[j]
+    qk = 2 * nk * config.linear_key_head_dim
+
+    def rows(w, width, skip=0):  # (skip + Nv·width, ...) -> value rows in file order
+        v = w[skip:].reshape(nv, width, *w.shape[1:])[order].reshape(w[skip:].shape)
+        return torch.cat([w[:skip], v])
+
+    stem = "model.layers.0.linear_attn"
+    f16 = lambda t: t.half().float()  # noqa: E731
+    assert torch.equal(tensors["blk.0.ssm_a"], rows(-torch.exp(merged[f"{stem}.A_log"]), 1))
+    assert torch.equal(tensors["blk.0.ssm_dt.bias"], rows(merged[f"{stem}.dt_bias"], 1))
+    assert torch.equal(tensors["blk.0.ssm_beta.weight"], f16(rows(merged[f"{stem}.in_proj_b.weight"], 1)))
+    assert torch.equal(tensors["blk.0.ssm_alpha.weight"], f16(rows(merged[f"{stem}.in_proj_a.weight"], 1)))
+    assert torch.equal(tensors["blk.0.attn_gate.weight"], f16(rows(merged[f"{stem}.in_proj_z.weight"], hv)))
+    assert torch.equal(tensors["blk.0.attn_qkv.weight"], f16(rows(merged[f"{stem}.in_proj_qkv.weight"], hv, qk)))
+    assert torch.equal(tensors["blk.0.ssm_conv1d.weight"], rows(merged[f"{stem}.conv1d.weight"][:, 0], hv, qk))
+    assert torch.equal(tensors["blk.0.ssm_out.weight"], f16(rows(merged[f"{stem}.out_proj.weight"].T, hv).T))
+
+
+def test_qwen3_5_rope_sections_beyond_rotary_refused(tmp_path):
+    """ggml's M-RoPE aborts the process when the sections exceed the rotary pairs: refused before any work."""
+    model_type, overrides, _ = rt.TWINS["qwen3_5_text (gpt-2)"]
+    rope = dict(overrides["rope_parameters"], mrope_section=[11, 11, 10])
+    model = twin(model_type, **dict(overrides, rope_parameters=rope))
+    with pytest.raises(FastkitError, match="mrope_section"):
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert not (tmp_path / "out").exists()
+
+
 NOT_WRITTEN = [t for t, f in registry.MODEL_TABLE.items() if f.stateful and not f.gguf_arch]
 """Hybrid families the table has with no GGUF layout yet."""
 

@@ -1,12 +1,13 @@
 """GGUF rules of the hybrid families, whose recurrent layers (short convolutions, SSM / linear-attention state)
-sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions) and Qwen3-Next (``qwen3next``: gated
-DeltaNet, gated attention, MoE). Each rule is a field of the family's
-:class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
-writes a file.
+sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions), Qwen3-Next (``qwen3next``: gated
+DeltaNet, gated attention, MoE) and Qwen3.5 (``qwen35`` / ``qwen35moe``: the same DeltaNet, value heads tiled). Each
+rule is a field of the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions
+here while it checks, plans and writes a file.
 
-What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp) reproduces the transformers model's tokens,
-greedy text and logits from the file (tests/test_llamacpp_round_trip.py), with prompts long enough that the
-recurrent state carries across many tokens, and what it cannot compute is refused before anything is written.
+What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35.cpp, qwen35moe.cpp) reproduces the
+transformers model's tokens, greedy text and logits from the file (tests/test_llamacpp_round_trip.py), with prompts
+long enough that the recurrent state carries across many tokens, and what it cannot compute is refused before anything
+is written.
 """
 
 from __future__ import annotations
@@ -61,11 +62,30 @@ def ffn_length(config, rules: registry.GGUFRules) -> int | None:
 def check(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What the family's llama.cpp graph takes as equal (:attr:`GGUFRules.same`), refused before any work."""
     arch = registry.MODEL_TABLE[model_type].gguf_arch
+    if rules.split_delta:
+        _check_sections(config, model_type, arch)
     for a, b in rules.same:
         if getattr(config, a) != getattr(config, b):
             raise FastkitError(f"save_gguf: {model_type} with config.{a}={getattr(config, a)} and config.{b}="
                                f"{getattr(config, b)}: llama.cpp's {arch} graph reads both from one value; this model "
                                "cannot be expressed in GGUF as is.")
+
+
+def _sections(config) -> list[int]:
+    """Qwen3.5's M-RoPE sections (rotary pairs per position stream), 4 as llama.cpp reads them."""
+    sections = list(dict(getattr(config, "rope_parameters", None) or {}).get("mrope_section", [11, 11, 10]))
+    return [*sections, 0, 0, 0, 0][:4]
+
+
+def _check_sections(config, model_type: str, arch: str) -> None:
+    """ggml's M-RoPE asserts (aborting the process) unless the sections fit in the rotary dims."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    rotary = int(head_dim * (rope.get("partial_rotary_factor") or 1.0))
+    if 2 * sum(_sections(config)) > rotary:
+        raise FastkitError(f"save_gguf: {model_type} with rope mrope_section={_sections(config)[:3]} over {rotary} "
+                           f"rotary dims: llama.cpp's {arch} rope needs the sections within the rotary pairs "
+                           f"({rotary // 2}); this model cannot be expressed in GGUF as is.")
 
 
 def add_kv(writer, config, arch: str, rules: registry.GGUFRules) -> None:
@@ -79,6 +99,8 @@ def add_kv(writer, config, arch: str, rules: registry.GGUFRules) -> None:
         writer.add_ssm_group_count(int(config.linear_num_key_heads))
         writer.add_ssm_time_step_rank(int(config.linear_num_value_heads))
         writer.add_ssm_inner_size(int(config.linear_value_head_dim * config.linear_num_value_heads))
+    if rules.split_delta:  # llama.cpp's qwen35 requires them; text positions make them plain rope
+        writer.add_rope_dimension_sections(_sections(config))
 
 
 def _neg_exp(w: torch.Tensor) -> torch.Tensor:
@@ -105,12 +127,46 @@ def _qkvz(config) -> tuple[Callable, Callable]:
     return qkv, z
 
 
+def _tiled(config, width: int, dim: int = 0, skip: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Value heads (``width`` values each) along ``dim``, after ``skip`` leading entries, from grouped by key head
+    ``(Nk, r, width)`` to tiled ``(r, Nk, width)`` (:attr:`GGUFRules.split_delta`)."""
+    nk = config.linear_num_key_heads
+    r = config.linear_num_value_heads // nk
+
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        w = w.movedim(dim, 0)
+        head, v = w[:skip], w[skip:]
+        v = v.reshape(nk, r, width, *v.shape[1:]).transpose(0, 1).reshape(v.shape)  # (Nk, r, d, ...) -> (r, Nk, d, ...)
+        return torch.cat([head, v]).movedim(0, dim).contiguous()
+
+    return fn
+
+
+def _split_delta(leaf: str, config) -> tuple[str, Callable] | None:
+    """Qwen3.5's DeltaNet tensor ``leaf`` as llama.cpp's name and layout (value heads tiled)."""
+    hv, qk = config.linear_value_head_dim, 2 * config.linear_num_key_heads * config.linear_key_head_dim
+    neg_exp_tiled = _tiled(config, 1)
+    table = {"in_proj_qkv.weight": ("attn_qkv.weight", _tiled(config, hv, skip=qk)),  # (2·Nk·hk + Nv·hv, H)
+             "in_proj_z.weight": ("attn_gate.weight", _tiled(config, hv)),  # (Nv·hv, H)
+             "in_proj_b.weight": ("ssm_beta.weight", _tiled(config, 1)),  # (Nv, H)
+             "in_proj_a.weight": ("ssm_alpha.weight", _tiled(config, 1)),
+             "A_log": ("ssm_a", lambda w: neg_exp_tiled(_neg_exp(w))),  # (Nv,)
+             "dt_bias": ("ssm_dt.bias", _tiled(config, 1)),
+             "conv1d.weight": ("ssm_conv1d.weight", lambda w: _tiled(config, hv, skip=qk)(_squeeze_conv(w))),
+             "norm.weight": ("ssm_norm.weight", None),  # (hv,): shared by every head
+             "out_proj.weight": ("ssm_out.weight", _tiled(config, hv, dim=1))}  # (H, Nv·hv): its columns
+    return table.get(leaf)
+
+
 def pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, Callable | None]]:
     """llama.cpp tensors of one gated DeltaNet tensor (:attr:`GGUFRules.gated_delta`); ``[]`` for any other."""
     m = re.fullmatch(r".*\.layers\.(\d+)\.linear_attn\.(.+)", hf_name)
     if m is None or not rules.gated_delta:
         return []
     blk, leaf = f"blk.{m[1]}", m[2]
+    if rules.split_delta:
+        found = _split_delta(leaf, config)
+        return [(f"{blk}.{found[0]}", found[1])] if found else []
     if leaf == "in_proj_qkvz.weight":
         qkv, z = _qkvz(config)
         return [(f"{blk}.attn_qkv.weight", qkv), (f"{blk}.attn_gate.weight", z)]
