@@ -157,6 +157,20 @@ class GGUFRules:
     to tiled (``[k0 v0, k1 v0, k0 v1, k1 v1]``, how ggml broadcasts the key heads) in every tensor that has them:
     qkv's and the conv's value rows, z, b, a, ``A_log``, ``dt_bias`` and ``out_proj``'s columns; rope sections
     (``mrope_section``, llama.cpp's default [11, 11, 10]) as ``rope.dimension_sections``."""
+    mamba2: str = ""
+    """Mamba2 mixers (``mamba``) as src/models/mamba-base.cpp ``build_mamba2_layer`` reads them: ``A_log`` as
+    ``ssm_a = -exp(A_log)`` and ``D`` as ``ssm_d``, both ``(heads, 1)``; ``dt_bias`` as ``ssm_dt.bias``; the conv
+    kernel ``(C, K)``; the value is the config attribute of the five zxBCdt multipliers (Falcon-H1's
+    ``ssm_multipliers``, transformers' ``mup_vector``) folded into ``in_proj``'s row sections (z, x: ``mamba_d_ssm``;
+    B, C: ``mamba_n_groups · mamba_d_state``; dt: ``mamba_n_heads``), as llama.cpp's converter folds them."""
+    exact_names: tuple[tuple[str, str], ...] = ()
+    """``(regex over the transformers name, llama.cpp's exact tensor name)`` for tensors llama.cpp names without the
+    ``.weight`` suffix gguf-py's map would add (falcon-h1.cpp loads its pre-FFN norm as ``blk.N.ffn_norm``)."""
+    weight_scales: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``(llama.cpp tensor name suffix, config values)``: that tensor multiplied by the product of the values
+    (``"attr"`` or ``"attr[i]"``), where transformers multiplies activations and llama.cpp's graph has no such scale
+    (Falcon-H1's embedding / lm_head / attention in-out / key / SSM in-out / MLP multipliers, folded as its converter
+    folds them)."""
     same: tuple[tuple[str, str], ...] = ()
     """``(config attribute, config attribute)`` pairs llama.cpp's graph takes as equal (Qwen3-Next: the linear
     attention's key and value head dims, both read from ``ssm.state_size``); a config where they differ is refused."""
@@ -434,6 +448,24 @@ _QWEN3_5_GGUF = dataclasses.replace(_QWEN3_NEXT_GGUF, split_delta=True, router_r
 """Qwen3.5 (dense) as llama.cpp's qwen35: Qwen3-Next's DeltaNet with split projections and tiled value heads."""
 _QWEN3_5_MOE_GGUF = dataclasses.replace(_QWEN3_5_GGUF, experts_every_layer=True, shared_expert=True)
 """Qwen3.5 MoE as llama.cpp's qwen35moe: top-k always renormalized (transformers' router too; no config key)."""
+_FALCON_H1_GGUF = GGUFRules(
+    output="untied", mamba2="ssm_multipliers", reader=False,
+    exact_names=((r".*\.layers\.(\d+)\.pre_ff_layernorm\.weight", r"blk.\1.ffn_norm"),),
+    config_ints=(("add_ssm_conv_kernel", "mamba_d_conv"), ("add_ssm_inner_size", "mamba_d_ssm"),
+                 ("add_ssm_state_size", "mamba_d_state"), ("add_ssm_time_step_rank", "mamba_n_heads"),
+                 ("add_ssm_group_count", "mamba_n_groups")),
+    weight_scales=(("token_embd.weight", ("embedding_multiplier",)), ("output.weight", ("lm_head_multiplier",)),
+                   ("attn_q.weight", ("attention_in_multiplier",)),
+                   ("attn_k.weight", ("attention_in_multiplier", "key_multiplier")),
+                   ("attn_v.weight", ("attention_in_multiplier",)),
+                   ("attn_output.weight", ("attention_out_multiplier",)), ("ssm_in.weight", ("ssm_in_multiplier",)),
+                   ("ssm_out.weight", ("ssm_out_multiplier",)), ("ffn_gate.weight", ("mlp_multipliers[0]",)),
+                   ("ffn_down.weight", ("mlp_multipliers[1]",))),
+    fixed=(("mamba_rms_norm", False), ("mamba_proj_bias", False), ("projectors_bias", False), ("mlp_bias", False),
+           ("attention_bias", False)))
+"""Falcon-H1 as llama.cpp's falcon-h1 (src/models/falcon-h1.cpp): attention and a Mamba2 mixer in parallel on the
+same normed input, every multiplier folded into the weights; its lm_head multiplier needs its own output tensor.
+``mamba_rms_norm`` refused: llama.cpp gates before its grouped norm, transformers' Falcon-H1 norms first."""
 _LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
                        ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
                        fixed=(("conv_bias", False),))
@@ -456,8 +488,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
                stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
                twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
                          layer_types=["conv", "full_attention"])),
-    ModelFacts("falcon_h1",
-               gguf_refusal=_NOT_YET.format(arch="falcon-h1", what="parallel Mamba2 + attention, multipliers"),
+    ModelFacts("falcon_h1", gguf_arch="falcon-h1", gguf=_FALCON_H1_GGUF,
                stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
                default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,

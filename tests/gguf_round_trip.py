@@ -312,6 +312,14 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # value heads, so the order matters), interleaved M-RoPE sections (plain rope on text positions).
     "qwen3_5_text (gpt-2)": ("qwen3_5_text", _QWEN3_5, "gpt-2"),
     "qwen3_5_moe_text (gpt-2)": ("qwen3_5_moe_text", _QWEN3_5, "gpt-2"),
+    # Falcon-H1: attention and a Mamba2 mixer in parallel, every multiplier away from 1 (each folded into a weight),
+    # conv bias, 2 groups of B / C; initialised at std 0.1 so the Mamba2 branch weighs in the output (at 0.02 dropping
+    # its zxBCdt multipliers moved the logits by 5e-4 only).
+    "falcon_h1 (gpt-2)": ("falcon_h1", {"embedding_multiplier": 2.0, "lm_head_multiplier": 0.5,
+                                        "attention_in_multiplier": 0.7, "attention_out_multiplier": 1.3,
+                                        "key_multiplier": 0.6, "ssm_in_multiplier": 1.4, "ssm_out_multiplier": 0.8,
+                                        "mlp_multipliers": [1.5, 0.6], "ssm_multipliers": [0.5, 1.2, 0.8, 1.6, 0.7],
+                                        "mamba_n_groups": 2, "initializer_range": 0.1}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",

@@ -169,6 +169,49 @@ def test_qwen3_5_rope_sections_beyond_rotary_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+FALCON = "falcon_h1 (gpt-2)"
+
+
+def test_falcon_h1_layout(tmp_path):
+    """Falcon-H1's Mamba2 as llama.cpp reads it: A = -exp(A_log) and D as (heads, 1), dt bias, conv (C, K) and its
+    bias, in_proj's z / x / B / C / dt rows times their multipliers (and ssm_in's), every other multiplier folded into
+    its weight (attn_output by the attention's, not the lm_head's), the pre-FFN norm as llama.cpp's suffix-less name."""
+    model_type, overrides, _ = rt.TWINS[FALCON]
+    model = twin(model_type, **overrides).eval()
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="f16"))
+    tensors = {t.name: torch.from_numpy(t.data.copy()).float() for t in reader.tensors}
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    stem = "model.layers.0.mamba"
+    assert torch.equal(tensors["blk.0.ssm_a"], -torch.exp(merged[f"{stem}.A_log"]).reshape(-1, 1))
+    assert torch.equal(tensors["blk.0.ssm_d"], merged[f"{stem}.D"].reshape(-1, 1))
+    assert torch.equal(tensors["blk.0.ssm_dt.bias"], merged[f"{stem}.dt_bias"])
+    assert torch.equal(tensors["blk.0.ssm_conv1d.weight"], merged[f"{stem}.conv1d.weight"][:, 0])
+    assert torch.equal(tensors["blk.0.ssm_conv1d.bias"], merged[f"{stem}.conv1d.bias"])
+    mup = dict(model.named_buffers())[f"{stem}.mup_vector"].reshape(-1, 1)  # transformers' own section multipliers
+    want = merged[f"{stem}.in_proj.weight"] * mup * config.ssm_in_multiplier
+    assert torch.allclose(tensors["blk.0.ssm_in.weight"], want.half().float(), rtol=0, atol=1e-6)
+    for name, hf, scale in (("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight",
+                             config.attention_out_multiplier),
+                            ("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight",
+                             config.attention_in_multiplier * config.key_multiplier),
+                            ("output.weight", "lm_head.weight", config.lm_head_multiplier),
+                            ("token_embd.weight", "model.embed_tokens.weight", config.embedding_multiplier)):
+        assert torch.allclose(tensors[name], (merged[hf] * scale).half().float(), rtol=0, atol=1e-6), name
+    assert torch.equal(tensors["blk.0.ffn_norm"], merged["model.layers.0.pre_ff_layernorm.weight"])
+
+
+@pytest.mark.parametrize("key", ["mamba_rms_norm", "tie_word_embeddings"])
+def test_falcon_h1_refusals(tmp_path, key):
+    """llama.cpp gates before its grouped norm (transformers' Falcon-H1 norms first); a tied head would lose the
+    lm_head multiplier (llama.cpp reuses the scaled embeddings): both refused before anything is written."""
+    model_type, overrides, _ = rt.TWINS[FALCON]
+    model = twin(model_type, **overrides, **{key: True})
+    with pytest.raises(FastkitError, match=key):
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert not (tmp_path / "out").exists()
+
+
 NOT_WRITTEN = [t for t, f in registry.MODEL_TABLE.items() if f.stateful and not f.gguf_arch]
 """Hybrid families the table has with no GGUF layout yet."""
 

@@ -19,7 +19,7 @@ Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
 granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2), and the hybrid
 families of :mod:`fastkit.export.gguf_hybrid` (lfm2, qwen3_next, qwen3_5_text,
-qwen3_5_moe_text); how each differs
+qwen3_5_moe_text, falcon_h1); how each differs
 from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
 router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
 Quantization names: :data:`QUANTS`.
@@ -453,9 +453,10 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
                 fn = _flat
             else:
-                fn = gguf_hybrid.transform(gname)  # recurrent layers' tensors (conv kernels squeezed)
+                fn = gguf_hybrid.transform(full)  # recurrent layers' tensors (conv kernels squeezed)
             pieces = [(full, fn)]
         for gguf_name, fn in pieces:
+            fn = gguf_hybrid.scaled(gguf_name, fn, config, rules)  # multipliers folded in (Falcon-H1)
             out_shape = tuple(fn(torch.empty(shape, device="meta")).shape if fn else shape)
             if gguf_name == "output.weight" and getattr(config, "tie_word_embeddings", False):
                 continue

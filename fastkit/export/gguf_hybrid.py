@@ -1,10 +1,11 @@
 """GGUF rules of the hybrid families, whose recurrent layers (short convolutions, SSM / linear-attention state)
 sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions), Qwen3-Next (``qwen3next``: gated
-DeltaNet, gated attention, MoE) and Qwen3.5 (``qwen35`` / ``qwen35moe``: the same DeltaNet, value heads tiled). Each
-rule is a field of the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions
-here while it checks, plans and writes a file.
+DeltaNet, gated attention, MoE), Qwen3.5 (``qwen35`` / ``qwen35moe``: the same DeltaNet, value heads tiled) and
+Falcon-H1 (``falcon-h1``: Mamba2 beside attention, multipliers folded). Each rule is a field of the family's
+:class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
+writes a file.
 
-What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35.cpp, qwen35moe.cpp) reproduces the
+What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35(moe).cpp, falcon-h1.cpp) reproduces the
 transformers model's tokens, greedy text and logits from the file (tests/test_llamacpp_round_trip.py), with prompts
 long enough that the recurrent state carries across many tokens, and what it cannot compute is refused before anything
 is written.
@@ -31,7 +32,7 @@ def _squeeze_conv(w: torch.Tensor) -> torch.Tensor:
 
 def transform(gguf_name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """How a tensor llama.cpp names ``gguf_name`` is laid out from transformers' (None: as is)."""
-    if gguf_name.endswith(CONV_KERNELS):
+    if gguf_name.endswith(tuple(f"{kernel}.weight" for kernel in CONV_KERNELS)):  # not their biases
         return _squeeze_conv
     return None
 
@@ -158,8 +159,56 @@ def _split_delta(leaf: str, config) -> tuple[str, Callable] | None:
     return table.get(leaf)
 
 
+def _column(w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(-1, 1)  # (heads,) -> llama.cpp's {1, heads}: (heads, 1)
+
+
+def _zxbcdt(config, attr: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``in_proj`` ``(2·d_ssm + 2·G·N + heads, H)`` with each row section times its multiplier (z, x, B, C, dt)."""
+    d, gn = config.mamba_d_ssm, config.mamba_n_groups * config.mamba_d_state
+    sizes = [d, d, gn, gn, config.mamba_n_heads]
+
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        scale = torch.cat([torch.full((n,), float(m)) for n, m in zip(sizes, getattr(config, attr), strict=True)])
+        return w * scale.to(w.device)[:, None]  # (rows, H) x (rows, 1)
+
+    return fn
+
+
+def _mamba2(leaf: str, config, rules: registry.GGUFRules) -> tuple[str, Callable | None] | None:
+    table = {"A_log": ("ssm_a", lambda w: _column(_neg_exp(w))), "D": ("ssm_d", _column),
+             "dt_bias": ("ssm_dt.bias", None), "in_proj.weight": ("ssm_in.weight", _zxbcdt(config, rules.mamba2))}
+    return table.get(leaf)
+
+
+def _value(config, expr: str) -> float:
+    """A config value named ``"attr"`` or ``"attr[i]"``."""
+    m = re.fullmatch(r"(\w+)(?:\[(\d+)\])?", expr)
+    value = getattr(config, m[1])
+    return float(value[int(m[2])] if m[2] is not None else value)
+
+
+def scaled(gguf_name: str, fn: Callable | None, config, rules: registry.GGUFRules) -> Callable | None:
+    """``fn`` followed by the tensor's multipliers (:attr:`GGUFRules.weight_scales`)."""
+    factors = next((values for suffix, values in rules.weight_scales  # whole name parts: attn_output is not output
+                    if gguf_name == suffix or gguf_name.endswith(f".{suffix}")), ())
+    if not factors:
+        return fn
+    scale = 1.0
+    for expr in factors:
+        scale *= _value(config, expr)
+    return lambda w, f=fn: (f(w) if f else w) * scale
+
+
 def pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, Callable | None]]:
-    """llama.cpp tensors of one gated DeltaNet tensor (:attr:`GGUFRules.gated_delta`); ``[]`` for any other."""
+    """llama.cpp tensors of one gated DeltaNet / Mamba2 tensor (:attr:`GGUFRules.gated_delta`,
+    :attr:`GGUFRules.mamba2`) that gguf-py's map does not name or lay out; ``[]`` for any other."""
+    for pattern, name in rules.exact_names:
+        if re.fullmatch(pattern, hf_name):
+            return [(re.sub(pattern, name, hf_name), None)]
+    if rules.mamba2 and (m := re.fullmatch(r".*\.layers\.(\d+)\.mamba\.(.+)", hf_name)):
+        found = _mamba2(m[2], config, rules)
+        return [(f"blk.{m[1]}.{found[0]}", found[1])] if found else []
     m = re.fullmatch(r".*\.layers\.(\d+)\.linear_attn\.(.+)", hf_name)
     if m is None or not rules.gated_delta:
         return []
@@ -179,4 +228,4 @@ def pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, C
     return [(f"{blk}.{name}", fn)]
 
 
-__all__ = ["CONV_KERNELS", "add_kv", "check", "ffn_length", "kv_heads", "pieces", "transform"]
+__all__ = ["CONV_KERNELS", "add_kv", "check", "ffn_length", "kv_heads", "pieces", "scaled", "transform"]
