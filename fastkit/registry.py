@@ -157,12 +157,20 @@ class GGUFRules:
     to tiled (``[k0 v0, k1 v0, k0 v1, k1 v1]``, how ggml broadcasts the key heads) in every tensor that has them:
     qkv's and the conv's value rows, z, b, a, ``A_log``, ``dt_bias`` and ``out_proj``'s columns; rope sections
     (``mrope_section``, llama.cpp's default [11, 11, 10]) as ``rope.dimension_sections``."""
-    mamba2: str = ""
+    mamba2: bool = False
     """Mamba2 mixers (``mamba``) as src/models/mamba-base.cpp ``build_mamba2_layer`` reads them: ``A_log`` as
     ``ssm_a = -exp(A_log)`` and ``D`` as ``ssm_d``, both ``(heads, 1)``; ``dt_bias`` as ``ssm_dt.bias``; the conv
-    kernel ``(C, K)``; the value is the config attribute of the five zxBCdt multipliers (Falcon-H1's
-    ``ssm_multipliers``, transformers' ``mup_vector``) folded into ``in_proj``'s row sections (z, x: ``mamba_d_ssm``;
-    B, C: ``mamba_n_groups · mamba_d_state``; dt: ``mamba_n_heads``), as llama.cpp's converter folds them."""
+    kernel ``(C, K)``; the gated norm ``(d_inner,)`` as ``ssm_norm`` ``(groups, d_inner / groups)``; the SSM sizes
+    (``mamba_d_conv``, ``mamba_d_state``, ``mamba_n_groups``, ``mamba_n_heads``, inner size heads x
+    ``mamba_d_head``)."""
+    zxbcdt: str = ""
+    """Config attribute of the five zxBCdt multipliers (Falcon-H1's ``ssm_multipliers``, transformers' ``mup_vector``)
+    folded into ``in_proj``'s row sections (z, x: ``mamba_d_ssm``; B, C: ``mamba_n_groups · mamba_d_state``; dt:
+    ``mamba_n_heads``), as llama.cpp's converter folds them."""
+    rope_switch: str = ""
+    """Config attribute that turns rope on when ``"rope"`` (GraniteMoeHybrid's ``position_embedding_type``; None: no
+    positional encoding), written as llama.cpp's ``rope.scaling.finetuned``, which granite-hybrid.cpp reads as that
+    switch."""
     exact_names: tuple[tuple[str, str], ...] = ()
     """``(regex over the transformers name, llama.cpp's exact tensor name)`` for tensors llama.cpp names without the
     ``.weight`` suffix gguf-py's map would add (falcon-h1.cpp loads its pre-FFN norm as ``blk.N.ffn_norm``)."""
@@ -449,11 +457,9 @@ _QWEN3_5_GGUF = dataclasses.replace(_QWEN3_NEXT_GGUF, split_delta=True, router_r
 _QWEN3_5_MOE_GGUF = dataclasses.replace(_QWEN3_5_GGUF, experts_every_layer=True, shared_expert=True)
 """Qwen3.5 MoE as llama.cpp's qwen35moe: top-k always renormalized (transformers' router too; no config key)."""
 _FALCON_H1_GGUF = GGUFRules(
-    output="untied", mamba2="ssm_multipliers", reader=False,
+    output="untied", mamba2=True, zxbcdt="ssm_multipliers", reader=False,
     exact_names=((r".*\.layers\.(\d+)\.pre_ff_layernorm\.weight", r"blk.\1.ffn_norm"),),
-    config_ints=(("add_ssm_conv_kernel", "mamba_d_conv"), ("add_ssm_inner_size", "mamba_d_ssm"),
-                 ("add_ssm_state_size", "mamba_d_state"), ("add_ssm_time_step_rank", "mamba_n_heads"),
-                 ("add_ssm_group_count", "mamba_n_groups")),
+    same=(("mamba_d_ssm", "mamba_n_heads·mamba_d_head"),),
     weight_scales=(("token_embd.weight", ("embedding_multiplier",)), ("output.weight", ("lm_head_multiplier",)),
                    ("attn_q.weight", ("attention_in_multiplier",)),
                    ("attn_k.weight", ("attention_in_multiplier", "key_multiplier")),
@@ -466,6 +472,15 @@ _FALCON_H1_GGUF = GGUFRules(
 """Falcon-H1 as llama.cpp's falcon-h1 (src/models/falcon-h1.cpp): attention and a Mamba2 mixer in parallel on the
 same normed input, every multiplier folded into the weights; its lm_head multiplier needs its own output tensor.
 ``mamba_rms_norm`` refused: llama.cpp gates before its grouped norm, transformers' Falcon-H1 norms first."""
+_GRANITE_HYBRID_GGUF = dataclasses.replace(
+    _GRANITEMOE_GGUF, mamba2=True, rope_switch="position_embedding_type",
+    kv_heads_by_layer=("layer_types", "full_attention"),
+    config_ints=(("add_expert_shared_feed_forward_length", "shared_intermediate_size"),),
+    fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),),
+    same=(("mamba_expand·hidden_size", "mamba_n_heads·mamba_d_head"),),
+    fixed=(("mamba_proj_bias", False), ("attention_bias", False)))
+"""GraniteMoeHybrid (Granite 4.0-H) as llama.cpp's granitehybrid (src/models/granite-hybrid.cpp): Mamba2 layers
+(0 KV heads) and attention layers, GraniteMoeShared's experts and multipliers, rope only where configured."""
 _LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
                        ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
                        fixed=(("conv_bias", False),))
@@ -498,7 +513,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
                twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
                          expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
                          mamba_d_state=8, mamba_dt_rank=8)),
-    ModelFacts("granitemoehybrid", gguf_refusal=_NOT_YET.format(arch="granitehybrid", what="Mamba2 layers"),
+    ModelFacts("granitemoehybrid", gguf_arch="granitehybrid", gguf=_GRANITE_HYBRID_GGUF,
                stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
                          num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),

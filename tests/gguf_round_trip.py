@@ -320,12 +320,19 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
                                         "key_multiplier": 0.6, "ssm_in_multiplier": 1.4, "ssm_out_multiplier": 0.8,
                                         "mlp_multipliers": [1.5, 0.6], "ssm_multipliers": [0.5, 1.2, 0.8, 1.6, 0.7],
                                         "mamba_n_groups": 2, "initializer_range": 0.1}, "gpt-2"),
+    # GraniteMoeHybrid (Granite 4.0-H): Mamba2 / attention layers without rope (its real setting: order comes from the
+    # Mamba2 state alone), granite's multipliers away from 1, experts + shared expert, 2 groups of B / C.
+    "granitemoehybrid (gpt-2)": ("granitemoehybrid", {
+        "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_n_groups": 2,
+        "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1, "logits_scaling": 2.0,
+        "initializer_range": 0.1}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
                                                                     "glm4_moe", "solar_open", "minimax_m2")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
-ROUTER_STD["qwen3_next (gpt-2)"] = ROUTER_STD["qwen3_5_moe_text (gpt-2)"] = 1.0  # gguf-hybrid
+ROUTER_STD.update({label: 1.0 for label in ("qwen3_next (gpt-2)", "qwen3_5_moe_text (gpt-2)",
+                                             "granitemoehybrid (gpt-2)")})  # gguf-hybrid
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 

@@ -212,6 +212,28 @@ def test_falcon_h1_refusals(tmp_path, key):
     assert not (tmp_path / "out").exists()
 
 
+def test_granitemoehybrid_layout(tmp_path):
+    """Granite 4.0-H: Mamba2 layers as 0 KV heads, the gated norm grouped (G, d / G) in f32 (llama.cpp's binary ops
+    take no f16 norm), A / D as (heads, 1), rope switched off as configured (``position_embedding_type`` None)."""
+    label = "granitemoehybrid (gpt-2)"
+    model_type, overrides, _ = rt.TWINS[label]
+    model = twin(model_type, **overrides).eval()
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="q8_0"))
+    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    assert _field(reader, f"{arch}.attention.head_count_kv") == [
+        config.num_key_value_heads if k == "full_attention" else 0 for k in config.layer_types]
+    assert _field(reader, f"{arch}.rope.scaling.finetuned") is False  # no rope, as transformers runs it
+    t = {t.name: t for t in reader.tensors}
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    norm = t["blk.0.ssm_norm.weight"]
+    assert norm.tensor_type == gguf.GGMLQuantizationType.F32
+    want = merged["model.layers.0.mamba.norm.weight"].reshape(config.mamba_n_groups, -1)  # (G, d / G)
+    assert torch.equal(torch.from_numpy(norm.data.copy()), want)
+    assert torch.equal(torch.from_numpy(t["blk.0.ssm_a"].data.copy()),
+                       -torch.exp(merged["model.layers.0.mamba.A_log"]).reshape(-1, 1))
+
+
 NOT_WRITTEN = [t for t, f in registry.MODEL_TABLE.items() if f.stateful and not f.gguf_arch]
 """Hybrid families the table has with no GGUF layout yet."""
 

@@ -19,7 +19,7 @@ Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
 granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2), and the hybrid
 families of :mod:`fastkit.export.gguf_hybrid` (lfm2, qwen3_next, qwen3_5_text,
-qwen3_5_moe_text, falcon_h1); how each differs
+qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs
 from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
 router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
 Quantization names: :data:`QUANTS`.
@@ -525,7 +525,8 @@ def llama3_rope_factors(config) -> torch.Tensor:
 def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt):
     import gguf
 
-    if len(shape) == 1 or not name.endswith(".weight") or any(part in name for part in _F32_PARTS):
+    if (len(shape) == 1 or not name.endswith(".weight") or name.endswith("_norm.weight")  # grouped ssm_norm (2-D)
+            or any(part in name for part in _F32_PARTS)):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
         qt = _qtype("q8_0")  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits

@@ -1,14 +1,14 @@
 """GGUF rules of the hybrid families, whose recurrent layers (short convolutions, SSM / linear-attention state)
 sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions), Qwen3-Next (``qwen3next``: gated
 DeltaNet, gated attention, MoE), Qwen3.5 (``qwen35`` / ``qwen35moe``: the same DeltaNet, value heads tiled) and
-Falcon-H1 (``falcon-h1``: Mamba2 beside attention, multipliers folded). Each rule is a field of the family's
-:class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
-writes a file.
+Falcon-H1 / Granite 4.0-H (``falcon-h1``, ``granitehybrid``: Mamba2 beside attention). Each rule is a field of
+the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks,
+plans and writes a file.
 
-What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35(moe).cpp, falcon-h1.cpp) reproduces the
-transformers model's tokens, greedy text and logits from the file (tests/test_llamacpp_round_trip.py), with prompts
-long enough that the recurrent state carries across many tokens, and what it cannot compute is refused before anything
-is written.
+What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35(moe).cpp, falcon-h1.cpp,
+granite-hybrid.cpp) reproduces the transformers model's tokens, greedy text and logits from the file
+(tests/test_llamacpp_round_trip.py), with prompts long enough that the recurrent state carries across many tokens, and
+what it cannot compute is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -60,16 +60,24 @@ def ffn_length(config, rules: registry.GGUFRules) -> int | None:
     return size
 
 
+def _product(config, expr: str) -> int:
+    """A config value, or a product of them (``"mamba_n_heads·mamba_d_head"``)."""
+    out = 1
+    for attr in expr.split("·"):
+        out *= getattr(config, attr)
+    return out
+
+
 def check(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What the family's llama.cpp graph takes as equal (:attr:`GGUFRules.same`), refused before any work."""
     arch = registry.MODEL_TABLE[model_type].gguf_arch
     if rules.split_delta:
         _check_sections(config, model_type, arch)
     for a, b in rules.same:
-        if getattr(config, a) != getattr(config, b):
-            raise FastkitError(f"save_gguf: {model_type} with config.{a}={getattr(config, a)} and config.{b}="
-                               f"{getattr(config, b)}: llama.cpp's {arch} graph reads both from one value; this model "
-                               "cannot be expressed in GGUF as is.")
+        if _product(config, a) != _product(config, b):
+            raise FastkitError(f"save_gguf: {model_type} with config.{a}={_product(config, a)} and config.{b}="
+                               f"{_product(config, b)}: llama.cpp's {arch} graph reads both from one value; this "
+                               "model cannot be expressed in GGUF as is.")
 
 
 def _sections(config) -> list[int]:
@@ -100,6 +108,14 @@ def add_kv(writer, config, arch: str, rules: registry.GGUFRules) -> None:
         writer.add_ssm_group_count(int(config.linear_num_key_heads))
         writer.add_ssm_time_step_rank(int(config.linear_num_value_heads))
         writer.add_ssm_inner_size(int(config.linear_value_head_dim * config.linear_num_value_heads))
+    if rules.mamba2:
+        writer.add_ssm_conv_kernel(int(config.mamba_d_conv))
+        writer.add_ssm_inner_size(int(config.mamba_n_heads * config.mamba_d_head))
+        writer.add_ssm_state_size(int(config.mamba_d_state))
+        writer.add_ssm_time_step_rank(int(config.mamba_n_heads))
+        writer.add_ssm_group_count(int(config.mamba_n_groups))
+    if rules.rope_switch:
+        writer.add_rope_scaling_finetuned(getattr(config, rules.rope_switch) == "rope")
     if rules.split_delta:  # llama.cpp's qwen35 requires them; text positions make them plain rope
         writer.add_rope_dimension_sections(_sections(config))
 
@@ -176,8 +192,11 @@ def _zxbcdt(config, attr: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _mamba2(leaf: str, config, rules: registry.GGUFRules) -> tuple[str, Callable | None] | None:
+    groups = config.mamba_n_groups
     table = {"A_log": ("ssm_a", lambda w: _column(_neg_exp(w))), "D": ("ssm_d", _column),
-             "dt_bias": ("ssm_dt.bias", None), "in_proj.weight": ("ssm_in.weight", _zxbcdt(config, rules.mamba2))}
+             "dt_bias": ("ssm_dt.bias", None),
+             "norm.weight": ("ssm_norm.weight", lambda w: w.reshape(groups, -1)),  # (d,) -> (G, d / G)
+             "in_proj.weight": ("ssm_in.weight", _zxbcdt(config, rules.zxbcdt) if rules.zxbcdt else None)}
     return table.get(leaf)
 
 
