@@ -486,6 +486,16 @@ _LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=(
                        fixed=(("conv_bias", False),))
 """LFM2 as llama.cpp's lfm2 (src/models/lfm2.cpp): conv layers are those with 0 KV heads; the conv's kernel length
 (``conv_L_cache``) as ``shortconv.l_cache``; no biases in the conv block (its graph has none)."""
+_LFM2_MOE_GGUF = dataclasses.replace(
+    _LFM2_GGUF, ffn_auto_adjust=False, reader=False, gating="sigmoid", router_renorm="always",
+    dense_lead="num_dense_layers", buffers=("expert_bias",),
+    renames=((r"\.feed_forward\.experts\.", ".mlp.experts."),
+             (r"\.feed_forward\.expert_bias$", ".feed_forward.expert_bias.bias")),
+    fixed=(("conv_bias", False), ("use_expert_bias", True), ("routed_scaling_factor", 1.0)))
+"""LFM2-MoE as llama.cpp's lfm2moe (src/models/lfm2moe.cpp, lfm2.cpp's blocks): leading dense layers, sigmoid router
+with its selection bias (``expert_bias`` as ``exp_probs_b``, required by the graph), top-k always renormalized; its
+loader reads no ``expert_weights_scale``, so a ``routed_scaling_factor`` other than 1 is refused; the dense MLP's width
+is ``intermediate_size`` as is."""
 MODEL_TABLE.update({f.model_type: f for f in [
     ModelFacts("qwen3_5_text", gguf_arch="qwen35", gguf=_QWEN3_5_GGUF,
                stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
@@ -499,7 +509,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
     ModelFacts("lfm2", stateful=("Lfm2ShortConv",), varlen="short_conv", note=_CONV,
                gguf_arch="lfm2", gguf=_LFM2_GGUF,  # src/models/lfm2.cpp: short conv (B·x, conv, C·) + attention
                twin=dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3)),
-    ModelFacts("lfm2_moe", gguf_refusal=_NOT_YET.format(arch="lfm2moe", what="experts beside short convs"),
+    ModelFacts("lfm2_moe", gguf_arch="lfm2moe", gguf=_LFM2_MOE_GGUF,
                stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
                twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
                          layer_types=["conv", "full_attention"])),

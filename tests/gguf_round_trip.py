@@ -320,6 +320,10 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
                                         "key_multiplier": 0.6, "ssm_in_multiplier": 1.4, "ssm_out_multiplier": 0.8,
                                         "mlp_multipliers": [1.5, 0.6], "ssm_multipliers": [0.5, 1.2, 0.8, 1.6, 0.7],
                                         "mamba_n_groups": 2, "initializer_range": 0.1}, "gpt-2"),
+    # LFM2-MoE: a dense first layer, then experts with a sigmoid router and its selection bias (drawn); initialised at
+    # std 0.1 so the experts weigh in the output (at 0.02 a routed scale of 1.5 llama.cpp ignores stayed in the bound).
+    "lfm2_moe (gpt-2)": ("lfm2_moe", {"num_hidden_layers": 4, "num_dense_layers": 1, "initializer_range": 0.1,
+                                      "layer_types": ["conv", "full_attention", "conv", "full_attention"]}, "gpt-2"),
     # GraniteMoeHybrid (Granite 4.0-H): Mamba2 / attention layers without rope (its real setting: order comes from the
     # Mamba2 state alone), granite's multipliers away from 1, experts + shared expert, 2 groups of B / C.
     "granitemoehybrid (gpt-2)": ("granitemoehybrid", {
@@ -332,11 +336,12 @@ ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "gra
                                                                     "glm4_moe", "solar_open", "minimax_m2")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
 ROUTER_STD.update({label: 1.0 for label in ("qwen3_next (gpt-2)", "qwen3_5_moe_text (gpt-2)",
-                                             "granitemoehybrid (gpt-2)")})  # gguf-hybrid
+                                             "granitemoehybrid (gpt-2)", "lfm2_moe (gpt-2)")})  # gguf-hybrid
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}
+TRAIN_STEPS["lfm2_moe (gpt-2)"] = 60  # gguf-hybrid: at 30 its q8_0 greedy text met a near-tie at token 8
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
 SentencePiece vocabulary, at token 2)."""
 
@@ -378,11 +383,11 @@ def _draw_zeros(model, std: float = 0.5) -> None:
         if not p.any() or name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen) * std)
     for name, b in model.named_buffers():  # DeepSeek-V3 / GLM-4.5's selection bias (exp_probs_b) starts at zero
-        if name.endswith("e_score_correction_bias"):
+        if name.endswith(("e_score_correction_bias", "expert_bias")):  # LFM2-MoE's too
             b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
 
 
-_ROUTER = re.compile(r".*\.(mlp\.gate|block_sparse_moe\.router)\.weight")
+_ROUTER = re.compile(r".*\.(mlp\.gate|block_sparse_moe\.router|feed_forward\.gate)\.weight")
 
 
 @torch.no_grad()

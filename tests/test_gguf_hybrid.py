@@ -234,6 +234,30 @@ def test_granitemoehybrid_layout(tmp_path):
                        -torch.exp(merged["model.layers.0.mamba.A_log"]).reshape(-1, 1))
 
 
+def test_lfm2_moe_layout(tmp_path):
+    """LFM2-MoE: the leading dense layer without experts, the selection bias as exp_probs_b (f32, bit-exact), the
+    router in f32; a model without the bias (lfm2moe requires it) or with a routed scale (never read) refused."""
+    label = "lfm2_moe (gpt-2)"
+    model_type, overrides, _ = rt.TWINS[label]
+    model = twin(model_type, **overrides).eval()
+    rt._draw_zeros(model)
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "ok", quantization="q8_0"))
+    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    assert _field(reader, f"{arch}.leading_dense_block_count") == config.num_dense_layers == 1
+    t = {t.name: t for t in reader.tensors}
+    assert "blk.0.ffn_gate.weight" in t and "blk.0.ffn_gate_inp.weight" not in t
+    bias = dict(model.named_buffers())["model.layers.1.feed_forward.expert_bias"]
+    assert bias.abs().max() > 0 and t["blk.1.exp_probs_b.bias"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert torch.equal(torch.from_numpy(t["blk.1.exp_probs_b.bias"].data.copy()), bias)
+    assert t["blk.1.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    for key, value in (("use_expert_bias", False), ("routed_scaling_factor", 1.5)):  # lfm2moe reads no scale
+        with pytest.raises(FastkitError, match=key):
+            write_gguf(twin(model_type, **overrides, **{key: value}), twin_bpe_tokenizer("gpt-2"),
+                       tmp_path / "refused", quantization="f16")
+    assert not (tmp_path / "refused").exists()
+
+
 NOT_WRITTEN = [t for t, f in registry.MODEL_TABLE.items() if f.stateful and not f.gguf_arch]
 """Hybrid families the table has with no GGUF layout yet."""
 
