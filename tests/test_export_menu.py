@@ -114,7 +114,8 @@ def test_export_flags_in_snake_case_too(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(cli_export, "run", lambda args: seen.update(vars(args)) or 0)
-    assert cli.main(["export", "--model", "m", "--push_to_hub", "me/x", "--out_dir", "o", "--max_seq_length", "64"]) == 0
+    argv = ["export", "--model", "m", "--push_to_hub", "me/x", "--out_dir", "o", "--max_seq_length", "64"]
+    assert cli.main(argv) == 0
     assert (seen["push_to_hub"], seen["out_dir"], seen["max_seq_length"]) == ("me/x", "o", 64)
 
 
