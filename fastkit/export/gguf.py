@@ -130,6 +130,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     _check_moe(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
+    _check_dense(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
     check_tokenizer(spec)  # byte-level: merges, a pre-tokenizer llama.cpp splits alike; SentencePiece: gguf_spm
@@ -274,6 +275,37 @@ def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
                            f"{config.max_position_embeddings}): llama.cpp's {_arch(model_type)} graph has no "
                            "sliding window, so the GGUF would attend over the whole context. If full attention is "
                            "what you want, set model.config.sliding_window = None before saving.")
+
+
+def _check_dense(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """What the dense families' graphs hard-code beyond the common checks (their rows' ``config_fixed``,
+    ``no_rope_every``, ``windows_at_depth``): refused naming the key, before any work."""
+    arch = _arch(model_type)
+    for key, value in rules.config_fixed:
+        got = getattr(config, key, value)
+        if got != value:
+            raise FastkitError(f"save_gguf: {model_type} with config.{key}={got!r}: llama.cpp's {arch} graph "
+                               f"hard-codes {key}={value!r}; this model cannot be expressed in GGUF as is.")
+    if rules.no_rope_every:
+        step, layers = rules.no_rope_every, config.num_hidden_layers
+        want = [int((i + 1) % step != 0) for i in range(layers)]
+        got = list(getattr(config, "no_rope_layers", None) or want)
+        if got != want:
+            raise FastkitError(f"save_gguf: {model_type} with config.no_rope_layers={got}: llama.cpp's {arch} graph "
+                               f"skips rope on every {step}th layer exactly ({want}); this model cannot be expressed "
+                               "in GGUF as is.")
+    full, sliding = _rope(config, rules)
+    if rules.swa_rope_global and sliding is not None and sliding.get("rope_theta") != full.get("rope_theta"):
+        raise FastkitError(f"save_gguf: {model_type} with sliding layers' rope_theta {sliding.get('rope_theta')} and "
+                           f"full layers' {full.get('rope_theta')}: llama.cpp's {arch} graph ropes every layer with "
+                           "one base; this model cannot be expressed in GGUF as is.")
+    if rules.windows_at_depth:
+        windowed = getattr(config, "sliding_window", None) is not None
+        if windowed != (config.num_hidden_layers == rules.windows_at_depth):
+            raise FastkitError(f"save_gguf: {model_type} with config.sliding_window={config.sliding_window} and "
+                               f"{config.num_hidden_layers} layers: llama.cpp's {arch} graph has sliding windows (and "
+                               f"no rope on the full-attention layers) exactly at {rules.windows_at_depth} layers; "
+                               "this model cannot be expressed in GGUF as is.")
 
 
 def _llama_cpp(quantization: str):
@@ -561,7 +593,10 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if rules.layer_norm_eps:  # LayerNorm graphs (starcoder2, cohere2) read this key instead
+        writer.add_layer_norm_eps(float(getattr(config, rules.layer_norm_eps)))
+    else:
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(int(head_dim * partial))
