@@ -256,7 +256,8 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # (initializer_range 0.1: without the YaRN keys the logits then move by 0.57, at 0.02 by 0.005).
     "olmo2 (dbrx)": ("olmo2", {}, "dbrx"),
     "olmo3 (dbrx, yarn on full layers)": ("olmo3", {
-        "initializer_range": 0.1, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+        "initializer_range": 0.1, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
             "full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0,
                                "original_max_position_embeddings": 64},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "dbrx"),
