@@ -16,9 +16,11 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
-gate too), gemma2, gemma3_text, phi3, gpt_oss; how each differs from llama.cpp's graph for its architecture
-(norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
-experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
+gate too), gemma2, gemma3_text, phi3, gpt_oss; dense: smollm3, olmo2, olmo3, starcoder2, glm4, cohere2, exaone4,
+ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks); how each differs from llama.cpp's graph
+for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router
+renormalization, shared experts, biases the graph has or lacks...) is its row's :class:`fastkit.registry.GGUFRules`,
+read at call time. Quantization names: :data:`QUANTS`.
 Not supported (a FastkitError says so before writing): olmoe,
 deepseek_v3 and other families without ``gguf_arch``, qwen2_moe with dense layers or renormalized top-k
 (llama.cpp's qwen2moe has neither), rope types the family's graph does not compute, a sliding window
