@@ -277,6 +277,11 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
                                                      "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                      "original_max_position_embeddings": 64}}, "gpt-2"),
+    # EXAONE 4.0 32B's depth: llama.cpp's exaone4 has windows, and no rope on the full layers, at 64 layers only;
+    # alternating layers (not llama.cpp's default every-4th pattern, so the written pattern is what counts).
+    "exaone4 (gpt-2, 64 layers, windows)": ("exaone4", {"num_hidden_layers": 64, "sliding_window": 8,
+                                                        "layer_types": ["sliding_attention", "full_attention"] * 32,
+                                                        "initializer_range": 0.1}, "gpt-2"),
     # ERNIE 4.5: interleaved rope, head_dim 32 over a 64-wide model (ERNIE-4.5-0.3B: 128 over 1024 / 16 heads).
     # ERNIE 4.5 at initializer_range 0.1 and Cohere 2 at 0.05: at 0.02, q/k rows in the wrong rope order still passed
     # (Cohere 2 at 0.1: its q8_0 greedy text had near-ties).
@@ -284,9 +289,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
 }
 
 
-TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15}
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
-SentencePiece vocabulary, at token 2)."""
+SentencePiece vocabulary, at token 2). Shorter: the 64-layer exaone4 twin (15 steps keep its row at seconds)."""
 
 
 def twin_model(label: str, steps: int | None = None):

@@ -578,6 +578,8 @@ def test_what_dense_family_graphs_cannot_express_is_refused(tmp_path):
         (twin("cohere2", tie_word_embeddings=False), "untied lm_head"),
         (twin("cohere2", attention_bias=True), "attention_bias=True"),
         (twin("exaone4"), "exactly at 64 layers"),  # windowed at 2 layers: llama.cpp turns exaone4's windows off
+        (twin("exaone4", num_hidden_layers=64, sliding_window=None, layer_types=["full_attention"] * 64),
+         "exactly at 64 layers"),  # window-less at 64 layers: llama.cpp turns them on (every 4th layer full)
         (twin("ernie4_5", use_bias=True), "use_bias=True"),
     ]
     for model, message in cases:
