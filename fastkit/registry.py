@@ -238,10 +238,11 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("bitnet"),
         ModelFacts("codegen"),
         ModelFacts("cohere"),
-        ModelFacts("cohere2", sliding_window=True, gguf_arch="cohere2",  # parallel attention + MLP on one LayerNorm
+        # cohere2: parallel attention + MLP on one LayerNorm; rope on the windowed layers only (as transformers)
+        ModelFacts("cohere2", sliding_window=True, gguf_arch="cohere2",
                    gguf=GGUFRules(windows=True, output="tied", layer_norm_eps="layer_norm_eps",
                                   config_fixed=(("attention_bias", False),),
-                                  config_scales=(("add_logit_scale", "logit_scale"),))),  # rope: windowed layers only
+                                  config_scales=(("add_logit_scale", "logit_scale"),), reader=False)),
         ModelFacts("cohere2_moe", sliding_window=True, moe=True),
         ModelFacts("cwm", sliding_window=True),
         ModelFacts("deepseek_v2", mla=True, moe=True),

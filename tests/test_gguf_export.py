@@ -19,6 +19,7 @@ from fastkit import FastkitError, FastModel
 from fastkit.export.gguf import merged_parameters, write_gguf
 from fastkit.export.gguf_vocab import pre_tokenizer_name
 from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_tokenizer
+from tests import gguf_round_trip as rt
 from tests.helpers import save_twin, train_lora_steps
 
 HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B",
@@ -512,7 +513,6 @@ def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
     halves swapped in the file: refused."""
     from fastkit.export import gguf as writer
     from fastkit.export import save_gguf as save_verified
-    from tests import gguf_round_trip as rt
 
     model, tok = rt.twin_model("qwen3_moe (qwen2)")
     assert os.path.exists(save_verified(model, tok, tmp_path / "ok", quantization="q8_0"))
@@ -586,3 +586,22 @@ def test_what_dense_family_graphs_cannot_express_is_refused(tmp_path):
         with pytest.raises(FastkitError, match=message):
             write_gguf(model, twin_bpe_tokenizer("gpt-2"), out)
     assert not out.exists()
+
+
+_DENSE = [label for label in rt.TWINS if "64 layers" not in label and label.split()[0] in (
+    "smollm3", "olmo2", "olmo3", "starcoder2", "glm4", "cohere2", "exaone4", "ernie4_5")]
+
+
+@pytest.mark.parametrize("label", _DENSE)
+def test_dense_family_saves_verified_and_its_reader_flag_is_true(tmp_path, label):
+    """save_gguf (the verified save) on each dense twin: read back by transformers' GGUF reader where the row says it
+    can (``GGUFRules.reader``), and where it says it cannot, the reader really refuses the file (a wrong flag either
+    fails the save or skips a check that could run)."""
+    from fastkit import registry
+    from fastkit.export import save_gguf
+
+    model_type, overrides, pre = rt.TWINS[label]
+    path = save_gguf(twin(model_type, **overrides), twin_bpe_tokenizer(pre), tmp_path / "out", quantization="q8_0")
+    if not registry.MODEL_TABLE[model_type].gguf.reader:
+        with pytest.raises(ValueError, match="not supported"):
+            _load(path)
