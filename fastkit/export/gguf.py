@@ -281,7 +281,7 @@ def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
 
 def _check_dense(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What the dense families' graphs hard-code beyond the common checks (their rows' ``config_fixed``,
-    ``no_rope_every``, ``windows_at_depth``): refused naming the key, before any work."""
+    ``no_rope_every``, ``swa_rope_global``, ``windows_at_depth``): refused naming the key, before any work."""
     arch = _arch(model_type)
     for key, value in rules.config_fixed:
         got = getattr(config, key, value)
