@@ -270,7 +270,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("afmoe", sliding_window=True, moe=True),
         ModelFacts("apertus"),
         ModelFacts("apertus1p5_text"),
-        ModelFacts("arcee"),
+        ModelFacts("arcee", gguf_arch="arcee",  # arcee.cpp: llama's graph, ReLU² up/down MLP, no gate
+                   gguf=GGUFRules(permute_qk=True, activation="relu2", reader=False, fixed=(("mlp_bias", False),))),
         ModelFacts("aria_text", moe=True),
         ModelFacts("axk1", mla=True, moe=True),
         ModelFacts("beam", sliding_window=True, moe=True),
@@ -288,12 +289,14 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("emu3"),
         ModelFacts("ernie4_5"),
         ModelFacts("ernie4_5_moe", moe=True),
-        ModelFacts("exaone"),
+        ModelFacts("exaone", gguf_arch="llama",  # transformers builds EXAONE 3 as LlamaForCausalLM
+                   gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"), reader_config=False)),
         ModelFacts("exaone4", sliding_window=True),
         ModelFacts("exaone_moe", sliding_window=True, moe=True),
         ModelFacts("flex_olmo", moe=True),
         ModelFacts("flint", sliding_window=True, attention_sinks=True, default_attn="eager"),
-        ModelFacts("gemma"),
+        ModelFacts("gemma", gguf_arch="gemma",  # gemma.cpp: x·sqrt(H) embeddings, norms x·w, GELU(tanh), tied head
+                   gguf=GGUFRules(norm_shift=1.0, activation="gelu_pytorch_tanh", output="tied", reader=False)),
         ModelFacts("gemma2", sliding_window=True, softcap=True, default_attn="eager",
                    note="soft-capped attention: eager (transformers has no sdpa for Gemma 2)", gguf_arch="gemma2",
                    gguf=GGUFRules(**_GEMMA_GGUF, attn_softcap="required", final_softcap="required",
@@ -329,10 +332,12 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                        fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),))),
         ModelFacts("helium"),
         ModelFacts("hrm_text"),
-        ModelFacts("hunyuan_v1_dense"),
+        ModelFacts("hunyuan_v1_dense", gguf_arch="hunyuan-dense",  # hunyuan-vl.cpp: q/k RMSNorm after rope
+                   gguf=GGUFRules(reader=False)),
         ModelFacts("hy_v3", moe=True),
         ModelFacts("hyperclovax"),
-        ModelFacts("internlm3"),
+        ModelFacts("internlm3", gguf_arch="llama",  # transformers builds InternLM3 as LlamaForCausalLM (llama.cpp too)
+                   gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"), reader_config=False)),
         ModelFacts("iquestcoder"),
         ModelFacts("jais2"),
         ModelFacts("jetmoe", no_4bit_experts=("JetMoeMoE", "JetMoeMoA")),  # packing exact; experts not 4-bit
@@ -346,7 +351,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   buffers=("e_score_correction_bias",),
                                   renames=((r"\.mlp\.e_score_correction_bias$", ".mlp.e_score_correction.bias"),))),
         ModelFacts("minimax_m3_vl_text", moe=True),
-        ModelFacts("ministral", sliding_window=True),
+        ModelFacts("ministral", sliding_window=True, gguf_arch="llama",  # llama.cpp's llama graph: no window
+                   gguf=GGUFRules(permute_qk=True, reader_config=False)),
         ModelFacts("ministral3"),
         ModelFacts("mllama"),
         ModelFacts("moshi", sliding_window=True),
@@ -361,7 +367,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("phimoe", moe=True),
         ModelFacts("sarvam_mla", mla=True, moe=True),
         ModelFacts("sarvam_moe", moe=True),
-        ModelFacts("seed_oss"),
+        ModelFacts("seed_oss", gguf_arch="seed_oss",  # seed-oss.cpp: q/k/v biases optional, none on o_proj / MLP
+                   gguf=GGUFRules(reader=False, fixed=(("attention_out_bias", False), ("mlp_bias", False)))),
         ModelFacts("smollm3"),
         ModelFacts("solar_open", moe=True, gguf_arch="glm4moe",  # glm4-moe.cpp: MoE in every layer, V3's router
                    gguf=GGUFRules(**_SELECTION_BIAS, reader=False,

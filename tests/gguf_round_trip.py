@@ -292,6 +292,21 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
+    # more dense families (gguf-more). Real tokenizers whose split fastkit does not name yet (exaone, seed-coder,
+    # hunyuan-dense, afmoe...) are carried as GPT-2's split on these twins.
+    # Ministral: llama.cpp's llama graph, which has no window: the twin's window is the whole context.
+    "ministral (tekken)": ("ministral", {"sliding_window": 4096}, "tekken"),  # = the context: no window
+    # EXAONE 3.x / InternLM3: transformers builds them as LlamaForCausalLM: llama.cpp's llama graph.
+    "exaone (gpt-2)": ("exaone", {}, "gpt-2"),
+    "internlm3 (gpt-2)": ("internlm3", {}, "gpt-2"),
+    # Gemma: x·sqrt(H) embeddings, norms x·(1+w), GELU(tanh), tied head.
+    "gemma (gpt-2)": ("gemma", {}, "gpt-2"),
+    # Arcee (AFM): ReLU² MLP without a gate.
+    "arcee (gpt-2)": ("arcee", {}, "gpt-2"),
+    # Seed-OSS: q/k/v biases, post-attention norm as llama.cpp's attn_post_norm.
+    "seed_oss (gpt-2)": ("seed_oss", {}, "gpt-2"),
+    # Hunyuan dense: q/k RMSNorm applied after rope.
+    "hunyuan_v1_dense (gpt-2)": ("hunyuan_v1_dense", {}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
