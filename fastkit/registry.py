@@ -131,6 +131,14 @@ class GGUFRules:
     fixed: tuple[tuple[str, Any], ...] = ()
     """``(config attribute, the only value llama.cpp's graph computes)``: a config with another value is refused
     naming the key (OLMoE's ``clip_qkv`` None: olmoe.cpp does not clamp; DeepSeek's biases off)."""
+    # more dense families (gguf-more)
+    layer_norm_eps: str | float = ""
+    """The graph's norms are LayerNorms (mean removed; src/models/phi2.cpp, olmo.cpp, command-r.cpp ``LLM_NORM``),
+    which read ``attention.layer_norm_epsilon``: the config attribute holding it (``"layer_norm_eps"``), or the number
+    transformers hard-codes (OLMo's non-parametric LayerNorm: 1e-5). ``""``: RMSNorm, ``rms_norm_eps`` written."""
+    config_optional: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` float hyperparameters written only where the config sets them (not
+    None): OLMo's ``clip_qkv`` as ``attention.clamp_kqv`` (llama-graph.cpp ``build_qkv`` clamps q, k and v)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -277,7 +285,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("beam", sliding_window=True, moe=True),
         ModelFacts("bitnet"),
         ModelFacts("codegen"),
-        ModelFacts("cohere"),
+        ModelFacts("cohere", gguf_arch="command-r",  # command-r.cpp: parallel block, bias-free LayerNorm, interleaved
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_eps", output="tied", reader=False,  # rope, logit scale
+                                  config_scales=(("add_logit_scale", "logit_scale"),),
+                                  fixed=(("attention_bias", False),))),  # command-r.cpp loads no o_proj bias
         ModelFacts("cohere2", sliding_window=True),
         ModelFacts("cohere2_moe", sliding_window=True, moe=True),
         ModelFacts("cwm", sliding_window=True),
@@ -357,11 +368,16 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("mllama"),
         ModelFacts("moshi", sliding_window=True),
         ModelFacts("nanochat"),
-        ModelFacts("olmo"),
+        ModelFacts("olmo", gguf_arch="olmo",  # olmo.cpp: weightless LayerNorms (eps 1e-5), q/k/v clamped to clip_qkv
+                   gguf=GGUFRules(permute_qk=True, layer_norm_eps=1e-5, reader=False,
+                                  fixed=(("attention_bias", False),),  # olmo.cpp: no o_proj bias
+                                  config_optional=(("add_clamp_kqv", "clip_qkv"),))),
         ModelFacts("olmo2"),
         ModelFacts("olmo3", sliding_window=True),
         ModelFacts("persimmon"),
-        ModelFacts("phi"),
+        ModelFacts("phi", gguf_arch="phi2",  # phi2.cpp: parallel attention + MLP from one LayerNorm, biases, GELU(tanh)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu_new", output="untied", reader=False,
+                                  fixed=(("qk_layernorm", False),))),
         ModelFacts("phi3", gguf_arch="phi3"),  # fused qkv_proj / gate_up_proj: llama.cpp reads them fused
         ModelFacts("phi4_multimodal"),
         ModelFacts("phimoe", moe=True),

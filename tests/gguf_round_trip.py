@@ -307,6 +307,12 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "seed_oss (gpt-2)": ("seed_oss", {}, "gpt-2"),
     # Hunyuan dense: q/k RMSNorm applied after rope.
     "hunyuan_v1_dense (gpt-2)": ("hunyuan_v1_dense", {}, "gpt-2"),
+    # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
+    "phi (gpt-2)": ("phi", {}, "gpt-2"),
+    # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).
+    "olmo (gpt-2)": ("olmo", {"clip_qkv": 0.5}, "gpt-2"),
+    # Cohere (Command-R): parallel block, LayerNorm without bias, interleaved rope, logits x logit_scale, tied head.
+    "cohere (gpt-2)": ("cohere", {"logit_scale": 4.0}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",

@@ -572,7 +572,7 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    _add_norm_eps(writer, config, rules)
     writer.add_key_length(key_length)
     writer.add_value_length(value_length)
     writer.add_rope_dimension_count(rope_dim)
@@ -589,6 +589,9 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
     for method, attr in rules.config_scales:  # Granite's multipliers, as llama.cpp's graph reads them
         getattr(writer, method)(float(getattr(config, attr)))
+    for method, attr in rules.config_optional:  # OLMo's clip_qkv, where set
+        if getattr(config, attr, None) is not None:
+            getattr(writer, method)(float(getattr(config, attr)))
     if num_experts(config):
         writer.add_expert_count(num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
@@ -599,6 +602,15 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     gguf_moe.add_kv(writer, config, rules)
     writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _add_norm_eps(writer, config, rules: registry.GGUFRules) -> None:
+    """RMSNorm's epsilon, or a LayerNorm graph's (:attr:`fastkit.registry.GGUFRules.layer_norm_eps`)."""
+    eps = rules.layer_norm_eps
+    if eps == "":
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    else:
+        writer.add_layer_norm_eps(float(getattr(config, eps) if isinstance(eps, str) else eps))
 
 
 def num_experts(config) -> int | None:
