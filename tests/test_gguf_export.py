@@ -542,3 +542,18 @@ def test_minimax_m2_reads_back_in_transformers(tmp_path):
     assert torch.equal(back.get_buffer(name), model.base_model.model.get_buffer(name))
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=_x()).logits, model(input_ids=_x()).logits, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("label", ["ministral (tekken)", "exaone (gpt-2)", "internlm3 (gpt-2)"])
+def test_llama_graph_families_read_back_in_transformers(tmp_path, label):
+    """Ministral, EXAONE 3 and InternLM3 go out as llama.cpp's llama graph (transformers builds the last two as
+    LlamaForCausalLM), which transformers' GGUF reader has: save_gguf's read-back passes, and the f16 file reloads to
+    the model's logits (its q/k rows un-permuted)."""
+    from fastkit.export import save_gguf as save_verified
+    from tests import gguf_round_trip as rt
+
+    model, tok = rt.twin_model(label, steps=2)
+    path = save_verified(model, tok, tmp_path, quantization="f16")
+    back = _load(path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=_x()).logits, model(input_ids=_x()).logits, rtol=0, atol=2e-3)

@@ -1,0 +1,81 @@
+"""save_gguf for the dense families of the gguf-more round (gemma, phi, olmo, cohere, arcee, seed_oss,
+hunyuan_v1_dense, ministral, exaone, internlm3): each row's GGUFRules in the file, and what each family's llama.cpp
+graph cannot compute refused before anything is written, naming the config key. Their llama.cpp round trips are rows
+of tests/gguf_round_trip.py (TWINS), run by tests/test_llamacpp_round_trip.py."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+from fastkit import FastkitError
+from fastkit.export.gguf import write_gguf
+from fastkit.families.twins import twin, twin_bpe_tokenizer
+
+
+def _fields_and_tensors(model, tmp_path):
+    reader = gguf.GGUFReader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="f16"))
+    return reader.fields, {t.name: t for t in reader.tensors}
+
+
+def _value(fields, key):
+    return fields[key].contents()
+
+
+def test_layer_norm_families_write_their_epsilon_clamp_and_logit_scale(tmp_path):
+    """phi2 / olmo / command-r read attention.layer_norm_epsilon (LayerNorm graphs), not the RMS key; OLMo's clip_qkv
+    is clamp_kqv, Cohere's logit_scale is logit_scale; Phi-2's LayerNorm and lm_head biases and partial rotary."""
+    fields, tensors = _fields_and_tensors(twin("phi", layer_norm_eps=3e-5), tmp_path / "phi")
+    assert _value(fields, "phi2.attention.layer_norm_epsilon") == pytest.approx(3e-5)
+    assert "phi2.attention.layer_norm_rms_epsilon" not in fields
+    assert _value(fields, "phi2.rope.dimension_count") == 8  # partial_rotary_factor 0.5 of 16
+    assert {"output.bias", "output_norm.bias", "blk.0.attn_norm.bias", "blk.0.ffn_up.bias"} <= set(tensors)
+    fields, tensors = _fields_and_tensors(twin("olmo", clip_qkv=0.5), tmp_path / "olmo")
+    assert _value(fields, "olmo.attention.layer_norm_epsilon") == pytest.approx(1e-5)
+    assert _value(fields, "olmo.attention.clamp_kqv") == 0.5
+    assert not [n for n in tensors if "norm" in n]  # OLMo's LayerNorms have no weights
+    fields, _ = _fields_and_tensors(twin("olmo"), tmp_path / "olmo-noclip")
+    assert "olmo.attention.clamp_kqv" not in fields  # clip_qkv None: nothing written, nothing clamped
+    fields, tensors = _fields_and_tensors(twin("cohere", logit_scale=4.0, layer_norm_eps=2e-5), tmp_path / "cohere")
+    assert _value(fields, "command-r.logit_scale") == 4.0
+    assert _value(fields, "command-r.attention.layer_norm_epsilon") == pytest.approx(2e-5)
+    assert "output.weight" not in tensors  # tied: command-r.cpp computes logits with token_embd
+
+
+def test_gemma_arcee_seed_oss_tensors(tmp_path):
+    """Gemma's norms written +1 and no output tensor; Arcee's gate-less MLP; Seed-OSS's post-attention norm."""
+    model = twin("gemma")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    _, tensors = _fields_and_tensors(model, tmp_path / "gemma")
+    want = model.get_parameter("model.layers.1.post_attention_layernorm.weight").detach() + 1
+    assert torch.allclose(torch.from_numpy(tensors["blk.1.ffn_norm.weight"].data.copy()), want)
+    assert "output.weight" not in tensors
+    _, tensors = _fields_and_tensors(twin("arcee"), tmp_path / "arcee")
+    assert "blk.0.ffn_up.weight" in tensors and not [n for n in tensors if "ffn_gate" in n]
+    _, tensors = _fields_and_tensors(twin("seed_oss"), tmp_path / "seed")
+    assert {"blk.0.post_attention_norm.weight", "blk.0.attn_q.bias"} <= set(tensors)
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "message"), [
+    ("cohere", {"attention_bias": True}, "config.attention_bias=True: llama.cpp's command-r"),
+    ("olmo", {"attention_bias": True}, "config.attention_bias=True: llama.cpp's olmo"),
+    ("phi", {"qk_layernorm": True}, "config.qk_layernorm=True: llama.cpp's phi2"),
+    ("phi", {"tie_word_embeddings": True}, "needs its own output tensor"),
+    ("phi", {"hidden_act": "gelu"}, "activation 'gelu': llama.cpp's phi2 graph applies 'gelu_new'"),
+    ("seed_oss", {"attention_out_bias": True}, "config.attention_out_bias=True"),
+    ("arcee", {"mlp_bias": True}, "config.mlp_bias=True: llama.cpp's arcee"),
+    ("arcee", {"hidden_act": "silu"}, "activation 'silu': llama.cpp's arcee graph applies 'relu2'"),
+    ("gemma", {"tie_word_embeddings": False}, "untied lm_head"),
+    ("cohere", {"tie_word_embeddings": False}, "untied lm_head"),
+    ("ministral", {"sliding_window": 16}, "16-token sliding window"),
+    ("hunyuan_v1_dense", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+     "rope types default"),
+])
+def test_what_the_graphs_cannot_compute_is_refused(tmp_path, model_type, overrides, message):
+    out = tmp_path / "out"
+    with pytest.raises(FastkitError, match=message):
+        write_gguf(twin(model_type, **overrides), twin_bpe_tokenizer("gpt-2"), out)
+    assert not out.exists()
