@@ -341,7 +341,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=dataclasses.replace(_GRANITEMOE_GGUF, config_ints=(
                        ("add_expert_shared_feed_forward_length", "shared_intermediate_size"),),
                        fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),))),
-        ModelFacts("helium"),
+        ModelFacts("helium", gguf_arch="llama",  # llama's graph: Helium's rope already rotates interleaved pairs
+                   gguf=GGUFRules(reader_config=False)),  # (llama.cpp's order): q/k written as they are
         ModelFacts("hrm_text"),
         ModelFacts("hunyuan_v1_dense", gguf_arch="hunyuan-dense",  # hunyuan-vl.cpp: q/k RMSNorm after rope
                    gguf=GGUFRules(reader=False)),

@@ -299,6 +299,8 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # EXAONE 3.x / InternLM3: transformers builds them as LlamaForCausalLM: llama.cpp's llama graph.
     "exaone (gpt-2)": ("exaone", {}, "gpt-2"),
     "internlm3 (gpt-2)": ("internlm3", {}, "gpt-2"),
+    # Helium: llama's layout with rope on interleaved pairs, llama.cpp's own order (nothing permuted).
+    "helium (gpt-2)": ("helium", {}, "gpt-2"),
     # Gemma: x·sqrt(H) embeddings, norms x·(1+w), GELU(tanh), tied head.
     "gemma (gpt-2)": ("gemma", {}, "gpt-2"),
     # Arcee (AFM): ReLU² MLP without a gate.

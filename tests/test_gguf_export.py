@@ -544,11 +544,11 @@ def test_minimax_m2_reads_back_in_transformers(tmp_path):
         torch.testing.assert_close(back(input_ids=_x()).logits, model(input_ids=_x()).logits, rtol=0, atol=2e-3)
 
 
-@pytest.mark.parametrize("label", ["ministral (tekken)", "exaone (gpt-2)", "internlm3 (gpt-2)"])
+@pytest.mark.parametrize("label", ["ministral (tekken)", "exaone (gpt-2)", "internlm3 (gpt-2)", "helium (gpt-2)"])
 def test_llama_graph_families_read_back_in_transformers(tmp_path, label):
-    """Ministral, EXAONE 3 and InternLM3 go out as llama.cpp's llama graph (transformers builds the last two as
-    LlamaForCausalLM), which transformers' GGUF reader has: save_gguf's read-back passes, and the f16 file reloads to
-    the model's logits (its q/k rows un-permuted)."""
+    """Ministral, EXAONE 3, InternLM3 and Helium go out as llama.cpp's llama graph (transformers builds EXAONE /
+    InternLM3 as LlamaForCausalLM), which transformers' GGUF reader has: save_gguf's read-back passes, and the f16 file
+    reloads to the model's logits (q/k rows un-permuted; Helium's, stored interleaved, come back in Llama's order)."""
     from fastkit.export import save_gguf as save_verified
     from tests import gguf_round_trip as rt
 
