@@ -139,6 +139,14 @@ class GGUFRules:
     config_optional: tuple[tuple[str, str], ...] = ()
     """``(gguf-py writer method, config attribute)`` float hyperparameters written only where the config sets them (not
     None): OLMo's ``clip_qkv`` as ``attention.clamp_kqv`` (llama-graph.cpp ``build_qkv`` clamps q, k and v)."""
+    rope_optional: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config.rope_parameters key)`` floats written where the rope sets them (Ministral 3:
+    ``mscale_all_dim`` as ``rope.scaling.yarn_log_multiplier``, ``llama_4_scaling_beta`` as
+    ``attention.temperature_scale``: src/models/mistral3.cpp scales queries by
+    ``1 + beta·log(1 + floor(pos / n_ctx_orig))`` as transformers does)."""
+    rope_fixed: tuple[tuple[str, Any], ...] = ()
+    """``(config.rope_parameters key, the only value llama.cpp computes)``; another value is refused naming the key
+    (src/llama-context.cpp takes YaRN's ``mscale`` as 1 outside deepseek2, and no ``attention_factor``)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -365,7 +373,11 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("minimax_m3_vl_text", moe=True),
         ModelFacts("ministral", sliding_window=True, gguf_arch="llama",  # llama.cpp's llama graph: no window
                    gguf=GGUFRules(permute_qk=True, reader_config=False)),
-        ModelFacts("ministral3"),
+        ModelFacts("ministral3", gguf_arch="mistral3",  # mistral3.cpp: llama's graph, YaRN, Llama-4 query temperature
+                   gguf=GGUFRules(permute_qk=True, rope_types=("yarn",), reader=False,
+                                  rope_optional=(("add_rope_scaling_yarn_log_mul", "mscale_all_dim"),
+                                                 ("add_attn_temperature_scale", "llama_4_scaling_beta")),
+                                  rope_fixed=(("mscale", 1.0), ("attention_factor", None)))),
         ModelFacts("mllama"),
         ModelFacts("moshi", sliding_window=True),
         ModelFacts("nanochat"),

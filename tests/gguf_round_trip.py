@@ -309,6 +309,12 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "seed_oss (gpt-2)": ("seed_oss", {}, "gpt-2"),
     # Hunyuan dense: q/k RMSNorm applied after rope.
     "hunyuan_v1_dense (gpt-2)": ("hunyuan_v1_dense", {}, "gpt-2"),
+    # Ministral 3: llama.cpp's mistral3: YaRN (x4 over a 16-token original context, so the chats run past it) and the
+    # Llama-4 query temperature (beta 0.1 per log step of 16 positions).
+    "ministral3 (tekken)": ("ministral3", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
+                            "tekken"),
     # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
     "phi (gpt-2)": ("phi", {}, "gpt-2"),
     # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).
@@ -323,9 +329,9 @@ ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "gra
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
-TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60}
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "ministral3 (tekken)": 60}
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
-SentencePiece vocabulary, at token 2)."""
+SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart)."""
 
 
 def twin_model(label: str, steps: int | None = None):

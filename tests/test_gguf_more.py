@@ -59,6 +59,20 @@ def test_gemma_arcee_seed_oss_tensors(tmp_path):
     assert {"blk.0.post_attention_norm.weight", "blk.0.attn_q.bias"} <= set(tensors)
 
 
+_YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+
+
+def test_ministral3_writes_yarn_and_the_query_temperature(tmp_path):
+    """mistral3.cpp reads YaRN's log multiplier and the Llama-4 query temperature (beta) off the metadata."""
+    fields, tensors = _fields_and_tensors(twin("ministral3", rope_parameters=dict(_YARN, llama_4_scaling_beta=0.25)),
+                                          tmp_path)
+    assert _value(fields, "mistral3.attention.temperature_scale") == 0.25
+    assert _value(fields, "mistral3.rope.scaling.yarn_log_multiplier") == 1.0
+    assert _value(fields, "mistral3.rope.scaling.original_context_length") == 16
+    assert _value(fields, "mistral3.rope.scaling.factor") == 4.0
+
+
 @pytest.mark.parametrize(("model_type", "overrides", "message"), [
     ("cohere", {"attention_bias": True}, "config.attention_bias=True: llama.cpp's command-r"),
     ("olmo", {"attention_bias": True}, "config.attention_bias=True: llama.cpp's olmo"),
@@ -73,6 +87,9 @@ def test_gemma_arcee_seed_oss_tensors(tmp_path):
     ("ministral", {"sliding_window": 16}, "16-token sliding window"),
     ("hunyuan_v1_dense", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
      "rope types default"),
+    ("ministral3", {"rope_parameters": dict(_YARN, mscale=0.5)}, r"rope_parameters\['mscale'\]=0.5"),
+    ("ministral3", {"rope_parameters": dict(_YARN, attention_factor=1.5)}, "attention_factor"),
+    ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope types yarn"),
 ])
 def test_what_the_graphs_cannot_compute_is_refused(tmp_path, model_type, overrides, message):
     out = tmp_path / "out"

@@ -225,6 +225,11 @@ def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
         raise FastkitError(f"save_gguf: config.rope_parameters {json.dumps(config.rope_parameters)[:160]} is not "
                            f"written by save_gguf for {model_type} (it writes rope types {', '.join(allowed)}); "
                            "export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+    for key, value in rules.rope_fixed:  # what llama.cpp's YaRN takes as given (GGUFRules.rope_fixed)
+        if full.get(key, value) != value:
+            raise FastkitError(f"save_gguf: {model_type} with rope_parameters[{key!r}]={full[key]!r}: llama.cpp's "
+                               f"{_arch(model_type)} graph computes only {key}={value!r}; this model cannot be "
+                               "expressed in GGUF as is.")
 
 
 def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
@@ -584,6 +589,9 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_rope_scaling_factor(float(rope["factor"]))
     if rope.get("rope_type") == "yarn":
         _add_yarn_kv(writer, rope)
+    for method, key in rules.rope_optional:  # Ministral 3's YaRN log multiplier and query temperature
+        if rope.get(key) is not None:
+            getattr(writer, method)(float(rope[key]))
     _add_window_kv(writer, config, rules, sliding_rope)
     if getattr(config, "attn_logit_softcapping", None) and rules.attn_softcap != "none":
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
