@@ -147,6 +147,10 @@ class GGUFRules:
     rope_fixed: tuple[tuple[str, Any], ...] = ()
     """``(config.rope_parameters key, the only value llama.cpp computes)``; another value is refused naming the key
     (src/llama-context.cpp takes YaRN's ``mscale`` as 1 outside deepseek2, and no ``attention_factor``)."""
+    layer_arrays: tuple[tuple[str, str], ...] = ()
+    """``(regex on a transformers parameter / buffer name, gguf-py writer method)``: one scalar per layer written as a
+    metadata array over the layers instead of as tensors (Apertus's xIELU ``act_fn.alpha_p`` / ``alpha_n`` parameters
+    and ``beta`` / ``eps`` buffers: src/models/apertus.cpp reads them per layer and applies the softplus itself)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -284,7 +288,12 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    twin_layer_pattern=("sliding_attention", "full_attention")),
         # Every row below: a plain row, proven by the census (docs/coverage.md) on transformers 5.24.
         ModelFacts("afmoe", sliding_window=True, moe=True),
-        ModelFacts("apertus"),
+        ModelFacts("apertus", gguf_arch="apertus",  # apertus.cpp: q/k RMSNorm before rope, xIELU up/down MLP
+                   gguf=GGUFRules(activation="xielu", rope_types=("default", "llama3"), output="untied", reader=False,
+                                  layer_arrays=((r"\.act_fn\.alpha_p$", "add_xielu_alpha_p"),
+                                                (r"\.act_fn\.alpha_n$", "add_xielu_alpha_n"),
+                                                (r"\.act_fn\.beta$", "add_xielu_beta"),
+                                                (r"\.act_fn\.eps$", "add_xielu_eps")))),
         ModelFacts("apertus1p5_text"),
         ModelFacts("arcee", gguf_arch="arcee",  # arcee.cpp: llama's graph, ReLU² up/down MLP, no gate
                    gguf=GGUFRules(permute_qk=True, activation="relu2", reader=False, fixed=(("mlp_bias", False),))),

@@ -315,6 +315,11 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
         "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
                             "tekken"),
+    # Apertus: xIELU MLP (its per-layer alpha_p / alpha_n / beta / eps as metadata arrays), q/k RMSNorm, Llama-3 rope
+    # scaling over a 64-token original context.
+    "apertus (gpt-2)": ("apertus", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, "gpt-2"),
     # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
     "phi (gpt-2)": ("phi", {}, "gpt-2"),
     # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).

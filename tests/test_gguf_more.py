@@ -1,7 +1,7 @@
 """save_gguf for the dense families of the gguf-more round (gemma, phi, olmo, cohere, arcee, seed_oss,
-hunyuan_v1_dense, ministral, exaone, internlm3): each row's GGUFRules in the file, and what each family's llama.cpp
-graph cannot compute refused before anything is written, naming the config key. Their llama.cpp round trips are rows
-of tests/gguf_round_trip.py (TWINS), run by tests/test_llamacpp_round_trip.py."""
+hunyuan_v1_dense, apertus, ministral3, ministral, exaone, internlm3, helium): each row's GGUFRules in the file, and
+what each family's llama.cpp graph cannot compute refused before anything is written, naming the config key. Their
+llama.cpp round trips are rows of tests/gguf_round_trip.py (TWINS), run by tests/test_llamacpp_round_trip.py."""
 
 from __future__ import annotations
 
@@ -59,6 +59,21 @@ def test_gemma_arcee_seed_oss_tensors(tmp_path):
     assert {"blk.0.post_attention_norm.weight", "blk.0.attn_q.bias"} <= set(tensors)
 
 
+def test_apertus_xielu_parameters_are_per_layer_metadata(tmp_path):
+    """Apertus's xIELU alpha_p / alpha_n (parameters) and beta / eps (buffers) go in as one array per kind over the
+    layers (apertus.cpp reads them so), raw as the model holds them; no tensor is written for them."""
+    model = twin("apertus")
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            layer.mlp.act_fn.alpha_p.fill_(0.1 + i)
+            layer.mlp.act_fn.alpha_n.fill_(-0.2 - i)
+    fields, tensors = _fields_and_tensors(model, tmp_path)
+    assert list(_value(fields, "xielu.alpha_p")) == pytest.approx([0.1, 1.1], abs=1e-2)  # bf16 parameters
+    assert list(_value(fields, "xielu.alpha_n")) == pytest.approx([-0.2, -1.2], abs=1e-2)
+    assert list(_value(fields, "xielu.beta")) == [0.5, 0.5]
+    assert not [n for n in tensors if "act_fn" in n or "xielu" in n]
+
+
 _YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
 
@@ -87,6 +102,8 @@ def test_ministral3_writes_yarn_and_the_query_temperature(tmp_path):
     ("ministral", {"sliding_window": 16}, "16-token sliding window"),
     ("hunyuan_v1_dense", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
      "rope types default"),
+    ("apertus", {"tie_word_embeddings": True}, "needs its own output tensor"),
+    ("apertus", {"hidden_act": "silu"}, "activation 'silu': llama.cpp's apertus graph applies 'xielu'"),
     ("ministral3", {"rope_parameters": dict(_YARN, mscale=0.5)}, r"rope_parameters\['mscale'\]=0.5"),
     ("ministral3", {"rope_parameters": dict(_YARN, attention_factor=1.5)}, "attention_factor"),
     ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope types yarn"),

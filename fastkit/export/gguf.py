@@ -56,7 +56,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.export import gguf_moe
+from fastkit.export import gguf_moe, gguf_more
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
@@ -434,6 +434,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     entries, unmapped = [], []
     for hf_name, load, shape in merged_parameters(model) + gguf_moe.buffer_tensors(model, rules):
         hf_name = gguf_moe.renamed(_clean(hf_name), rules)  # buffers come with their PEFT-wrapped names
+        if gguf_more.is_layer_array(hf_name, rules):  # per-layer scalars: metadata (gguf_more.layer_arrays)
+            continue
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
@@ -676,7 +678,8 @@ def _add_window_kv(writer, config, rules: registry.GGUFRules, sliding_rope: dict
 # ------------------------------------------------------------------------------------------- entry
 
 
-def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: str, name: str, out: Path) -> int:
+def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: str, name: str, out: Path,
+           arrays: list[tuple[str, list[float]]] = ()) -> int:
     """The planned ``entries`` as a GGUF at ``out`` in one of the WRITTEN quantizations; returns the tensor
     count (``out`` is removed if anything fails)."""
     import gguf
@@ -684,6 +687,8 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
     writer = gguf.GGUFWriter(str(out), _arch(config.model_type))
     try:
         _add_model_kv(writer, config, config.model_type, name, quantization)
+        for method, values in arrays:  # per-layer scalars (GGUFRules.layer_arrays)
+            getattr(writer, method)(values)
         add_tokenizer_kv(writer, tokenizer, spec, config.vocab_size)
         for e in entries:
             _add_info(writer, e)
@@ -724,14 +729,15 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization
     wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
     written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
     entries = _plan(model, config, _arch(model_type), written)  # raises on unmapped tensors, before writing
+    arrays = gguf_more.layer_arrays(model, registry.MODEL_TABLE[model_type].gguf)
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}-{quantization}.gguf"
     tmp = target.with_name(target.name + ".partial")
     if quantization in WRITTEN:
-        count = _write(entries, tokenizer, spec, config, quantization, name, tmp)
+        count = _write(entries, tokenizer, spec, config, quantization, name, tmp, arrays)
     else:
         source = target.with_name(f"{target.name}.{wide}.partial")
-        count = _write(entries, tokenizer, spec, config, wide, name, source)
+        count = _write(entries, tokenizer, spec, config, wide, name, source, arrays)
         try:
             quantize_with_llama_cpp(source, tmp, quantization)
         finally:

@@ -1,0 +1,51 @@
+"""GGUF rules of the dense families added in the gguf-more round that need more than a flag in
+:mod:`fastkit.export.gguf`: per-layer scalars that llama.cpp reads as metadata arrays, not tensors
+(:attr:`fastkit.registry.GGUFRules.layer_arrays`: Apertus's xIELU activation, src/models/apertus.cpp).
+
+What must not change: llama.cpp reproduces the transformers model's tokens, greedy text and logits from the file
+(tests/test_llamacpp_round_trip.py); a model missing a layer's value is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from fastkit import registry
+from fastkit.errors import FastkitError
+from fastkit.patching import unwrap
+
+
+def is_layer_array(name: str, rules: registry.GGUFRules) -> bool:
+    """``name`` (a cleaned transformers parameter name) is written into a metadata array, not as a tensor."""
+    return any(re.search(pattern, name) for pattern, _ in rules.layer_arrays)
+
+
+def _clean(name: str) -> str:
+    name = re.sub(r"\.modules_to_save\.[^.]+\.", ".", name)  # PEFT wrappers, as gguf._clean
+    return name.replace(".base_layer", "")
+
+
+def layer_arrays(model: torch.nn.Module, rules: registry.GGUFRules) -> list[tuple[str, list[float]]]:
+    """``(gguf-py writer method, one value per layer)`` for every :attr:`GGUFRules.layer_arrays` entry, read off the
+    model's parameters and buffers (one scalar each)."""
+    if not rules.layer_arrays:
+        return []
+    base = unwrap(model)
+    layers = base.config.num_hidden_layers
+    named = [(_clean(n), t) for n, t in [*base.named_parameters(), *base.named_buffers()]]
+    out = []
+    for pattern, method in rules.layer_arrays:
+        values: dict[int, float] = {}
+        for name, t in named:
+            if re.search(pattern, name) and (m := re.search(r"\.layers\.(\d+)\.", name)):
+                values[int(m[1])] = float(t.detach().float().reshape(-1)[0])
+        if sorted(values) != list(range(layers)):
+            raise FastkitError(f"save_gguf: {pattern!r} found in layers {sorted(values)} of {layers}; llama.cpp needs "
+                               "one value per layer. Nothing was written.")
+        out.append((method, [values[i] for i in range(layers)]))
+    return out
+
+
+__all__ = ["is_layer_array", "layer_arrays"]
