@@ -151,6 +151,13 @@ class GGUFRules:
     """``(regex on a transformers parameter / buffer name, gguf-py writer method)``: one scalar per layer written as a
     metadata array over the layers instead of as tensors (Apertus's xIELU ``act_fn.alpha_p`` / ``alpha_n`` parameters
     and ``beta`` / ``eps`` buffers: src/models/apertus.cpp reads them per layer and applies the softplus itself)."""
+    qkv_per_head: bool = False
+    """A fused ``query_key_value`` whose rows are stored per head, ``(H, 3, D)`` (GPT-NeoX), reordered into llama.cpp's
+    ``attn_qkv`` ``(3, H, D)``: every query row, then keys, then values (src/models/gptneox.cpp splits it so); its bias
+    alike."""
+    config_flags: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` booleans the graph reads (GPT-NeoX's ``use_parallel_residual``:
+    gptneox.cpp runs attention and MLP off the same input when set, one after the other when not)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -346,7 +353,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("gpt-sw3"),
         ModelFacts("gpt2"),
         ModelFacts("gpt_bigcode"),
-        ModelFacts("gpt_neox"),
+        ModelFacts("gpt_neox", gguf_arch="gptneox",  # gptneox.cpp: LayerNorms + biases, partial rotary, GELU (tanh)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu", output="untied", reader=False,
+                                  qkv_per_head=True, config_flags=(("add_parallel_residual", "use_parallel_residual"),),
+                                  fixed=(("attention_bias", True),))),
         ModelFacts("gptj"),
         ModelFacts("granite", gguf_arch="granite", gguf=GGUFRules(permute_qk=True, reader=False,
                                                                   config_scales=_GRANITE_SCALES)),

@@ -320,6 +320,10 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "apertus (gpt-2)": ("apertus", {"rope_parameters": {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, "gpt-2"),
+    # GPT-NeoX (Pythia): per-head fused query_key_value, LayerNorms with bias, partial rotary 0.25, parallel residual
+    # (and the sequential one in its own row); exact-erf GELU, which llama.cpp computes with its tanh form.
+    "gpt_neox (gpt-2)": ("gpt_neox", {}, "gpt-2"),
+    "gpt_neox (gpt-2, sequential residual)": ("gpt_neox", {"use_parallel_residual": False}, "gpt-2"),
     # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
     "phi (gpt-2)": ("phi", {}, "gpt-2"),
     # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).

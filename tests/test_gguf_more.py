@@ -1,7 +1,8 @@
 """save_gguf for the dense families of the gguf-more round (gemma, phi, olmo, cohere, arcee, seed_oss,
-hunyuan_v1_dense, apertus, ministral3, ministral, exaone, internlm3, helium): each row's GGUFRules in the file, and
-what each family's llama.cpp graph cannot compute refused before anything is written, naming the config key. Their
-llama.cpp round trips are rows of tests/gguf_round_trip.py (TWINS), run by tests/test_llamacpp_round_trip.py."""
+hunyuan_v1_dense, apertus, gpt_neox, ministral3, ministral, exaone, internlm3, helium): each row's GGUFRules in the
+file, and what each family's llama.cpp graph cannot compute refused before anything is written, naming the config
+key. Their llama.cpp round trips are rows of tests/gguf_round_trip.py (TWINS), run by
+tests/test_llamacpp_round_trip.py."""
 
 from __future__ import annotations
 
@@ -74,6 +75,25 @@ def test_apertus_xielu_parameters_are_per_layer_metadata(tmp_path):
     assert not [n for n in tensors if "act_fn" in n or "xielu" in n]
 
 
+def test_gpt_neox_qkv_rows_reordered_and_residual_flag(tmp_path):
+    """GPT-NeoX's fused query_key_value rows go from per head (H, 3, D) to llama.cpp's (3, H, D), bias alike; the
+    parallel-residual flag is written as configured."""
+    model = twin("gpt_neox", use_parallel_residual=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    fields, tensors = _fields_and_tensors(model, tmp_path)
+    assert bool(_value(fields, "gptneox.use_parallel_residual")) is False
+    w = model.get_parameter("gpt_neox.layers.1.attention.query_key_value.weight").detach()  # (H·3·D, hidden)
+    heads = model.config.num_attention_heads
+    want = w.reshape(heads, 3, -1, w.shape[-1]).transpose(0, 1).reshape(w.shape)  # q rows of every head first
+    got = torch.from_numpy(tensors["blk.1.attn_qkv.weight"].data.copy()).float()
+    assert torch.allclose(got, want.half().float())
+    b = model.get_parameter("gpt_neox.layers.1.attention.query_key_value.bias").detach()
+    got = torch.from_numpy(tensors["blk.1.attn_qkv.bias"].data.copy())
+    assert torch.equal(got, b.reshape(heads, 3, -1).transpose(0, 1).reshape(-1))
+
+
 _YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
 
@@ -104,6 +124,7 @@ def test_ministral3_writes_yarn_and_the_query_temperature(tmp_path):
      "rope types default"),
     ("apertus", {"tie_word_embeddings": True}, "needs its own output tensor"),
     ("apertus", {"hidden_act": "silu"}, "activation 'silu': llama.cpp's apertus graph applies 'xielu'"),
+    ("gpt_neox", {"attention_bias": False}, "config.attention_bias=False: llama.cpp's gptneox"),
     ("ministral3", {"rope_parameters": dict(_YARN, mscale=0.5)}, r"rope_parameters\['mscale'\]=0.5"),
     ("ministral3", {"rope_parameters": dict(_YARN, attention_factor=1.5)}, "attention_factor"),
     ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope types yarn"),

@@ -432,10 +432,9 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     qt = _qtype(quantization)
     rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
-    for hf_name, load, shape in merged_parameters(model) + gguf_moe.buffer_tensors(model, rules):
+    tensors = [t for t in merged_parameters(model) if not gguf_more.is_layer_array(_clean(t[0]), rules)]  # metadata
+    for hf_name, load, shape in tensors + gguf_moe.buffer_tensors(model, rules):
         hf_name = gguf_moe.renamed(_clean(hf_name), rules)  # buffers come with their PEFT-wrapped names
-        if gguf_more.is_layer_array(hf_name, rules):  # per-layer scalars: metadata (gguf_more.layer_arrays)
-            continue
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
@@ -453,6 +452,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             elif rules.permute_qk and gname.endswith(("attn_q", "attn_k")):
                 heads = config.num_attention_heads if gname.endswith("attn_q") else config.num_key_value_heads
                 fn = _permute(heads)
+            elif more := gguf_more.transform(gname, rules, config):  # GPT-NeoX's per-head fused qkv
+                fn = more
             elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
                 fn = _flat
             pieces = [(full, fn)]
@@ -612,6 +613,7 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     if rules.shared_expert:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     gguf_moe.add_kv(writer, config, rules)
+    gguf_more.add_kv(writer, config, rules)
     writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 

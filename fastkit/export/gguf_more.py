@@ -9,6 +9,7 @@ What must not change: llama.cpp reproduces the transformers model's tokens, gree
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -48,4 +49,24 @@ def layer_arrays(model: torch.nn.Module, rules: registry.GGUFRules) -> list[tupl
     return out
 
 
-__all__ = ["is_layer_array", "layer_arrays"]
+def transform(gname: str, rules: registry.GGUFRules, config) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The layout change a family's tensor ``gname`` (llama.cpp's name, no suffix) needs, or None."""
+    if rules.qkv_per_head and gname.endswith("attn_qkv"):
+        return _qkv_from_heads(config.num_attention_heads)
+    return None
+
+
+def _qkv_from_heads(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fn(w: torch.Tensor) -> torch.Tensor:
+        # (H·3·D, ...) -> (H, 3, D, ...) -> (3, H, D, ...) -> (3·H·D, ...)
+        return w.reshape(heads, 3, w.shape[0] // heads // 3, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+    return fn
+
+
+def add_kv(writer, config, rules: registry.GGUFRules) -> None:
+    """The booleans the family's graph reads (:attr:`GGUFRules.config_flags`)."""
+    for method, attr in rules.config_flags:
+        getattr(writer, method)(bool(getattr(config, attr)))
+
+
+__all__ = ["add_kv", "is_layer_array", "layer_arrays", "transform"]
