@@ -158,6 +158,12 @@ class GGUFRules:
     config_flags: tuple[tuple[str, str], ...] = ()
     """``(gguf-py writer method, config attribute)`` booleans the graph reads (GPT-NeoX's ``use_parallel_residual``:
     gptneox.cpp runs attention and MLP off the same input when set, one after the other when not)."""
+    transposed: tuple[str, ...] = ()
+    """llama.cpp tensor names (``attn_qkv``...) whose transformers weights are stored ``(in, out)`` (GPT-2's
+    ``Conv1D``), written transposed to llama.cpp's ``(out, in)``."""
+    ffn_length: str = ""
+    """Config attribute of the MLP width where it is not ``intermediate_size`` (GPT-2's ``n_inner``; None there means
+    4 x hidden, as transformers builds it), written as ``feed_forward_length``."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -351,7 +357,11 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(**dict(_DEEPSEEK_GGUF, dense_lead="mlp_layer_types"), **_SELECTION_BIAS,
                                   fixed=(("attention_bias", False), ("rope_interleave", True)))),
         ModelFacts("gpt-sw3"),
-        ModelFacts("gpt2"),
+        ModelFacts("gpt2", gguf_arch="gpt2",  # gpt2.cpp: learned positions, LayerNorms + biases, fused qkv, GELU (tanh)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_epsilon", activation="gelu_new", reader=False,
+                                  transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), ffn_length="n_inner",
+                                  fixed=(("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                                         ("add_cross_attention", False)))),
         ModelFacts("gpt_bigcode"),
         ModelFacts("gpt_neox", gguf_arch="gptneox",  # gptneox.cpp: LayerNorms + biases, partial rotary, GELU (tanh)
                    gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu", output="untied", reader=False,

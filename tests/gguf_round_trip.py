@@ -324,6 +324,8 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # (and the sequential one in its own row); exact-erf GELU, which llama.cpp computes with its tanh form.
     "gpt_neox (gpt-2)": ("gpt_neox", {}, "gpt-2"),
     "gpt_neox (gpt-2, sequential residual)": ("gpt_neox", {"use_parallel_residual": False}, "gpt-2"),
+    # GPT-2: Conv1D weights stored (in, out), learned positions, LayerNorms with bias, tied head.
+    "gpt2 (gpt-2)": ("gpt2", {}, "gpt-2"),
     # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
     "phi (gpt-2)": ("phi", {}, "gpt-2"),
     # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).

@@ -1,6 +1,6 @@
 """save_gguf for the dense families of the gguf-more round (gemma, phi, olmo, cohere, arcee, seed_oss,
-hunyuan_v1_dense, apertus, gpt_neox, ministral3, ministral, exaone, internlm3, helium): each row's GGUFRules in the
-file, and what each family's llama.cpp graph cannot compute refused before anything is written, naming the config
+hunyuan_v1_dense, apertus, gpt_neox, gpt2, ministral3, ministral, exaone, internlm3, helium): each row's GGUFRules in
+the file, and what each family's llama.cpp graph cannot compute refused before anything is written, naming the config
 key. Their llama.cpp round trips are rows of tests/gguf_round_trip.py (TWINS), run by
 tests/test_llamacpp_round_trip.py."""
 
@@ -94,6 +94,27 @@ def test_gpt_neox_qkv_rows_reordered_and_residual_flag(tmp_path):
     assert torch.equal(got, b.reshape(heads, 3, -1).transpose(0, 1).reshape(-1))
 
 
+def test_gpt2_conv1d_weights_transposed_and_mlp_width(tmp_path):
+    """GPT-2's Conv1D weights (in, out) go out as llama.cpp's (out, in); n_inner None is 4 x hidden; learned positions
+    are position_embd; its activation_function is the one checked."""
+    model = twin("gpt2")
+    fields, tensors = _fields_and_tensors(model, tmp_path)
+    assert _value(fields, "gpt2.feed_forward_length") == 4 * 64
+    assert _value(fields, "gpt2.attention.layer_norm_epsilon") == pytest.approx(model.config.layer_norm_epsilon)
+    w = model.get_parameter("transformer.h.0.attn.c_attn.weight").detach()  # (in, 3·hidden)
+    got = torch.from_numpy(tensors["blk.0.attn_qkv.weight"].data.copy()).float()
+    assert torch.allclose(got, w.t().half().float())
+    assert "position_embd.weight" in tensors and "output.weight" not in tensors  # tied
+
+
+def test_families_not_exported_say_so(tmp_path):
+    """Table families still without a GGUF row are refused before any work, naming the way out."""
+    for model_type in ("gpt_bigcode", "codegen", "persimmon"):
+        with pytest.raises(FastkitError, match=f"model_type '{model_type}' has no GGUF mapping here"):
+            write_gguf(twin(model_type), twin_bpe_tokenizer("gpt-2"), tmp_path / model_type)
+        assert not (tmp_path / model_type).exists()
+
+
 _YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
 
@@ -125,6 +146,8 @@ def test_ministral3_writes_yarn_and_the_query_temperature(tmp_path):
     ("apertus", {"tie_word_embeddings": True}, "needs its own output tensor"),
     ("apertus", {"hidden_act": "silu"}, "activation 'silu': llama.cpp's apertus graph applies 'xielu'"),
     ("gpt_neox", {"attention_bias": False}, "config.attention_bias=False: llama.cpp's gptneox"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "config.scale_attn_by_inverse_layer_idx=True"),
+    ("gpt2", {"activation_function": "relu"}, "activation 'relu': llama.cpp's gpt2 graph applies 'gelu_new'"),
     ("ministral3", {"rope_parameters": dict(_YARN, mscale=0.5)}, r"rope_parameters\['mscale'\]=0.5"),
     ("ministral3", {"rope_parameters": dict(_YARN, attention_factor=1.5)}, "attention_factor"),
     ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope types yarn"),

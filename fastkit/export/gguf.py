@@ -235,7 +235,8 @@ def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
 def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What llama.cpp's graph for the family hard-codes: activation, soft-capping, query scale, tied output."""
     arch = _arch(model_type)
-    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    act = (getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+           or getattr(config, "activation_function", None))  # GPT-2's name for it
     if act != rules.activation:
         raise FastkitError(f"save_gguf: {model_type} with activation {act!r}: llama.cpp's {arch} graph applies "
                            f"{rules.activation!r}; this model cannot be expressed in GGUF as is.")

@@ -50,10 +50,17 @@ def layer_arrays(model: torch.nn.Module, rules: registry.GGUFRules) -> list[tupl
 
 
 def transform(gname: str, rules: registry.GGUFRules, config) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The layout change a family's tensor ``gname`` (llama.cpp's name, no suffix) needs, or None."""
+    """The layout change a family's tensor ``gname`` (llama.cpp's name, no suffix) needs, or None: GPT-NeoX's per-head
+    fused qkv (:attr:`GGUFRules.qkv_per_head`), GPT-2's ``(in, out)`` Conv1D weights (:attr:`GGUFRules.transposed`)."""
     if rules.qkv_per_head and gname.endswith("attn_qkv"):
         return _qkv_from_heads(config.num_attention_heads)
+    if gname.rpartition(".")[2] in rules.transposed:
+        return _out_in
     return None
+
+
+def _out_in(w: torch.Tensor) -> torch.Tensor:
+    return w.transpose(0, 1).contiguous() if w.dim() == 2 else w  # Conv1D (in, out) -> (out, in); biases as they are
 
 
 def _qkv_from_heads(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -64,9 +71,12 @@ def _qkv_from_heads(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def add_kv(writer, config, rules: registry.GGUFRules) -> None:
-    """The booleans the family's graph reads (:attr:`GGUFRules.config_flags`)."""
+    """The booleans the family's graph reads (:attr:`GGUFRules.config_flags`), an MLP width not in intermediate_size
+    (:attr:`GGUFRules.ffn_length`)."""
     for method, attr in rules.config_flags:
         getattr(writer, method)(bool(getattr(config, attr)))
+    if rules.ffn_length:
+        writer.add_feed_forward_length(int(getattr(config, rules.ffn_length) or 4 * config.hidden_size))
 
 
 __all__ = ["add_kv", "is_layer_array", "layer_arrays", "transform"]
