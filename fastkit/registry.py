@@ -164,6 +164,10 @@ class GGUFRules:
     ffn_length: str = ""
     """Config attribute of the MLP width where it is not ``intermediate_size`` (GPT-2's ``n_inner``; None there means
     4 x hidden, as transformers builds it), written as ``feed_forward_length``."""
+    kv_heads: int = 0
+    """The KV head count written where transformers does not read ``num_key_value_heads`` (GPT-BigCode's
+    ``multi_query``: one shared key / value head, src/models/starcoder.cpp sizes ``attn_qkv`` from it); 0: the
+    config's (all heads where it has none)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -362,7 +366,11 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), ffn_length="n_inner",
                                   fixed=(("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                                          ("add_cross_attention", False)))),
-        ModelFacts("gpt_bigcode"),
+        ModelFacts("gpt_bigcode", gguf_arch="starcoder",  # starcoder.cpp: gpt2's graph with one KV head (multi_query)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_epsilon", activation="gelu_pytorch_tanh", reader=False,
+                                  ffn_length="n_inner", kv_heads=1,
+                                  fixed=(("multi_query", True), ("scale_attn_weights", True),
+                                         ("add_cross_attention", False)))),
         ModelFacts("gpt_neox", gguf_arch="gptneox",  # gptneox.cpp: LayerNorms + biases, partial rotary, GELU (tanh)
                    gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu", output="untied", reader=False,
                                   qkv_per_head=True, config_flags=(("add_parallel_residual", "use_parallel_residual"),),

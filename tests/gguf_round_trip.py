@@ -326,6 +326,9 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "gpt_neox (gpt-2, sequential residual)": ("gpt_neox", {"use_parallel_residual": False}, "gpt-2"),
     # GPT-2: Conv1D weights stored (in, out), learned positions, LayerNorms with bias, tied head.
     "gpt2 (gpt-2)": ("gpt2", {}, "gpt-2"),
+    # GPT-BigCode (StarCoder / SantaCoder): one shared key / value head (multi_query), fused [q | k | v], learned
+    # positions.
+    "gpt_bigcode (gpt-2)": ("gpt_bigcode", {}, "gpt-2"),
     # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
     "phi (gpt-2)": ("phi", {}, "gpt-2"),
     # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).

@@ -1,7 +1,7 @@
 """save_gguf for the dense families of the gguf-more round (gemma, phi, olmo, cohere, arcee, seed_oss,
-hunyuan_v1_dense, apertus, gpt_neox, gpt2, ministral3, ministral, exaone, internlm3, helium): each row's GGUFRules in
-the file, and what each family's llama.cpp graph cannot compute refused before anything is written, naming the config
-key. Their llama.cpp round trips are rows of tests/gguf_round_trip.py (TWINS), run by
+hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode, ministral3, ministral, exaone, internlm3, helium): each row's
+GGUFRules in the file, and what each family's llama.cpp graph cannot compute refused before anything is written,
+naming the config key. Their llama.cpp round trips are rows of tests/gguf_round_trip.py (TWINS), run by
 tests/test_llamacpp_round_trip.py."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_gpt2_conv1d_weights_transposed_and_mlp_width(tmp_path):
 
 def test_families_not_exported_say_so(tmp_path):
     """Table families still without a GGUF row are refused before any work, naming the way out."""
-    for model_type in ("gpt_bigcode", "codegen", "persimmon"):
+    for model_type in ("codegen", "persimmon", "gptj"):
         with pytest.raises(FastkitError, match=f"model_type '{model_type}' has no GGUF mapping here"):
             write_gguf(twin(model_type), twin_bpe_tokenizer("gpt-2"), tmp_path / model_type)
         assert not (tmp_path / model_type).exists()
@@ -148,6 +148,7 @@ def test_ministral3_writes_yarn_and_the_query_temperature(tmp_path):
     ("gpt_neox", {"attention_bias": False}, "config.attention_bias=False: llama.cpp's gptneox"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "config.scale_attn_by_inverse_layer_idx=True"),
     ("gpt2", {"activation_function": "relu"}, "activation 'relu': llama.cpp's gpt2 graph applies 'gelu_new'"),
+    ("gpt_bigcode", {"multi_query": False}, "config.multi_query=False: llama.cpp's starcoder"),
     ("ministral3", {"rope_parameters": dict(_YARN, mscale=0.5)}, r"rope_parameters\['mscale'\]=0.5"),
     ("ministral3", {"rope_parameters": dict(_YARN, attention_factor=1.5)}, "attention_factor"),
     ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope types yarn"),
