@@ -18,7 +18,8 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
 granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2), and gemma, phi
-(phi2), olmo, cohere (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, ministral3, and ministral /
+(phi2), olmo, cohere (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode
+(starcoder), ministral3, and ministral /
 exaone / internlm3 / helium (llama; :mod:`fastkit.export.gguf_more`); how each differs
 from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
 router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
