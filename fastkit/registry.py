@@ -130,12 +130,28 @@ class GGUFRules:
     ``n_embd`` wide, transformers' ``k_norm`` spans the KV heads): grouped-query attention is refused."""
     fixed: tuple[tuple[str, Any], ...] = ()
     """``(config attribute, the only value llama.cpp's graph computes)``: a config with another value is refused
-    naming the key (OLMoE's ``clip_qkv`` None: olmoe.cpp does not clamp; DeepSeek's biases off)."""
-    # more dense families (gguf-more)
+    naming the key; a missing attribute counts as that value. Mostly which biases the graph adds (``starcoder2.cpp``
+    requires ``attn_output`` / ``ffn_*`` biases: ``use_bias`` True; ``ernie4-5.cpp``, ``olmo2.cpp``, ``cohere2.cpp``,
+    ``smollm3.cpp`` have none), OLMoE's ``clip_qkv`` None (olmoe.cpp does not clamp), DeepSeek's biases off."""
+    # dense families (gguf-dense)
     layer_norm_eps: str | float = ""
-    """The graph's norms are LayerNorms (mean removed; src/models/phi2.cpp, olmo.cpp, command-r.cpp ``LLM_NORM``),
-    which read ``attention.layer_norm_epsilon``: the config attribute holding it (``"layer_norm_eps"``), or the number
-    transformers hard-codes (OLMo's non-parametric LayerNorm: 1e-5). ``""``: RMSNorm, ``rms_norm_eps`` written."""
+    """The graph's norms are LayerNorm (mean subtracted; a bias where the model has one: llama.cpp's ``LLM_NORM`` in
+    ``starcoder2.cpp`` / ``cohere2.cpp``): the config attribute holding their epsilon, written as
+    ``attention.layer_norm_epsilon``, or the number transformers hard-codes (OLMo's weightless LayerNorm: 1e-5,
+    ``olmo.cpp``). ``""``: RMSNorm, ``config.rms_norm_eps`` as ``attention.layer_norm_rms_epsilon``."""
+    no_rope_every: int = 0
+    """The graph skips rope on every n-th layer (``smollm3.cpp``: ``n_no_rope_layer_step = 4``, layers 3, 7, ...):
+    ``config.no_rope_layers`` must be that pattern (1 = rope). 0: no such rule."""
+    windows_at_depth: int = 0
+    """The graph turns sliding windows on, and rope off on the full-attention layers, for exactly this many layers
+    and never otherwise (``exaone4.cpp``: 64, EXAONE 4.0 32B); transformers does both whenever
+    ``config.sliding_window`` is set. A windowed config of another depth, or a window-less one of this depth, is
+    refused. 0: no such rule."""
+    swa_rope_global: bool = False
+    """The graph ropes the windowed layers with the global base and no scaling (``olmo2.cpp`` passes ``freq_base``
+    and scale 1 there, ignoring ``rope.freq_base_swa``): a per-layer-type config whose sliding layers' theta differs
+    from the full layers' is refused."""
+    # more dense families (gguf-more)
     config_optional: tuple[tuple[str, str], ...] = ()
     """``(gguf-py writer method, config attribute)`` float hyperparameters written only where the config sets them (not
     None): OLMo's ``clip_qkv`` as ``attention.clamp_kqv`` (llama-graph.cpp ``build_qkv`` clamps q, k and v)."""
@@ -323,7 +339,11 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(layer_norm_eps="layer_norm_eps", output="tied", reader=False,  # rope, logit scale
                                   config_scales=(("add_logit_scale", "logit_scale"),),
                                   fixed=(("attention_bias", False),))),  # command-r.cpp loads no o_proj bias
-        ModelFacts("cohere2", sliding_window=True),
+        # cohere2: parallel attention + MLP on one LayerNorm; rope on the windowed layers only (as transformers)
+        ModelFacts("cohere2", sliding_window=True, gguf_arch="cohere2",
+                   gguf=GGUFRules(windows=True, output="tied", layer_norm_eps="layer_norm_eps",
+                                  fixed=(("attention_bias", False),),
+                                  config_scales=(("add_logit_scale", "logit_scale"),), reader=False)),
         ModelFacts("cohere2_moe", sliding_window=True, moe=True),
         ModelFacts("cwm", sliding_window=True),
         ModelFacts("deepseek_v2", mla=True, moe=True, gguf_arch="deepseek2",  # HF's V2 router never renormalizes
@@ -332,11 +352,13 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("diffllama"),
         ModelFacts("dory", sliding_window=True),
         ModelFacts("emu3"),
-        ModelFacts("ernie4_5"),
+        ModelFacts("ernie4_5", gguf_arch="ernie4_5", gguf=GGUFRules(fixed=(("use_bias", False),),
+                                                                    reader=False)),
         ModelFacts("ernie4_5_moe", moe=True),
         ModelFacts("exaone", gguf_arch="llama",  # transformers builds EXAONE 3 as LlamaForCausalLM
                    gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"), reader_config=False)),
-        ModelFacts("exaone4", sliding_window=True),
+        ModelFacts("exaone4", sliding_window=True, gguf_arch="exaone4",  # post-norms only, per-head q/k RMSNorm
+                   gguf=GGUFRules(windows=True, windows_at_depth=64, rope_types=("default", "llama3"), reader=False)),
         ModelFacts("exaone_moe", sliding_window=True, moe=True),
         ModelFacts("flex_olmo", moe=True),
         ModelFacts("flint", sliding_window=True, attention_sinks=True, default_attn="eager"),
@@ -352,7 +374,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only"),
         ModelFacts("glm"),
-        ModelFacts("glm4"),
+        ModelFacts("glm4", gguf_arch="glm4",  # fused gate_up_proj, post-norms, partial interleaved rope
+                   gguf=GGUFRules(reader=False)),
         ModelFacts("glm4_moe", moe=True, gguf_arch="glm4moe",  # glm4-moe.cpp: q/k norms, qkv biases optional
                    gguf=GGUFRules(**_SELECTION_BIAS, reader=False, dense_lead="first_k_dense_replace",
                                   config_ints=(("add_expert_shared_count", "n_shared_experts"),),
@@ -422,8 +445,12 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(permute_qk=True, layer_norm_eps=1e-5, reader=False,
                                   fixed=(("attention_bias", False),),  # olmo.cpp: no o_proj bias
                                   config_optional=(("add_clamp_kqv", "clip_qkv"),))),
-        ModelFacts("olmo2"),
-        ModelFacts("olmo3", sliding_window=True),
+        ModelFacts("olmo2", gguf_arch="olmo2",  # post-norms only, q/k RMSNorm over all heads
+                   gguf=GGUFRules(output="untied", fixed=(("attention_bias", False),), reader=False)),
+        ModelFacts("olmo3", sliding_window=True, gguf_arch="olmo2",  # llama.cpp's olmo2 graph with windows
+                   gguf=GGUFRules(windows=True, rope_by_layer_type=True, swa_rope_global=True, output="untied",
+                                  rope_types=("default", "yarn"), fixed=(("attention_bias", False),),
+                                  reader=False)),
         ModelFacts("persimmon"),
         ModelFacts("phi", gguf_arch="phi2",  # phi2.cpp: parallel attention + MLP from one LayerNorm, biases, GELU(tanh)
                    gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu_new", output="untied", reader=False,
@@ -435,12 +462,16 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("sarvam_moe", moe=True),
         ModelFacts("seed_oss", gguf_arch="seed_oss",  # seed-oss.cpp: q/k/v biases optional, none on o_proj / MLP
                    gguf=GGUFRules(reader=False, fixed=(("attention_out_bias", False), ("mlp_bias", False)))),
-        ModelFacts("smollm3"),
+        ModelFacts("smollm3", gguf_arch="smollm3", gguf=GGUFRules(
+            permute_qk=True, no_rope_every=4, fixed=(("attention_bias", False), ("mlp_bias", False)),
+            reader=False)),
         ModelFacts("solar_open", moe=True, gguf_arch="glm4moe",  # glm4-moe.cpp: MoE in every layer, V3's router
                    gguf=GGUFRules(**_SELECTION_BIAS, reader=False,
                                   config_ints=(("add_expert_shared_count", "n_shared_experts"),),
                                   config_scales=(("add_expert_weights_scale", "routed_scaling_factor"),))),
-        ModelFacts("starcoder2"),
+        ModelFacts("starcoder2", gguf_arch="starcoder2",  # LayerNorm + biases, gelu MLP without gate
+                   gguf=GGUFRules(activation="gelu_pytorch_tanh", layer_norm_eps="norm_epsilon",
+                                  fixed=(("use_bias", True),))),
         ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
         ModelFacts("youtu", mla=True),
     ]

@@ -292,6 +292,45 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
+    # dense families (gguf-dense). SmolLM3: 4 layers, so layer 3 is one llama.cpp runs without rope; Llama-3's split.
+    # initializer_range 0.1 (as gpt_oss): at 0.02 the attention logits are too flat for rope to matter (roping layer 3
+    # too moved the logits by 1e-3 only); here it changes the greedy text.
+    "smollm3 (llama-bpe)": ("smollm3", {"num_hidden_layers": 4, "initializer_range": 0.1}, "llama-bpe"),
+    # OLMo 2 / 3 (cl100k-based, "dbrx" split): no pre-norms, post-attention / post-ffw norms, q/k RMSNorm over all
+    # heads, untied head; OLMo 3: an 8-token window on the first layer, YaRN (x8 over 64) on the full layer only
+    # (initializer_range 0.1: without the YaRN keys the logits then move by 0.57, at 0.02 by 0.005).
+    "olmo2 (dbrx)": ("olmo2", {}, "dbrx"),
+    "olmo3 (dbrx, yarn on full layers)": ("olmo3", {
+        "initializer_range": 0.1, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0,
+                               "original_max_position_embeddings": 64},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "dbrx"),
+    # StarCoder2: LayerNorm with biases, every linear with a bias, gelu MLP without a gate; its tokenizer's split is
+    # llama.cpp's "starcoder", the same regexes as "smollm".
+    "starcoder2 (smollm)": ("starcoder2", {"bos_token_id": 1, "eos_token_id": 2}, "smollm"),
+    # GLM-4: fused gate_up_proj, q/k/v biases, post-attention / post-MLP norms, rope on half of each head, interleaved.
+    "glm4 (dbrx)": ("glm4", {}, "dbrx"),
+    # Command R7B: attention and MLP in parallel on one bias-free LayerNorm, rope only in the windowed layer (8
+    # tokens), a logit scale away from 1, tied head, interleaved rope; Cohere's split is llama.cpp's "command-r"
+    # (the same regexes as "smollm").
+    "cohere2 (smollm)": ("cohere2", {"logit_scale": 0.5, "initializer_range": 0.05}, "smollm"),
+    # EXAONE 4.0 (below 64 layers: no windows, rope everywhere): no pre-norms, post-norms, per-head q/k RMSNorm,
+    # Llama-3 rope scaling as rope_freqs.
+    "exaone4 (gpt-2, rope llama3)": ("exaone4", {"sliding_window": None, "layer_types": ["full_attention"] * 2,
+                                                 "rope_parameters": {
+                                                     "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 64}}, "gpt-2"),
+    # EXAONE 4.0 32B's depth: llama.cpp's exaone4 has windows, and no rope on the full layers, at 64 layers only;
+    # alternating layers (not llama.cpp's default every-4th pattern, so the written pattern is what counts).
+    "exaone4 (gpt-2, 64 layers, windows)": ("exaone4", {"num_hidden_layers": 64, "sliding_window": 8,
+                                                        "layer_types": ["sliding_attention", "full_attention"] * 32,
+                                                        "initializer_range": 0.1}, "gpt-2"),
+    # ERNIE 4.5: interleaved rope, head_dim 32 over a 64-wide model (ERNIE-4.5-0.3B: 128 over 1024 / 16 heads).
+    # ERNIE 4.5 at initializer_range 0.1 and Cohere 2 at 0.05: at 0.02, q/k rows in the wrong rope order still passed
+    # (Cohere 2 at 0.1: its q8_0 greedy text had near-ties).
+    "ernie4_5 (gpt-2)": ("ernie4_5", {"head_dim": 32, "initializer_range": 0.1}, "gpt-2"),
     # more dense families (gguf-more). Real tokenizers whose split fastkit does not name yet (exaone, seed-coder,
     # hunyuan-dense, afmoe...) are carried as GPT-2's split on these twins.
     # Ministral: llama.cpp's llama graph, which has no window: the twin's window is the whole context.
@@ -343,9 +382,11 @@ ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "gra
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
-TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "ministral3 (tekken)": 60}
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15,
+               "ministral3 (tekken)": 60}
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
-SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart)."""
+SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart). Shorter: the 64-layer
+exaone4 twin (15 steps keep its row at seconds)."""
 
 
 def twin_model(label: str, steps: int | None = None):

@@ -108,6 +108,17 @@ def test_bad_options_fail_before_any_save(trained, tmp_path, monkeypatch):
     assert not out.exists()
 
 
+def test_export_flags_in_snake_case_too(monkeypatch):
+    """`fastkit export` takes TRL-style snake spellings like `fastkit train` (--push_to_hub, --out_dir, ...)."""
+    import fastkit.cli.export as cli_export
+
+    seen = {}
+    monkeypatch.setattr(cli_export, "run", lambda args: seen.update(vars(args)) or 0)
+    argv = ["export", "--model", "m", "--push_to_hub", "me/x", "--out_dir", "o", "--max_seq_length", "64"]
+    assert cli.main(argv) == 0
+    assert (seen["push_to_hub"], seen["out_dir"], seen["max_seq_length"]) == ("me/x", "o", 64)
+
+
 def test_cli_export_checks_options_before_loading(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "llama_cpp" else object())
     rc = cli.main(["export", "--model", str(tmp_path / "missing"), "--gguf", "q5_k_m"])

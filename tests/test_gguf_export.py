@@ -19,6 +19,7 @@ from fastkit import FastkitError, FastModel
 from fastkit.export.gguf import merged_parameters, write_gguf
 from fastkit.export.gguf_vocab import pre_tokenizer_name
 from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_tokenizer
+from tests import gguf_round_trip as rt
 from tests.helpers import save_twin, train_lora_steps
 
 HUB = {"llama": "HuggingFaceTB/SmolLM2-135M-Instruct", "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B",
@@ -27,7 +28,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 TOLERANCE = {"bf16": 1e-2, "q8_0": 2e-2, "q4_0": 1.5e-1}  # max |Δlogit| on the llama twin (see top)
 # The pre-tokenizer each family's real tokenizer has (SmolLM2, Mistral Nemo, Qwen2/3), given to its twin.
 PRE = {"llama": "smollm", "mistral": "tekken", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2",
-       "qwen2_moe": "qwen2"}
+       "qwen2_moe": "qwen2", "starcoder2": "smollm"}
 
 
 def _trained(family: str, steps: int = 2):
@@ -66,9 +67,10 @@ def test_f16_round_trip_is_the_merged_model_rounded(tmp_path, family):
         torch.testing.assert_close(back(input_ids=_x()).logits, ref, rtol=0, atol=2e-3)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "starcoder2"])
 def test_f16_round_trip_plain_models(tmp_path, family):
-    """No LoRA; qwen2 brings q/k/v biases (no twin family: built from its config here)."""
+    """No LoRA; qwen2 brings q/k/v biases (no twin family: built from its config here); starcoder2 LayerNorm biases
+    and a bias on every linear layer (the dense family transformers' GGUF reader has)."""
     if family == "qwen2":
         from transformers import Qwen2Config
 
@@ -511,7 +513,6 @@ def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
     halves swapped in the file: refused."""
     from fastkit.export import gguf as writer
     from fastkit.export import save_gguf as save_verified
-    from tests import gguf_round_trip as rt
 
     model, tok = rt.twin_model("qwen3_moe (qwen2)")
     assert os.path.exists(save_verified(model, tok, tmp_path / "ok", quantization="q8_0"))
@@ -542,6 +543,83 @@ def test_minimax_m2_reads_back_in_transformers(tmp_path):
     assert torch.equal(back.get_buffer(name), model.base_model.model.get_buffer(name))
     with torch.no_grad():
         torch.testing.assert_close(back(input_ids=_x()).logits, model(input_ids=_x()).logits, rtol=0, atol=2e-3)
+def test_dense_family_files_carry_their_rules(tmp_path):
+    """The dense rows' GGUFRules in the file: LayerNorm epsilon under llama.cpp's LayerNorm key (starcoder2, cohere2),
+    Cohere's logit scale and window pattern, OLMo 3's windows and full layers' YaRN, GLM-4's half-head rope and fused
+    gate_up_proj."""
+    def fields(model, pre, name):
+        return gguf.GGUFReader(write_gguf(model, twin_bpe_tokenizer(pre), tmp_path / name, quantization="f16"))
+
+    r = fields(twin("starcoder2", norm_epsilon=1e-3), "smollm", "sc2")
+    assert r.fields["starcoder2.attention.layer_norm_epsilon"].contents() == pytest.approx(1e-3)
+    assert "starcoder2.attention.layer_norm_rms_epsilon" not in r.fields
+    assert "blk.0.ffn_up.bias" in {t.name for t in r.tensors} and "output_norm.bias" in {t.name for t in r.tensors}
+    r = fields(twin("cohere2", logit_scale=0.5), "smollm", "co2")
+    assert r.fields["cohere2.logit_scale"].contents() == 0.5
+    assert [bool(x) for x in r.fields["cohere2.attention.sliding_window_pattern"].contents()] == [True, False]
+    rope = {"full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0,
+                               "original_max_position_embeddings": 64},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    r = fields(twin("olmo3", rope_parameters=rope), "dbrx", "olmo3")
+    assert r.fields["general.architecture"].contents() == "olmo2"
+    assert r.fields["olmo2.attention.sliding_window"].contents() == 8
+    assert [bool(x) for x in r.fields["olmo2.attention.sliding_window_pattern"].contents()] == [True, False]
+    assert r.fields["olmo2.rope.scaling.type"].contents() == "yarn"
+    assert r.fields["olmo2.rope.freq_base"].contents() == 1e4
+    r = fields(twin("glm4"), "dbrx", "glm4")
+    assert r.fields["glm4.rope.dimension_count"].contents() == 8  # partial_rotary_factor 0.5 of head_dim 16
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in r.tensors}
+    assert shapes["blk.0.ffn_up.weight"] == (64, 256)  # gate and up fused, as glm4.cpp reads them
+
+
+def test_what_dense_family_graphs_cannot_express_is_refused(tmp_path):
+    """Each dense row's hard-coded facts (registry GGUFRules), refused before anything is written, naming the key."""
+    out = tmp_path / "out"
+    cases = [
+        (twin("smollm3", no_rope_layers=[1, 0]), "no_rope_layers"),  # llama.cpp: no rope on every 4th layer only
+        (twin("smollm3", attention_bias=True), "attention_bias=True"),
+        (twin("smollm3", use_sliding_window=True, sliding_window=8), "8-token sliding window"),
+        (twin("olmo2", tie_word_embeddings=True), "tie_word_embeddings=True"),
+        (twin("olmo2", attention_bias=True), "attention_bias=True"),
+        (twin("olmo3", rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                        "sliding_attention": {"rope_type": "linear", "factor": 2.0,
+                                                              "rope_theta": 1e4}}), "rope types default, yarn"),
+        (twin("olmo3", rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e2}}),
+         "rope_theta 100.0 and full layers' 10000.0"),  # olmo2.cpp ropes every layer with one base
+        (twin("starcoder2", use_bias=False), "use_bias=False"),
+        (twin("starcoder2", hidden_act="gelu"), "activation 'gelu'"),
+        (twin("starcoder2", sliding_window=8), "8-token sliding window"),
+        (twin("cohere2", tie_word_embeddings=False), "untied lm_head"),
+        (twin("cohere2", attention_bias=True), "attention_bias=True"),
+        (twin("exaone4"), "exactly at 64 layers"),  # windowed at 2 layers: llama.cpp turns exaone4's windows off
+        (twin("exaone4", num_hidden_layers=64, sliding_window=None, layer_types=["full_attention"] * 64),
+         "exactly at 64 layers"),  # window-less at 64 layers: llama.cpp turns them on (every 4th layer full)
+        (twin("ernie4_5", use_bias=True), "use_bias=True"),
+    ]
+    for model, message in cases:
+        with pytest.raises(FastkitError, match=message):
+            write_gguf(model, twin_bpe_tokenizer("gpt-2"), out)
+    assert not out.exists()
+
+
+_DENSE = [label for label in rt.TWINS if "64 layers" not in label and label.split()[0] in (
+    "smollm3", "olmo2", "olmo3", "starcoder2", "glm4", "cohere2", "exaone4", "ernie4_5")]
+
+
+@pytest.mark.parametrize("label", _DENSE)
+def test_dense_family_saves_verified_and_its_reader_flag_is_true(tmp_path, label):
+    """save_gguf (the verified save) on each dense twin: read back by transformers' GGUF reader where the row says it
+    can (``GGUFRules.reader``), and where it says it cannot, the reader really refuses the file (a wrong flag either
+    fails the save or skips a check that could run)."""
+    from fastkit import registry
+    from fastkit.export import save_gguf
+
+    model_type, overrides, pre = rt.TWINS[label]
+    path = save_gguf(twin(model_type, **overrides), twin_bpe_tokenizer(pre), tmp_path / "out", quantization="q8_0")
+    if not registry.MODEL_TABLE[model_type].gguf.reader:
+        with pytest.raises(ValueError, match="not supported"):
+            _load(path)
 
 
 @pytest.mark.parametrize("label", ["ministral (tekken)", "exaone (gpt-2)", "internlm3 (gpt-2)", "helium (gpt-2)"])

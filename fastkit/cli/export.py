@@ -27,7 +27,7 @@ def add_menu_arguments(p: argparse.ArgumentParser, merged_help: str = "also save
                    help=f"GGUFs (with an Ollama Modelfile) at these quantizations: {', '.join(QUANTIZATIONS)} "
                         f"({', '.join(K_QUANTS)} need pip install 'fastkit-llm[llamacpp]')")
     p.add_argument("--name", default=None, help="the GGUF's name (file <name>-<q>.gguf; the Ollama model name)")
-    p.add_argument("--push-to-hub", default=None, metavar="REPO",
+    p.add_argument("--push-to-hub", "--push_to_hub", default=None, metavar="REPO",
                    help="upload each verified folder: LoRA to REPO, merged to REPO-merged, GGUF to REPO-GGUF "
                         "(private; token from HF_TOKEN or huggingface-cli login)")
     p.add_argument("--public", action="store_true", help="create the Hub repositories public (default private)")
@@ -48,13 +48,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Export a saved model: merged 16-bit and GGUF at several quantizations, each "
                                    "verified by reloading it; --push-to-hub uploads the verified folders.")
     p.add_argument("--model", required=True, help="a folder save_lora wrote (OUTPUT/lora), or a merged folder")
-    p.add_argument("--out-dir", default=None, help="where the outputs go (default: the folder above --model)")
+    p.add_argument("--out-dir", "--out_dir", default=None,
+                   help="where the outputs go (default: the folder above --model)")
     p.add_argument("--lora", action="store_true", help="save (and upload) the LoRA adapters again, verified")
     add_menu_arguments(p, merged_help="save a merged 16-bit model (plain transformers)")
     p.add_argument("--data", default=None, help="the training data's name, for the Hub model card")
     p.add_argument("--no-verify", dest="verify", action="store_false", default=None,
                    help="skip reloading each output to compare its logits (not recommended)")
-    p.add_argument("--max-seq-length", type=int, default=2048, help="the context to load the model with")
+    p.add_argument("--max-seq-length", "--max_seq_length", type=int, default=2048,
+                   help="the context to load the model with")
     p.set_defaults(run=run)
     return p
 

@@ -16,14 +16,14 @@ shapes first): the peak is the model plus one tensor in fp32, never a second cop
 the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
-gate too), gemma2, gemma3_text, phi3, gpt_oss, and the MoE / MLA families of :mod:`fastkit.export.gguf_moe` (olmoe,
-granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe, solar_open, minimax_m2), and gemma, phi
-(phi2), olmo, cohere (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode
-(starcoder), ministral3, and ministral /
-exaone / internlm3 / helium (llama; :mod:`fastkit.export.gguf_more`); how each differs
-from llama.cpp's graph for its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts,
-router renormalization, shared experts...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time.
-Quantization names: :data:`QUANTS`.
+gate too), gemma2, gemma3_text, phi3, gpt_oss; dense: smollm3, olmo2, olmo3, starcoder2, glm4, cohere2, exaone4,
+ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks), and gemma, phi (phi2), olmo, cohere
+(command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode (starcoder), ministral3, and
+ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`); and the MoE / MLA families of
+:mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
+solar_open, minimax_m2); how each differs from llama.cpp's graph for its architecture (norm +1, soft-caps, window
+patterns, per-layer-type rope, expert layouts, router renormalization, shared experts, biases the graph has or
+lacks...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
 Not supported (a FastkitError says so before writing): families without ``gguf_arch``, qwen2_moe with dense
 layers or renormalized top-k (llama.cpp's qwen2moe has neither), rope types the family's graph does not
 compute, a sliding window shorter than the context where llama.cpp's graph has none, whatever else a family's
@@ -137,6 +137,7 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     gguf_moe.check_family(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
+    _check_dense(config, model_type, rules)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = json.loads(backend.to_str()) if backend is not None else {}
     check_tokenizer(spec)  # byte-level: merges, a pre-tokenizer llama.cpp splits alike; SentencePiece: gguf_spm
@@ -287,6 +288,37 @@ def _check_window(config, model_type: str, rules: registry.GGUFRules) -> None:
                            f"{config.max_position_embeddings}): llama.cpp's {_arch(model_type)} graph has no "
                            "sliding window, so the GGUF would attend over the whole context. If full attention is "
                            "what you want, set model.config.sliding_window = None before saving.")
+
+
+def _check_dense(config, model_type: str, rules: registry.GGUFRules) -> None:
+    """What a family's graph hard-codes beyond the common checks (its row's ``fixed`` values,
+    ``no_rope_every``, ``swa_rope_global``, ``windows_at_depth``): refused naming the key, before any work."""
+    arch = _arch(model_type)
+    for key, value in rules.fixed:
+        got = getattr(config, key, value)
+        if got != value:
+            raise FastkitError(f"save_gguf: {model_type} with config.{key}={got!r}: llama.cpp's {arch} graph "
+                               f"hard-codes {key}={value!r}; this model cannot be expressed in GGUF as is.")
+    if rules.no_rope_every:
+        step, layers = rules.no_rope_every, config.num_hidden_layers
+        want = [int((i + 1) % step != 0) for i in range(layers)]
+        got = list(getattr(config, "no_rope_layers", None) or want)
+        if got != want:
+            raise FastkitError(f"save_gguf: {model_type} with config.no_rope_layers={got}: llama.cpp's {arch} graph "
+                               f"skips rope on every {step}th layer exactly ({want}); this model cannot be expressed "
+                               "in GGUF as is.")
+    full, sliding = _rope(config, rules)
+    if rules.swa_rope_global and sliding is not None and sliding.get("rope_theta") != full.get("rope_theta"):
+        raise FastkitError(f"save_gguf: {model_type} with sliding layers' rope_theta {sliding.get('rope_theta')} and "
+                           f"full layers' {full.get('rope_theta')}: llama.cpp's {arch} graph ropes every layer with "
+                           "one base; this model cannot be expressed in GGUF as is.")
+    if rules.windows_at_depth:
+        windowed = getattr(config, "sliding_window", None) is not None
+        if windowed != (config.num_hidden_layers == rules.windows_at_depth):
+            raise FastkitError(f"save_gguf: {model_type} with config.sliding_window={config.sliding_window} and "
+                               f"{config.num_hidden_layers} layers: llama.cpp's {arch} graph has sliding windows (and "
+                               f"no rope on the full-attention layers) exactly at {rules.windows_at_depth} layers; "
+                               "this model cannot be expressed in GGUF as is.")
 
 
 def _llama_cpp(quantization: str):
