@@ -385,7 +385,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   fixed=(("attention_bias", False), ("rope_interleave", True)))),
         ModelFacts("gpt-sw3"),
         ModelFacts("gpt2", gguf_arch="gpt2",  # gpt2.cpp: learned positions, LayerNorms + biases, fused qkv, GELU (tanh)
-                   gguf=GGUFRules(layer_norm_eps="layer_norm_epsilon", activation="gelu_new", reader=False,
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_epsilon", activation="gelu_new",  # reader: has gpt2
                                   transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), ffn_length="n_inner",
                                   fixed=(("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                                          ("add_cross_attention", False)))),
