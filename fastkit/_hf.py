@@ -463,6 +463,16 @@ def sft_tp_size(trainer) -> int:
     return trainer._tp_size
 
 
+def grpo_tokenizer(trainer):
+    """The tokenizer a ``trl.GRPOTrainer`` pads and decodes with: ``GRPOTrainer._tokenizer`` (the processing class,
+    or its ``.tokenizer`` for a processor); fastkit's packed log-prob pass reads its ``pad_token_id``.
+
+    checked: trl 1.16.
+    Can go when TRL exposes the GRPO trainer's tokenizer publicly.
+    """
+    return trainer._tokenizer
+
+
 # ------------------------------------------------------------------------------- stateful-layer kernels
 # transformers 5.24 wraps each kernel function of a hybrid modeling module (``causal_conv1d_fn``,
 # ``torch_chunk_gated_delta_rule``, ``mamba2_chunk_scan`` ...) in
@@ -670,7 +680,7 @@ def byte_level_bpe(spec: dict) -> bool:
 
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
-    "byte_level_bpe", "class_name_in", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
+    "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
     "modules_of_classes", "package_version", "resolved_kernel", "varlen_unavailable",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",

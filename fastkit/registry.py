@@ -135,11 +135,11 @@ class GGUFRules:
     requires ``attn_output`` / ``ffn_*`` biases: ``use_bias`` True; ``ernie4-5.cpp``, ``olmo2.cpp``, ``cohere2.cpp``,
     ``smollm3.cpp`` have none), OLMoE's ``clip_qkv`` None (olmoe.cpp does not clamp), DeepSeek's biases off."""
     # dense families (gguf-dense)
-    layer_norm_eps: str = ""
+    layer_norm_eps: str | float = ""
     """The graph's norms are LayerNorm (mean subtracted; a bias where the model has one: llama.cpp's ``LLM_NORM`` in
     ``starcoder2.cpp`` / ``cohere2.cpp``): the config attribute holding their epsilon, written as
-    ``attention.layer_norm_epsilon``. ``""``: RMSNorm, ``config.rms_norm_eps`` as
-    ``attention.layer_norm_rms_epsilon``."""
+    ``attention.layer_norm_epsilon``, or the number transformers hard-codes (OLMo's weightless LayerNorm: 1e-5,
+    ``olmo.cpp``). ``""``: RMSNorm, ``config.rms_norm_eps`` as ``attention.layer_norm_rms_epsilon``."""
     no_rope_every: int = 0
     """The graph skips rope on every n-th layer (``smollm3.cpp``: ``n_no_rope_layer_step = 4``, layers 3, 7, ...):
     ``config.no_rope_layers`` must be that pattern (1 = rope). 0: no such rule."""
@@ -152,6 +152,39 @@ class GGUFRules:
     """The graph ropes the windowed layers with the global base and no scaling (``olmo2.cpp`` passes ``freq_base``
     and scale 1 there, ignoring ``rope.freq_base_swa``): a per-layer-type config whose sliding layers' theta differs
     from the full layers' is refused."""
+    # more dense families (gguf-more)
+    config_optional: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` float hyperparameters written only where the config sets them (not
+    None): OLMo's ``clip_qkv`` as ``attention.clamp_kqv`` (llama-graph.cpp ``build_qkv`` clamps q, k and v)."""
+    rope_optional: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config.rope_parameters key)`` floats written where the rope sets them (Ministral 3:
+    ``mscale_all_dim`` as ``rope.scaling.yarn_log_multiplier``, ``llama_4_scaling_beta`` as
+    ``attention.temperature_scale``: src/models/mistral3.cpp scales queries by
+    ``1 + beta·log(1 + floor(pos / n_ctx_orig))`` as transformers does)."""
+    rope_fixed: tuple[tuple[str, Any], ...] = ()
+    """``(config.rope_parameters key, the only value llama.cpp computes)``; another value is refused naming the key
+    (src/llama-context.cpp takes YaRN's ``mscale`` as 1 outside deepseek2, and no ``attention_factor``)."""
+    layer_arrays: tuple[tuple[str, str], ...] = ()
+    """``(regex on a transformers parameter / buffer name, gguf-py writer method)``: one scalar per layer written as a
+    metadata array over the layers instead of as tensors (Apertus's xIELU ``act_fn.alpha_p`` / ``alpha_n`` parameters
+    and ``beta`` / ``eps`` buffers: src/models/apertus.cpp reads them per layer and applies the softplus itself)."""
+    qkv_per_head: bool = False
+    """A fused ``query_key_value`` whose rows are stored per head, ``(H, 3, D)`` (GPT-NeoX), reordered into llama.cpp's
+    ``attn_qkv`` ``(3, H, D)``: every query row, then keys, then values (src/models/gptneox.cpp splits it so); its bias
+    alike."""
+    config_flags: tuple[tuple[str, str], ...] = ()
+    """``(gguf-py writer method, config attribute)`` booleans the graph reads (GPT-NeoX's ``use_parallel_residual``:
+    gptneox.cpp runs attention and MLP off the same input when set, one after the other when not)."""
+    transposed: tuple[str, ...] = ()
+    """llama.cpp tensor names (``attn_qkv``...) whose transformers weights are stored ``(in, out)`` (GPT-2's
+    ``Conv1D``), written transposed to llama.cpp's ``(out, in)``."""
+    ffn_length: str = ""
+    """Config attribute of the MLP width where it is not ``intermediate_size`` (GPT-2's ``n_inner``; None there means
+    4 x hidden, as transformers builds it), written as ``feed_forward_length``."""
+    kv_heads: int = 0
+    """The KV head count written where transformers does not read ``num_key_value_heads`` (GPT-BigCode's
+    ``multi_query``: one shared key / value head, src/models/starcoder.cpp sizes ``attn_qkv`` from it); 0: the
+    config's (all heads where it has none)."""
     # hybrid families (gguf-hybrid): read by fastkit/export/gguf_hybrid.py
     eps_attr: str = "rms_norm_eps"
     """Config attribute of the RMSNorm epsilon, written as ``attention.layer_norm_rms_epsilon`` (LFM2: ``norm_eps``)."""
@@ -346,15 +379,24 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    twin_layer_pattern=("sliding_attention", "full_attention")),
         # Every row below: a plain row, proven by the census (docs/coverage.md) on transformers 5.24.
         ModelFacts("afmoe", sliding_window=True, moe=True),
-        ModelFacts("apertus"),
+        ModelFacts("apertus", gguf_arch="apertus",  # apertus.cpp: q/k RMSNorm before rope, xIELU up/down MLP
+                   gguf=GGUFRules(activation="xielu", rope_types=("default", "llama3"), output="untied", reader=False,
+                                  layer_arrays=((r"\.act_fn\.alpha_p$", "add_xielu_alpha_p"),
+                                                (r"\.act_fn\.alpha_n$", "add_xielu_alpha_n"),
+                                                (r"\.act_fn\.beta$", "add_xielu_beta"),
+                                                (r"\.act_fn\.eps$", "add_xielu_eps")))),
         ModelFacts("apertus1p5_text"),
-        ModelFacts("arcee"),
+        ModelFacts("arcee", gguf_arch="arcee",  # arcee.cpp: llama's graph, ReLU² up/down MLP, no gate
+                   gguf=GGUFRules(permute_qk=True, activation="relu2", reader=False, fixed=(("mlp_bias", False),))),
         ModelFacts("aria_text", moe=True),
         ModelFacts("axk1", mla=True, moe=True),
         ModelFacts("beam", sliding_window=True, moe=True),
         ModelFacts("bitnet"),
         ModelFacts("codegen"),
-        ModelFacts("cohere"),
+        ModelFacts("cohere", gguf_arch="command-r",  # command-r.cpp: parallel block, bias-free LayerNorm, interleaved
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_eps", output="tied", reader=False,  # rope, logit scale
+                                  config_scales=(("add_logit_scale", "logit_scale"),),
+                                  fixed=(("attention_bias", False),))),  # command-r.cpp loads no o_proj bias
         # cohere2: parallel attention + MLP on one LayerNorm; rope on the windowed layers only (as transformers)
         ModelFacts("cohere2", sliding_window=True, gguf_arch="cohere2",
                    gguf=GGUFRules(windows=True, output="tied", layer_norm_eps="layer_norm_eps",
@@ -371,13 +413,15 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("ernie4_5", gguf_arch="ernie4_5", gguf=GGUFRules(fixed=(("use_bias", False),),
                                                                     reader=False)),
         ModelFacts("ernie4_5_moe", moe=True),
-        ModelFacts("exaone"),
+        ModelFacts("exaone", gguf_arch="llama",  # transformers builds EXAONE 3 as LlamaForCausalLM
+                   gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"), reader_config=False)),
         ModelFacts("exaone4", sliding_window=True, gguf_arch="exaone4",  # post-norms only, per-head q/k RMSNorm
                    gguf=GGUFRules(windows=True, windows_at_depth=64, rope_types=("default", "llama3"), reader=False)),
         ModelFacts("exaone_moe", sliding_window=True, moe=True),
         ModelFacts("flex_olmo", moe=True),
         ModelFacts("flint", sliding_window=True, attention_sinks=True, default_attn="eager"),
-        ModelFacts("gemma"),
+        ModelFacts("gemma", gguf_arch="gemma",  # gemma.cpp: x·sqrt(H) embeddings, norms x·w, GELU(tanh), tied head
+                   gguf=GGUFRules(norm_shift=1.0, activation="gelu_pytorch_tanh", output="tied", reader=False)),
         ModelFacts("gemma2", sliding_window=True, softcap=True, default_attn="eager",
                    note="soft-capped attention: eager (transformers has no sdpa for Gemma 2)", gguf_arch="gemma2",
                    gguf=GGUFRules(**_GEMMA_GGUF, attn_softcap="required", final_softcap="required",
@@ -398,9 +442,20 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(**dict(_DEEPSEEK_GGUF, dense_lead="mlp_layer_types"), **_SELECTION_BIAS,
                                   fixed=(("attention_bias", False), ("rope_interleave", True)))),
         ModelFacts("gpt-sw3"),
-        ModelFacts("gpt2"),
-        ModelFacts("gpt_bigcode"),
-        ModelFacts("gpt_neox"),
+        ModelFacts("gpt2", gguf_arch="gpt2",  # gpt2.cpp: learned positions, LayerNorms + biases, fused qkv, GELU (tanh)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_epsilon", activation="gelu_new",  # reader: has gpt2
+                                  transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), ffn_length="n_inner",
+                                  fixed=(("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                                         ("add_cross_attention", False)))),
+        ModelFacts("gpt_bigcode", gguf_arch="starcoder",  # starcoder.cpp: gpt2's graph with one KV head (multi_query)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_epsilon", activation="gelu_pytorch_tanh", reader=False,
+                                  ffn_length="n_inner", kv_heads=1,
+                                  fixed=(("multi_query", True), ("scale_attn_weights", True),
+                                         ("add_cross_attention", False)))),
+        ModelFacts("gpt_neox", gguf_arch="gptneox",  # gptneox.cpp: LayerNorms + biases, partial rotary, GELU (tanh)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu", output="untied", reader=False,
+                                  qkv_per_head=True, config_flags=(("add_parallel_residual", "use_parallel_residual"),),
+                                  fixed=(("attention_bias", True),))),
         ModelFacts("gptj"),
         ModelFacts("granite", gguf_arch="granite", gguf=GGUFRules(permute_qk=True, reader=False,
                                                                   config_scales=_GRANITE_SCALES)),
@@ -412,12 +467,15 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=dataclasses.replace(_GRANITEMOE_GGUF, config_ints=(
                        ("add_expert_shared_feed_forward_length", "shared_intermediate_size"),),
                        fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),))),
-        ModelFacts("helium"),
+        ModelFacts("helium", gguf_arch="llama",  # llama's graph: Helium's rope already rotates interleaved pairs
+                   gguf=GGUFRules(reader_config=False)),  # (llama.cpp's order): q/k written as they are
         ModelFacts("hrm_text"),
-        ModelFacts("hunyuan_v1_dense"),
+        ModelFacts("hunyuan_v1_dense", gguf_arch="hunyuan-dense",  # hunyuan-vl.cpp: q/k RMSNorm after rope
+                   gguf=GGUFRules(reader=False)),
         ModelFacts("hy_v3", moe=True),
         ModelFacts("hyperclovax"),
-        ModelFacts("internlm3"),
+        ModelFacts("internlm3", gguf_arch="llama",  # transformers builds InternLM3 as LlamaForCausalLM (llama.cpp too)
+                   gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"), reader_config=False)),
         ModelFacts("iquestcoder"),
         ModelFacts("jais2"),
         ModelFacts("jetmoe", no_4bit_experts=("JetMoeMoE", "JetMoeMoA")),  # packing exact; experts not 4-bit
@@ -431,12 +489,20 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   buffers=("e_score_correction_bias",),
                                   renames=((r"\.mlp\.e_score_correction_bias$", ".mlp.e_score_correction.bias"),))),
         ModelFacts("minimax_m3_vl_text", moe=True),
-        ModelFacts("ministral", sliding_window=True),
-        ModelFacts("ministral3"),
+        ModelFacts("ministral", sliding_window=True, gguf_arch="llama",  # llama.cpp's llama graph: no window
+                   gguf=GGUFRules(permute_qk=True, reader_config=False)),
+        ModelFacts("ministral3", gguf_arch="mistral3",  # mistral3.cpp: llama's graph, YaRN, Llama-4 query temperature
+                   gguf=GGUFRules(permute_qk=True, rope_types=("yarn",), reader=False,
+                                  rope_optional=(("add_rope_scaling_yarn_log_mul", "mscale_all_dim"),
+                                                 ("add_attn_temperature_scale", "llama_4_scaling_beta")),
+                                  rope_fixed=(("mscale", 1.0), ("attention_factor", None)))),
         ModelFacts("mllama"),
         ModelFacts("moshi", sliding_window=True),
         ModelFacts("nanochat"),
-        ModelFacts("olmo"),
+        ModelFacts("olmo", gguf_arch="olmo",  # olmo.cpp: weightless LayerNorms (eps 1e-5), q/k/v clamped to clip_qkv
+                   gguf=GGUFRules(permute_qk=True, layer_norm_eps=1e-5, reader=False,
+                                  fixed=(("attention_bias", False),),  # olmo.cpp: no o_proj bias
+                                  config_optional=(("add_clamp_kqv", "clip_qkv"),))),
         ModelFacts("olmo2", gguf_arch="olmo2",  # post-norms only, q/k RMSNorm over all heads
                    gguf=GGUFRules(output="untied", fixed=(("attention_bias", False),), reader=False)),
         ModelFacts("olmo3", sliding_window=True, gguf_arch="olmo2",  # llama.cpp's olmo2 graph with windows
@@ -444,13 +510,16 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   rope_types=("default", "yarn"), fixed=(("attention_bias", False),),
                                   reader=False)),
         ModelFacts("persimmon"),
-        ModelFacts("phi"),
+        ModelFacts("phi", gguf_arch="phi2",  # phi2.cpp: parallel attention + MLP from one LayerNorm, biases, GELU(tanh)
+                   gguf=GGUFRules(layer_norm_eps="layer_norm_eps", activation="gelu_new", output="untied", reader=False,
+                                  fixed=(("qk_layernorm", False),))),
         ModelFacts("phi3", gguf_arch="phi3"),  # fused qkv_proj / gate_up_proj: llama.cpp reads them fused
         ModelFacts("phi4_multimodal"),
         ModelFacts("phimoe", moe=True),
         ModelFacts("sarvam_mla", mla=True, moe=True),
         ModelFacts("sarvam_moe", moe=True),
-        ModelFacts("seed_oss"),
+        ModelFacts("seed_oss", gguf_arch="seed_oss",  # seed-oss.cpp: q/k/v biases optional, none on o_proj / MLP
+                   gguf=GGUFRules(reader=False, fixed=(("attention_out_bias", False), ("mlp_bias", False)))),
         ModelFacts("smollm3", gguf_arch="smollm3", gguf=GGUFRules(
             permute_qk=True, no_rope_every=4, fixed=(("attention_bias", False), ("mlp_bias", False)),
             reader=False)),

@@ -335,6 +335,49 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # ERNIE 4.5 at initializer_range 0.1 and Cohere 2 at 0.05: at 0.02, q/k rows in the wrong rope order still passed
     # (Cohere 2 at 0.1: its q8_0 greedy text had near-ties).
     "ernie4_5 (gpt-2)": ("ernie4_5", {"head_dim": 32, "initializer_range": 0.1}, "gpt-2"),
+    # more dense families (gguf-more). Real tokenizers whose split fastkit does not name yet (exaone, seed-coder,
+    # hunyuan-dense, afmoe...) are carried as GPT-2's split on these twins.
+    # Ministral: llama.cpp's llama graph, which has no window: the twin's window is the whole context.
+    "ministral (tekken)": ("ministral", {"sliding_window": 4096}, "tekken"),  # = the context: no window
+    # EXAONE 3.x / InternLM3: transformers builds them as LlamaForCausalLM: llama.cpp's llama graph.
+    "exaone (gpt-2)": ("exaone", {}, "gpt-2"),
+    "internlm3 (gpt-2)": ("internlm3", {}, "gpt-2"),
+    # Helium: llama's layout with rope on interleaved pairs, llama.cpp's own order (nothing permuted).
+    "helium (gpt-2)": ("helium", {}, "gpt-2"),
+    # Gemma: x·sqrt(H) embeddings, norms x·(1+w), GELU(tanh), tied head.
+    "gemma (gpt-2)": ("gemma", {}, "gpt-2"),
+    # Arcee (AFM): ReLU² MLP without a gate.
+    "arcee (gpt-2)": ("arcee", {}, "gpt-2"),
+    # Seed-OSS: q/k/v biases, post-attention norm as llama.cpp's attn_post_norm.
+    "seed_oss (gpt-2)": ("seed_oss", {}, "gpt-2"),
+    # Hunyuan dense: q/k RMSNorm applied after rope.
+    "hunyuan_v1_dense (gpt-2)": ("hunyuan_v1_dense", {}, "gpt-2"),
+    # Ministral 3: llama.cpp's mistral3: YaRN (x4 over a 16-token original context, so the chats run past it) and the
+    # Llama-4 query temperature (beta 0.1 per log step of 16 positions).
+    "ministral3 (tekken)": ("ministral3", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
+                            "tekken"),
+    # Apertus: xIELU MLP (its per-layer alpha_p / alpha_n / beta / eps as metadata arrays), q/k RMSNorm, Llama-3 rope
+    # scaling over a 64-token original context.
+    "apertus (gpt-2)": ("apertus", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, "gpt-2"),
+    # GPT-NeoX (Pythia): per-head fused query_key_value, LayerNorms with bias, partial rotary 0.25, parallel residual
+    # (and the sequential one in its own row); exact-erf GELU, which llama.cpp computes with its tanh form.
+    "gpt_neox (gpt-2)": ("gpt_neox", {}, "gpt-2"),
+    "gpt_neox (gpt-2, sequential residual)": ("gpt_neox", {"use_parallel_residual": False}, "gpt-2"),
+    # GPT-2: Conv1D weights stored (in, out), learned positions, LayerNorms with bias, tied head.
+    "gpt2 (gpt-2)": ("gpt2", {}, "gpt-2"),
+    # GPT-BigCode (StarCoder / SantaCoder): one shared key / value head (multi_query), fused [q | k | v], learned
+    # positions.
+    "gpt_bigcode (gpt-2)": ("gpt_bigcode", {}, "gpt-2"),
+    # Phi-2: parallel attention + MLP off one LayerNorm (with bias), biases everywhere (lm_head too), partial rotary.
+    "phi (gpt-2)": ("phi", {}, "gpt-2"),
+    # OLMo: LayerNorms without weights, q/k/v clamped (clip_qkv low enough to bite).
+    "olmo (gpt-2)": ("olmo", {"clip_qkv": 0.5}, "gpt-2"),
+    # Cohere (Command-R): parallel block, LayerNorm without bias, interleaved rope, logits x logit_scale, tied head.
+    "cohere (gpt-2)": ("cohere", {"logit_scale": 4.0}, "gpt-2"),
     # Hybrid families (gguf-hybrid): recurrent layers beside attention. Their real tokenizers' pre-tokenizers (lfm2,
     # qwen35) are not all among those fastkit writes: these twins carry GPT-2's split. Every chat is longer than the
     # recurrent layers' reach, so a state carried wrong (conv taps reversed, a layer's kind) shows in the logits.
@@ -379,10 +422,13 @@ ROUTER_STD.update({label: 1.0 for label in ("qwen3_next (gpt-2)", "qwen3_5_moe_t
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15,
+               "ministral3 (tekken)": 60}
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15}
 TRAIN_STEPS["lfm2_moe (gpt-2)"] = 60  # gguf-hybrid: at 30 its q8_0 greedy text met a near-tie at token 8
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
-SentencePiece vocabulary, at token 2). Shorter: the 64-layer exaone4 twin (15 steps keep its row at seconds)."""
+SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart). Shorter: the 64-layer
+exaone4 twin (15 steps keep its row at seconds)."""
 
 
 def twin_model(label: str, steps: int | None = None):

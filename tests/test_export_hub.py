@@ -155,7 +155,7 @@ def test_cli_train_exports_the_list_and_pushes_with_the_run_in_the_card(hub, tmp
     assert set(hub.created) == {"tester/tiny", "tester/tiny-GGUF"}
     assert set(hub.files["tester/tiny-GGUF"]) == {"tiny-q8_0.gguf", "tiny-f16.gguf", "Modelfile", "README.md"}
     card = hub.files["tester/tiny"]["README.md"].decode()
-    assert "- dataset: quickstart" in card and "fingerprint of the token ids trained on: `" in card, card
+    assert "- dataset: fastkit's quickstart data" in card and "fingerprint of the token ids trained on: `" in card, card
     assert "| max_steps | `2` |" in card and "| learning_rate | `0.0002` |" in card, card
     assert "base_model:" not in card and "base model not recorded" in card  # a random twin is not SmolLM2
 

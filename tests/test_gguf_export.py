@@ -620,3 +620,22 @@ def test_dense_family_saves_verified_and_its_reader_flag_is_true(tmp_path, label
     if not registry.MODEL_TABLE[model_type].gguf.reader:
         with pytest.raises(ValueError, match="not supported"):
             _load(path)
+
+
+@pytest.mark.parametrize("label", ["ministral (tekken)", "exaone (gpt-2)", "internlm3 (gpt-2)", "helium (gpt-2)",
+                                   "gpt2 (gpt-2)"])
+def test_llama_graph_families_read_back_in_transformers(tmp_path, label):
+    """Ministral, EXAONE 3, InternLM3 and Helium go out as llama.cpp's llama graph (transformers builds EXAONE /
+    InternLM3 as LlamaForCausalLM), which transformers' GGUF reader has: save_gguf's read-back passes, and the f16 file
+    reloads to the model's logits (q/k rows un-permuted; Helium's, stored interleaved, come back in Llama's order).
+    GPT-2 (llama.cpp's gpt2, which the reader has too): its Conv1D weights transposed back."""
+    from fastkit import registry
+    from fastkit.export import save_gguf as save_verified
+    from tests import gguf_round_trip as rt
+
+    model, tok = rt.twin_model(label, steps=2)
+    path = save_verified(model, tok, tmp_path, quantization="f16")
+    config = registry.MODEL_TABLE[rt.TWINS[label][0]].gguf.reader_config  # the reader lacks GPT-2's n_inner
+    back = _load(path, model.config if config else None)
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=_x()).logits, model(input_ids=_x()).logits, rtol=0, atol=2e-3)

@@ -428,6 +428,22 @@ def check_sft_tp_size():
         assert _hf.sft_tp_size(_sft_trainer(out_dir)) == 1
 
 
+def check_grpo_tokenizer():
+    import tempfile
+
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = twin_tokenizer()
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = GRPOConfig(output_dir=out_dir, use_cpu=True, report_to=[], per_device_train_batch_size=2,
+                          num_generations=2, max_completion_length=4, max_steps=1)
+        trainer = GRPOTrainer(model=twin("llama"), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                              args=args, train_dataset=Dataset.from_list([{"prompt": "hi"}] * 2),
+                              processing_class=tok)
+        assert _hf.grpo_tokenizer(trainer) is tok
+
+
 def check_on_param_loaded():
     import os
     import tempfile

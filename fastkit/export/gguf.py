@@ -17,7 +17,9 @@ the adapters are merged into the base reloaded in fp16 on the CPU.
 
 Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (its shared expert and shared-expert
 gate too), gemma2, gemma3_text, phi3, gpt_oss; dense: smollm3, olmo2, olmo3, starcoder2, glm4, cohere2, exaone4,
-ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks); and the MoE / MLA families of
+ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks), and gemma, phi (phi2), olmo, cohere
+(command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode (starcoder), ministral3, and
+ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`); and the MoE / MLA families of
 :mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
 solar_open, minimax_m2); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe, qwen3_next,
 qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for its
@@ -57,7 +59,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.export import gguf_hybrid, gguf_moe
+from fastkit.export import gguf_hybrid, gguf_moe, gguf_more
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
@@ -230,12 +232,18 @@ def _check_rope(config, model_type: str, rules: registry.GGUFRules) -> None:
         raise FastkitError(f"save_gguf: config.rope_parameters {json.dumps(config.rope_parameters)[:160]} is not "
                            f"written by save_gguf for {model_type} (it writes rope types {', '.join(allowed)}); "
                            "export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
+    for key, value in rules.rope_fixed:  # what llama.cpp's YaRN takes as given (GGUFRules.rope_fixed)
+        if full.get(key, value) != value:
+            raise FastkitError(f"save_gguf: {model_type} with rope_parameters[{key!r}]={full[key]!r}: llama.cpp's "
+                               f"{_arch(model_type)} graph computes only {key}={value!r}; this model cannot be "
+                               "expressed in GGUF as is.")
 
 
 def _check_graph(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What llama.cpp's graph for the family hard-codes: activation, soft-capping, query scale, tied output."""
     arch = _arch(model_type)
-    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    act = (getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+           or getattr(config, "activation_function", None))  # GPT-2's name for it
     if act != rules.activation:
         raise FastkitError(f"save_gguf: {model_type} with activation {act!r}: llama.cpp's {arch} graph applies "
                            f"{rules.activation!r}; this model cannot be expressed in GGUF as is.")
@@ -463,7 +471,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     qt = _qtype(quantization)
     rules = registry.MODEL_TABLE[config.model_type].gguf
     entries, unmapped = [], []
-    for hf_name, load, shape in merged_parameters(model) + gguf_moe.buffer_tensors(model, rules):
+    tensors = [t for t in merged_parameters(model) if not gguf_more.is_layer_array(_clean(t[0]), rules)]  # metadata
+    for hf_name, load, shape in tensors + gguf_moe.buffer_tensors(model, rules):
         hf_name = gguf_moe.renamed(_clean(hf_name), rules)  # buffers come with their PEFT-wrapped names
         stem, _, suffix = hf_name.rpartition(".")
         pieces: list[tuple[str, Callable]] = []
@@ -483,10 +492,11 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             elif rules.permute_qk and gname.endswith(("attn_q", "attn_k")):
                 heads = config.num_attention_heads if gname.endswith("attn_q") else config.num_key_value_heads
                 fn = _permute(heads)
+            elif more := (gguf_more.transform(gname, rules, config)  # GPT-NeoX's per-head fused qkv
+                          or gguf_hybrid.transform(full)):  # recurrent layers' conv kernels squeezed
+                fn = more
             elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
                 fn = _flat
-            else:
-                fn = gguf_hybrid.transform(full)  # recurrent layers' tensors (conv kernels squeezed)
             pieces = [(full, fn)]
         for gguf_name, fn in pieces:
             fn = gguf_hybrid.scaled(gguf_name, fn, config, rules)  # multipliers folded in (Falcon-H1)
@@ -615,10 +625,7 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(gguf_hybrid.kv_heads(config, rules, kv_heads))  # per layer: 0 on recurrent ones
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    if rules.layer_norm_eps:  # LayerNorm graphs (starcoder2, cohere2) read this key instead
-        writer.add_layer_norm_eps(float(getattr(config, rules.layer_norm_eps)))
-    else:
-        writer.add_layer_norm_rms_eps(getattr(config, rules.eps_attr))  # LFM2: norm_eps
+    _add_norm_eps(writer, config, rules)
     writer.add_key_length(key_length)
     writer.add_value_length(value_length)
     writer.add_rope_dimension_count(rope_dim)
@@ -628,6 +635,9 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_rope_scaling_factor(float(rope["factor"]))
     if rope.get("rope_type") == "yarn":
         _add_yarn_kv(writer, rope)
+    for method, key in rules.rope_optional:  # Ministral 3's YaRN log multiplier and query temperature
+        if rope.get(key) is not None:
+            getattr(writer, method)(float(rope[key]))
     _add_window_kv(writer, config, rules, sliding_rope)
     if getattr(config, "attn_logit_softcapping", None) and rules.attn_softcap != "none":
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
@@ -635,6 +645,9 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
     for method, attr in rules.config_scales:  # Granite's multipliers, as llama.cpp's graph reads them
         getattr(writer, method)(float(getattr(config, attr)))
+    for method, attr in rules.config_optional:  # OLMo's clip_qkv, where set
+        if getattr(config, attr, None) is not None:
+            getattr(writer, method)(float(getattr(config, attr)))
     if num_experts(config):
         writer.add_expert_count(num_experts(config))
         writer.add_expert_used_count(config.num_experts_per_tok)
@@ -643,9 +656,19 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     if rules.shared_expert:
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     gguf_moe.add_kv(writer, config, rules)
+    gguf_more.add_kv(writer, config, rules)
     gguf_hybrid.add_kv(writer, config, _arch(model_type), rules)
     writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _add_norm_eps(writer, config, rules: registry.GGUFRules) -> None:
+    """RMSNorm's epsilon, or a LayerNorm graph's (:attr:`fastkit.registry.GGUFRules.layer_norm_eps`)."""
+    eps = rules.layer_norm_eps
+    if eps == "":
+        writer.add_layer_norm_rms_eps(getattr(config, rules.eps_attr))  # LFM2: norm_eps
+    else:
+        writer.add_layer_norm_eps(float(getattr(config, eps) if isinstance(eps, str) else eps))
 
 
 def num_experts(config) -> int | None:
@@ -701,7 +724,8 @@ def _add_window_kv(writer, config, rules: registry.GGUFRules, sliding_rope: dict
 # ------------------------------------------------------------------------------------------- entry
 
 
-def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: str, name: str, out: Path) -> int:
+def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: str, name: str, out: Path,
+           arrays: list[tuple[str, list[float]]] = ()) -> int:
     """The planned ``entries`` as a GGUF at ``out`` in one of the WRITTEN quantizations; returns the tensor
     count (``out`` is removed if anything fails)."""
     import gguf
@@ -709,6 +733,8 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
     writer = gguf.GGUFWriter(str(out), _arch(config.model_type))
     try:
         _add_model_kv(writer, config, config.model_type, name, quantization)
+        for method, values in arrays:  # per-layer scalars (GGUFRules.layer_arrays)
+            getattr(writer, method)(values)
         add_tokenizer_kv(writer, tokenizer, spec, config.vocab_size)
         for e in entries:
             _add_info(writer, e)
@@ -749,14 +775,15 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization
     wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
     written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
     entries = _plan(model, config, _arch(model_type), written)  # raises on unmapped tensors, before writing
+    arrays = gguf_more.layer_arrays(model, registry.MODEL_TABLE[model_type].gguf)
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}-{quantization}.gguf"
     tmp = target.with_name(target.name + ".partial")
     if quantization in WRITTEN:
-        count = _write(entries, tokenizer, spec, config, quantization, name, tmp)
+        count = _write(entries, tokenizer, spec, config, quantization, name, tmp, arrays)
     else:
         source = target.with_name(f"{target.name}.{wide}.partial")
-        count = _write(entries, tokenizer, spec, config, wide, name, source)
+        count = _write(entries, tokenizer, spec, config, wide, name, source, arrays)
         try:
             quantize_with_llama_cpp(source, tmp, quantization)
         finally:

@@ -106,7 +106,8 @@ def head_lengths(config, rules: registry.GGUFRules, head_dim: int, rope_dim: int
     """``(KV heads, key length, value length, rope dimensions)`` as the file states them; for MLA those of the latent
     llama.cpp attends over (one KV head of ``kv_lora_rank + qk_rope_head_dim`` / ``kv_lora_rank``)."""
     if not rules.mla:
-        return config.num_key_value_heads, head_dim, head_dim, rope_dim
+        kv_heads = rules.kv_heads or getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return kv_heads, head_dim, head_dim, rope_dim
     rank, rope = config.kv_lora_rank, config.qk_rope_head_dim
     return 1, rank + rope, rank, rope
 

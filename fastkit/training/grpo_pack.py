@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from fastkit import _hf
 from fastkit.errors import FastkitError
 from fastkit.training import dpo
 
@@ -59,7 +60,7 @@ def _attended(trainer, completion: list[int]) -> int:
     """Completion tokens the attention mask keeps: all of them, or none where TRL's ``mask_truncated_completions``
     masks a completion that ran out of tokens (``GRPOTrainer._generate_and_score_completions``, the same rule)."""
     if getattr(trainer, "mask_truncated_completions", False) and completion:
-        eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+        eos_and_pad = [*trainer.eos_token_ids, _hf.grpo_tokenizer(trainer).pad_token_id]
         if completion[-1] not in eos_and_pad:
             return 0
     return len(completion)
