@@ -42,8 +42,9 @@ class GGUFRules:
     norm_shift: float = 0.0
     """Added to every RMSNorm weight (names ending ``norm.weight``): Gemma's norms compute ``x·(1 + w)``, llama.cpp's
     ``x·w``."""
-    activation: str = "silu"
-    """The MLP activation llama.cpp's graph applies (``config.hidden_activation`` / ``hidden_act``); others refused."""
+    activation: str | None = "silu"
+    """The MLP activation llama.cpp's graph applies (``config.hidden_activation`` / ``hidden_act``); others refused.
+    None: the config names none (LFM2: SiLU on both sides, hard-coded)."""
     attn_softcap: str = "none"
     """Attention-logit soft-capping: ``"none"`` (llama.cpp has none: a configured cap is refused), ``"required"``
     (llama.cpp always caps: written, a missing cap refused)."""
@@ -184,6 +185,60 @@ class GGUFRules:
     """The KV head count written where transformers does not read ``num_key_value_heads`` (GPT-BigCode's
     ``multi_query``: one shared key / value head, src/models/starcoder.cpp sizes ``attn_qkv`` from it); 0: the
     config's (all heads where it has none)."""
+    # hybrid families (gguf-hybrid): read by fastkit/export/gguf_hybrid.py
+    eps_attr: str = "rms_norm_eps"
+    """Config attribute of the RMSNorm epsilon, written as ``attention.layer_norm_rms_epsilon`` (LFM2: ``norm_eps``)."""
+    kv_heads_by_layer: tuple[str, str] = ()
+    """``(config attribute listing each layer's kind, the kind that has attention)``: ``head_count_kv`` written per
+    layer, 0 for the others, which is how llama.cpp marks a layer recurrent (src/models/lfm2.cpp ``load_arch_hparams``:
+    ``is_recr_impl[il] = n_head_kv(il) == 0``; LFM2's ``layer_types``, ``"full_attention"`` vs ``"conv"``)."""
+    recurrent_layers: tuple[str, str] = ()
+    """``(config attribute listing each layer's kind, the recurrent kind)``: written as the per-layer bool array
+    ``attention.recurrent_layers`` (src/models/qwen3next.cpp ``load_arch_hparams``; without it llama.cpp assumes
+    every 4th layer attention, ``full_attention_interval``). Qwen3-Next's ``layer_types``, ``"linear_attention"``."""
+    gated_delta: bool = False
+    """Gated DeltaNet layers (``linear_attn``) as src/models/qwen3next.cpp reads them, as its converter writes them:
+    ``in_proj_qkvz`` (per key head ``[q, k, v, z]``) split into ``attn_qkv`` (all q, all k, all v) and ``attn_gate``
+    (z); ``in_proj_ba`` as ``ssm_ba``; the conv kernel ``(C, K)``; ``dt_bias`` as ``ssm_dt.bias``; ``A_log`` as
+    ``ssm_a = -exp(A_log)``; the gated norm as ``ssm_norm`` (plain weight: no ``norm_shift``); ``out_proj`` as
+    ``ssm_out``; and the SSM sizes (conv kernel, key head dim as state size, key heads as groups, value heads as
+    time-step rank, value width as inner size)."""
+    split_delta: bool = False
+    """Qwen3.5's gated DeltaNet (src/models/qwen35.cpp, qwen35moe.cpp; :attr:`gated_delta`'s sizes and norms):
+    separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a`` (``attn_qkv``, ``attn_gate``,
+    ``ssm_beta``, ``ssm_alpha``), with the value heads reordered from grouped by key head (``[k0: v0 v1, k1: v0 v1]``)
+    to tiled (``[k0 v0, k1 v0, k0 v1, k1 v1]``, how ggml broadcasts the key heads) in every tensor that has them:
+    qkv's and the conv's value rows, z, b, a, ``A_log``, ``dt_bias`` and ``out_proj``'s columns; rope sections
+    (``mrope_section``, llama.cpp's default [11, 11, 10]) as ``rope.dimension_sections``."""
+    mamba2: bool = False
+    """Mamba2 mixers (``mamba``) as src/models/mamba-base.cpp ``build_mamba2_layer`` reads them: ``A_log`` as
+    ``ssm_a = -exp(A_log)`` and ``D`` as ``ssm_d``, both ``(heads, 1)``; ``dt_bias`` as ``ssm_dt.bias``; the conv
+    kernel ``(C, K)``; the gated norm ``(d_inner,)`` as ``ssm_norm`` ``(groups, d_inner / groups)``; the SSM sizes
+    (``mamba_d_conv``, ``mamba_d_state``, ``mamba_n_groups``, ``mamba_n_heads``, inner size heads x
+    ``mamba_d_head``)."""
+    zxbcdt: str = ""
+    """Config attribute of the five zxBCdt multipliers (Falcon-H1's ``ssm_multipliers``, transformers' ``mup_vector``)
+    folded into ``in_proj``'s row sections (z, x: ``mamba_d_ssm``; B, C: ``mamba_n_groups · mamba_d_state``; dt:
+    ``mamba_n_heads``), as llama.cpp's converter folds them."""
+    rope_switch: str = ""
+    """Config attribute that turns rope on when ``"rope"`` (GraniteMoeHybrid's ``position_embedding_type``; None: no
+    positional encoding), written as llama.cpp's ``rope.scaling.finetuned``, which granite-hybrid.cpp reads as that
+    switch."""
+    exact_names: tuple[tuple[str, str], ...] = ()
+    """``(regex over the transformers name, llama.cpp's exact tensor name)`` for tensors llama.cpp names without the
+    ``.weight`` suffix gguf-py's map would add (falcon-h1.cpp loads its pre-FFN norm as ``blk.N.ffn_norm``)."""
+    weight_scales: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``(llama.cpp tensor name suffix, config values)``: that tensor multiplied by the product of the values
+    (``"attr"`` or ``"attr[i]"``), where transformers multiplies activations and llama.cpp's graph has no such scale
+    (Falcon-H1's embedding / lm_head / attention in-out / key / SSM in-out / MLP multipliers, folded as its converter
+    folds them)."""
+    same: tuple[tuple[str, str], ...] = ()
+    """``(config attribute, config attribute)`` pairs llama.cpp's graph takes as equal (Qwen3-Next: the linear
+    attention's key and value head dims, both read from ``ssm.state_size``); a config where they differ is refused."""
+    ffn_auto_adjust: bool = False
+    """The MLP width is not ``intermediate_size`` but Lfm2MLP's (``block_auto_adjust_ff_dim``: 2/3 of it, times
+    ``block_ffn_dim_multiplier`` rounded up to ``block_multiple_of``), written as ``feed_forward_length`` (llama.cpp
+    reads ``n_ff`` for its dense ``ffn_gate/up/down``)."""
 
 
 _GEMMA_GGUF = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
@@ -244,6 +299,9 @@ class ModelFacts:
     """llama.cpp's architecture name, where ``save_gguf`` writes (and a round trip tests) this family."""
     gguf: GGUFRules = field(default_factory=GGUFRules)
     """How this family's tensors and metadata differ from llama.cpp's ``gguf_arch`` graph (read by ``save_gguf``)."""
+    gguf_refusal: str = ""
+    """Why ``save_gguf`` does not write this family yet where llama.cpp has an architecture for it (said in the
+    refusal); empty: no reason beyond "no GGUF mapping"."""
     twin: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     """Config overrides of this family's tiny twin on top of the shrunk defaults (:mod:`fastkit.families.twins`)."""
     twin_layer_pattern: tuple[str, ...] = ()
@@ -488,40 +546,106 @@ _LIN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_di
 _MOE4 = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 _ATTN_MLP_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)
+_NOT_YET = "llama.cpp's {arch} runs it; fastkit does not write its {what} yet"
+"""Why a hybrid family llama.cpp runs is still refused (``ModelFacts.gguf_refusal``)."""
+_QWEN3_NEXT_GGUF = GGUFRules(norm_shift=1.0, reader=False, router_renorm="always", experts_every_layer=True,
+                             shared_expert=True, gated_delta=True, recurrent_layers=("layer_types", "linear_attention"),
+                             same=(("linear_key_head_dim", "linear_value_head_dim"),),
+                             fixed=(("attention_bias", False),))
+"""Qwen3-Next as llama.cpp's qwen3next (src/models/qwen3next.cpp): norms x·(1 + w) but the DeltaNet's gated norm,
+gated attention (q_proj's per-head [query, gate] halves, as llama.cpp splits them), softmax top-k renormalized, a
+shared expert with its sigmoid gate, every layer MoE."""
+_QWEN3_5_GGUF = dataclasses.replace(_QWEN3_NEXT_GGUF, split_delta=True, router_renorm="either",
+                                    experts_every_layer=False, shared_expert=False)
+"""Qwen3.5 (dense) as llama.cpp's qwen35: Qwen3-Next's DeltaNet with split projections and tiled value heads."""
+_QWEN3_5_MOE_GGUF = dataclasses.replace(_QWEN3_5_GGUF, experts_every_layer=True, shared_expert=True)
+"""Qwen3.5 MoE as llama.cpp's qwen35moe: top-k always renormalized (transformers' router too; no config key)."""
+_FALCON_H1_GGUF = GGUFRules(
+    output="untied", mamba2=True, zxbcdt="ssm_multipliers", reader=False,
+    exact_names=((r".*\.layers\.(\d+)\.pre_ff_layernorm\.weight", r"blk.\1.ffn_norm"),),
+    same=(("mamba_d_ssm", "mamba_n_heads·mamba_d_head"),),
+    weight_scales=(("token_embd.weight", ("embedding_multiplier",)), ("output.weight", ("lm_head_multiplier",)),
+                   ("attn_q.weight", ("attention_in_multiplier",)),
+                   ("attn_k.weight", ("attention_in_multiplier", "key_multiplier")),
+                   ("attn_v.weight", ("attention_in_multiplier",)),
+                   ("attn_output.weight", ("attention_out_multiplier",)), ("ssm_in.weight", ("ssm_in_multiplier",)),
+                   ("ssm_out.weight", ("ssm_out_multiplier",)), ("ffn_gate.weight", ("mlp_multipliers[0]",)),
+                   ("ffn_down.weight", ("mlp_multipliers[1]",))),
+    fixed=(("mamba_rms_norm", False), ("mamba_proj_bias", False), ("projectors_bias", False), ("mlp_bias", False),
+           ("attention_bias", False)))
+"""Falcon-H1 as llama.cpp's falcon-h1 (src/models/falcon-h1.cpp): attention and a Mamba2 mixer in parallel on the
+same normed input, every multiplier folded into the weights; its lm_head multiplier needs its own output tensor.
+``mamba_rms_norm`` refused: llama.cpp gates before its grouped norm, transformers' Falcon-H1 norms first."""
+_GRANITE_HYBRID_GGUF = dataclasses.replace(
+    _GRANITEMOE_GGUF, mamba2=True, rope_switch="position_embedding_type",
+    kv_heads_by_layer=("layer_types", "full_attention"),
+    config_ints=(("add_expert_shared_feed_forward_length", "shared_intermediate_size"),),
+    fused_halves=(("shared_mlp.input_linear", "ffn_gate_shexp", "ffn_up_shexp"),),
+    same=(("mamba_expand·hidden_size", "mamba_n_heads·mamba_d_head"),),
+    fixed=(("mamba_proj_bias", False), ("attention_bias", False)))
+"""GraniteMoeHybrid (Granite 4.0-H) as llama.cpp's granitehybrid (src/models/granite-hybrid.cpp): Mamba2 layers
+(0 KV heads) and attention layers, GraniteMoeShared's experts and multipliers, rope only where configured."""
+_LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
+                       ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
+                       fixed=(("conv_bias", False),))
+"""LFM2 as llama.cpp's lfm2 (src/models/lfm2.cpp): conv layers are those with 0 KV heads; the conv's kernel length
+(``conv_L_cache``) as ``shortconv.l_cache``; no biases in the conv block (its graph has none)."""
+_LFM2_MOE_GGUF = dataclasses.replace(
+    _LFM2_GGUF, ffn_auto_adjust=False, reader=False, gating="sigmoid", router_renorm="always",
+    dense_lead="num_dense_layers", buffers=("expert_bias",),
+    renames=((r"\.feed_forward\.experts\.", ".mlp.experts."),
+             (r"\.feed_forward\.expert_bias$", ".feed_forward.expert_bias.bias")),
+    fixed=(("conv_bias", False), ("use_expert_bias", True), ("routed_scaling_factor", 1.0)))
+"""LFM2-MoE as llama.cpp's lfm2moe (src/models/lfm2moe.cpp, lfm2.cpp's blocks): leading dense layers, sigmoid router
+with its selection bias (``expert_bias`` as ``exp_probs_b``, required by the graph), top-k always renormalized; its
+loader reads no ``expert_weights_scale``, so a ``routed_scaling_factor`` other than 1 is refused; the dense MLP's width
+is ``intermediate_size`` as is."""
 MODEL_TABLE.update({f.model_type: f for f in [
-    ModelFacts("qwen3_5_text", stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
+    ModelFacts("qwen3_5_text", gguf_arch="qwen35", gguf=_QWEN3_5_GGUF,
+               stateful=("Qwen3_5GatedDeltaNet",), varlen="gated_delta", note=_GDN,
                twin=dict(_ATTN, **_LIN, intermediate_size=128)),
-    ModelFacts("qwen3_5_moe_text", stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
+    ModelFacts("qwen3_5_moe_text", gguf_arch="qwen35moe", gguf=_QWEN3_5_MOE_GGUF,
+               stateful=("Qwen3_5MoeGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, shared_expert_intermediate_size=32)),
-    ModelFacts("qwen3_next", stateful=("Qwen3NextGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
+    ModelFacts("qwen3_next", gguf_arch="qwen3next", gguf=_QWEN3_NEXT_GGUF,
+               stateful=("Qwen3NextGatedDeltaNet",), varlen="gated_delta", moe=True, note=_GDN,
                twin=dict(_ATTN, **_LIN, **_MOE4, intermediate_size=128, shared_expert_intermediate_size=32)),
     ModelFacts("lfm2", stateful=("Lfm2ShortConv",), varlen="short_conv", note=_CONV,
+               gguf_arch="lfm2", gguf=_LFM2_GGUF,  # src/models/lfm2.cpp: short conv (B·x, conv, C·) + attention
                twin=dict(_ATTN, intermediate_size=128, layer_types=["conv", "full_attention"], conv_L_cache=3)),
-    ModelFacts("lfm2_moe", stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
+    ModelFacts("lfm2_moe", gguf_arch="lfm2moe", gguf=_LFM2_MOE_GGUF,
+               stateful=("Lfm2MoeShortConv",), varlen="short_conv", moe=True, note=_CONV,
                twin=dict(_ATTN, **_MOE4, intermediate_size=128, num_dense_layers=1,
                          layer_types=["conv", "full_attention"])),
-    ModelFacts("falcon_h1", stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("falcon_h1", gguf_arch="falcon-h1", gguf=_FALCON_H1_GGUF,
+               stateful=("FalconH1Mixer",), varlen="mamba2", note=_MAMBA,
                default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
                          mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
-    ModelFacts("jamba", stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
+    ModelFacts("jamba", gguf_refusal=_NOT_YET.format(arch="jamba", what="Mamba layers"),
+               stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
                          expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
                          mamba_d_state=8, mamba_dt_rank=8)),
-    ModelFacts("granitemoehybrid", stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
+    ModelFacts("granitemoehybrid", gguf_arch="granitehybrid", gguf=_GRANITE_HYBRID_GGUF,
+               stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
                          num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
-    ModelFacts("nemotron_h", stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("nemotron_h", gguf_refusal=_NOT_YET.format(arch="nemotron_h", what="Mamba2 layers"),
+               stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
                default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,
                          mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=8)),
-    ModelFacts("bamba", stateful=("BambaMixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("bamba", gguf_refusal=_NOT_YET.format(arch="granitehybrid", what="Mamba2 layers"),
+               stateful=("BambaMixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=128, attn_layer_indices=[1])),
-    ModelFacts("zamba2", stateful=("Zamba2MambaMixer",), varlen="mamba2", note=_MAMBA,
+    ModelFacts("zamba2", gguf_refusal="llama.cpp has no architecture for Zamba2",
+               stateful=("Zamba2MambaMixer",), varlen="mamba2", note=_MAMBA,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1],
                          mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8, chunk_size=8, num_mem_blocks=1,
                          attention_head_dim=32)),
-    ModelFacts("kimi_linear", stateful=("KimiLinearDeltaAttention",), moe=True, mla=True,
+    ModelFacts("kimi_linear", gguf_refusal=_NOT_YET.format(arch="kimi-linear", what="Kimi delta attention"),
+               stateful=("KimiLinearDeltaAttention",), moe=True, mla=True,
                note="Kimi delta attention (causal convs + chunked delta-rule state) restarts per document",
                twin=dict(_ATTN, **_MOE4, num_key_value_heads=4, intermediate_size=128,  # MLA: kv heads = heads
                          layer_types=["linear_attention", "full_attention"],

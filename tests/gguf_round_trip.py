@@ -218,6 +218,10 @@ def _yarn(mscale: float) -> dict:
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale}
 
 
+_QWEN3_5 = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+                                "mrope_section": [2, 1, 1], "mrope_interleaved": True}}
+"""Qwen3.5 twins: M-RoPE sections that fit the twin's 8 rotary dims (the real [11, 11, 10] fits 64)."""
 _GEMMA = dict(_ATTN, intermediate_size=128, query_pre_attn_scalar=16, sliding_window=8)
 TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the family's real tokenizer)
     "llama (smollm)": ("llama", {}, "smollm"),
@@ -374,16 +378,54 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     "olmo (gpt-2)": ("olmo", {"clip_qkv": 0.5}, "gpt-2"),
     # Cohere (Command-R): parallel block, LayerNorm without bias, interleaved rope, logits x logit_scale, tied head.
     "cohere (gpt-2)": ("cohere", {"logit_scale": 4.0}, "gpt-2"),
+    # Hybrid families (gguf-hybrid): recurrent layers beside attention. Their real tokenizers' pre-tokenizers (lfm2,
+    # qwen35) are not all among those fastkit writes: these twins carry GPT-2's split. Every chat is longer than the
+    # recurrent layers' reach, so a state carried wrong (conv taps reversed, a layer's kind) shows in the logits.
+    # LFM2: conv / attention / conv / attention (layers of 0 KV heads are llama.cpp's conv layers), conv kernel 3, q/k
+    # norms, the MLP's auto-adjusted width (2/3 of intermediate_size, rounded up to 256).
+    "lfm2 (gpt-2)": ("lfm2", {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
+                                                                      "full_attention"]}, "gpt-2"),
+    # Qwen3-Next: gated DeltaNet / gated attention alternating (not llama.cpp's default of every 4th layer attention), 2
+    # key heads for 4 value heads, norms x·(1+w) drawn away from 0, partial rotary 0.25, 4 experts top-2 renormalized,
+    # a shared expert with its sigmoid gate.
+    "qwen3_next (gpt-2)": ("qwen3_next", {"num_hidden_layers": 4, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "full_attention"]}, "gpt-2"),
+    # Qwen3.5 (dense / MoE): the same DeltaNet with split projections, value heads tiled in the file (2 key heads for 4
+    # value heads, so the order matters), interleaved M-RoPE sections (plain rope on text positions).
+    "qwen3_5_text (gpt-2)": ("qwen3_5_text", _QWEN3_5, "gpt-2"),
+    "qwen3_5_moe_text (gpt-2)": ("qwen3_5_moe_text", _QWEN3_5, "gpt-2"),
+    # Falcon-H1: attention and a Mamba2 mixer in parallel, every multiplier away from 1 (each folded into a weight),
+    # conv bias, 2 groups of B / C; initialised at std 0.1 so the Mamba2 branch weighs in the output (at 0.02 dropping
+    # its zxBCdt multipliers moved the logits by 5e-4 only).
+    "falcon_h1 (gpt-2)": ("falcon_h1", {"embedding_multiplier": 2.0, "lm_head_multiplier": 0.5,
+                                        "attention_in_multiplier": 0.7, "attention_out_multiplier": 1.3,
+                                        "key_multiplier": 0.6, "ssm_in_multiplier": 1.4, "ssm_out_multiplier": 0.8,
+                                        "mlp_multipliers": [1.5, 0.6], "ssm_multipliers": [0.5, 1.2, 0.8, 1.6, 0.7],
+                                        "mamba_n_groups": 2, "initializer_range": 0.1}, "gpt-2"),
+    # LFM2-MoE: a dense first layer, then experts with a sigmoid router and its selection bias (drawn); initialised at
+    # std 0.1 so the experts weigh in the output (at 0.02 a routed scale of 1.5 llama.cpp ignores stayed in the bound).
+    "lfm2_moe (gpt-2)": ("lfm2_moe", {"num_hidden_layers": 4, "num_dense_layers": 1, "initializer_range": 0.1,
+                                      "layer_types": ["conv", "full_attention", "conv", "full_attention"]}, "gpt-2"),
+    # GraniteMoeHybrid (Granite 4.0-H): Mamba2 / attention layers without rope (its real setting: order comes from the
+    # Mamba2 state alone), granite's multipliers away from 1, experts + shared expert, 2 groups of B / C.
+    "granitemoehybrid (gpt-2)": ("granitemoehybrid", {
+        "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_n_groups": 2,
+        "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1, "logits_scaling": 2.0,
+        "initializer_range": 0.1}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
                                                                     "glm4_moe", "solar_open", "minimax_m2")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
+ROUTER_STD.update({label: 1.0 for label in ("qwen3_next (gpt-2)", "qwen3_5_moe_text (gpt-2)",
+                                             "granitemoehybrid (gpt-2)", "lfm2_moe (gpt-2)")})  # gguf-hybrid
 ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
 
 
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15,
                "ministral3 (tekken)": 60}
+TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15}
+TRAIN_STEPS["lfm2_moe (gpt-2)"] = 60  # gguf-hybrid: at 30 its q8_0 greedy text met a near-tie at token 8
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
 SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart). Shorter: the 64-layer
 exaone4 twin (15 steps keep its row at seconds)."""
@@ -426,11 +468,11 @@ def _draw_zeros(model, std: float = 0.5) -> None:
         if not p.any() or name.endswith(".sinks"):
             p.copy_(torch.randn(p.shape, generator=gen) * std)
     for name, b in model.named_buffers():  # DeepSeek-V3 / GLM-4.5's selection bias (exp_probs_b) starts at zero
-        if name.endswith("e_score_correction_bias"):
+        if name.endswith(("e_score_correction_bias", "expert_bias")):  # LFM2-MoE's too
             b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
 
 
-_ROUTER = re.compile(r".*\.(mlp\.gate|block_sparse_moe\.router)\.weight")
+_ROUTER = re.compile(r".*\.(mlp\.gate|block_sparse_moe\.router|feed_forward\.gate)\.weight")
 
 
 @torch.no_grad()

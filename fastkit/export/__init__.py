@@ -3,6 +3,7 @@
     save.py         ``chat``, ``save_lora`` / ``load_lora`` (PEFT's format), ``save_merged``, ``save_gguf``
     merge.py        shard-by-shard merge of the adapters into the base's safetensors files
     gguf.py         the GGUF writer ``write_gguf`` (tensor names, rope order, quantization per tensor: ``QUANTS``)
+                    (gguf_moe.py: MoE / MLA families' rules; gguf_hybrid.py: recurrent layers' rules)
     gguf_vocab.py   the GGUF tokenizer keys (byte-level BPE; gguf_spm.py: SentencePiece-style)
     modelfile.py    the Ollama Modelfile: a Go TEMPLATE that renders what apply_chat_template renders
     verified.py     every save verified and atomic: written beside, reloaded, logits compared, swapped in

@@ -21,9 +21,11 @@ ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks), and ge
 (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode (starcoder), ministral3, and
 ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`); and the MoE / MLA families of
 :mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
-solar_open, minimax_m2); how each differs from llama.cpp's graph for its architecture (norm +1, soft-caps, window
-patterns, per-layer-type rope, expert layouts, router renormalization, shared experts, biases the graph has or
-lacks...) is its row's :class:`fastkit.registry.GGUFRules`, read at call time. Quantization names: :data:`QUANTS`.
+solar_open, minimax_m2); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe, qwen3_next,
+qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for its
+architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
+experts, biases the graph has or lacks, recurrent layers...) is its row's :class:`fastkit.registry.GGUFRules`, read at
+call time. Quantization names: :data:`QUANTS`.
 Not supported (a FastkitError says so before writing): families without ``gguf_arch``, qwen2_moe with dense
 layers or renormalized top-k (llama.cpp's qwen2moe has neither), rope types the family's graph does not
 compute, a sliding window shorter than the context where llama.cpp's graph has none, whatever else a family's
@@ -57,7 +59,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.export import gguf_moe, gguf_more
+from fastkit.export import gguf_hybrid, gguf_moe, gguf_more
 from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
 from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
@@ -104,7 +106,7 @@ WRITTEN = tuple(q for q, spec in QUANTS.items() if spec.llama_ftype is None)
 """Quantizations fastkit writes itself (pure Python, gguf-py)."""
 LLAMA_CPP_QUANTS = {q: spec.llama_ftype for q, spec in QUANTS.items() if spec.llama_ftype is not None}
 """Quantizations made by llama.cpp's own quantizer (value: its ``llama_ftype``)."""
-_F32_PARTS = ("ffn_gate_inp",)  # routers stay f32 (routing decisions are sensitive), as llama.cpp keeps them
+_F32_PARTS = ("ffn_gate_inp", *gguf_hybrid.CONV_KERNELS)  # routers, conv kernels: f32, as llama.cpp keeps them
 _SKIP = re.compile(r"\.(lora_[A-Za-z_]+|fastkit_lora|original_module)(\.|$)")
 
 
@@ -128,13 +130,16 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     model_type = getattr(config, "model_type", None)
     archs = registry.gguf_archs()
     if model_type not in archs:
-        raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here (supported: "
+        facts = registry.facts_for(model_type)
+        why = f" ({facts.gguf_refusal})" if facts is not None and facts.gguf_refusal else ""
+        raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here{why} (supported: "
                            f"{', '.join(archs)}); export with save_merged and convert with llama.cpp's "
                            "convert_hf_to_gguf.py.")
     rules = registry.MODEL_TABLE[model_type].gguf
     _check_rope(config, model_type, rules)
     _check_moe(config, model_type, rules)
     gguf_moe.check_family(config, model_type, rules)
+    gguf_hybrid.check(config, model_type, rules)
     _check_graph(config, model_type, rules)
     _check_window(config, model_type, rules)
     _check_dense(config, model_type, rules)
@@ -473,7 +478,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
         pieces: list[tuple[str, Callable]] = []
         if m := re.fullmatch(r".*\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", hf_name):
             pieces = _expert_pieces(f"blk.{m[1]}", m[2], bool(m[3]), shape, rules.experts)
-        elif split := gguf_moe.split_pieces(hf_name, config, rules):  # MLA's kv_b_proj, fused halves
+        elif split := (gguf_moe.split_pieces(hf_name, config, rules)  # MLA's kv_b_proj, fused halves
+                       or gguf_hybrid.pieces(hf_name, config, rules)):  # gated DeltaNet tensors
             pieces = split
         elif (gname := names.get_name(stem if suffix in ("weight", "bias") else hf_name)) is None:
             unmapped.append(hf_name)
@@ -486,12 +492,14 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             elif rules.permute_qk and gname.endswith(("attn_q", "attn_k")):
                 heads = config.num_attention_heads if gname.endswith("attn_q") else config.num_key_value_heads
                 fn = _permute(heads)
-            elif more := gguf_more.transform(gname, rules, config):  # GPT-NeoX's per-head fused qkv
+            elif more := (gguf_more.transform(gname, rules, config)  # GPT-NeoX's per-head fused qkv
+                          or gguf_hybrid.transform(full)):  # recurrent layers' conv kernels squeezed
                 fn = more
             elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
                 fn = _flat
             pieces = [(full, fn)]
         for gguf_name, fn in pieces:
+            fn = gguf_hybrid.scaled(gguf_name, fn, config, rules)  # multipliers folded in (Falcon-H1)
             out_shape = tuple(fn(torch.empty(shape, device="meta")).shape if fn else shape)
             if gguf_name == "output.weight" and getattr(config, "tie_word_embeddings", False):
                 continue
@@ -560,7 +568,8 @@ def llama3_rope_factors(config) -> torch.Tensor:
 def _tensor_qtype(name: str, shape: tuple[int, ...], quantization: str, qt):
     import gguf
 
-    if len(shape) == 1 or name.endswith(".bias") or any(part in name for part in _F32_PARTS):
+    if (len(shape) == 1 or not name.endswith(".weight") or name.endswith("_norm.weight")  # grouped ssm_norm (2-D)
+            or any(part in name for part in _F32_PARTS)):
         return gguf.GGMLQuantizationType.F32
     if quantization == "q4_0" and name in ("token_embd.weight", "output.weight"):
         qt = _qtype("q8_0")  # like llama.cpp's Q4_0 mixes: embeddings and output keep 8 bits
@@ -611,10 +620,10 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
-    if getattr(config, "intermediate_size", None):  # None where every layer is MoE (Solar Open)
-        writer.add_feed_forward_length(config.intermediate_size)
+    if ffn := gguf_hybrid.ffn_length(config, rules):  # None where every layer is MoE (Solar Open)
+        writer.add_feed_forward_length(ffn)
     writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv(gguf_hybrid.kv_heads(config, rules, kv_heads))  # per layer: 0 on recurrent ones
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     _add_norm_eps(writer, config, rules)
     writer.add_key_length(key_length)
@@ -648,6 +657,7 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     gguf_moe.add_kv(writer, config, rules)
     gguf_more.add_kv(writer, config, rules)
+    gguf_hybrid.add_kv(writer, config, _arch(model_type), rules)
     writer.add_file_type(gguf.LlamaFileType[QUANTS[quantization].file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -656,7 +666,7 @@ def _add_norm_eps(writer, config, rules: registry.GGUFRules) -> None:
     """RMSNorm's epsilon, or a LayerNorm graph's (:attr:`fastkit.registry.GGUFRules.layer_norm_eps`)."""
     eps = rules.layer_norm_eps
     if eps == "":
-        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+        writer.add_layer_norm_rms_eps(getattr(config, rules.eps_attr))  # LFM2: norm_eps
     else:
         writer.add_layer_norm_eps(float(getattr(config, eps) if isinstance(eps, str) else eps))
 
