@@ -235,6 +235,21 @@ class GGUFRules:
     same: tuple[tuple[str, str], ...] = ()
     """``(config attribute, config attribute)`` pairs llama.cpp's graph takes as equal (Qwen3-Next: the linear
     attention's key and value head dims, both read from ``ssm.state_size``); a config where they differ is refused."""
+    mamba2_module: str = "mamba"
+    """Module name of the Mamba2 mixer in a layer (Nemotron-H's ``mixer``, which names its attention and MLP too)."""
+    mamba2_sizes: tuple[str, str, str, str, str] = ("mamba_d_conv", "mamba_n_heads·mamba_d_head", "mamba_d_state",
+                                                    "mamba_n_heads", "mamba_n_groups")
+    """Config attributes (or products) of the Mamba2 conv kernel, inner size, state size, heads and groups, written
+    as ``ssm.conv_kernel``, ``ssm.inner_size``, ``ssm.state_size``, ``ssm.time_step_rank``, ``ssm.group_count``
+    (Nemotron-H: ``conv_kernel``, ``mamba_num_heads·mamba_head_dim``, ``ssm_state_size``, ``n_groups``)."""
+    ffn_by_layer: tuple[str, str] = ()
+    """``(config attribute listing each layer's kind, the kind that has the MLP)``: ``feed_forward_length`` written per
+    layer, 0 for the others (src/models/nemotron-h.cpp: a layer is recurrent where both ``head_count_kv`` and
+    ``feed_forward_length`` are 0, attention where only the latter is)."""
+    layer_kinds: tuple[str, tuple[str, ...]] = ()
+    """``(config attribute listing each layer's kind, the kinds the graph computes)``: a config with any other kind is
+    refused naming the attribute (Nemotron-H's ``"moe"`` layers: llama.cpp's nemotron_h_moe, not written here), and
+    the config's expert counts (defaults of a dense model) are not written."""
     ffn_auto_adjust: bool = False
     """The MLP width is not ``intermediate_size`` but Lfm2MLP's (``block_auto_adjust_ff_dim``: 2/3 of it, times
     ``block_ffn_dim_multiplier`` rounded up to ``block_multiple_of``), written as ``feed_forward_length`` (llama.cpp
@@ -585,6 +600,20 @@ _GRANITE_HYBRID_GGUF = dataclasses.replace(
     fixed=(("mamba_proj_bias", False), ("attention_bias", False)))
 """GraniteMoeHybrid (Granite 4.0-H) as llama.cpp's granitehybrid (src/models/granite-hybrid.cpp): Mamba2 layers
 (0 KV heads) and attention layers, GraniteMoeShared's experts and multipliers, rope only where configured."""
+_NEMOTRON_H_GGUF = GGUFRules(
+    activation=None, output="either", reader=False, mamba2=True, mamba2_module="mixer",
+    mamba2_sizes=("conv_kernel", "mamba_num_heads·mamba_head_dim", "ssm_state_size", "mamba_num_heads", "n_groups"),
+    eps_attr="layer_norm_epsilon", config_scales=(("add_layer_norm_eps", "layer_norm_epsilon"),),
+    renames=((r"^model\.layers\.(\d+)\.mixer\.", r"backbone.layers.\1.mixer."),),
+    kv_heads_by_layer=("layers_block_type", "full_attention"), ffn_by_layer=("layers_block_type", "mlp"),
+    layer_kinds=("layers_block_type", ("linear_attention", "full_attention", "mlp")),
+    fixed=(("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu"), ("mamba_proj_bias", False),
+           ("use_bias", False), ("mlp_bias", False), ("attention_bias", False), ("sliding_window", None),
+           ("num_nextn_predict_layers", 0)))
+"""Nemotron-H as llama.cpp's nemotron_h (src/models/nemotron-h.cpp): one mixer per layer, Mamba2 (0 KV heads, 0 FFN
+length), attention without rope (0 FFN length) or a ReLU² MLP without gate (its width); the mixers' names as gguf-py
+maps them (``backbone.layers.N.mixer``); the loader requires ``attention.layer_norm_epsilon``, the graph's RMSNorms
+(the gated Mamba2 norm's too) read the RMS epsilon, both ``layer_norm_epsilon``. MoE layers refused."""
 _LFM2_GGUF = GGUFRules(activation=None, eps_attr="norm_eps", kv_heads_by_layer=("layer_types", "full_attention"),
                        ffn_auto_adjust=True, config_ints=(("add_shortconv_l_cache", "conv_L_cache"),),
                        fixed=(("conv_bias", False),))
@@ -631,7 +660,7 @@ MODEL_TABLE.update({f.model_type: f for f in [
                stateful=("GraniteMoeHybridMambaLayer",), varlen="mamba2", moe=True, note=_MAMBA,
                twin=dict(_ATTN, **_MAMBA2, intermediate_size=32, layer_types=["mamba", "attention"],
                          num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)),
-    ModelFacts("nemotron_h", gguf_refusal=_NOT_YET.format(arch="nemotron_h", what="Mamba2 layers"),
+    ModelFacts("nemotron_h", gguf_arch="nemotron_h", gguf=_NEMOTRON_H_GGUF,
                stateful=("NemotronHMamba2Mixer",), varlen="mamba2", note=_MAMBA,
                default_lora_targets=_ATTN_MLP_TARGETS,
                twin=dict(_ATTN, intermediate_size=128, layers_block_type=["mamba", "attention"], mamba_num_heads=4,

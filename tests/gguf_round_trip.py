@@ -412,6 +412,11 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
         "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_n_groups": 2,
         "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1, "logits_scaling": 2.0,
         "initializer_range": 0.1}, "gpt-2"),
+    # Nemotron-H: one mixer per layer, Mamba2 (M), attention without rope (*) and the ReLU² MLP without gate (-), in
+    # its pattern's order, 2 groups of B / C; initialised at std 0.1 (as falcon_h1) so the Mamba2 branch weighs in.
+    "nemotron_h (gpt-2)": ("nemotron_h", {
+        "layers_block_type": ["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"], "n_groups": 2,
+        "initializer_range": 0.1}, "gpt-2"),
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",

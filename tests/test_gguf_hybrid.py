@@ -234,6 +234,63 @@ def test_granitemoehybrid_layout(tmp_path):
                        -torch.exp(merged["model.layers.0.mamba.A_log"]).reshape(-1, 1))
 
 
+NEMOTRON = "nemotron_h (gpt-2)"
+
+
+def test_nemotron_h_layout(tmp_path):
+    """Nemotron-H's pattern as llama.cpp's nemotron_h reads it: per layer, KV heads on the attention layers and the FFN
+    length on the MLP layers, 0 elsewhere (both 0: Mamba2); the mixers under llama.cpp's names (one ``mixer`` module
+    name for all three kinds), the conv kernel (C, K) and the gated norm (G, d / G) in f32, the ReLU² MLP's up / down
+    without gate; ``layer_norm_epsilon`` as both epsilons (the loader requires the LayerNorm one); no expert counts
+    (the config's defaults of a dense model)."""
+    model_type, overrides, _ = rt.TWINS[NEMOTRON]
+    model = twin(model_type, **overrides).eval()
+    config = model.config
+    reader = _reader(write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path, quantization="q8_0"))
+    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    kinds = config.layers_block_type
+    assert "mlp" in kinds and "full_attention" in kinds and "linear_attention" in kinds
+    assert _field(reader, f"{arch}.attention.head_count_kv") == [
+        config.num_key_value_heads if k == "full_attention" else 0 for k in kinds]
+    assert _field(reader, f"{arch}.feed_forward_length") == [
+        config.intermediate_size if k == "mlp" else 0 for k in kinds]
+    for key in ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon"):
+        assert _field(reader, f"{arch}.{key}") == pytest.approx(config.layer_norm_epsilon)
+    assert _field(reader, f"{arch}.ssm.group_count") == config.n_groups == 2
+    assert _field(reader, f"{arch}.ssm.inner_size") == config.mamba_num_heads * config.mamba_head_dim
+    assert not any(k.startswith(f"{arch}.expert") for k in reader.fields)
+    t = {t.name: t for t in reader.tensors}
+    merged = {name: load() for name, load, _ in merged_parameters(model)}
+    stem = "model.layers.0.mixer"
+    conv = t["blk.0.ssm_conv1d.weight"]
+    assert conv.tensor_type == gguf.GGMLQuantizationType.F32
+    assert torch.equal(torch.from_numpy(conv.data.copy()), merged[f"{stem}.conv1d.weight"][:, 0])
+    norm = t["blk.0.ssm_norm.weight"]
+    assert norm.tensor_type == gguf.GGMLQuantizationType.F32
+    assert torch.equal(torch.from_numpy(norm.data.copy()), merged[f"{stem}.norm.weight"].reshape(config.n_groups, -1))
+    assert torch.equal(torch.from_numpy(t["blk.0.ssm_a"].data.copy()),
+                       -torch.exp(merged[f"{stem}.A_log"]).reshape(-1, 1))
+    mlp = kinds.index("mlp")
+    assert {f"blk.{mlp}.ffn_up.weight", f"blk.{mlp}.ffn_down.weight"} <= set(t)
+    assert f"blk.{mlp}.ffn_gate.weight" not in t
+    attention = kinds.index("full_attention")
+    assert {f"blk.{attention}.attn_{p}.weight" for p in ("q", "k", "v", "output")} <= set(t)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("layers_block_type", ["linear_attention", "moe", "full_attention"]),  # llama.cpp's nemotron_h_moe
+    ("mlp_hidden_act", "silu"), ("mamba_proj_bias", True), ("attention_bias", True)])
+def test_nemotron_h_refusals(tmp_path, key, value):
+    """What nemotron_h's graph does not compute (MoE layers, another MLP activation, projection / attention biases) is
+    refused naming the key, before anything is written."""
+    model_type, overrides, _ = rt.TWINS[NEMOTRON]
+    model = twin(model_type, **{**overrides, key: value, "moe_intermediate_size": 16,
+                                "moe_shared_expert_intermediate_size": 16})
+    with pytest.raises(FastkitError, match=key):
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert not (tmp_path / "out").exists()
+
+
 def test_lfm2_moe_layout(tmp_path):
     """LFM2-MoE: the leading dense layer without experts, the selection bias as exp_probs_b (f32, bit-exact), the
     router in f32; a model without the bias (lfm2moe requires it) or with a routed scale (never read) refused."""

@@ -672,7 +672,13 @@ def _add_norm_eps(writer, config, rules: registry.GGUFRules) -> None:
 
 
 def num_experts(config) -> int | None:
-    """The number of routed experts of a MoE config (None for a dense one)."""
+    """The number of routed experts of a MoE config (None for a dense one, Nemotron-H's included: its config carries
+    expert counts by default, so one whose layers are all kinds of :attr:`fastkit.registry.GGUFRules.layer_kinds`)."""
+    facts = registry.MODEL_TABLE.get(getattr(config, "model_type", None))
+    if facts is not None and facts.gguf.layer_kinds:
+        attr, kinds = facts.gguf.layer_kinds
+        if set(getattr(config, attr, None) or ()) <= set(kinds):
+            return None
     return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
 
 

@@ -1,12 +1,12 @@
 """GGUF rules of the hybrid families, whose recurrent layers (short convolutions, SSM / linear-attention state)
 sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions), Qwen3-Next (``qwen3next``: gated
 DeltaNet, gated attention, MoE), Qwen3.5 (``qwen35`` / ``qwen35moe``: the same DeltaNet, value heads tiled) and
-Falcon-H1 / Granite 4.0-H (``falcon-h1``, ``granitehybrid``: Mamba2 beside attention). Each rule is a field of
-the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks,
-plans and writes a file.
+Falcon-H1 / Granite 4.0-H / Nemotron-H (``falcon-h1``, ``granitehybrid``, ``nemotron_h``: Mamba2 beside attention).
+Each rule is a field of the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the
+functions here while it checks, plans and writes a file.
 
 What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35(moe).cpp, falcon-h1.cpp,
-granite-hybrid.cpp) reproduces the transformers model's tokens, greedy text and logits from the file
+granite-hybrid.cpp, nemotron-h.cpp) reproduces the transformers model's tokens, greedy text and logits from the file
 (tests/test_llamacpp_round_trip.py), with prompts long enough that the recurrent state carries across many tokens, and
 what it cannot compute is refused before anything is written.
 """
@@ -46,10 +46,14 @@ def kv_heads(config, rules: registry.GGUFRules, heads: int) -> int | list[int]:
     return [heads if kind == attention else 0 for kind in getattr(config, attr)]
 
 
-def ffn_length(config, rules: registry.GGUFRules) -> int | None:
-    """The dense MLP's width (``feed_forward_length``): ``intermediate_size``, or Lfm2MLP's adjusted width
-    (:attr:`GGUFRules.ffn_auto_adjust`); None where the config has none (every layer MoE)."""
+def ffn_length(config, rules: registry.GGUFRules) -> int | list[int] | None:
+    """The dense MLP's width (``feed_forward_length``): ``intermediate_size``, per layer with 0 on the layers without
+    the MLP (:attr:`GGUFRules.ffn_by_layer`), or Lfm2MLP's adjusted width (:attr:`GGUFRules.ffn_auto_adjust`); None
+    where the config has none (every layer MoE)."""
     size = getattr(config, "intermediate_size", None)
+    if rules.ffn_by_layer:
+        attr, mlp = rules.ffn_by_layer
+        return [size if kind == mlp else 0 for kind in getattr(config, attr)]
     if not (rules.ffn_auto_adjust and size and getattr(config, "block_auto_adjust_ff_dim", False)):
         return size
     size = int(2 * size / 3)  # as transformers' Lfm2MLP computes it (the model's truth)
@@ -71,6 +75,11 @@ def _product(config, expr: str) -> int:
 def check(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What the family's llama.cpp graph takes as equal (:attr:`GGUFRules.same`), refused before any work."""
     arch = registry.MODEL_TABLE[model_type].gguf_arch
+    if rules.layer_kinds:
+        attr, kinds = rules.layer_kinds
+        if other := sorted(set(getattr(config, attr)) - set(kinds)):
+            raise FastkitError(f"save_gguf: {model_type} with config.{attr} holding {other}: llama.cpp's {arch} graph "
+                               f"computes only {list(kinds)} layers; this model cannot be expressed in GGUF as is.")
     if rules.split_delta:
         _check_sections(config, model_type, arch)
     for a, b in rules.same:
@@ -109,11 +118,12 @@ def add_kv(writer, config, arch: str, rules: registry.GGUFRules) -> None:
         writer.add_ssm_time_step_rank(int(config.linear_num_value_heads))
         writer.add_ssm_inner_size(int(config.linear_value_head_dim * config.linear_num_value_heads))
     if rules.mamba2:
-        writer.add_ssm_conv_kernel(int(config.mamba_d_conv))
-        writer.add_ssm_inner_size(int(config.mamba_n_heads * config.mamba_d_head))
-        writer.add_ssm_state_size(int(config.mamba_d_state))
-        writer.add_ssm_time_step_rank(int(config.mamba_n_heads))
-        writer.add_ssm_group_count(int(config.mamba_n_groups))
+        conv, inner, state, heads, groups = (_product(config, expr) for expr in rules.mamba2_sizes)
+        writer.add_ssm_conv_kernel(conv)
+        writer.add_ssm_inner_size(inner)
+        writer.add_ssm_state_size(state)
+        writer.add_ssm_time_step_rank(heads)
+        writer.add_ssm_group_count(groups)
     if rules.rope_switch:
         writer.add_rope_scaling_finetuned(getattr(config, rules.rope_switch) == "rope")
     if rules.split_delta:  # llama.cpp's qwen35 requires them; text positions make them plain rope
@@ -192,7 +202,7 @@ def _zxbcdt(config, attr: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _mamba2(leaf: str, config, rules: registry.GGUFRules) -> tuple[str, Callable | None] | None:
-    groups = config.mamba_n_groups
+    groups = _product(config, rules.mamba2_sizes[4])
     table = {"A_log": ("ssm_a", lambda w: _column(_neg_exp(w))), "D": ("ssm_d", _column),
              "dt_bias": ("ssm_dt.bias", None),
              "norm.weight": ("ssm_norm.weight", lambda w: w.reshape(groups, -1)),  # (d,) -> (G, d / G)
@@ -225,7 +235,7 @@ def pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, C
     for pattern, name in rules.exact_names:
         if re.fullmatch(pattern, hf_name):
             return [(re.sub(pattern, name, hf_name), None)]
-    if rules.mamba2 and (m := re.fullmatch(r".*\.layers\.(\d+)\.mamba\.(.+)", hf_name)):
+    if rules.mamba2 and (m := re.fullmatch(rf".*\.layers\.(\d+)\.{rules.mamba2_module}\.(.+)", hf_name)):
         found = _mamba2(m[2], config, rules)
         return [(f"blk.{m[1]}.{found[0]}", found[1])] if found else []
     m = re.fullmatch(r".*\.layers\.(\d+)\.linear_attn\.(.+)", hf_name)
