@@ -428,12 +428,11 @@ ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer pic
 
 
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15,
-               "ministral3 (tekken)": 60}
-TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15}
-TRAIN_STEPS["lfm2_moe (gpt-2)"] = 60  # gguf-hybrid: at 30 its q8_0 greedy text met a near-tie at token 8
+               "ministral3 (tekken)": 60, "lfm2_moe (gpt-2)": 60}
 """Twins trained longer than 30 steps: at 30, gemma3's greedy text had near-ties (q8_0 differed at token 12; with the
-SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart). Shorter: the 64-layer
-exaone4 twin (15 steps keep its row at seconds)."""
+SentencePiece vocabulary, at token 2; ministral3's q8_0 at token 9, logits 0.0099 apart; lfm2_moe's q8_0 at token 8).
+Shorter: the 64-layer exaone4 twin (15 steps keep its row at seconds). One dict: a second assignment once dropped
+ministral3's entry in a merge and its q8_0 row went red on the near-tie (tests/test_llamacpp_round_trip.py)."""
 
 
 def twin_model(label: str, steps: int | None = None):
