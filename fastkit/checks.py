@@ -147,14 +147,19 @@ def check_positive(name: str, value: Any, integer: bool = True, allow_none: bool
         raise FastkitError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}.")
 
 
-def check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise FastkitError(f"{name} must be True or False, got {value!r}.")
+def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
+    if not (isinstance(value, bool) or value is None and allow_none):
+        raise FastkitError(f"{name} must be True or False{' (or None)' if allow_none else ''}, got {value!r}.")
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
+    """``value`` is one of ``choices``; else the message lists them, with the closest as a did-you-mean."""
+    import difflib
+
     if value not in choices:
-        raise FastkitError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}.")
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise FastkitError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}{hint}.")
 
 
 def check_known_options(where: str, given: dict, known) -> None:

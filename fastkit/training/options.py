@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastkit.checks import check_bool, check_choice, check_positive
 from fastkit.errors import FastkitError
 
 
@@ -77,14 +78,7 @@ DEFAULT_MAX_STEPS = 60
 """Optimizer steps of a run that sets neither max_steps nor epochs."""
 
 
-# -- value checks, one per kind of option (the CLI's type functions call them too) ------------------------------
-def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise FastkitError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}.")
-
-
+# -- value checks beyond fastkit.checks' check_positive / check_bool / check_choice, one per kind of option --
 def _number(name: str, value: Any, low: float = 0.0, low_open: bool = True, high: float = math.inf,
             allow_none: bool = False) -> None:
     if value is None and allow_none:
@@ -96,18 +90,6 @@ def _number(name: str, value: Any, low: float = 0.0, low_open: bool = True, high
         span = f" below {high:g}" if high < math.inf else ""
         raise FastkitError(f"{name} must be {kind} finite number{span}{' or None' if allow_none else ''}, "
                            f"got {value!r}.")
-
-
-def _bool(name: str, value: Any, allow_none: bool = False) -> None:
-    if not (isinstance(value, bool) or value is None and allow_none):
-        raise FastkitError(f"{name} must be True or False{' (or None)' if allow_none else ''}, got {value!r}.")
-
-
-def _choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise FastkitError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}{hint}.")
 
 
 def _seed(name: str, value: Any) -> None:
@@ -156,13 +138,14 @@ def _checkpointing(name: str, value: Any) -> None:
 def _dashboard(name: str, value: Any) -> None:
     from fastkit.dashboard.views import VIEWS
 
-    _choice(name, value, VIEWS)
+    check_choice(name, value, VIEWS)
 
 
 def _scheduler(name: str, value: Any) -> None:
     from transformers.trainer_utils import SchedulerType
 
-    _choice(name, value.value if isinstance(value, SchedulerType) else value, tuple(m.value for m in SchedulerType))
+    name_given = value.value if isinstance(value, SchedulerType) else value
+    check_choice(name, name_given, tuple(m.value for m in SchedulerType))
 
 
 def _sft(name: str, value: Any) -> None:
@@ -179,7 +162,7 @@ class TrainOptions:
     same fields); ``sft`` passes any other ``trl.SFTConfig`` field through by name. Checked when made."""
 
     max_steps: int | None = option(None, "optimizer steps to run (default 60 unless epochs is set)",
-                                   flags=("--steps",), check=functools.partial(_positive_int, allow_none=True))
+                                   flags=("--steps",), check=functools.partial(check_positive, allow_none=True))
     """Optimizer steps; None with ``epochs`` None means 60. Give this or ``epochs``, not both."""
     epochs: float | None = option(None, "passes over the data instead of max_steps", aliases=("num_train_epochs",),
                                   check=functools.partial(_number, allow_none=True))
@@ -198,26 +181,26 @@ class TrainOptions:
     weight_decay: float = option(0.0, "AdamW weight decay", check=functools.partial(_number, low_open=False))
     """Decoupled weight decay of the optimizer."""
     batch_size: int = option(1, "rows (packed rows with packing) per micro-batch per device",
-                             aliases=("per_device_train_batch_size",), check=_positive_int)
+                             aliases=("per_device_train_batch_size",), check=check_positive)
     """Rows per micro-batch per device (``per_device_train_batch_size``)."""
     gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step", flags=("--grad-accumulation",),
-                                              check=_positive_int)
+                                              check=check_positive)
     """Micro-batches per optimizer step: a larger batch for no extra memory."""
     max_seq_length: int | None = option(None, "tokens per (packed) row; default the length the model was loaded "
                                         "with", aliases=("max_length",),
-                                        check=functools.partial(_positive_int, allow_none=True))
+                                        check=functools.partial(check_positive, allow_none=True))
     """Tokens per row (``SFTConfig.max_length``); None: the load's ``max_seq_length``."""
     packing: bool = option(True, "pack short examples into full rows (fastkit's packing patch keeps them apart)",
-                           check=_bool)
+                           check=check_bool)
     """Pack examples into rows of ``max_seq_length`` tokens (TRL's bfd packing, attention per document)."""
     completion_only_loss: bool = option(True, "train on the responses only (the prompt tokens are masked)",
-                                        check=_bool)
+                                        check=check_bool)
     """Loss on the completion / assistant tokens only."""
     drop_long: bool = option(False, "drop rows longer than max_seq_length (logged) instead of refusing the data",
-                             check=_bool)
+                             check=check_bool)
     """Drop over-long rows (counted in the log) instead of refusing the data."""
     drop_invalid: bool = option(False, "drop rows that cannot train (logged) instead of refusing the data",
-                                check=_bool)
+                                check=check_bool)
     """Drop rows with nothing to train (counted in the log) instead of refusing the data."""
     seed: int = option(3407, "seed of the run (data order, dropout, eval split, LoRA init in fastkit train)",
                        check=_seed)
@@ -226,23 +209,23 @@ class TrainOptions:
                                "for an eval loss; 0: none", check=_eval_split)
     """Held-out share (0 < x < 1) or row count of the training data; 0: no eval set from it."""
     eval_steps: int | None = option(None, "evaluate every that many steps (default: 10 times a run)",
-                                    check=functools.partial(_positive_int, allow_none=True))
+                                    check=functools.partial(check_positive, allow_none=True))
     """Steps between evaluations when there is an eval set; None: a tenth of the run."""
     early_stopping_patience: int | None = option(
         None, "stop when the eval loss has not improved for that many evaluations (needs an eval set)",
-        check=functools.partial(_positive_int, allow_none=True))
+        check=functools.partial(check_positive, allow_none=True))
     """transformers' EarlyStoppingCallback on the eval loss; None: no early stopping."""
     early_stopping_threshold: float = option(0.0, "how much the eval loss must improve to count as better",
                                              check=functools.partial(_number, low_open=False))
     """Minimum improvement of the eval loss that resets the patience."""
     save_steps: int | None = option(None, "a checkpoint every that many steps in output_dir (None: none)",
-                                    check=functools.partial(_positive_int, allow_none=True))
+                                    check=functools.partial(check_positive, allow_none=True))
     """Steps between checkpoints; None saves none."""
     save_total_limit: int | None = option(2, "checkpoints kept (the newest); None keeps all",
-                                          check=functools.partial(_positive_int, allow_none=True))
+                                          check=functools.partial(check_positive, allow_none=True))
     """How many checkpoints stay in ``output_dir`` (older ones are deleted by the trainer)."""
     logging_steps: int | None = option(None, "log (and draw the dashboard's curves) every that many steps; "
-                                       "default every step", check=functools.partial(_positive_int, allow_none=True))
+                                       "default every step", check=functools.partial(check_positive, allow_none=True))
     """Steps between log points (each log point reads the loss from the device); None: every step."""
     output_dir: str = option("outputs", "checkpoints and saved models", check=_output_dir)
     """Folder of the checkpoints (and of ``fastkit_config.yaml``, the options a run used)."""
@@ -251,10 +234,10 @@ class TrainOptions:
     """Experiment trackers, one or a list (each must be installed)."""
     dashboard: str = option("auto", "auto, html, widget, terminal or none", check=_dashboard)
     """Which dashboard make_trainer attaches (``fit`` shows its own)."""
-    measure_syncs: bool = option(False, "count host-device syncs of one step (a debug switch)", check=_bool)
+    measure_syncs: bool = option(False, "count host-device syncs of one step (a debug switch)", check=check_bool)
     """Count the host-device syncs of one step on the dashboard."""
     chunked_loss: bool | None = option(None, "fastkit's chunked cross-entropy (default: on off CUDA)",
-                                       check=functools.partial(_bool, allow_none=True))
+                                       check=functools.partial(check_bool, allow_none=True))
     """fastkit's chunked loss instead of TRL's fused LM head; None: on off CUDA."""
     sft: dict[str, Any] = option(help="any other trl.SFTConfig field by name, e.g. {'max_grad_norm': 0.5}",
                                  factory=dict, check=_sft)
@@ -300,7 +283,7 @@ class LoraOptions:
     """The LoRA adapter's knobs, for ``FastModel.get_peft_model(model, options=LoraOptions(...))`` and
     ``fastkit train``. Checked when made."""
 
-    lora_r: int = option(16, "LoRA rank", check=_positive_int)
+    lora_r: int = option(16, "LoRA rank", check=check_positive)
     """Rank of the low-rank factors."""
     lora_alpha: float | None = option(None, "LoRA scale numerator (default: lora_r, a scale of 1)",
                                       check=functools.partial(_number, allow_none=True))
@@ -311,9 +294,9 @@ class LoraOptions:
     target_modules: str | list[str] = option("all-linear", "modules to adapt: all-linear, a regex, or names",
                                              check=_targets)
     """'all-linear', a module-name regex, or a list of module names."""
-    use_rslora: bool = option(False, "rank-stabilized LoRA (scale lora_alpha / sqrt(lora_r))", check=_bool)
+    use_rslora: bool = option(False, "rank-stabilized LoRA (scale lora_alpha / sqrt(lora_r))", check=check_bool)
     """PEFT's rsLoRA scaling."""
-    target_experts: bool = option(False, "also adapt MoE experts (fastkit's per-expert-group LoRA)", check=_bool)
+    target_experts: bool = option(False, "also adapt MoE experts (fastkit's per-expert-group LoRA)", check=check_bool)
     """Adapt mixture-of-experts experts too."""
     checkpointing: bool | str = option("auto", "gradient checkpointing: auto (offload where the memory plan needs "
                                        "it), on, off, or offload (double-buffered CPU offload)",
