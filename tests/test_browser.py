@@ -182,6 +182,8 @@ def test_quickstart_dashboard_in_jupyterlab(tmp_path, mode):
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:
                     _drive(browser, port, name, mode, workdir)
+                except Exception as exc:  # what the notebook showed, so a CI failure says why
+                    raise AssertionError(f"{exc}\n{_failure_report(browser, log_path, tmp_path)}") from exc
                 finally:
                     browser.close()
         finally:
@@ -244,7 +246,7 @@ def _drive(browser, port: int, name: str, mode: str, workdir: Path) -> None:
     assert "interrupted" in summary.inner_text()
     page.wait_for_function("() => /interrupted/.test(document.querySelector('.fastkit-dashboard').innerText)",
                            timeout=60_000)
-    page.get_by_text("merged 16-bit:").first.wait_for(timeout=240_000)  # the last cell ran
+    _wait_last_cell(page, "merged 16-bit:")
     assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                         has_text="Traceback").count() == 0
     assert not _page_text_problems(page), _page_text_problems(page)
@@ -256,6 +258,34 @@ def _drive(browser, port: int, name: str, mode: str, workdir: Path) -> None:
     else:
         _screenshot_summary(page, summary, assets / "dashboard_widget_summary.png")
     assert live_png.stat().st_size > 10_000
+
+
+def _wait_last_cell(page, marker: str, timeout_s: float = 240) -> None:
+    """Wait for ``marker`` in an output (the last cell ran), failing at once when a cell showed an error
+    instead: Jupyter skips the cells after a failed one, so waiting longer would only hide why."""
+    page.wait_for_function(
+        "(m) => { const outs = Array.from(document.querySelectorAll('.jp-OutputArea-output'));"  # textContent: also
+        " return outs.some(e => e.textContent.includes(m)) || outs.some(e => e.dataset.mimeType"  # off-screen cells
+        " === 'application/vnd.jupyter.stderr' && e.textContent.includes('Traceback')); }",
+        arg=marker, timeout=timeout_s * 1000)
+    if not page.get_by_text(marker).count():
+        raise AssertionError(f"a cell failed before the one that prints {marker!r}")
+
+
+def _failure_report(browser, log_path: Path, tmp: Path) -> str:
+    """The notebook's text as the page shows it (its last outputs) and the tail of JupyterLab's log."""
+    parts = []
+    for context in browser.contexts:
+        for page in context.pages:
+            try:
+                text = page.locator(".jp-Notebook").inner_text(timeout=10_000)
+                page.screenshot(path=str(tmp / "failure.png"), full_page=True)
+            except Exception as exc:  # the page itself may be what failed
+                text = f"(could not read the page: {exc})"
+            parts.append("notebook as shown (last 6,000 characters):\n" + text[-6000:])
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    parts.append("jupyter lab log (last 3,000 characters):\n" + log[-3000:])
+    return "\n".join(parts)
 
 
 def _clip_screenshot(page, element, path: Path) -> None:
