@@ -249,3 +249,29 @@ def test_file_values_written_as_text_are_read_as_numbers(tmp_path):
     options, sft = file_layer({"learning_rate": "1e-4", "adam_epsilon": "1e-6"}, "run.yaml")
     assert options == {"learning_rate": 1e-4} and sft == {"adam_epsilon": 1e-6}
     assert resolve({"model": "m", "data": "sample"}, None).train.max_steps == 60  # resolved, so the YAML says it
+
+
+def test_config_data_paths_are_read_from_the_files_folder(tmp_path, monkeypatch):
+    """``data: qa.csv`` in runs/a.yaml is runs/qa.csv wherever fastkit train starts (as a string, with a query,
+    as a mapping, in a list); a path not beside the file (cwd, Hub id, offline name) stays as written."""
+    import yaml
+
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    (runs / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    (runs / "qa.csv").write_text("question,answer\nq,a\n")
+    (runs / "data" / "chats.jsonl").write_text("{}\n")
+    (elsewhere / "local.jsonl").write_text("{}\n")
+    config = runs / "a.yaml"
+    config.write_text(yaml.safe_dump({"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "data": [
+        "qa.csv?columns=prompt:question,completion:answer&weight=2", {"path": "data/chats.jsonl", "weight": 1},
+        "local.jsonl", "sample", "HuggingFaceH4/no_robots"]}))
+    monkeypatch.chdir(elsewhere)
+    data = _parse(["--config", str(config)]).resolved.run.data
+    assert data == [f"{runs / 'qa.csv'}?columns=prompt:question,completion:answer&weight=2",
+                    {"path": str(runs / "data" / "chats.jsonl"), "weight": 1},
+                    "local.jsonl", "sample", "HuggingFaceH4/no_robots"]
+    config.write_text(yaml.safe_dump({"data": "qa.csv"}))  # one source, and a relative --config path
+    monkeypatch.chdir(tmp_path)
+    assert _parse(["--config", "runs/a.yaml", "--model", "x"]).resolved.run.data == "runs/qa.csv"
+    assert _parse(["--config", "runs/a.yaml", "--model", "x", "--data", "qa.csv"]).resolved.run.data == "qa.csv"

@@ -333,11 +333,39 @@ def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[
         elif key in fields or key in alias:
             name = alias.get(str(key), key)
             options[name] = _file_value(fields[name][1], value, where)
+            if name == "data":
+                options[name] = beside_file(options[name], Path(os.path.expanduser(path)).parent)
         elif key in sft_fields():
             sft.update(_file_sft({key: value}, where))
         else:
             raise ConfigFileError(unknown_name(f"--config {path}", str(key)))
     return options, sft
+
+
+def beside_file(data: Any, folder: Path) -> Any:
+    """A config file's data sources with each relative file path read from the file's own ``folder``.
+
+    ``data: qa.csv`` in ``runs/a.yaml`` means ``runs/qa.csv``, wherever ``fastkit train`` is started. A path not
+    found there is kept as written (the working directory, a Hub dataset id or an offline name), so a
+    ``fastkit_config.yaml`` a run wrote, whose paths name its working directory, still runs from that directory.
+    """
+    if isinstance(data, list):
+        return [beside_file(item, folder) for item in data]
+    if isinstance(data, dict) and isinstance(data.get("path"), str):
+        return {**data, "path": _beside(data["path"], folder)}
+    if isinstance(data, str):
+        path, sep, query = data.rpartition("?")
+        if not sep or os.path.exists(os.path.expanduser(data)):  # the same split as DataSource.parse
+            return _beside(data, folder)
+        return _beside(path, folder) + sep + query
+    return data
+
+
+def _beside(path: str, folder: Path) -> str:
+    expanded = os.path.expanduser(path)
+    if os.path.isabs(expanded) or not (folder / expanded).exists():
+        return path
+    return os.path.normpath(folder / expanded)
 
 
 def _training_name(name: str) -> bool:
