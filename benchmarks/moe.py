@@ -14,6 +14,9 @@ interleaved repetitions in one process:
 - ``fastkit loop``: fastkit's host-count loop (what fastkit runs where grouped GEMM does not);
 - ``fastkit batched``: fastkit's routing with one bmm over gathered weights (its choice off the grouped
   GEMM for small frozen layers: 0 syncs); skipped like ``batched_mm``.
+- ``GEMM floor``: the expert GEMMs and the activation alone, on rows already sorted by expert (no routing,
+  gather or combine): what every path must compute. ``eager / floor`` bounds what ANY routing can gain over
+  eager at that shape; ``fastkit / floor`` is what fastkit's routing still costs.
 
 The first columns compare fastkit (its ``auto`` choice) with the best of transformers' own paths on this
 device (``eager``, ``grouped_mm``, ``batched_mm``: the fastest median) and with ``eager``.
@@ -66,11 +69,53 @@ QUICK = {
     "gpt-oss-20b": dict(hidden_size=64, intermediate_size=64, num_local_experts=8),
     "qwen3-30b-a3b": dict(hidden_size=64, moe_intermediate_size=32, num_experts=32),
 }
-IMPLS = ["eager", "grouped_mm", "batched_mm", "grouped_mm fallback", "fastkit", "fastkit loop", "fastkit batched"]
+IMPLS = ["eager", "grouped_mm", "batched_mm", "grouped_mm fallback", "fastkit", "fastkit loop", "fastkit batched",
+         "GEMM floor"]
+FLOOR = "GEMM floor"
 UPSTREAM = ("eager", "grouped_mm", "batched_mm")
 """transformers' own experts paths: the best of them is what fastkit must never be slower than."""
 _KEYS = {"eager": "eager", "grouped_mm": "grouped_mm", "grouped_mm fallback": "grouped_mm", "batched_mm": "batched_mm"}
 _FASTKIT_MODES = {"fastkit": "auto", "fastkit loop": "loop", "fastkit batched": "batched"}
+
+
+class GemmFloor(torch.nn.Module):
+    """The expert GEMMs and the activation of ``module`` alone, on rows sorted by expert beforehand (no routing,
+    no gather, no combine): a lower bound on any experts forward+backward with the same weights.
+
+    Its rows are a leaf of their own (the input gradient flows to them, as the real paths' flows to ``h``);
+    the GEMMs are fastkit's (grouped GEMM where it runs, else one ``mm`` per expert on host offsets, read once
+    here, outside the timed call). Biases are left out (an add each, next to two GEMMs).
+    """
+
+    def __init__(self, module, h: torch.Tensor, idx: torch.Tensor):
+        super().__init__()
+        from fastkit.patches.moe.patch import projection_names
+        from fastkit.patches.moe.routing import in_out, read_back, route
+
+        routing = route(idx, module.num_experts)
+        routing.host_ends = read_back(routing, h, module.num_experts, check=False, with_ends=True)[0]
+        k = idx.size(1)
+        self.rows = h.detach().index_select(0, routing.perm // k).requires_grad_(True)  # (S, H) sorted by expert
+        self.routing = routing
+        up, down = projection_names(module)
+        self.up = in_out(getattr(module, up), module.is_transposed)  # (E, H, 2I or I)
+        self.down = in_out(getattr(module, down), module.is_transposed)  # (E, I, H)
+        self.gated = module.has_gate
+
+    def forward(self, h, idx, w):
+        from fastkit.patches.moe.routing import grouped_matmul, grouped_mm_runs
+
+        routing = self.routing
+        if grouped_mm_runs(self.up) and grouped_mm_runs(self.down):
+            routing = copy.copy(routing)
+            routing.host_ends = None  # the grouped GEMM, with its device-side offsets
+        y = grouped_matmul(self.rows, self.up, routing)  # (S, 2I) or (S, I)
+        if self.gated:
+            gate, up = y.chunk(2, dim=-1)  # (S, I) each
+            y = torch.nn.functional.silu(gate) * up
+        else:
+            y = torch.nn.functional.silu(y)
+        return grouped_matmul(y, self.down, routing)  # (S, H)
 
 
 def _impl_context(module, impl: str):
@@ -78,6 +123,8 @@ def _impl_context(module, impl: str):
     from fastkit._hf import grouped_mm_disabled
     from fastkit.patches.moe.patch import MoEConfig, attach_experts, detach_experts
 
+    if impl == FLOOR:
+        return nullcontext()
     if impl in _FASTKIT_MODES:
         attach_experts(module, MoEConfig(mode=_FASTKIT_MODES[impl], validate="off"), name="bench.experts")
     else:
@@ -89,7 +136,7 @@ def _impl_context(module, impl: str):
 
 def _count_syncs(module, h, idx, w, impl):
     with _impl_context(module, impl):
-        return layer_syncs(module, h, idx, w)
+        return layer_syncs(GemmFloor(module, h, idx) if impl == FLOOR else module, h, idx, w)
 
 
 def _gathered_bytes(module, tokens: int, top_k: int) -> int:
@@ -111,10 +158,12 @@ def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device,
         if notes is not None:
             notes.append(f"{name}: batched_mm and fastkit batched not run (their per-row weight copies would take "
                          f"{fmt_bytes(gathered, 'GiB')}, over --batched-gib {batched_gib:g}).")
+    floor = GemmFloor(module, h, idx)
+    run = {i: floor if i == FLOOR else module for i in impls}  # what each path calls
     times = {(i, b): [] for i in impls for b in (False, True)}
     for i in impls:  # warm-up (and the first-forward checks)
         with _impl_context(module, i):
-            step(module, h, idx, w, True)
+            step(run[i], h, idx, w, True)
     for rep in range(reps):
         if rep >= 3 and budget is not None and not budget.allows():
             budget.skip(f"{name} routing repeats {rep + 1}..{reps}")
@@ -122,13 +171,13 @@ def bench_routing(name: str, shape: dict, tokens: int, reps: int, dtype, device,
         for i in impls:  # interleaved: every impl sees the same machine state
             for b in (False, True):
                 with _impl_context(module, i):
-                    times[(i, b)].append(timed(lambda m=module, b=b: step(m, h, idx, w, b), device, clock))
+                    times[(i, b)].append(timed(lambda m=run[i], b=b: step(m, h, idx, w, b), device, clock))
     rows = []
     for i in impls:
         syncs = _count_syncs(module, h, idx, w, i)
         rows.append(dict(shape=name, impl=i, tokens=tokens, fwd_ms=[1e3 * t for t in times[(i, False)]],
                          fwd_bwd_ms=[1e3 * t for t in times[(i, True)]], syncs_fwd=syncs[0], syncs_bwd=syncs[1]))
-    del module
+    del module, floor, run
     gc.collect()
     return rows
 
@@ -213,10 +262,13 @@ def _summary_cells(rows: list[dict]) -> list[list]:
         fk = next(r for r in group if r["impl"] == "fastkit")
         best = _best_upstream(group)
         eager = next((r for r in group if r["impl"] == "eager"), None)
+        floor = next((r for r in group if r["impl"] == FLOOR), None)
+        bound = fmt_ratio(eager["fwd_bwd_ms"], floor["fwd_bwd_ms"]) if eager and floor else "-"
+        cost = fmt_ratio(fk["fwd_bwd_ms"], floor["fwd_bwd_ms"]) if floor else "-"
         cells.append([shape, fk["tokens"], best["impl"] if best else "-",
                       f"{fmt_ratio(best['fwd_ms'], fk['fwd_ms'])} / {fmt_ratio(best['fwd_bwd_ms'], fk['fwd_bwd_ms'])}"
                       if best else "-",
-                      fmt_ratio(eager["fwd_bwd_ms"], fk["fwd_bwd_ms"]) if eager else "-",
+                      fmt_ratio(eager["fwd_bwd_ms"], fk["fwd_bwd_ms"]) if eager else "-", bound, cost,
                       f"{fk['syncs_fwd']} / {fk['syncs_bwd']}"])
     return cells
 
@@ -230,7 +282,8 @@ def _table(rows: list[dict], lora_rows: list[dict], device_name: str, note: str 
         out += ["fastkit (`mode=\"auto\"`) against the best of transformers' own paths (eager, grouped_mm, "
                 "batched_mm: the fastest fwd+bwd median) and against eager:", "",
                 markdown_table(["shape", "tokens", "best upstream path", "vs best upstream fwd / fwd+bwd [range]",
-                                "vs eager fwd+bwd [range]", "fastkit syncs fwd/bwd"], _summary_cells(rows)), ""]
+                                "vs eager fwd+bwd [range]", "most any routing can gain over eager (eager / GEMM floor)",
+                                "fastkit / GEMM floor", "fastkit syncs fwd/bwd"], _summary_cells(rows)), ""]
     cells = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         group = [r for r in rows if r["shape"] == shape]
