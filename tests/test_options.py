@@ -23,7 +23,7 @@ from fastkit.cli.config import file_layer, resolve
 from fastkit.errors import FastkitError
 from fastkit.training import options as options_module
 from fastkit.training.options import TrainOptions, sft_fields
-from fastkit.training.run import options_sft_config
+from fastkit.training.run import sft_config
 
 NOT_EXPRESSIBLE = {"parallelism_config": "an accelerate.ParallelismConfig object, not a YAML value"}
 """SFTConfig fields no file or flag can carry (Python objects): set them through make_trainer's keywords."""
@@ -73,8 +73,8 @@ def trackers(monkeypatch):
 
 
 def _config(train: TrainOptions) -> dict:
-    return options_sft_config(train, evaluate=True, cuda=False, optim="adamw_torch",
-                              precision={"use_cpu": True, "bf16": False, "fp16": False})
+    return sft_config(train, evaluate=True, cuda=False, optim="adamw_torch",
+                      precision={"use_cpu": True, "bf16": False, "fp16": False})
 
 
 def _cli_text(value) -> list[str]:

@@ -91,13 +91,12 @@ def _check_sft_config(options, load_in_4bit: bool) -> None:
     import torch
 
     from fastkit.plan import default_optimizer
-    from fastkit.training.run import build_sft_config, options_sft_config
+    from fastkit.training.run import build_sft_config, sft_config
 
     cuda = torch.cuda.is_available()
     precision = {"bf16": False, "fp16": False} if cuda else {"use_cpu": True, "bf16": False, "fp16": False}
-    build_sft_config(options_sft_config(options, evaluate=bool(options.eval_split), cuda=cuda,
-                                        optim=default_optimizer("cuda" if cuda else "cpu", load_in_4bit),
-                                        precision=precision))
+    build_sft_config(sft_config(options, evaluate=bool(options.eval_split), cuda=cuda,
+                                optim=default_optimizer("cuda" if cuda else "cpu", load_in_4bit), precision=precision))
 
 
 def _check_model(model: str, twin: bool) -> None:

@@ -25,7 +25,6 @@ from fastkit.training.run import (
     fit,
     last_checkpoint,
     make_trainer,
-    options_sft_config,
     planned_steps,
     run_coverage,
     sft_config,
@@ -34,4 +33,4 @@ from fastkit.training.run import (
 
 __all__ = ["TRACKERS", "LoraOptions", "TrainOptions", "available_trackers", "check_distributed_mode",
            "check_report_to", "fit", "last_checkpoint", "make_dpo_trainer", "make_grpo_trainer", "make_trainer",
-           "options_sft_config", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]
+           "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]

@@ -109,9 +109,8 @@ def make_trainer(
     max_seq_length = options.max_seq_length or (loaded.max_seq_length if loaded is not None else 2048)
     _check_packing_supported(model, options.packing)
     evaluate = eval_dataset is not None or bool(options.eval_split)
-    config = options_sft_config(options, evaluate=evaluate, cuda=model.device.type == "cuda",
-                                optim=_default_optim(model), precision=_precision(model),
-                                max_seq_length=max_seq_length)
+    config = sft_config(options, evaluate=evaluate, cuda=model.device.type == "cuda", optim=_default_optim(model),
+                        precision=_precision(model), max_seq_length=max_seq_length)
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
     dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length)
@@ -208,56 +207,37 @@ def build_sft_config(config: dict[str, Any]):
         raise FastkitError(f"trl.SFTConfig refused these options: {exc}") from exc
 
 
-def options_sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str, precision: dict[str, bool],
-                       max_seq_length: int | None = None) -> dict[str, Any]:
-    """The ``SFTConfig`` values of ``options``: a pure function (no model, no I/O). ``evaluate``: there is an eval
-    set; ``cuda``, ``optim``, ``precision``: what the model's device asks for (make_trainer reads them)."""
-    max_steps, epochs = _run_length(options.max_steps, options.epochs)
-    config = sft_config(
-        output_dir=options.output_dir, max_steps=max_steps, epochs=epochs, learning_rate=options.learning_rate,
-        batch_size=options.batch_size, gradient_accumulation_steps=options.gradient_accumulation_steps,
-        max_seq_length=max_seq_length or options.max_seq_length or 2048, packing=options.packing,
-        completion_only_loss=options.completion_only_loss, seed=options.seed, save_steps=options.save_steps,
-        eval_steps=options.eval_steps if evaluate else None, evaluate=evaluate,
-        report_to=trackers(options.report_to), cuda=cuda, optim=optim, precision=precision,
-        overrides=options.sft, warmup_steps=options.warmup_steps, lr_scheduler_type=options.lr_scheduler_type,
-        weight_decay=options.weight_decay, save_total_limit=options.save_total_limit,
-        logging_steps=options.logging_steps or 1)
-    if options.early_stopping_patience is not None:
-        config = {"metric_for_best_model": "eval_loss", "greater_is_better": False, **config}
-        config.update({k: options.sft[k] for k in ("metric_for_best_model", "greater_is_better") if k in options.sft})
-    return config
+def sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str, precision: dict[str, bool],
+               max_seq_length: int | None = None) -> dict[str, Any]:
+    """The ``SFTConfig`` values of ``options``: a pure function (no model, no I/O, ``options`` untouched).
 
-
-def sft_config(*, output_dir: str, max_steps: int | None, learning_rate: float, batch_size: int,
-               gradient_accumulation_steps: int, max_seq_length: int, packing: bool, completion_only_loss: bool,
-               seed: int, save_steps: int | None, eval_steps: int | None, evaluate: bool, cuda: bool, optim: str,
-               precision: dict[str, bool], overrides: dict[str, Any], epochs: float | None = None,
-               report_to: Sequence[str] = (), warmup_steps: float | None = None, lr_scheduler_type: str = "linear",
-               weight_decay: float = 0.0, save_total_limit: int | None = 2, logging_steps: int = 1) -> dict[str, Any]:
-    """The ``SFTConfig`` values :func:`make_trainer` uses: a pure function of its arguments (no model, no I/O).
-
-    Checkpointing is fastkit's (``activation_checkpointing=False`` here); ``overrides`` (TrainOptions.sft)
-    win over every default. One of ``max_steps`` / ``epochs`` is set (the other None); step counts that
-    depend on an epochs run's length are finished in make_trainer once the rows are packed.
+    ``evaluate``: there is an eval set; ``cuda``, ``optim``, ``precision``: what the model's device asks for
+    (make_trainer reads them); ``max_seq_length``: the load's, when ``options`` leaves it None. Checkpointing is
+    fastkit's (``activation_checkpointing=False`` here); ``options.sft`` wins over every default. One of
+    ``max_steps`` / ``epochs`` is set (the other None); step counts that depend on an epochs run's length are
+    finished in make_trainer once the rows are packed.
     """
-    steps = max_steps or 10
+    max_steps, epochs = _run_length(options.max_steps, options.epochs)
+    batch, save_steps = options.batch_size, options.save_steps
+    warmup = options.warmup_steps if options.warmup_steps is not None else min(5, (max_steps or 50) // 10)
     config = dict(
-        output_dir=output_dir, max_steps=max_steps or -1, num_train_epochs=epochs or 1.0, learning_rate=learning_rate,
-        per_device_train_batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-        max_length=max_seq_length, packing=packing, packing_strategy="bfd",
-        completion_only_loss=completion_only_loss, activation_checkpointing=False,
-        logging_steps=logging_steps, logging_nan_inf_filter=False, report_to=list(report_to), seed=seed,
-        data_seed=seed,
-        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": save_total_limit} if save_steps
-           else {"save_strategy": "no"}),
-        **({"eval_strategy": "steps", "eval_steps": eval_steps or max(1, steps // 10),
-            "per_device_eval_batch_size": batch_size} if evaluate else {}),
-        lr_scheduler_type=lr_scheduler_type,
-        warmup_steps=warmup_steps if warmup_steps is not None else min(5, (max_steps or 50) // 10),
-        weight_decay=weight_decay, dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
+        output_dir=options.output_dir, max_steps=max_steps or -1, num_train_epochs=epochs or 1.0,
+        learning_rate=options.learning_rate, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
+        max_length=max_seq_length or options.max_seq_length or 2048, packing=options.packing, packing_strategy="bfd",
+        completion_only_loss=options.completion_only_loss, activation_checkpointing=False,
+        logging_steps=options.logging_steps or 1, logging_nan_inf_filter=False,
+        report_to=list(trackers(options.report_to)), seed=options.seed, data_seed=options.seed,
+        **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": options.save_total_limit}
+           if save_steps else {"save_strategy": "no"}),
+        **({"eval_strategy": "steps", "eval_steps": options.eval_steps or max(1, (max_steps or 10) // 10),
+            "per_device_eval_batch_size": batch} if evaluate else {}),
+        lr_scheduler_type=options.lr_scheduler_type, warmup_steps=warmup, weight_decay=options.weight_decay,
+        dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
     )
-    config.update(overrides)
+    if options.early_stopping_patience is not None:
+        config.update(metric_for_best_model="eval_loss", greater_is_better=False)
+    config.update(options.sft)
     return config
 
 
@@ -552,4 +532,4 @@ def _settle(trainer, callback: MetricsCallback) -> int:
 
 
 __all__ = ["TRACKERS", "available_trackers", "build_sft_config", "check_distributed_mode", "check_report_to", "fit",
-           "last_checkpoint", "make_trainer", "options_sft_config", "planned_steps", "run_coverage", "steps_per_epoch"]
+           "last_checkpoint", "make_trainer", "planned_steps", "run_coverage", "steps_per_epoch"]
