@@ -118,3 +118,29 @@ PROVENANCE = re.compile(r"Made by commit [0-9a-f]{7,}.* on .+, \d{4}-\d\d-\d\d \
 @pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
 def test_every_committed_table_names_what_made_it(path):
     assert PROVENANCE.search(path.read_text()), f"{path.name}: no commit / machine / date line"
+
+
+FIGURE = re.compile(rf"{NUMBER}\s*×\s*\[\s*{NUMBER}\s*–\s*{NUMBER}\s*\]")
+"""A measured ratio with its per-repeat range, as the bench tables print it (``1.64× [1.52–1.82]``)."""
+
+
+def readme_figures(readme: str) -> list[str]:
+    """The measured ratios (with ranges) README's Benchmarks section quotes."""
+    section = readme.split("\n## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    return FIGURE.findall(section)
+
+
+def unquoted(readme: str, sources: list[str]) -> list[str]:
+    """README figures that no committed table or doc prints verbatim (rounded, or left over from an older run)."""
+    return [f for f in readme_figures(readme) if not any(f in text for text in sources)]
+
+
+def test_readme_quotes_its_figures_from_the_tables():
+    """Every ``N× [a–b]`` in README's Benchmarks section is copied from a committed table (assets/bench_*.md) or
+    the doc that reads it (docs/*.md): a rerun that changes a table shows up here until README follows."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sources = [p.read_text(encoding="utf-8") for p in [*TABLES, *sorted((ROOT / "docs").glob("*.md"))]]
+    assert len(readme_figures(readme)) >= 5
+    assert unquoted(readme, sources) == []
+    stale = readme.replace(readme_figures(readme)[0], "9.99× [9.98–9.99]")  # the check can fail
+    assert unquoted(stale, sources) == ["9.99× [9.98–9.99]"]
