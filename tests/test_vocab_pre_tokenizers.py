@@ -15,7 +15,8 @@ For each vocabulary whose split is one fastkit writes (fastkit's name for it: :d
   (``Llama(vocab_only=True)``) tokenizes to the same ids; llama.cpp's own file does too (the data fit this build).
 
 Names fastkit writes with no such file here: ``dbrx``, ``tekken``, ``gpt-4o`` (their twins' round trips in
-tests/test_llamacpp_round_trip.py are their proof). ``smollm`` has none of its own: llama.cpp splits it with the
+tests/test_llamacpp_round_trip.py are their proof), and ``deepseek-v3``: a real vocabulary (:data:`ROUND_TRIP`)
+rebuilt with its split and written by fastkit tokenizes :data:`CORPUS` in llama.cpp to the HF tokenizer's ids. ``smollm`` has none of its own: llama.cpp splits it with the
 same regexes as ``starcoder``, ``refact`` and ``command-r``, whose files stand in; ``gpt-2`` also covers ``mpt``.
 """
 

@@ -13,7 +13,9 @@ the ``pre_tokenizer`` of its tokenizer.json is reduced to the list of regex spli
 ``Split``, a ``Digits`` rule, the GPT-2 regex inside ``ByteLevel(use_regex=True)``), and that list
 is looked up in :data:`PRE_TOKENIZERS` (the splits llama.cpp's ``llama-vocab.cpp`` implements for
 each name, in the original tokenizer.json spelling it quotes). Anything not in the table is refused
-with the splits it found: a wrong name tokenizes differently from training without any error.
+with the splits it found: a wrong name tokenizes differently from training without any error. Several llama.cpp
+names share one split (``olmo`` is GPT-2's, ``exaone`` smollm's, ``glm4`` / ``lfm2`` / ``falcon-h1`` llama-bpe's);
+the table holds one name per split, which llama.cpp tokenizes identically.
 
 What must not change: for every name in the table, llama.cpp's token ids equal the HF tokenizer's on
 the chat corpus of tests/test_llamacpp_round_trip.py (punctuation, quotes, code, numbers, emoji).
