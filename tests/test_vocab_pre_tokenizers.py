@@ -15,7 +15,8 @@ For each vocabulary whose split is one fastkit writes (fastkit's name for it: :d
   (``Llama(vocab_only=True)``) tokenizes to the same ids; llama.cpp's own file does too (the data fit this build).
 
 Names fastkit writes with no such file here: ``dbrx``, ``tekken``, ``gpt-4o`` (their twins' round trips in
-tests/test_llamacpp_round_trip.py are their proof). ``smollm`` has none of its own: llama.cpp splits it with the
+tests/test_llamacpp_round_trip.py are their proof), and ``deepseek-v3``: a real vocabulary (:data:`ROUND_TRIP`)
+rebuilt with its split and written by fastkit tokenizes :data:`CORPUS` in llama.cpp to the HF tokenizer's ids. ``smollm`` has none of its own: llama.cpp splits it with the
 same regexes as ``starcoder``, ``refact`` and ``command-r``, whose files stand in; ``gpt-2`` also covers ``mpt``.
 """
 
@@ -29,7 +30,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from fastkit.export.gguf_vocab import PRE_TOKENIZERS, add_tokenizer_kv, pre_tokenizer_name, pre_tokenizer_object
+from fastkit.errors import FastkitError
+from fastkit.export.gguf_vocab import (PRE_TOKENIZERS, add_tokenizer_kv, pre_tokenizer_name, pre_tokenizer_object,
+                                       pre_tokenizer_spec)
 from tests.helpers import require_llama_cpp
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
@@ -37,8 +40,22 @@ CACHE = Path(__file__).resolve().parents[1] / ".cache" / "lcpp-sdist"
 VOCABS = {  # llama.cpp's test vocabulary -> the name fastkit writes for a tokenizer that splits as it does
     "gpt-2": "gpt-2", "mpt": "gpt-2", "llama-bpe": "llama-bpe", "qwen2": "qwen2", "qwen35": "qwen35",
     "starcoder": "smollm", "refact": "smollm", "command-r": "smollm",
+    "deepseek-llm": "deepseek-llm", "deepseek-coder": "deepseek-coder",
 }
 SEP = "\n__ggml_vocab_test__\n"
+ROUND_TRIP = {"deepseek-v3": "llama-bpe"}  # a name with no test vocabulary -> the real vocabulary its split runs over
+CORPUS = (  # what a split can disagree on: digit groups, CJK and kana, emoji, contractions, code, breaks, spaces
+    "Call 1234567 or +1 (555) 010-9999; pay $3.50, 12,345.678 or 1e-9 by 2024-05-06.",
+    "中文分词测试，日本語のテキスト、カタカナとひらがな。한국어 문장도 있어요.",
+    "Emoji 🙂🌊🦓 and 👨‍👩‍👧 with symbols €£¥ © ® ™ ∑ √ ½ ²³",
+    "Don't, I'm, you're, we've, they'll, she'd; DON'T SHOUT, It'S FINE",
+    "def f(x):\n    return x**2 + y[0] // 3  # comment\n\tif a <= b && c != d: pass\n",
+    "lines\n\n\nwith breaks\r\nand CRLF\n  \n trailing   ",
+    "multiple    spaces   between\twords and    \t mixed",
+    "<div class='note'>a <= b | e ~ f</div> ~~~ !!! ??? ...",
+    "naïve café résumé Ωμέγα Привет мир Ǆ ﬁ Ｆｕｌｌ ｗｉｄｔｈ！",
+    "x=1;y=22;z=333;w=4444 v1.2.3 a1b2c3 abc123def",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +68,7 @@ def vocab_dir(tmp_path_factory) -> Path:
         pytest.skip(f"{sdist} is not there (pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 "
                     f"-d {CACHE})")
     want = {f"ggml-vocab-{stem}.gguf{ext}" for stem in VOCABS for ext in ("", ".inp", ".out")}
+    want |= {f"ggml-vocab-{stem}.gguf" for stem in ROUND_TRIP.values()}
     out = tmp_path_factory.mktemp("ggml-vocab")
     with tarfile.open(sdist) as tar:
         for member in tar:
@@ -187,3 +205,28 @@ def test_fastkit_split_reproduces_llama_cpp_tokenizer_tests(vocab_dir, tmp_path,
     assert read_kv(written)["tokenizer.ggml.pre"][1] == name
     got = _llama_ids(written, cases)
     assert not _mismatches(got, cases), (stem, name, _mismatches(got, cases)[:3])
+
+
+@pytest.mark.parametrize("name", list(ROUND_TRIP))
+def test_split_without_test_vocabulary_round_trips_through_llama_cpp(vocab_dir, tmp_path, name):
+    """A name llama.cpp has no test vocabulary for: a real vocabulary rebuilt with fastkit's split for it, written by
+    fastkit into a vocab-only GGUF, tokenizes :data:`CORPUS` in llama.cpp to the Hugging Face tokenizer's ids."""
+    require_llama_cpp()
+    kv = read_kv(vocab_dir / f"ggml-vocab-{ROUND_TRIP[name]}.gguf")
+    tokenizer = hf_tokenizer(kv, name)
+    assert pre_tokenizer_name(json.loads(tokenizer.backend_tokenizer.to_str())) == name
+    cases = [(text, tokenizer(text, add_special_tokens=False)["input_ids"]) for text in CORPUS]
+    written = tmp_path / f"fastkit-{name}.gguf"
+    write_vocab_gguf(kv, tokenizer, written)
+    assert read_kv(written)["tokenizer.ggml.pre"][1] == name
+    got = _llama_ids(written, cases)
+    assert not _mismatches(got, cases), (name, _mismatches(got, cases)[:3])
+
+
+def test_digit_run_split_refuses_a_vocabulary_with_multi_digit_tokens():
+    """deepseek-llm's tokenizer splits single digits, llama.cpp digit runs: equal only without tokens like "12"."""
+    spec = {"pre_tokenizer": pre_tokenizer_spec("deepseek-llm"), "model": {"vocab": {"1": 0, "2": 1}}}
+    assert pre_tokenizer_name(spec) == "deepseek-llm"
+    spec["model"]["vocab"]["12"] = 2
+    with pytest.raises(FastkitError, match="several digits"):
+        pre_tokenizer_name(spec)

@@ -13,7 +13,9 @@ the ``pre_tokenizer`` of its tokenizer.json is reduced to the list of regex spli
 ``Split``, a ``Digits`` rule, the GPT-2 regex inside ``ByteLevel(use_regex=True)``), and that list
 is looked up in :data:`PRE_TOKENIZERS` (the splits llama.cpp's ``llama-vocab.cpp`` implements for
 each name, in the original tokenizer.json spelling it quotes). Anything not in the table is refused
-with the splits it found: a wrong name tokenizes differently from training without any error.
+with the splits it found: a wrong name tokenizes differently from training without any error. Several llama.cpp
+names share one split (``olmo`` is GPT-2's, ``exaone`` smollm's, ``glm4`` / ``lfm2`` / ``falcon-h1`` llama-bpe's);
+the table holds one name per split, which llama.cpp tokenizes identically.
 
 What must not change: for every name in the table, llama.cpp's token ids equal the HF tokenizer's on
 the chat corpus of tests/test_llamacpp_round_trip.py (punctuation, quotes, code, numbers, emoji).
@@ -48,6 +50,36 @@ GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}
                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 DIGITS = r"\p{N}"
 """``Digits(individual_digits=True)``: every digit its own piece."""
+DIGIT_RUNS = r"\p{N}+"
+"""``Digits(individual_digits=False)``: a run of digits one piece."""
+# DeepSeek's splits hold CR and LF themselves (tokenizer.json spells them with JSON's "\r\n" escapes, the regex
+# sees the characters) and CJK / letter ranges as raw code points (written here as Python escapes).
+_LINE_BREAK = "[\r\n]"
+_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481"
+    "\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf"
+    "\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-"
+    "\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113"
+    "\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149"
+    "\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
+    "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-"
+    "\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
+)
+DEEPSEEK_LLM_SPLITS = (_LINE_BREAK, r"\s?[" + _DEEPSEEK_LETTERS + "]+",
+                       r"\s?[!-/:-~" + "\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+                       r"\s+$", _DEEPSEEK_CJK, DIGITS)
+"""DeepSeek LLM 7B / 67B and DeepSeek-V2 (one 102400-token vocabulary): line breaks, Latin-Greek-Cyrillic-... letters,
+ASCII and full-width punctuation, trailing spaces, CJK / Hangul runs, single digits. llama.cpp splits digit runs
+(``\p{N}+``) instead: the same tokens for a vocabulary with no token of two digits (this one has none)."""
+DEEPSEEK_CODER_SPLITS = (_LINE_BREAK, r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, DIGITS)
+DEEPSEEK_V3_SPLITS = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                      r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^""" + "\r\n" + r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                      r"| ?[\p{P}\p{S}]+" + "[\r\n]*" + r"|\s*" + "[\r\n]+" + r"|\s+(?!\S)|\s+")
+"""DeepSeek-V3 / R1: digit groups of three, CJK and kana runs, then one regex whose classes hold CR and LF themselves."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,9 @@ class PreTokenizer:
     """The regexes applied in order, each inside the pieces of the one before (tokenizer.json spelling)."""
     ignore_merges: bool = False
     """llama.cpp looks a whole piece up in the vocabulary before merging (tokenizer.json ``ignore_merges``)."""
+    digit_runs: bool = False
+    """llama.cpp keeps a run of digits one piece where the tokenizer splits single digits: the same tokens only for a
+    vocabulary without a token of two digits (a retrained one with such tokens is refused)."""
 
 
 PRE_TOKENIZERS = (
@@ -71,6 +106,9 @@ PRE_TOKENIZERS = (
     PreTokenizer("qwen35", (QWEN35_SPLIT,)),  # Qwen3.5
     PreTokenizer("tekken", (TEKKEN_SPLIT,), ignore_merges=True),  # Mistral Nemo / Small 3
     PreTokenizer("gpt-4o", (GPT4O_SPLIT,)),  # o200k (gpt-oss)
+    PreTokenizer("deepseek-llm", DEEPSEEK_LLM_SPLITS, digit_runs=True),  # DeepSeek LLM 7B / 67B, DeepSeek-V2
+    PreTokenizer("deepseek-coder", DEEPSEEK_CODER_SPLITS),  # DeepSeek Coder 1.3B / 6.7B / 33B (v1)
+    PreTokenizer("deepseek-v3", DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / V3.1 / R1 (deepseek_v3)
 )
 """The pre-tokenizers save_gguf writes, looked up by their splits (and the merges rule)."""
 
@@ -96,8 +134,8 @@ def pre_tokenizer_spec(name: str) -> dict:
     pre = _known(name)
     steps = []
     for regex in pre.splits:
-        if regex == DIGITS:
-            steps.append({"type": "Digits", "individual_digits": True})
+        if regex in (DIGITS, DIGIT_RUNS):
+            steps.append({"type": "Digits", "individual_digits": regex == DIGITS})
         elif regex == GPT2_SPLIT:
             steps.append(dict(_BYTE_LEVEL, use_regex=True))
         else:
@@ -115,7 +153,7 @@ def pre_tokenizer_object(name: str):
     steps = []
     for step in pre_tokenizer_spec(name)["pretokenizers"]:
         if step["type"] == "Digits":
-            steps.append(pt.Digits(individual_digits=True))
+            steps.append(pt.Digits(individual_digits=step["individual_digits"]))
         elif step["type"] == "Split":
             steps.append(pt.Split(Regex(step["pattern"]["Regex"]), behavior="isolated", invert=False))
         else:
@@ -183,7 +221,7 @@ def _splits(spec: dict) -> tuple[str, ...]:
                 raise FastkitError("save_gguf: the tokenizer's ByteLevel pre-tokenizer adds a prefix space, which "
                                    "llama.cpp's BPE tokenizers never do; tokens would differ from training.")
         elif kind == "Digits":
-            out.append(DIGITS if step.get("individual_digits") else r"\p{N}+")
+            out.append(DIGITS if step.get("individual_digits") else DIGIT_RUNS)
         elif kind == "Split" and isinstance(step.get("pattern"), dict) and "Regex" in step["pattern"] \
                 and step.get("behavior", "Isolated") == "Isolated" and not step.get("invert"):
             out.append(step["pattern"]["Regex"])
@@ -193,12 +231,22 @@ def _splits(spec: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _has_multi_digit_token(spec: dict) -> bool:
+    """Whether the BPE vocabulary of tokenizer.json ``spec`` holds a token of two or more digits."""
+    vocab = spec.get("model", {}).get("vocab", {})
+    return any(len(token) > 1 and token.isdigit() for token in vocab)
+
+
 def pre_tokenizer_name(spec: dict) -> str:
     """llama.cpp's ``tokenizer.ggml.pre`` for the tokenizer.json ``spec`` (FastkitError when none matches)."""
     splits = _splits(spec)
     ignore = bool(spec.get("model", {}).get("ignore_merges", False))
     for pre in PRE_TOKENIZERS:
         if pre.splits == splits and pre.ignore_merges == ignore:
+            if pre.digit_runs and _has_multi_digit_token(spec):
+                raise FastkitError(f"save_gguf: the tokenizer splits like llama.cpp's {pre.name!r} but its vocabulary "
+                                   "has tokens of several digits, which llama.cpp's digit-run split would produce "
+                                   "where training split single digits; tokens would differ from training.")
             return pre.name
     known = "; ".join(f"{p.name}: {list(p.splits)}" for p in PRE_TOKENIZERS)
     raise FastkitError(f"save_gguf: no llama.cpp pre-tokenizer splits text as this tokenizer does (its splits: "
