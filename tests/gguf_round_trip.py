@@ -474,9 +474,7 @@ def _draw_zeros(model, std: float = 0.5) -> None:
     file dropping, misplacing or zeroing them cannot pass (LoRA leaves them at their initial value)."""
     gen = torch.Generator().manual_seed(1)
     for name, p in model.named_parameters():
-        if name.endswith("e_score_correction_bias"):  # ERNIE 4.5's selection bias is a (frozen) parameter
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-        elif not p.any() or name.endswith(".sinks"):
+        if not p.any() or name.endswith(".sinks"):  # ERNIE 4.5's selection bias too (a frozen parameter, at 0.5)
             p.copy_(torch.randn(p.shape, generator=gen) * std)
     for name, b in model.named_buffers():  # DeepSeek-V3 / GLM-4.5's selection bias (exp_probs_b) starts at zero
         if name.endswith(("e_score_correction_bias", "expert_bias")):  # LFM2-MoE's too
