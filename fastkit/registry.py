@@ -112,7 +112,11 @@ class GGUFRules:
     ``leading_dense_block_count``: those layers have ``ffn_{gate,up,down}`` and no experts."""
     config_ints: tuple[tuple[str, str], ...] = ()
     """``(gguf-py writer method, config attribute)`` integer hyperparameters the graph reads
-    (``add_expert_shared_count`` <- ``n_shared_experts``)."""
+    (``add_expert_shared_count`` <- ``n_shared_experts``); ``"a·b"`` writes the product of two attributes (ERNIE 4.5's
+    shared-expert width, ``moe_intermediate_size·moe_num_shared_experts``)."""
+    moe_last: str = ""
+    """Config attribute of the last MoE layer's index (ERNIE 4.5's ``moe_layer_end_index``): llama.cpp's graph has
+    experts in every layer after the leading dense ones, through the last; a config ending them earlier is refused."""
     expert_groups: bool = False
     """llama.cpp's graph restricts routing to the best ``n_group_used`` of ``n_expert_groups`` groups, a group scored
     by the sum of its top-2 biased scores (DeepSeek-V3's ``noaux_tc``, ``build_moe_ffn``): ``n_group`` / ``topk_group``
@@ -427,7 +431,15 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("emu3"),
         ModelFacts("ernie4_5", gguf_arch="ernie4_5", gguf=GGUFRules(fixed=(("use_bias", False),),
                                                                     reader=False)),
-        ModelFacts("ernie4_5_moe", moe=True),
+        ModelFacts("ernie4_5_moe", moe=True, gguf_arch="ernie4_5-moe",  # ernie4-5-moe.cpp: ernie4_5's attention,
+                   gguf=GGUFRules(reader=False, router_renorm="always",  # softmax top-k renormalized (hard-coded)
+                                  dense_lead="moe_layer_start_index", moe_last="moe_layer_end_index",
+                                  config_ints=(("add_interleave_moe_layer_step", "moe_layer_interval"),
+                                               ("add_expert_shared_feed_forward_length",
+                                                "moe_intermediate_size·moe_num_shared_experts")),
+                                  renames=((r"\.mlp\.gate\.moe_statics\.e_score_correction_bias$",
+                                            ".mlp.gate.e_score_correction.bias"),),  # exp_probs_b: selection only
+                                  fixed=(("use_bias", False), ("moe_layer_interval", 1)))),
         ModelFacts("exaone", gguf_arch="llama",  # transformers builds EXAONE 3 as LlamaForCausalLM
                    gguf=GGUFRules(permute_qk=True, rope_types=("default", "llama3"), reader_config=False)),
         ModelFacts("exaone4", sliding_window=True, gguf_arch="exaone4",  # post-norms only, per-head q/k RMSNorm

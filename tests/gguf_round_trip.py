@@ -296,6 +296,10 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
     # GLM-4.5: V3's router (here with groups, x2), partial rotary 0.5, q/k norms and q/k/v biases, post-attention norm.
     "glm4_moe (gpt-2)": ("glm4_moe", {"num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True,
                                       "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0}, "gpt-2"),
+    # ERNIE-4.5 MoE: a dense first layer, then 8 experts top-2 with a softmax router, its selection bias (drawn) and 2
+    # shared experts; interleaved rope with head_dim 32 (initializer_range 0.1, as ernie4_5, so the rope order shows).
+    "ernie4_5_moe (gpt-2)": ("ernie4_5_moe", {"num_hidden_layers": 3, "moe_k": 2, "head_dim": 32,
+                                              "initializer_range": 0.1}, "gpt-2"),
     # dense families (gguf-dense). SmolLM3: 4 layers, so layer 3 is one llama.cpp runs without rope; Llama-3's split.
     # initializer_range 0.1 (as gpt_oss): at 0.02 the attention logits are too flat for rope to matter (roping layer 3
     # too moved the logits by 1e-3 only); here it changes the greedy text.
@@ -420,7 +424,8 @@ TWINS = {  # family label -> (model_type, twin overrides, pre-tokenizer of the f
 }
 ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "granitemoe", "granitemoeshared",
                                                                     "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
-                                                                    "glm4_moe", "solar_open", "minimax_m2")}
+                                                                    "glm4_moe", "solar_open", "minimax_m2",
+                                                                    "ernie4_5_moe")}
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
 ROUTER_STD.update({label: 1.0 for label in ("qwen3_next (gpt-2)", "qwen3_5_moe_text (gpt-2)",
                                              "granitemoehybrid (gpt-2)", "lfm2_moe (gpt-2)")})  # gguf-hybrid
@@ -469,7 +474,7 @@ def _draw_zeros(model, std: float = 0.5) -> None:
     file dropping, misplacing or zeroing them cannot pass (LoRA leaves them at their initial value)."""
     gen = torch.Generator().manual_seed(1)
     for name, p in model.named_parameters():
-        if not p.any() or name.endswith(".sinks"):
+        if not p.any() or name.endswith(".sinks"):  # ERNIE 4.5's selection bias too (a frozen parameter, at 0.5)
             p.copy_(torch.randn(p.shape, generator=gen) * std)
     for name, b in model.named_buffers():  # DeepSeek-V3 / GLM-4.5's selection bias (exp_probs_b) starts at zero
         if name.endswith(("e_score_correction_bias", "expert_bias")):  # LFM2-MoE's too

@@ -1,5 +1,5 @@
 """save_gguf for the MoE / MLA families beyond Qwen / Mixtral / GPT-OSS (olmoe, granitemoe, deepseek_v2, deepseek_v3,
-glm4_moe): the file's tensors and metadata as llama.cpp's graphs read them, and what those graphs cannot compute refused
+glm4_moe, ernie4_5_moe...): the file's tensors and metadata as llama.cpp's graphs read them, and what those graphs cannot compute refused
 before anything is written. transformers' GGUF reader has none of these architectures (their ``GGUFRules.reader`` is
 False); the real llama.cpp round trip of each is in tests/test_llamacpp_round_trip.py (tests/gguf_round_trip.py rows).
 """
@@ -66,12 +66,13 @@ def test_tensors_are_llama_cpp_layout(tmp_path, label):
         router = tensors[f"blk.{i}.ffn_gate_inp.weight"]
         assert router.tensor_type == gguf.GGMLQuantizationType.F32
         assert torch.equal(_value(router), merged[f"model.layers.{i}.mlp.gate.weight"])
-        bias = next((b for n, b in model.named_buffers() if n.startswith(f"model.layers.{i}.")
-                     and n.endswith("e_score_correction_bias")), None)  # mlp.gate's, or mlp's (MiniMax-M2)
-        assert (bias is not None) == bool(rules.buffers)
+        bias = next((b for n, b in [*model.named_buffers(), *model.named_parameters()]  # ERNIE's: a parameter
+                     if n.startswith(f"model.layers.{i}.") and n.endswith("e_score_correction_bias")), None)
+        assert bias is not None or not rules.buffers  # mlp.gate's, mlp's (MiniMax-M2), mlp.gate.moe_statics' (ERNIE)
         assert (f"blk.{i}.exp_probs_b.bias" in tensors) == (bias is not None)
-        if bias is not None:
-            assert bias.abs().max() > 0 and torch.equal(_value(tensors[f"blk.{i}.exp_probs_b.bias"]), bias)
+        if bias is not None:  # ERNIE's (1, E) as llama.cpp's (E,)
+            assert bias.abs().max() > 0
+            assert torch.equal(_value(tensors[f"blk.{i}.exp_probs_b.bias"]), bias.detach().flatten())
         if getattr(config, "kv_lora_rank", None):
             _assert_mla_split(tensors, merged, config, i)
         if getattr(config, "shared_intermediate_size", None):  # (2S, H): gate rows, then up rows
@@ -135,11 +136,33 @@ def test_metadata_states_the_routing_and_mla(tmp_path):
     assert fields["granitemoe.expert_shared_feed_forward_length"].contents() == 64
 
 
+def test_ernie4_5_moe_keys(tmp_path):
+    """ERNIE-4.5 MoE: the dense lead, the MoE step and the shared experts' width (moe_intermediate_size x
+    moe_num_shared_experts) as src/models/ernie4-5.cpp reads them; the (1, E) selection bias flattened, f32; no
+    shared-expert width or tensors without shared experts."""
+    tok = twin_bpe_tokenizer("gpt-2")
+    model = _model("ernie4_5_moe (gpt-2)")
+    path = write_gguf(model, tok, tmp_path / "a", "f16")
+    fields = gguf.GGUFReader(path).fields
+    got = {k.removeprefix("ernie4_5-moe."): fields[k].contents() for k in fields if k.startswith("ernie4_5-moe.")}
+    assert (got["leading_dense_block_count"], got["interleave_moe_layer_step"]) == (1, 1)
+    assert (got["expert_feed_forward_length"], got["expert_shared_feed_forward_length"]) == (32, 64)
+    assert (got["expert_count"], got["expert_used_count"]) == (8, 2)
+    bias = _tensors(path)["blk.1.exp_probs_b.bias"]
+    assert bias.tensor_type == gguf.GGMLQuantizationType.F32 and list(bias.shape) == [8]
+    want = model.model.layers[1].mlp.gate.moe_statics.e_score_correction_bias.detach().flatten()
+    assert torch.equal(_value(bias), want)
+    path = write_gguf(twin("ernie4_5_moe", moe_num_shared_experts=0), tok, tmp_path / "b", "f16")
+    assert gguf.GGUFReader(path).fields["ernie4_5-moe.expert_shared_feed_forward_length"].contents() == 0
+    assert not [n for n in _tensors(path) if "shexp" in n]
+
+
 def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
     """Refused before any work, naming the key: OLMoE with grouped-query attention (llama.cpp's k norm spans all
     heads) or clip_qkv; GLM-4.7-Flash with a dense layer after a MoE one; DeepSeek-V2's group_limited_greedy
     (llama.cpp scores a group by its top-2 sum), biases; DeepSeek with rope_interleave False, YaRN whose mscale differs
-    from mscale_all_dim (llama.cpp assumes them equal), other rope types; OLMoE's renormalization rule."""
+    from mscale_all_dim (llama.cpp assumes them equal), other rope types; OLMoE's renormalization rule; ERNIE-4.5 MoE
+    with dense layers between MoE ones (moe_layer_interval), experts ending before the last layer, or biases."""
     tok, out = twin_bpe_tokenizer("gpt-2"), tmp_path / "out"
     mla = dict(rt._MLA)
     cases = [
@@ -156,6 +179,9 @@ def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
         (twin("deepseek_v2", **mla, rope_parameters=dict(rt._yarn(0.707), mscale=1.0)), "'mscale': 1.0"),
         (twin("deepseek_v3", **mla, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
          "rope types default, yarn"),
+        (twin("ernie4_5_moe", num_hidden_layers=4, moe_layer_interval=2), "config.moe_layer_interval=2"),
+        (twin("ernie4_5_moe", num_hidden_layers=3, moe_layer_end_index=1), "config.moe_layer_end_index=1"),
+        (twin("ernie4_5_moe", use_bias=True), "config.use_bias=True"),
     ]
     for model, message in cases:
         with pytest.raises(FastkitError, match=message):

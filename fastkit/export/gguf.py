@@ -21,7 +21,7 @@ ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks), and ge
 (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode (starcoder), ministral3, and
 ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`); and the MoE / MLA families of
 :mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
-solar_open, minimax_m2); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe, qwen3_next,
+solar_open, minimax_m2, ernie4_5_moe); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe, qwen3_next,
 qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for its
 architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
 experts, biases the graph has or lacks, recurrent layers...) is its row's :class:`fastkit.registry.GGUFRules`, read at
@@ -495,7 +495,8 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
             elif more := (gguf_more.transform(gname, rules, config)  # GPT-NeoX's per-head fused qkv
                           or gguf_hybrid.transform(full)):  # recurrent layers' conv kernels squeezed
                 fn = more
-            elif gname.endswith("ffn_gate_inp_shexp"):  # (1, H) -> llama.cpp's (H,) shared-expert gate
+            elif gname.endswith(("ffn_gate_inp_shexp", "exp_probs_b")):  # (1, H) -> llama.cpp's (H,) shared-expert
+                # gate; ERNIE 4.5's selection bias (1, E) -> (E,)
                 fn = _flat
             pieces = [(full, fn)]
         for gguf_name, fn in pieces:

@@ -1,12 +1,13 @@
 """GGUF rules of the MoE / MLA families beyond the Qwen / Mixtral / GPT-OSS layouts: OLMoE, GraniteMoE(Shared),
+ERNIE-4.5 MoE (``ernie4_5-moe``: leading dense layers, shared experts, softmax routing with a selection bias),
 DeepSeek-V2 / V3 and GLM-4.7-Flash (llama.cpp's ``deepseek2``: multi-head latent attention, leading dense layers,
 shared experts, sigmoid routing with a selection bias, expert groups, YaRN), GLM-4.5 and Solar Open (``glm4moe``),
 MiniMax-M2 (``minimax-m2``). Each rule is a field of the family's
 :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
 writes a file.
 
-What must not change: llama.cpp (src/models/deepseek2.cpp, glm4-moe.cpp, olmoe.cpp, granite.cpp, minimax-m2.cpp, and
-``build_moe_ffn`` in src/llama-graph.cpp) reproduces the transformers model's tokens, greedy text and logits from the
+What must not change: llama.cpp (src/models/deepseek2.cpp, glm4-moe.cpp, olmoe.cpp, granite.cpp, minimax-m2.cpp,
+ernie4-5-moe.cpp, and ``build_moe_ffn`` in src/llama-graph.cpp) reproduces the transformers model's tokens, greedy text and logits from the
 file (tests/test_llamacpp_round_trip.py), and what it cannot compute is refused before anything is written.
 """
 
@@ -51,6 +52,24 @@ def dense_lead(config, rules: registry.GGUFRules) -> int:
     return int(value)
 
 
+def config_int(config, expr: str) -> int:
+    """A config integer, or the product of several (``"moe_intermediate_size·moe_num_shared_experts"``)."""
+    out = 1
+    for attr in expr.split("·"):
+        out *= int(getattr(config, attr) or 0)
+    return out
+
+
+def _check_moe_last(config, model_type: str, rules: registry.GGUFRules, arch: str) -> None:
+    """Experts through the last layer (:attr:`GGUFRules.moe_last`), as the graph has them."""
+    last = getattr(config, rules.moe_last, None)
+    if last is not None and last not in (-1, config.num_hidden_layers - 1):
+        raise FastkitError(f"save_gguf: {model_type} with config.{rules.moe_last}={last} (of "
+                           f"{config.num_hidden_layers} layers): llama.cpp's {arch} graph has experts in every layer "
+                           "after the leading dense ones, through the last; this model cannot be expressed in GGUF "
+                           "as is.")
+
+
 def _groups_restrict(config) -> bool:
     """The router picks experts only within the best ``topk_group`` of ``n_group`` groups."""
     n_group, topk_group = getattr(config, "n_group", None) or 1, getattr(config, "topk_group", None) or 1
@@ -70,6 +89,8 @@ def check_family(config, model_type: str, rules: registry.GGUFRules) -> None:
         raise FastkitError(f"save_gguf: {model_type} with config.{rules.dense_lead}={list(kinds)}: llama.cpp's {arch} "
                            "graph has dense-MLP layers only before the first MoE layer; this model cannot be "
                            "expressed in GGUF as is.")
+    if rules.moe_last:
+        _check_moe_last(config, model_type, rules, arch)
     if rules.mla:
         _check_mla_yarn(config, model_type, arch)
     if _groups_restrict(config):
@@ -123,7 +144,7 @@ def add_kv(writer, config, rules: registry.GGUFRules) -> None:
     if rules.dense_lead:
         writer.add_leading_dense_block_count(dense_lead(config, rules))
     for method, attr in rules.config_ints:
-        getattr(writer, method)(int(getattr(config, attr)))
+        getattr(writer, method)(config_int(config, attr))
     if rules.expert_groups and _groups_restrict(config):
         writer.add_expert_group_count(int(config.n_group))
         writer.add_expert_group_used_count(int(config.topk_group))
@@ -167,5 +188,5 @@ def mla_kv_b_pieces(block: str, config) -> list[tuple[str, Callable[[torch.Tenso
     return [(f"{block}.attn_k_b.weight", k_b), (f"{block}.attn_v_b.weight", v_b)]
 
 
-__all__ = ["add_kv", "buffer_tensors", "check_family", "dense_lead", "head_lengths", "mla_kv_b_pieces", "renamed",
+__all__ = ["add_kv", "buffer_tensors", "check_family", "config_int", "dense_lead", "head_lengths", "mla_kv_b_pieces", "renamed",
            "split_pieces"]
