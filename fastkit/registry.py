@@ -347,6 +347,12 @@ _TEXT_KEYS = ((r"^model\.language_model\.", "model."), (r"^language_model\.model
 """Checkpoint key renames that load a composite checkpoint's text model alone (transformers' key_mapping)."""
 _ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 _LOOPED = "experts looped upstream; fastkit routes them"
+_PHIMOE_REFUSAL = ("llama.cpp's phimoe graph (src/models/phi3.cpp, build_moe_ffn) weighs the top-2 experts by a "
+                   "softmax over all of them, renormalized (the two weights sum to 1); transformers' sparsemixer "
+                   "gives each its own softmax over the experts within 2 x config.router_jitter_noise of it (both "
+                   "1.0 for most tokens), which no value of router_jitter_noise turns into llama.cpp's; and its "
+                   "norms are RMSNorm plus bias where Phimoe's are LayerNorm")
+"""Why phimoe is refused though llama.cpp has an architecture for it: its graph routes (and norms) otherwise."""
 
 MODEL_TABLE: dict[str, ModelFacts] = {
     f.model_type: f
@@ -542,7 +548,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   fixed=(("qk_layernorm", False),))),
         ModelFacts("phi3", gguf_arch="phi3"),  # fused qkv_proj / gate_up_proj: llama.cpp reads them fused
         ModelFacts("phi4_multimodal"),
-        ModelFacts("phimoe", moe=True),
+        ModelFacts("phimoe", moe=True, gguf_refusal=_PHIMOE_REFUSAL),
         ModelFacts("sarvam_mla", mla=True, moe=True),
         ModelFacts("sarvam_moe", moe=True),
         ModelFacts("seed_oss", gguf_arch="seed_oss",  # seed-oss.cpp: q/k/v biases optional, none on o_proj / MLP

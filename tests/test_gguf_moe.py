@@ -189,3 +189,25 @@ def test_what_their_graphs_cannot_compute_is_refused(tmp_path):
     assert not out.exists()
     # a V2 whose groups do not restrict routing (topk_group == n_group, or greedy) is written
     assert write_gguf(twin("deepseek_v2", **mla, topk_method="greedy", n_group=2, topk_group=1), tok, out, "f16")
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.01, 0.5, 10.0])
+def test_phimoe_refused_sparsemixer_is_not_llama_cpp_routing(tmp_path, jitter):
+    """phimoe is refused before anything is written, naming why: llama.cpp's phimoe graph (src/models/phi3.cpp)
+    weighs the top-2 experts by a softmax over all experts renormalized over the two (``build_moe_ffn``, softmax,
+    ``norm_w`` true), transformers' sparsemixer by two softmaxes over thresholded sets. The reason is checked, not
+    assumed: at every ``router_jitter_noise`` tried the twin's eval-mode weights differ from llama.cpp's rule on the
+    same router logits (same experts chosen, other weights)."""
+    model = twin("phimoe", router_jitter_noise=jitter).eval()
+    with pytest.raises(FastkitError, match="router_jitter_noise") as err:
+        write_gguf(model, twin_bpe_tokenizer("gpt-2"), tmp_path / "out", quantization="f16")
+    assert registry.MODEL_TABLE["phimoe"].gguf_refusal in str(err.value)
+    assert not (tmp_path / "out").exists()
+    router = model.model.layers[0].mlp.router
+    torch.nn.init.normal_(router.weight, std=1.0)  # drawn wide, as the round trip's MoE twins
+    with torch.no_grad():
+        logits, weights, chosen = router(torch.randn(64, model.config.hidden_size))
+        top = logits.softmax(-1).topk(2, dim=-1)
+    assert torch.equal(chosen, top.indices)  # the same two experts...
+    llama_cpp = top.values / top.values.sum(-1, keepdim=True)
+    assert (weights - llama_cpp).abs().max() > 0.1  # ...weighed otherwise
