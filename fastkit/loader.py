@@ -401,11 +401,33 @@ ASKED_TARGETS = "fastkit_target_modules"  # on the LoraConfig: target_modules as
 
 
 def _table_targets(model: torch.nn.Module, target_modules):
-    """``"all-linear"`` as the family's table row says (``ModelFacts.default_lora_targets``), else as given."""
+    """``"all-linear"`` as the family's table row says (``ModelFacts.default_lora_targets``), else every linear
+    layer but the routers (:func:`_router_linears`), else as given."""
+    if target_modules != "all-linear":
+        return target_modules
     facts = registry.facts_for(getattr(unwrap(model).config, "model_type", ""))
-    if target_modules == "all-linear" and facts is not None and facts.default_lora_targets:
+    if facts is not None and facts.default_lora_targets:
         return list(facts.default_lora_targets)
-    return target_modules
+    routers = _router_linears(model)
+    if not routers:
+        return target_modules
+    # PEFT's "all-linear" less the routers: the other linear layers by their last name (lm_head stays out, as there)
+    output = unwrap(model).get_output_embeddings()
+    names = {n.rsplit(".", 1)[-1] for n, m in unwrap(model).named_modules()
+             if isinstance(m, torch.nn.Linear) and n not in routers and m is not output}
+    logger.info("fastkit: LoRA 'all-linear' leaves the router(s) %s out (their forward returns the routing, not a "
+                "tensor LoRA can add to)", ", ".join(sorted({n.rsplit(".", 1)[-1] for n in routers})))
+    return sorted(names - {n.rsplit(".", 1)[-1] for n in routers})
+
+
+def _router_linears(model: torch.nn.Module) -> set[str]:
+    """Names of MoE routers that subclass ``nn.Linear`` (Llama-4's ``Llama4Router``, Phi-3.5-MoE's
+    ``PhimoeTopKRouter``): their forward returns ``(scores, indices)``, so PEFT's ``"all-linear"``, which wraps every
+    ``nn.Linear``, would break the first forward ("'tuple' object has no attribute 'dtype'"). A subclass from a
+    transformers model file is a model's own layer; quantized linears (bitsandbytes) come from elsewhere and stay."""
+    return {n for n, m in unwrap(model).named_modules()
+            if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear
+            and type(m).__module__.startswith("transformers.models.")}
 
 
 def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:

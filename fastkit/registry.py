@@ -671,6 +671,9 @@ MODEL_TABLE.update({f.model_type: f for f in [
                          mamba_d_state=8, mamba_chunk_size=8, mamba_n_groups=1)),
     ModelFacts("jamba", gguf_refusal=_NOT_YET.format(arch="jamba", what="Mamba layers"),
                stateful=("JambaMambaMixer",), moe=True, note=_MAMBA,
+               # all-linear less dt_proj: JambaMambaMixer multiplies by dt_proj.weight itself (never calls the
+               # module, unless quantized), so a LoRA there would never train (tests/test_moe_lora.py)
+               default_lora_targets=(*_ATTN_MLP_TARGETS, "in_proj", "x_proj", "out_proj"),
                twin=dict(_ATTN, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
                          expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
                          mamba_d_state=8, mamba_dt_rank=8)),

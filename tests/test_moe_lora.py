@@ -25,6 +25,7 @@ from fastkit.patches.moe.lora import (
 from fastkit.patches.moe.patch import MoEConfig, MoEExpertsPatch, experts_modules
 from fastkit.patches.moe.peft_format import load_expert_lora
 from fastkit.patching import active_patches, apply_patch, revert
+from fastkit.registry import MODEL_TABLE
 from fastkit.syncs import SyncCounter
 from tests.helpers import assert_grads_close, forward_backward
 
@@ -237,3 +238,31 @@ def test_expert_lora_refuses_a_family_without_an_moe_row():
     assert active_patches(model) == []
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+MOE_FAMILIES = sorted(t for t, f in MODEL_TABLE.items() if f.moe)
+
+
+@pytest.mark.parametrize("model_type", MOE_FAMILIES)
+def test_default_lora_trains_on_every_moe_family(model_type):
+    """get_peft_model's default ("all-linear") on each MoE family's twin: one forward + backward runs and every LoRA
+    factor gets a gradient. Llama-4's and Phi-3.5-MoE's routers subclass nn.Linear and return (scores, indices):
+    PEFT's all-linear wrapped them and the first forward failed ("'tuple' object has no attribute 'dtype'"); they are
+    left out now, and never adapted. Jamba's Mamba mixer reads ``dt_proj.weight`` without calling the module, so a
+    LoRA there had no gradient: its row's targets leave dt_proj out."""
+    import logging
+
+    from fastkit import FastModel
+    from fastkit.loader import _router_linears
+
+    logging.getLogger("fastkit").setLevel(logging.WARNING)
+    model, _ = FastModel.from_pretrained(model_type, twin=True, max_seq_length=64)
+    routers = _router_linears(model)
+    assert bool(routers) == (model_type in ("llama4_text", "phimoe")), routers
+    model = FastModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False)
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()
+    factors = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    dead = [n for n, p in factors.items() if p.grad is None]  # jamba's dt_proj, before its row left it out
+    assert factors and not dead, f"{model_type}: LoRA factors that never train: {dead[:4]}"
+    assert not any(n.split(".lora_")[0].endswith(r) for n in factors for r in routers), "a router got LoRA factors"

@@ -16,8 +16,9 @@ For each vocabulary whose split is one fastkit writes (fastkit's name for it: :d
 
 Names fastkit writes with no such file here: ``dbrx``, ``tekken``, ``gpt-4o`` (their twins' round trips in
 tests/test_llamacpp_round_trip.py are their proof), and ``deepseek-v3``: a real vocabulary (:data:`ROUND_TRIP`)
-rebuilt with its split and written by fastkit tokenizes :data:`CORPUS` in llama.cpp to the HF tokenizer's ids. ``smollm`` has none of its own: llama.cpp splits it with the
-same regexes as ``starcoder``, ``refact`` and ``command-r``, whose files stand in; ``gpt-2`` also covers ``mpt``.
+rebuilt with its split and written by fastkit tokenizes :data:`CORPUS` in llama.cpp to the HF tokenizer's ids.
+``smollm`` has none of its own: llama.cpp splits it with the same regexes as ``starcoder``, ``refact`` and
+``command-r``, whose files stand in; ``gpt-2`` also covers ``mpt``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ import gguf
 import pytest
 
 from fastkit.errors import FastkitError
-from fastkit.export.gguf_vocab import (PRE_TOKENIZERS, add_tokenizer_kv, pre_tokenizer_name, pre_tokenizer_object,
-                                       pre_tokenizer_spec)
+from fastkit.export.gguf_vocab import (
+    PRE_TOKENIZERS,
+    add_tokenizer_kv,
+    pre_tokenizer_name,
+    pre_tokenizer_object,
+    pre_tokenizer_spec,
+)
 from tests.helpers import require_llama_cpp
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"

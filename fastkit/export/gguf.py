@@ -21,8 +21,9 @@ ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks), and ge
 (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode (starcoder), ministral3, and
 ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`); and the MoE / MLA families of
 :mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
-solar_open, minimax_m2, ernie4_5_moe); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe, qwen3_next,
-qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for its
+solar_open, minimax_m2, ernie4_5_moe); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe,
+qwen3_next, qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for
+its
 architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
 experts, biases the graph has or lacks, recurrent layers...) is its row's :class:`fastkit.registry.GGUFRules`, read at
 call time. Quantization names: :data:`QUANTS`.

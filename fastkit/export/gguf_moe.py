@@ -7,8 +7,9 @@ MiniMax-M2 (``minimax-m2``). Each rule is a field of the family's
 writes a file.
 
 What must not change: llama.cpp (src/models/deepseek2.cpp, glm4-moe.cpp, olmoe.cpp, granite.cpp, minimax-m2.cpp,
-ernie4-5-moe.cpp, and ``build_moe_ffn`` in src/llama-graph.cpp) reproduces the transformers model's tokens, greedy text and logits from the
-file (tests/test_llamacpp_round_trip.py), and what it cannot compute is refused before anything is written.
+ernie4-5-moe.cpp, and ``build_moe_ffn`` in src/llama-graph.cpp) reproduces the transformers model's tokens, greedy
+text and logits from the file (tests/test_llamacpp_round_trip.py), and what it cannot compute is refused before
+anything is written.
 """
 
 from __future__ import annotations
@@ -188,5 +189,5 @@ def mla_kv_b_pieces(block: str, config) -> list[tuple[str, Callable[[torch.Tenso
     return [(f"{block}.attn_k_b.weight", k_b), (f"{block}.attn_v_b.weight", v_b)]
 
 
-__all__ = ["add_kv", "buffer_tensors", "check_family", "config_int", "dense_lead", "head_lengths", "mla_kv_b_pieces", "renamed",
-           "split_pieces"]
+__all__ = ["add_kv", "buffer_tensors", "check_family", "config_int", "dense_lead", "head_lengths", "mla_kv_b_pieces",
+           "renamed", "split_pieces"]

@@ -72,14 +72,16 @@ _DEEPSEEK_LETTERS = (
 DEEPSEEK_LLM_SPLITS = (_LINE_BREAK, r"\s?[" + _DEEPSEEK_LETTERS + "]+",
                        r"\s?[!-/:-~" + "\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
                        r"\s+$", _DEEPSEEK_CJK, DIGITS)
-"""DeepSeek LLM 7B / 67B and DeepSeek-V2 (one 102400-token vocabulary): line breaks, Latin-Greek-Cyrillic-... letters,
+r"""DeepSeek LLM 7B / 67B and DeepSeek-V2 (one 102400-token vocabulary): line breaks, Latin-Greek-Cyrillic-... letters,
 ASCII and full-width punctuation, trailing spaces, CJK / Hangul runs, single digits. llama.cpp splits digit runs
 (``\p{N}+``) instead: the same tokens for a vocabulary with no token of two digits (this one has none)."""
 DEEPSEEK_CODER_SPLITS = (_LINE_BREAK, r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, DIGITS)
 DEEPSEEK_V3_SPLITS = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-                      r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^""" + "\r\n" + r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                      r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^""" + "\r\n"
+                      + r"\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                       r"| ?[\p{P}\p{S}]+" + "[\r\n]*" + r"|\s*" + "[\r\n]+" + r"|\s+(?!\S)|\s+")
-"""DeepSeek-V3 / R1: digit groups of three, CJK and kana runs, then one regex whose classes hold CR and LF themselves."""
+"""DeepSeek-V3 / R1: digit groups of three, CJK and kana runs, then one regex whose classes hold CR and LF
+themselves."""
 
 
 @dataclass(frozen=True)
