@@ -1,8 +1,8 @@
 """save_gguf for the MoE / MLA families beyond Qwen / Mixtral / GPT-OSS (olmoe, granitemoe, deepseek_v2, deepseek_v3,
 glm4_moe, ernie4_5_moe...): the file's tensors and metadata as llama.cpp's graphs read them, and what those graphs
 cannot compute refused before anything is written. transformers' GGUF reader has none of these architectures (their
-``GGUFRules.reader`` is
-False); the real llama.cpp round trip of each is in tests/test_llamacpp_round_trip.py (tests/gguf_round_trip.py rows).
+``GGUFRules.reader`` is False); the real llama.cpp round trip of each is in tests/test_llamacpp_round_trip.py
+(tests/gguf_round_trip.py rows).
 """
 
 from __future__ import annotations

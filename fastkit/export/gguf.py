@@ -23,9 +23,9 @@ ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`
 :mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
 solar_open, minimax_m2, ernie4_5_moe); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe,
 qwen3_next, qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for
-its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization, shared
-experts, biases the graph has or lacks, recurrent layers...) is its row's :class:`fastkit.registry.GGUFRules`, read at
-call time. Quantization names: :data:`QUANTS`.
+its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization,
+shared experts, biases the graph has or lacks, recurrent layers...) is its row's :class:`fastkit.registry.GGUFRules`,
+read at call time. Quantization names: :data:`QUANTS`.
 Not supported (a FastkitError says so before writing): families without ``gguf_arch``, qwen2_moe with dense
 layers or renormalized top-k (llama.cpp's qwen2moe has neither), rope types the family's graph does not
 compute, a sliding window shorter than the context where llama.cpp's graph has none, whatever else a family's
