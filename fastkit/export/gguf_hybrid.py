@@ -64,11 +64,12 @@ def ffn_length(config, rules: registry.GGUFRules) -> int | list[int] | None:
     return size
 
 
-def _product(config, expr: str) -> int:
-    """A config value, or a product of them (``"mamba_n_heads·mamba_d_head"``)."""
+def config_product(config, expr: str) -> int:
+    """A config integer, or the product of several (``"mamba_n_heads·mamba_d_head"``); an attribute set to None
+    counts 0 (ERNIE 4.5 without shared experts: ``moe_num_shared_experts`` None)."""
     out = 1
     for attr in expr.split("·"):
-        out *= getattr(config, attr)
+        out *= int(getattr(config, attr) or 0)
     return out
 
 
@@ -83,9 +84,9 @@ def check(config, model_type: str, rules: registry.GGUFRules) -> None:
     if rules.split_delta:
         _check_sections(config, model_type, arch)
     for a, b in rules.same:
-        if _product(config, a) != _product(config, b):
-            raise FastkitError(f"save_gguf: {model_type} with config.{a}={_product(config, a)} and config.{b}="
-                               f"{_product(config, b)}: llama.cpp's {arch} graph reads both from one value; this "
+        if config_product(config, a) != config_product(config, b):
+            raise FastkitError(f"save_gguf: {model_type} with config.{a}={config_product(config, a)} and config.{b}="
+                               f"{config_product(config, b)}: llama.cpp's {arch} graph reads both from one value; this "
                                "model cannot be expressed in GGUF as is.")
 
 
@@ -118,7 +119,7 @@ def add_kv(writer, config, arch: str, rules: registry.GGUFRules) -> None:
         writer.add_ssm_time_step_rank(int(config.linear_num_value_heads))
         writer.add_ssm_inner_size(int(config.linear_value_head_dim * config.linear_num_value_heads))
     if rules.mamba2:
-        conv, inner, state, heads, groups = (_product(config, expr) for expr in rules.mamba2_sizes)
+        conv, inner, state, heads, groups = (config_product(config, expr) for expr in rules.mamba2_sizes)
         writer.add_ssm_conv_kernel(conv)
         writer.add_ssm_inner_size(inner)
         writer.add_ssm_state_size(state)
@@ -202,7 +203,7 @@ def _zxbcdt(config, attr: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _mamba2(leaf: str, config, rules: registry.GGUFRules) -> tuple[str, Callable | None] | None:
-    groups = _product(config, rules.mamba2_sizes[4])
+    groups = config_product(config, rules.mamba2_sizes[4])
     table = {"A_log": ("ssm_a", lambda w: _column(_neg_exp(w))), "D": ("ssm_d", _column),
              "dt_bias": ("ssm_dt.bias", None),
              "norm.weight": ("ssm_norm.weight", lambda w: w.reshape(groups, -1)),  # (d,) -> (G, d / G)
@@ -257,4 +258,5 @@ def pieces(hf_name: str, config, rules: registry.GGUFRules) -> list[tuple[str, C
     return [(f"{blk}.{name}", fn)]
 
 
-__all__ = ["CONV_KERNELS", "add_kv", "check", "ffn_length", "kv_heads", "pieces", "scaled", "transform"]
+__all__ = ["CONV_KERNELS", "add_kv", "check", "config_product", "ffn_length", "kv_heads", "pieces", "scaled",
+           "transform"]

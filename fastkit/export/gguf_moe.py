@@ -21,6 +21,7 @@ import torch
 
 from fastkit import registry
 from fastkit.errors import FastkitError
+from fastkit.export.gguf_hybrid import config_product
 from fastkit.patching import unwrap
 
 _GATING = {"softmax": "SOFTMAX", "sigmoid": "SIGMOID"}
@@ -51,14 +52,6 @@ def dense_lead(config, rules: registry.GGUFRules) -> int:
     if isinstance(value, (list, tuple)):  # per-layer kinds ("dense" / "sparse"): the dense ones first
         return next((i for i, kind in enumerate(value) if kind != "dense"), len(value))
     return int(value)
-
-
-def config_int(config, expr: str) -> int:
-    """A config integer, or the product of several (``"moe_intermediate_size·moe_num_shared_experts"``)."""
-    out = 1
-    for attr in expr.split("·"):
-        out *= int(getattr(config, attr) or 0)
-    return out
 
 
 def _check_moe_last(config, model_type: str, rules: registry.GGUFRules, arch: str) -> None:
@@ -145,7 +138,7 @@ def add_kv(writer, config, rules: registry.GGUFRules) -> None:
     if rules.dense_lead:
         writer.add_leading_dense_block_count(dense_lead(config, rules))
     for method, attr in rules.config_ints:
-        getattr(writer, method)(config_int(config, attr))
+        getattr(writer, method)(config_product(config, attr))
     if rules.expert_groups and _groups_restrict(config):
         writer.add_expert_group_count(int(config.n_group))
         writer.add_expert_group_used_count(int(config.topk_group))
@@ -189,5 +182,5 @@ def mla_kv_b_pieces(block: str, config) -> list[tuple[str, Callable[[torch.Tenso
     return [(f"{block}.attn_k_b.weight", k_b), (f"{block}.attn_v_b.weight", v_b)]
 
 
-__all__ = ["add_kv", "buffer_tensors", "check_family", "config_int", "dense_lead", "head_lengths", "mla_kv_b_pieces",
+__all__ = ["add_kv", "buffer_tensors", "check_family", "dense_lead", "head_lengths", "mla_kv_b_pieces",
            "renamed", "split_pieces"]
