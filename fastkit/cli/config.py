@@ -354,10 +354,10 @@ def beside_file(data: Any, folder: Path) -> Any:
     if isinstance(data, dict) and isinstance(data.get("path"), str):
         return {**data, "path": _beside(data["path"], folder)}
     if isinstance(data, str):
-        path, sep, query = data.rpartition("?")
-        if not sep or os.path.exists(os.path.expanduser(data)):  # the same split as DataSource.parse
-            return _beside(data, folder)
-        return _beside(path, folder) + sep + query
+        from fastkit.data.sources import split_query
+
+        path, query = split_query(data)  # DataSource.parse's split
+        return _beside(path, folder) + ("" if query is None else "?" + query)
     return data
 
 

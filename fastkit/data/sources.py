@@ -97,8 +97,8 @@ class DataSource:
         if not isinstance(text, str) or not text.strip():
             raise FastkitError(f"data source {text!r}: give a path, a Hub dataset id or an offline name "
                                f"({', '.join(OFFLINE_NAMES)}), optionally with ?columns=...&weight=...")
-        path, sep, query = text.rpartition("?")
-        if not sep or os.path.exists(os.path.expanduser(text)):
+        path, query = split_query(text)
+        if query is None:
             return cls(path=text)
         return cls(path=path, **_query_options(query, text)) if query.strip() else cls(path=path)
 
@@ -178,6 +178,15 @@ def _convert(key: str, value: str, text: str) -> Any:
         except ValueError:
             raise FastkitError(f"data source {text!r}: {key}={value!r} is not a number.") from None
     return value
+
+
+def split_query(text: str) -> tuple[str, str | None]:
+    """``(path, query)`` of a source string ``path?key=value&...``; query None when the text is a path whole (no
+    ``?``, or a file that exists as written with a ``?`` in its name)."""
+    path, sep, query = text.rpartition("?")
+    if not sep or os.path.exists(os.path.expanduser(text)):
+        return text, None
+    return path, query
 
 
 def as_sources(sources: Any) -> list[DataSource]:
