@@ -413,11 +413,12 @@ def _table_targets(model: torch.nn.Module, target_modules):
         return target_modules
     # PEFT's "all-linear" less the routers: the other linear layers by their last name (lm_head stays out, as there)
     output = unwrap(model).get_output_embeddings()
+    router_leaves = {n.rsplit(".", 1)[-1] for n in routers}
     names = {n.rsplit(".", 1)[-1] for n, m in unwrap(model).named_modules()
-             if isinstance(m, torch.nn.Linear) and n not in routers and m is not output}
+             if isinstance(m, torch.nn.Linear) and m is not output}
     logger.info("fastkit: LoRA 'all-linear' leaves the router(s) %s out (their forward returns the routing, not a "
-                "tensor LoRA can add to)", ", ".join(sorted({n.rsplit(".", 1)[-1] for n in routers})))
-    return sorted(names - {n.rsplit(".", 1)[-1] for n in routers})
+                "tensor LoRA can add to)", ", ".join(sorted(router_leaves)))
+    return sorted(names - router_leaves)
 
 
 def _router_linears(model: torch.nn.Module) -> set[str]:
