@@ -147,6 +147,12 @@ def check_positive(name: str, value: Any, integer: bool = True, allow_none: bool
         raise FastkitError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}.")
 
 
+def check_non_negative_int(name: str, value: Any) -> None:
+    """``value`` is an int >= 0 (a seed, a step count), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FastkitError(f"{name} must be a non-negative int, got {value!r}.")
+
+
 def check_bool(name: str, value: Any, allow_none: bool = False) -> None:
     if not (isinstance(value, bool) or value is None and allow_none):
         raise FastkitError(f"{name} must be True or False{' (or None)' if allow_none else ''}, got {value!r}.")
@@ -253,7 +259,7 @@ def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None
         change(model, "packed_guard", lambda swap: swap.hook(target, hook, with_kwargs=True))
 
 
-__all__ = ["check_bool", "check_choice", "check_known_options", "check_positive",
+__all__ = ["check_bool", "check_choice", "check_known_options", "check_non_negative_int", "check_positive",
            "check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",
            "check_save_target", "check_saved", "check_twin_options", "install_packed_guard", "resolve_dtype",
            "resolve_patches"]

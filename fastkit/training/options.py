@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastkit.checks import check_bool, check_choice, check_positive
+from fastkit.checks import check_bool, check_choice, check_non_negative_int, check_positive
 from fastkit.errors import FastkitError
 
 
@@ -90,11 +90,6 @@ def _number(name: str, value: Any, low: float = 0.0, low_open: bool = True, high
         span = f" below {high:g}" if high < math.inf else ""
         raise FastkitError(f"{name} must be {kind} finite number{span}{' or None' if allow_none else ''}, "
                            f"got {value!r}.")
-
-
-def _seed(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FastkitError(f"{name} must be a non-negative int, got {value!r}.")
 
 
 def _eval_split(name: str, value: Any) -> None:
@@ -203,7 +198,7 @@ class TrainOptions:
                                 check=check_bool)
     """Drop rows with nothing to train (counted in the log) instead of refusing the data."""
     seed: int = option(3407, "seed of the run (data order, dropout, eval split, LoRA init in fastkit train)",
-                       check=_seed)
+                       check=check_non_negative_int)
     """Random seed (``seed`` and ``data_seed``)."""
     eval_split: float = option(0.0, "hold out this fraction of the rows (or, in a file / the API, this many rows) "
                                "for an eval loss; 0: none", check=_eval_split)

@@ -67,8 +67,7 @@ class RunOptions:
         checks.check_positive("batch_size", self.batch_size)
         checks.check_positive("gradient_accumulation_steps", self.gradient_accumulation_steps)
         checks.check_positive("save_steps", self.save_steps, allow_none=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise FastkitError(f"seed must be a non-negative int, got {self.seed!r}.")
+        checks.check_non_negative_int("seed", self.seed)
         checks.check_choice("dashboard", self.dashboard, VIEWS)
         checks.check_save_target(self.output_dir, "output_dir")
 

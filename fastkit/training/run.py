@@ -432,8 +432,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     error also shows the summary, then propagates.
     """
     checks.check_choice("view", view, VIEWS)
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise FastkitError(f"warmup_steps must be a non-negative int, got {warmup_steps!r}.")
+    checks.check_non_negative_int("warmup_steps", warmup_steps)
     checks.check_bool("measure_syncs", measure_syncs)
     checks.check_known_options("fit", train_kwargs, ("resume_from_checkpoint", "trial", "ignore_keys_for_eval"))
     kwargs = dict(warmup_steps=warmup_steps, measure_syncs=measure_syncs)
