@@ -16,12 +16,13 @@ very object that was there; without ``swap`` the write is plain (benchmarks, the
 packed forward). transformers, TRL and PEFT are imported inside the functions: ``import fastkit``
 imports none of them.
 
-checked: transformers 5.24, trl 1.16, peft 0.21.2 (every function below, unless it says otherwise).
+checked: transformers 5.24, 5.25, trl 1.16, peft 0.21.2 (every function below, unless it says otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ import torch
 from fastkit import registry
 from fastkit.patching import Swapper
 
-CHECKED = "transformers 5.24, trl 1.16, peft 0.21.2"
+CHECKED = "transformers 5.24, 5.25, trl 1.16, peft 0.21.2"
 """The versions every accessor here was checked on (``tests/test_hf_compat.py`` runs them)."""
 
 # The attribute names, spelled once.
@@ -57,7 +58,7 @@ def has_causal_lm_head(model_type: str) -> bool:
     """True when ``AutoModelForCausalLM`` knows ``model_type``.
 
     Reads ``transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (a deep path).
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the auto mappings are exported from a public path (``modeling_auto`` is deep).
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -68,7 +69,7 @@ def has_causal_lm_head(model_type: str) -> bool:
 def has_masked_lm_head(model_type: str) -> bool:
     """True when ``AutoModelForMaskedLM`` knows ``model_type`` (an encoder, even if it also has a causal-LM
     head class, like BERT's ``BertLMHeadModel``). Reads ``MODEL_FOR_MASKED_LM_MAPPING_NAMES`` (a deep path).
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the auto mappings are exported from a public path (``modeling_auto`` is deep).
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
@@ -84,20 +85,49 @@ def is_pandas_dataframe(obj: Any) -> bool:
     return pandas is not None and isinstance(obj, pandas.DataFrame)
 
 
-def is_stateful_model(model: torch.nn.Module) -> bool:
-    """True when the model class declares recurrent / SSM state along the sequence.
+# Families 5.24 marked ``_is_stateful`` whose 5.25 configs name no stateful cache layer (no ``layer_types``): RWKV
+# and xLSTM carry recurrent state, DeepSeek-V4 compressed-attention state.
+_STATEFUL_WITHOUT_LAYER_TYPES = ("rwkv", "xlstm", "deepseek_v4")
 
-    Reads ``PreTrainedModel._is_stateful`` (set by mamba, jamba, qwen3_next, qwen3_5, falcon_h1, ... in 5.24;
-    not by lfm2, whose ``ShortConv`` is caught as a ``Conv1d``). checked: transformers 5.24.
-    Can go when ``_is_stateful`` is public (and lfm2 sets it too).
+
+def is_stateful_model(model: torch.nn.Module) -> bool:
+    """True when the model carries recurrent / SSM / conv state along the sequence.
+
+    transformers 5.24: the class attribute ``PreTrainedModel._is_stateful`` (mamba, jamba, qwen3_next, qwen3_5,
+    falcon_h1, ...). 5.25 removed it; there the decoder config's ``layer_types`` say it: a layer type whose cache
+    class in ``cache_utils.DYNAMIC_LAYER_TYPE_MAPPING`` is a ``LinearAttentionCacheLayerMixin`` ("linear_attention",
+    "conv", "hybrid", "hybrid_sliding") holds state, as transformers' own cache does; plus
+    ``_STATEFUL_WITHOUT_LAYER_TYPES``, read off 5.24's ``_is_stateful`` list. lfm2's default config lists no
+    conv layer: its ``ShortConv`` is caught as a ``Conv1d`` by the packing check. checked: transformers 5.24.0, 5.25.0,
+    5.25.0 (every family 5.24 marked ``_is_stateful``). Can go when transformers exposes a public "stateful"
+    flag again.
     """
-    return bool(getattr(type(model), "_is_stateful", False))
+    if getattr(type(model), "_is_stateful", False):
+        return True
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "model_type", None) in _STATEFUL_WITHOUT_LAYER_TYPES:
+        return True
+    return bool(set(getattr(text, "layer_types", None) or ()) & _stateful_layer_types())
+
+
+@functools.cache
+def _stateful_layer_types() -> frozenset[str]:
+    from transformers import cache_utils
+
+    mixin = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    mapping = getattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING", {})
+    if mixin is None:
+        return frozenset()
+    return frozenset(k for k, v in mapping.items() if isinstance(v, type) and issubclass(v, mixin))
 
 
 def attn_implementation(config) -> str | None:
     """The attention key transformers dispatches to: reads ``config._attn_implementation`` (a property).
 
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the config's attention key is a public attribute.
     """
     return getattr(config, _ATTN)
@@ -107,7 +137,7 @@ def set_attn_implementation(config, key: str, swap: Swapper | None = None) -> No
     """Write ``config._attn_implementation = key`` (through ``swap`` when given, so revert restores it).
 
     The property stores the value on the config instance; ``Swapper`` restores it by ``setattr``.
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the config's attention key is a public, per-instance attribute.
     """
     _set(config, _ATTN, key, swap)
@@ -117,7 +147,7 @@ def attention_registered(key: str) -> bool:
     """True when ``key`` is in transformers' global attention registry.
 
     Reads ``AttentionInterface._global_mapping`` (private: the public mapping is per instance).
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when ``AttentionInterface`` has a public membership test of its global registry.
     """
     from transformers.modeling_utils import AttentionInterface
@@ -130,7 +160,7 @@ def register_attention(key: str, fn: Callable, mask_like: str | None = None) -> 
     function of that existing key under ``key`` in ``AttentionMaskInterface`` (read from its private
     ``_global_mapping``). Without it ``key`` has no mask function, so ``create_*_mask`` returns None.
 
-    Additive: a key only changes models whose config selects it. checked: transformers 5.24.
+    Additive: a key only changes models whose config selects it. checked: transformers 5.24, 5.25.
     Can go when ``AttentionMaskInterface`` has a public lookup of an existing key's mask function.
     """
     from transformers.masking_utils import AttentionMaskInterface
@@ -146,7 +176,7 @@ def attention_function(module: torch.nn.Module, key: str) -> Callable:
 
     ``"eager"``: the family's own ``eager_attention_forward``, a global of the module's modeling file
     (read through ``sys.modules``); any other key: ``ALL_ATTENTION_FUNCTIONS[key]``.
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when transformers exposes a public lookup of a family's eager attention function (it is a module global
     of each modeling file).
     """
@@ -172,7 +202,7 @@ class AttentionView:
     """``module`` as an attention function must see it when it checks ``module.config._attn_implementation``
     (transformers' flash functions do): the same module, its config reporting ``attn``.
 
-    checked: transformers 5.24 (flash_attention_2 / 3 read the key from ``module.config``).
+    checked: transformers 5.24, 5.25 (flash_attention_2 / 3 read the key from ``module.config``).
     Can go when transformers' flash attention functions take the key as an argument instead of reading
     ``module.config._attn_implementation``.
     """
@@ -192,7 +222,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Non-reentrant gradient checkpointing on every decoder layer.
 
     Calls ``model.activation_checkpointing_enable`` (transformers 5 name of ``gradient_checkpointing_enable``).
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when fastkit calls ``activation_checkpointing_enable`` directly: every transformers the
     floor allows (>=5.24,<6) has this name; only the one spelling of ``use_reentrant=False`` keeps it here.
     """
@@ -203,7 +233,7 @@ def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers gradient checkpointing wraps, in forward order: ``GradientCheckpointingLayer``
     instances (``transformers.modeling_layers``) whose ``gradient_checkpointing`` flag is on.
 
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when ``GradientCheckpointingLayer`` is exported from a public path (``modeling_layers`` is deep).
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -214,7 +244,7 @@ def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def checkpoint_function(layer: torch.nn.Module) -> Callable:
     """The function a checkpointed layer runs itself through: reads ``layer._gradient_checkpointing_func``
-    (an instance attribute ``gradient_checkpointing_enable`` sets). checked: transformers 5.24.
+    (an instance attribute ``gradient_checkpointing_enable`` sets). checked: transformers 5.24, 5.25.
     Can go when transformers lets a caller set the checkpoint function per layer publicly.
     """
     return getattr(layer, _CHECKPOINT_FUNC)
@@ -222,7 +252,7 @@ def checkpoint_function(layer: torch.nn.Module) -> Callable:
 
 def set_checkpoint_function(layer: torch.nn.Module, fn: Callable, swap: Swapper) -> None:
     """Swap ``layer._gradient_checkpointing_func`` for ``fn`` through ``swap`` (revert restores the original
-    object). checked: transformers 5.24.
+    object). checked: transformers 5.24, 5.25.
     Can go when transformers lets a caller set the checkpoint function per layer publicly.
     """
     swap.setattr(layer, _CHECKPOINT_FUNC, fn)
@@ -233,7 +263,7 @@ def set_checkpoint_function(layer: torch.nn.Module, fn: Callable, swap: Swapper)
 
 def register_experts_function(key: str, fn: Callable) -> None:
     """Register ``fn`` under ``key`` in ``transformers.integrations.moe.ExpertsInterface`` (additive,
-    idempotent). checked: transformers 5.24.
+    idempotent). checked: transformers 5.24, 5.25.
     Can go when ``ExpertsInterface`` is exported from a public path (``integrations.moe`` is deep).
     """
     from transformers.integrations.moe import ExpertsInterface
@@ -244,7 +274,7 @@ def register_experts_function(key: str, fn: Callable) -> None:
 def is_decorated_experts(module: torch.nn.Module) -> bool:
     """True for an instance of a ``@use_experts_implementation`` class: its ``__init__`` sets ``has_gate``,
     ``has_bias``, ``is_transposed``, ``_is_expert_parallel`` (and the module has a ``config``).
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when ``@use_experts_implementation`` marks its classes publicly (a base class or a flag).
     """
     return all(hasattr(module, a) for a in ("has_gate", "has_bias", "is_transposed", "_is_expert_parallel", "config"))
@@ -252,7 +282,7 @@ def is_decorated_experts(module: torch.nn.Module) -> bool:
 
 def is_expert_parallel(module: torch.nn.Module) -> bool:
     """Reads ``module._is_expert_parallel`` of a decorated experts module (expert parallelism puts sentinel
-    ids in the router output). checked: transformers 5.24.
+    ids in the router output). checked: transformers 5.24, 5.25.
     Can go when the expert-parallel flag is public.
     """
     return bool(module._is_expert_parallel)
@@ -260,7 +290,7 @@ def is_expert_parallel(module: torch.nn.Module) -> bool:
 
 def experts_implementation(config) -> str | None:
     """The experts key ``@use_experts_implementation`` dispatches to: reads ``config._experts_implementation``.
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the config's experts key is a public attribute.
     """
     return getattr(config, _EXPERTS, None)
@@ -273,7 +303,7 @@ def set_experts_implementation(config, key: str, swap: Swapper | None = None) ->
     behind the property, on THIS config only; the caller visits every config. The public setter recurses
     into sub-configs, so undoing it newest-first would overwrite a sub-config's own original with its
     parent's (Note: [config swap] in fastkit.patches.moe.patch). Without ``swap`` (benchmarks): the property
-    setter, which also sets the sub-configs. checked: transformers 5.24.
+    setter, which also sets the sub-configs. checked: transformers 5.24, 5.25.
     Can go when transformers has a public per-config setter that does not recurse into sub-configs (Note: [config
     swap]).
     """
@@ -285,7 +315,7 @@ def set_experts_implementation(config, key: str, swap: Swapper | None = None) ->
 
 def apply_gate(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The gated activation of a decorated experts module: ``module._apply_gate(x)`` ``(S, 2I) -> (S, I)``
-    (GPT-OSS interleaved clamp-SwiGLU, the default concatenated SwiGLU). checked: transformers 5.24.
+    (GPT-OSS interleaved clamp-SwiGLU, the default concatenated SwiGLU). checked: transformers 5.24, 5.25.
     Can go when the experts' gated activation is public (``_apply_gate`` is private in 5.24).
     """
     return module._apply_gate(x)
@@ -293,7 +323,7 @@ def apply_gate(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def grouped_mm_disabled():
     """A context in which transformers' ``grouped_mm`` experts path takes its fallback (what a T4 gets):
-    patches ``transformers.integrations.moe._can_use_grouped_mm`` to return False. checked: transformers 5.24.
+    patches ``transformers.integrations.moe._can_use_grouped_mm`` to return False. checked: transformers 5.24, 5.25.
     Can go when transformers has a public switch for its grouped_mm fallback (tests and benchmarks use this one).
     """
     return mock.patch("transformers.integrations.moe._can_use_grouped_mm", return_value=False)
@@ -309,7 +339,7 @@ def on_param_loaded(callback: Callable[[torch.nn.Module, str], None]) -> Iterato
     ``convert_and_load_state_dict_in_model`` calls once per converted target, e.g. once per fused
     ``experts.gate_up_proj``), and sets ``HF_DEACTIVATE_ASYNC_LOAD=1`` so checkpoint tensors are read
     lazily, one target at a time (the loader's thread pool would otherwise read every tensor ahead).
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when ``from_pretrained`` offers a public per-parameter load hook (none in 5.24).
     """
     import transformers.core_model_loading as cml
@@ -405,7 +435,7 @@ def peft_delta(layer: torch.nn.Module, param: str) -> torch.Tensor | None:
 def prepare_inputs(trainer, batch: dict) -> dict:
     """A collated batch as ``training_step`` receives it (on the device): ``trainer._prepare_inputs(batch)``.
 
-    checked: transformers 5.24, trl 1.16 (``SFTTrainer``).
+    checked: transformers 5.24, 5.25, trl 1.16 (``SFTTrainer``).
     Can go when the Trainer exposes its input preparation publicly.
     """
     return trainer._prepare_inputs(batch)
@@ -415,7 +445,7 @@ def trainer_loss_accumulator(trainer) -> torch.Tensor:
     """The device tensor the Trainer sums step losses into between log points: ``trainer._tr_loss``.
 
     Created by ``_inner_training_loop``, read (``.item()``) and zeroed in ``_maybe_log_save_evaluate``.
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the Trainer exposes its loss accumulator publicly (fastkit reads it for the zero-sync loss log).
     """
     return trainer._tr_loss
@@ -424,7 +454,7 @@ def trainer_loss_accumulator(trainer) -> torch.Tensor:
 def steps_since_log(trainer) -> int:
     """``1 + global_step - _globalstep_last_logged``: the divisor ``_run_epoch``'s NaN/Inf loss filter uses.
 
-    checked: transformers 5.24.
+    checked: transformers 5.24, 5.25.
     Can go when the Trainer exposes the steps since its last log publicly.
     """
     return 1 + trainer.state.global_step - trainer._globalstep_last_logged
@@ -480,9 +510,14 @@ def grpo_tokenizer(trainer):
 # ``package``'s function (``implementation``) or keeps the torch reference (``torch_function``); every call
 # filters the mixer's ``**kwargs`` down to the resolved function's parameters, and the torch reference
 # *raises* when given ``cu_seqlens`` / ``seq_idx``. The mixers forward their ``**kwargs`` to these calls and
-# feed the conv channel-last (``in_proj(x).transpose(1, 2)``). checked: transformers 5.24.0 (modeling files of
-# the ten families below, hub_kernels.py). Can go when transformers says which implementation it resolved
-# (a public attribute on the wrapper) — then only the version table below stays.
+# feed the conv channel-last (``in_proj(x).transpose(1, 2)``). transformers 5.25 routes the conv through a new
+# ``causal_conv1d_forward(conv1d, x, cache, layer_idx, activation, **kwargs)`` that, without a cache, calls
+# ``causal_conv1d_fn(x, weight, bias, activation=, **kwargs)`` as the mixers did; mamba-2 mixers call
+# ``mamba2_chunk_scan(..., **kwargs)`` from a new ``mamba2_scan_forward``; with ``kernels`` installed each global is
+# a ``Func`` module (:func:`hub_function`), and a package's kernel on an input of a device it does not list
+# (``_PACKAGE_SUPPORTED_DEVICES``: causal-conv1d and mamba-ssm "cuda") runs the torch reference. checked:
+# transformers 5.24.0, 5.25.0 (modeling files of the ten families below, hub_kernels.py). Can go when transformers
+# says which implementation it resolved (a public attribute on the wrapper) — then only the version table stays.
 VARLEN_KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
     "gated_delta": (("causal_conv1d_fn", "causal_conv1d"), ("torch_chunk_gated_delta_rule", "fla")),
     "short_conv": (("causal_conv1d_fn", "causal_conv1d"),),
@@ -491,7 +526,7 @@ VARLEN_KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 """Per varlen kind (``ModelFacts.varlen``): ``(modeling-module global, package)`` of every kernel a packed
 forward of that mixer calls (no cache); each must resolve to the package for the varlen path."""
-VARLEN_TRANSFORMERS = ("5.24", "5.25")
+VARLEN_TRANSFORMERS = ("5.24", "5.26")
 """transformers versions ``[lo, hi)`` whose hybrid mixers were read as above (kwargs forwarded, conv layout)."""
 VARLEN_PACKAGES: dict[str, tuple[tuple[str, ...], str, str]] = {
     # fla-core 0.6.0 (wheel read): chunk_gated_delta_rule(cu_seqlens=, cu_seqlens_cpu=, chunk_indices=), batch 1,
@@ -507,23 +542,64 @@ VARLEN_PACKAGES: dict[str, tuple[tuple[str, ...], str, str]] = {
 """Per package: distribution names, and the version range ``[lo, hi)`` whose varlen arguments were read."""
 
 
+def _closure(fn: Callable) -> dict:
+    """The free variables ``fn`` closes over ({} for a builtin or a callable object)."""
+    import inspect
+
+    try:
+        return inspect.getclosurevars(fn).nonlocals
+    except TypeError:
+        return {}
+
+
+def hub_function(fn: Any) -> Any:
+    """The plain function behind a hub-kernel global: ``fn`` itself, or the one a ``kernels`` ``Func`` wraps.
+
+    transformers 5.25 requires ``kernels`` 0.19.1 and, with it installed, its ``use_kernel_forward_from_hub``
+    turns every decorated *function* of a modeling module into an instance of a per-function ``nn.Module``
+    class ``Func`` whose ``forward`` closes over the function (``func``). 5.24 took ``kernels`` only in
+    [0.18.2, 0.19.0) and otherwise left the function as it was. Reads ``Func.forward``'s closure.
+    checked: transformers 5.24.0, 5.25.0; kernels 0.19.1 (``_internals/layer/layer.py`` ``_create_func_module``).
+    Can go when ``kernels``' ``Func`` exposes the function it wraps (a public attribute).
+    """
+    if isinstance(fn, torch.nn.Module) and type(fn).__name__ == "Func":
+        inner = _closure(type(fn).forward).get("func")
+        return inner if callable(inner) else fn
+    return fn
+
+
+def kernel_global(module_cls: type, name: str) -> Callable | None:
+    """transformers' fallback wrapper of the kernel ``name`` in ``module_cls``'s modeling module, unwrapped from
+    ``kernels``' ``Func`` (:func:`hub_function`); None when that global is missing.
+    checked: transformers 5.24.0, 5.25.0. Can go when :func:`hub_function` can (``Func`` exposing its function).
+    """
+    fn = hub_function(getattr(sys.modules.get(module_cls.__module__), name, None))
+    return fn if callable(fn) else None
+
+
+def kernel_reference(module_cls: type, name: str) -> Callable | None:
+    """The torch reference behind the kernel ``name`` of ``module_cls``'s modeling module (the function the
+    family wrote, before ``use_kernel_func_from_hub_with_fallback`` wrapped it; its ``functools.wraps``
+    ``__wrapped__``). checked: transformers 5.24.0, 5.25.0. Can go when :func:`hub_function` can.
+    """
+    fn = kernel_global(module_cls, name)
+    ref = _closure(fn).get("torch_function") if fn is not None else None
+    return ref if callable(ref) else getattr(fn, "__wrapped__", None)
+
+
 def resolved_kernel(module_cls: type, name: str) -> Callable | None:
     """The package function transformers resolved for the kernel ``name`` of ``module_cls``'s modeling module.
 
     None when that global is missing, is not transformers' fallback wrapper, or runs the torch reference.
-    Reads the wrapper's closure (``implementation``, ``torch_function``). checked: transformers 5.24.0.
+    Reads the wrapper's closure (``implementation``, ``torch_function``), unwrapped from ``kernels``' ``Func``
+    where 5.25 put it there (:func:`hub_function`). checked: transformers 5.24.0, 5.25.0.
     Can go when transformers says which implementation it resolved (a public attribute on the wrapper), as
     :data:`VARLEN_KERNELS` notes.
     """
-    import inspect
-
-    fn = getattr(sys.modules.get(module_cls.__module__), name, None)
-    if not callable(fn):
+    fn = kernel_global(module_cls, name)
+    if fn is None:
         return None
-    try:
-        free = inspect.getclosurevars(fn).nonlocals
-    except TypeError:
-        return None
+    free = _closure(fn)
     impl, ref = free.get("implementation"), free.get("torch_function")
     return impl if callable(impl) and ref is not None and impl is not ref else None
 
@@ -556,8 +632,8 @@ def _in_range(version: str | None, lo: str, hi: str) -> bool:
 
 def varlen_unavailable(module_cls: type, kind: str) -> str | None:
     """Why a mixer of ``kind`` cannot take the varlen kernels here (None: it can, on a CUDA tensor).
-    checked: transformers 5.24.0 and the package ranges in :data:`VARLEN_PACKAGES`. Can go when transformers says
-    which implementation it resolved (then only the version table stays).
+    checked: transformers 5.24.0, 5.25.0 and the package ranges in :data:`VARLEN_PACKAGES`. Can go when transformers
+    says which implementation it resolved (then only the version table stays).
     """
     import transformers
 
@@ -578,7 +654,7 @@ def varlen_unavailable(module_cls: type, kind: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------- class identity
 # Upstream classes recognized by what they are (isinstance where the class imports, its name where the
-# family's module is only imported with the model). checked: transformers 5.24, peft 0.21.2,
+# family's module is only imported with the model). checked: transformers 5.24, 5.25, peft 0.21.2,
 # bitsandbytes 0.50.2, tokenizers 0.22. Stays while the families have no shared interface to test for.
 
 # The class lists are the table's (``ModelFacts.looped_experts`` / ``looped_forward`` / ``no_4bit_experts``), read
@@ -592,7 +668,7 @@ _LOOPED_SHAPE: dict[str, Callable[[torch.nn.Module], bool]] = {
 def class_name_in(module: Any, names: tuple[str, ...]) -> bool:
     """``module``'s class is one of ``names`` (registry rows name a family's modules, e.g. its stateful layers;
     the family's modeling module is only imported with the model, so its classes are matched by name).
-    checked: transformers 5.24 (the class names in the table's rows). Can go when the families share a public
+    checked: transformers 5.24, 5.25 (the class names in the table's rows). Can go when the families share a public
     interface fastkit can ``isinstance`` (their modeling modules import only with the model today).
     """
     return type(module).__name__ in names
@@ -612,8 +688,8 @@ def is_bnb_linear(module: Any) -> bool:
 
 def is_fused_experts_class(module: torch.nn.Module) -> bool:
     """A fused 3-D experts module by its class name (``...Experts``), decorated or not.
-    checked: transformers 5.24. Can go when every fused experts class carries ``@use_experts_implementation`` (then
-    :func:`is_decorated_experts` answers alone).
+    checked: transformers 5.24, 5.25. Can go when every fused experts class carries ``@use_experts_implementation``
+    (then :func:`is_decorated_experts` answers alone).
     """
     return type(module).__name__.endswith("Experts")
 
@@ -621,7 +697,7 @@ def is_fused_experts_class(module: torch.nn.Module) -> bool:
 def looped_experts_kind(module: torch.nn.Module) -> str | None:
     """The ``looped_forward`` of the table row listing ``module``'s class in ``looped_experts`` (``"dbrx"``:
     ``DbrxExperts`` with ``mlp.w1``; ``"llama4"``: ``Llama4TextMoe`` over fused ``experts.gate_up_proj``), when
-    the module has what that forward reads; else None. checked: transformers 5.24 (dbrx, llama4 modeling files).
+    the module has what that forward reads; else None. checked: transformers 5.24, 5.25 (dbrx, llama4 modeling files).
     Can go when DBRX and Llama-4 experts use ``@use_experts_implementation`` upstream (then the rows'
     ``looped_experts`` go too).
     """
@@ -632,15 +708,15 @@ def looped_experts_kind(module: torch.nn.Module) -> str | None:
 
 def modules_of_classes(module: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Module]:
     """The submodules of ``module`` whose class is one of ``names`` (a row's ``stateful`` layer classes).
-    checked: transformers 5.24 (the ``stateful`` classes of the hybrid rows). Can go when the stateful layers share
-    a public base class upstream (matched by name today).
+    checked: transformers 5.24, 5.25 (the ``stateful`` classes of the hybrid rows). Can go when the stateful layers
+    share a public base class upstream (matched by name today).
     """
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
 def has_no_4bit_layout(module: torch.nn.Module) -> bool:
     """Experts fastkit cannot store 4-bit: a class some table row lists in ``no_4bit_experts`` (DBRX, Llama-4,
-    JetMoE today), or transformers' own ``Mxfp4`` modules. checked: transformers 5.24.
+    JetMoE today), or transformers' own ``Mxfp4`` modules. checked: transformers 5.24, 5.25.
     Can go when fastkit has a 4-bit layout for every experts class the table lists (then only the ``Mxfp4`` test
     stays, or that too when transformers' MXFP4 modules are public).
     """
@@ -682,7 +758,8 @@ __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
     "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
-    "modules_of_classes", "package_version", "resolved_kernel", "varlen_unavailable",
+    "modules_of_classes", "package_version", "resolved_kernel", "varlen_unavailable", "hub_function",
+    "kernel_global", "kernel_reference",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded",

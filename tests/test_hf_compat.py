@@ -71,8 +71,10 @@ def _peft_moe(r=4, alpha=8):
 
 
 def check_is_stateful_model():
-    assert _hf.is_stateful_model(twin("qwen3_5_text")) and _hf.is_stateful_model(twin("jamba"))
-    assert not _hf.is_stateful_model(twin("llama"))
+    for model_type in ("qwen3_5_text", "jamba", "falcon_h1", "bamba", "zamba2", "kimi_linear"):
+        assert _hf.is_stateful_model(twin(model_type)), model_type
+    for model_type in ("llama", "qwen3", "gemma3_text", "gpt_oss"):
+        assert not _hf.is_stateful_model(twin(model_type)), model_type
 
 
 def _mixer_class(model_type: str) -> type:
@@ -88,13 +90,38 @@ def check_resolved_kernel():
     for model_type in ("qwen3_5_text", "lfm2", "bamba"):  # one family per varlen kind
         cls = _mixer_class(model_type)
         for name, _ in _hf.VARLEN_KERNELS[facts_for(model_type).varlen]:
-            wrapper = getattr(sys.modules[cls.__module__], name)  # transformers' fallback wrapper, by that name
+            wrapper = _hf.kernel_global(cls, name)  # transformers' fallback wrapper, by that name
             assert {"implementation", "torch_function"} <= set(inspect.getclosurevars(wrapper).nonlocals), name
             assert _hf.resolved_kernel(cls, name) is None  # no package here: the torch reference
         with pytest.MonkeyPatch.context() as mp:
             install(mp, model_type)
             assert all(_hf.resolved_kernel(cls, n).__self__ is not None for n, _ in _hf.VARLEN_KERNELS[
                 facts_for(model_type).varlen])  # the fakes' bound methods, resolved by transformers' decorator
+
+
+def check_hub_function():
+    import transformers.models.lfm2.modeling_lfm2 as lfm2
+
+    raw = lfm2.causal_conv1d_fn  # 5.25 with kernels installed: a kernels ``Func`` module; 5.24: the function
+    fn = _hf.hub_function(raw)
+    assert isinstance(fn, types.FunctionType) and fn.__name__ == "causal_conv1d_fn", type(raw)
+    assert _hf.hub_function(len) is len and _hf.hub_function(torch.nn.Linear(1, 1)).__class__ is torch.nn.Linear
+
+
+def check_kernel_global():
+    cls = _mixer_class("lfm2")
+    assert isinstance(_hf.kernel_global(cls, "causal_conv1d_fn"), types.FunctionType)
+    assert _hf.kernel_global(cls, "no_such_kernel") is None
+
+
+def check_kernel_reference():
+    import inspect
+
+    cls = _mixer_class("qwen3_5_text")
+    ref = _hf.kernel_reference(cls, "torch_chunk_gated_delta_rule")
+    assert ref is not _hf.kernel_global(cls, "torch_chunk_gated_delta_rule")  # the function the family wrote
+    assert "cu_seqlens" not in inspect.signature(ref).parameters and ref.__module__ == cls.__module__
+    assert _hf.kernel_reference(cls, "no_such_kernel") is None
 
 
 def check_package_version():
@@ -437,7 +464,7 @@ def check_grpo_tokenizer():
     tok = twin_tokenizer()
     with tempfile.TemporaryDirectory() as out_dir:
         args = GRPOConfig(output_dir=out_dir, use_cpu=True, report_to=[], per_device_train_batch_size=2,
-                          num_generations=2, max_completion_length=4, max_steps=1)
+                          num_generations=2, max_completion_length=4, max_steps=1, activation_checkpointing=False)
         trainer = GRPOTrainer(model=twin("llama"), reward_funcs=lambda completions, **_: [0.0] * len(completions),
                               args=args, train_dataset=Dataset.from_list([{"prompt": "hi"}] * 2),
                               processing_class=tok)

@@ -66,9 +66,10 @@ def fla_chunk_indices(cu: list[int], chunk: int = 64) -> list[list[int]]:
 class Fakes:
     """Fake kernel packages for one modeling module; ``calls`` records the varlen arguments each got."""
 
-    def __init__(self, module: types.ModuleType):
+    def __init__(self, mixer_cls: type):
         self.calls: list[tuple[str, dict]] = []
-        self.ref = {name: getattr(module, name).__wrapped__ for name in _PACKAGE_NAME if hasattr(module, name)}
+        self.ref = {name: _hf.kernel_reference(mixer_cls, name) for name in _PACKAGE_NAME
+                    if _hf.kernel_global(mixer_cls, name) is not None}
 
     def varlen_calls(self, kernel: str) -> list[dict]:
         return [kw for k, kw in self.calls if k == kernel and kw]
@@ -133,11 +134,12 @@ class Fakes:
 
 def install(monkeypatch, model_type: str, versions: dict | None = None, skip: tuple[str, ...] = ()) -> Fakes:
     """Fake packages for ``model_type``'s kernels, resolved by transformers' own decorator; returns the fakes."""
+    from transformers.integrations import hub_kernels
     from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
 
     mixer_cls = _mixer_class(model_type)
     module = sys.modules[mixer_cls.__module__]
-    fakes = Fakes(module)
+    fakes = Fakes(mixer_cls)
     versions = {**VERSIONS, **(versions or {})}
     for name, package in _hf.VARLEN_KERNELS[facts_for(model_type).varlen]:
         if package in skip:
@@ -148,6 +150,9 @@ def install(monkeypatch, model_type: str, versions: dict | None = None, skip: tu
             fake_pkg._fastkit_fake, fake_pkg.__version__ = True, versions[package]
             monkeypatch.setitem(sys.modules, package, fake_pkg)
         setattr(fake_pkg, _PACKAGE_NAME[name], getattr(fakes, _PACKAGE_NAME[name]))
+        # transformers 5.25 sends a package's calls on CPU tensors to the torch reference (and refuses seq_idx
+        # there): the fakes run on the CPU, so their packages are unlisted, as "runs on every device".
+        monkeypatch.delitem(getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", {}), package, raising=False)
         wrapper = use_kernel_func_from_hub_with_fallback(_PACKAGE_NAME[name], package)(fakes.ref[name])
         monkeypatch.setattr(module, name, wrapper)
     return fakes
@@ -275,7 +280,7 @@ def _fallback_case(monkeypatch, case: str) -> Fakes:
     if case == "no mamba-ssm":
         return install(monkeypatch, "bamba", skip=("mamba_ssm",))
     if case == "transformers unchecked":
-        monkeypatch.setattr(_hf, "VARLEN_TRANSFORMERS", ("5.25", "5.26"))
+        monkeypatch.setattr(_hf, "VARLEN_TRANSFORMERS", ("4.0", "4.1"))  # a range no installed release is in
         return install(monkeypatch, "lfm2")
     return install(monkeypatch, "lfm2")  # "not on CUDA": on_cuda stays False
 
