@@ -11,12 +11,19 @@ the few upstream warnings fastkit has made harmless, each named with its reason 
 import logging as _logging
 
 from fastkit import _quiet  # noqa: F401  (first: filters the named upstream warnings before those modules log)
-from fastkit.data.chat_template import require_chat_template
+from fastkit._lazy import exports as _exports
 from fastkit.errors import FastkitError, GPUOnlyError
-from fastkit.loader import FastModel, LoadReport, enable_checkpointing, report
-from fastkit.patches.host import HostWeights, host_stats
-from fastkit.patching import active_patches, apply_patch, revert
-from fastkit.syncs import SyncCounter, count_syncs
+
+# The notebook API, imported when first used: ``import fastkit`` (and so every ``fastkit`` command, ``--help``
+# included) imports neither torch nor transformers until a name that needs them is asked for.
+_LAZY = {
+    "FastModel": "fastkit.loader", "LoadReport": "fastkit.loader", "enable_checkpointing": "fastkit.loader",
+    "report": "fastkit.loader", "HostWeights": "fastkit.patches.host", "host_stats": "fastkit.patches.host",
+    "active_patches": "fastkit.patching", "apply_patch": "fastkit.patching", "revert": "fastkit.patching",
+    "SyncCounter": "fastkit.syncs", "count_syncs": "fastkit.syncs",
+    "require_chat_template": "fastkit.data.chat_template",
+    "TrainOptions": "fastkit.training.options", "LoraOptions": "fastkit.training.options",
+}
 
 __version__ = "0.1.0"
 
@@ -48,13 +55,7 @@ def fit(trainer, **kwargs):
     return _fit(trainer, **kwargs)
 
 
-def __getattr__(name: str):
-    """``fastkit.TrainOptions`` / ``fastkit.LoraOptions`` (fastkit.training.options), imported when first used."""
-    if name in ("TrainOptions", "LoraOptions"):
-        from fastkit.training import options
-
-        return getattr(options, name)
-    raise AttributeError(f"module 'fastkit' has no attribute {name!r}")
+__getattr__, __dir__ = _exports(globals(), "fastkit", _LAZY)
 
 
 # ---- Old module paths users import (README / docs before the round-3 moves), served by the new modules ----------

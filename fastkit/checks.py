@@ -12,23 +12,27 @@ import logging
 import os
 import struct
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fastkit.errors import FastkitError
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
 
-DTYPE_NAMES: dict[str, torch.dtype] = {
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+DTYPE_NAMES: dict[str, str] = {
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
 }
+"""The dtype names fastkit takes -> the ``torch`` attribute (names, so that importing this module needs no torch)."""
 
 
 def resolve_dtype(dtype: Any) -> torch.dtype | None:
     """``dtype`` as a ``torch.dtype`` (None and ``"auto"`` stay None: pick from the device)."""
+    import torch
+
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str):
@@ -36,7 +40,7 @@ def resolve_dtype(dtype: Any) -> torch.dtype | None:
         if name == "auto":
             return None
         if name in DTYPE_NAMES:
-            return DTYPE_NAMES[name]
+            return getattr(torch, DTYPE_NAMES[name])
     raise FastkitError(f"dtype={dtype!r} is not a dtype fastkit knows. Pass a torch.dtype (torch.bfloat16) or one "
                        f"of {', '.join(repr(n) for n in DTYPE_NAMES)} or 'auto'.")
 
@@ -229,6 +233,8 @@ def refuse_packed_positions(module: torch.nn.Module, args: tuple, kwargs: dict):
     phi3's does): in training, without an attention mask, a row whose positions restart at 0 holds
     several documents. Reading that costs one host read per forward, only on such models.
     """
+    import torch
+
     refuse_packed_batch(module, args, kwargs)
     pos = kwargs.get("position_ids")
     if (module.training and kwargs.get("attention_mask") is None and isinstance(pos, torch.Tensor)

@@ -122,7 +122,15 @@ def _main(argv: list[str]) -> int:
                     help="where the LoRA adapters are saved, in <dir>/lora (default outputs/quickstart)")
     qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
     train = argv[:1] == ["train"]  # its flags (TRL's fields among them) are built when it runs
-    cli_train.add_parser(sub, sft_flags=train, full=train)
+    if train and "--help-all" in argv:  # every option, TRL's SFTConfig fields included
+        argv = [a for a in argv if a != "--help-all"] + ["--help"]
+        cli_train.add_parser(sub, sft_flags=True, full=True)
+    else:  # --help: the usual options, without importing TRL
+        from fastkit.cli.config import needs_sft_flags
+
+        short = train and bool({"-h", "--help"} & set(argv))
+        cli_train.add_parser(sub, sft_flags=train and not short and needs_sft_flags(argv[1:]), full=train,
+                             common_only=short)
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
@@ -159,7 +167,8 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from fastkit import _quiet
 
-    _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
+    if args.command != "plan" and not getattr(args, "print_config", False):  # those load nothing (no datasets)
+        _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
     if args.command == "quickstart":
         return _quickstart(args)
     if args.command == "plan":

@@ -60,7 +60,7 @@ def _flag(name: str, value: Any) -> None:
 
 
 def _gguf(name: str, value: Any) -> None:
-    from fastkit.export.menu import QUANTIZATIONS
+    from fastkit.export.quants import QUANTIZATIONS
 
     items = [value] if isinstance(value, str) else value
     if value is not None and not (isinstance(items, list) and items and all(q in QUANTIZATIONS for q in items)):
@@ -196,12 +196,44 @@ def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> No
     else:
         kwargs["type"] = _field_type(f.name, f)
     strings = ["--gguf"] if f.name == "gguf" else _option_strings(f.name, f.metadata)
+    kwargs.setdefault("metavar", strings[0].lstrip("-").replace("-", "_").upper())  # --steps STEPS, --lr LR
     group.add_argument(*strings, **kwargs)
 
 
-def add_arguments(p: argparse.ArgumentParser, sft: bool = True) -> None:
-    """Every option as a flag on ``p`` (defaults suppressed: :func:`resolve` knows what was given)."""
-    from fastkit.export.menu import QUANTIZATIONS
+COMMON = ("model", "data", "max_steps", "epochs", "learning_rate", "batch_size", "gradient_accumulation_steps",
+          "max_seq_length", "lora_r", "lora_alpha", "load_in_4bit", "eval_split", "output_dir", "merged", "gguf",
+          "push_to_hub", "twin")
+"""The options ``fastkit train --help`` shows (``--help-all``: every one, TRL's SFTConfig fields included)."""
+
+
+class OneSpellingFormatter(argparse.HelpFormatter):
+    """Help that shows each option once, by its first (shortest, most used) spelling: ``--steps N``, not the
+    three spellings it also takes (``--max-steps``, ``--max_steps``: every one works on the command line and as a
+    --config key)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        if action.nargs == 0:  # -h, --help; --resume (its snake_case twin left out)
+            return ", ".join(s for s in action.option_strings if "_" not in s) or action.option_strings[0]
+        return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
+_OWN_FLAGS = ("-h", "--help", "--help-all", "--config", "--print-config", "--print_config", "--resume", "--extend")
+
+
+def needs_sft_flags(argv: list[str]) -> bool:
+    """True when ``argv`` names a flag that is not one of fastkit's own options: a TRL SFTConfig field (or a
+    typo, which the full parser then names). fastkit's own flags parse without importing TRL."""
+    own = {f"--{spelling}" for spelling, name in spellings().items() if name not in FILE_ONLY} | set(_OWN_FLAGS)
+    return any(a.startswith("--") and a.split("=", 1)[0] not in own for a in argv if a != "--")
+
+
+def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: bool = False) -> None:
+    """Every option as a flag on ``p`` (defaults suppressed: :func:`resolve` knows what was given).
+
+    ``common_only``: the help shows :data:`COMMON` only (the others still parse); for ``fastkit train --help``."""
+    from fastkit.export.quants import QUANTIZATIONS
 
     run = p.add_argument_group("what to train and save")
     train = p.add_argument_group("training (fastkit.TrainOptions)")
@@ -212,6 +244,8 @@ def add_arguments(p: argparse.ArgumentParser, sft: bool = True) -> None:
             continue
         group = length if name in ("max_steps", "epochs") else {RunOptions: run, TrainOptions: train}.get(cls, lora)
         _add_field(group, f, QUANTIZATIONS)
+        if common_only and name not in COMMON:
+            group._group_actions[-1].help = argparse.SUPPRESS
     p.add_argument("--config", metavar="FILE", default=None,
                    help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
                         "flags override it")
@@ -221,6 +255,8 @@ def add_arguments(p: argparse.ArgumentParser, sft: bool = True) -> None:
     p.add_argument("--extend", action="store_true",
                    help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
                         "--epochs given now; the adapter and optimizer state carry over, only the schedule changes")
+    p.add_argument("--help-all", action="store_true",
+                   help="every option: the ones above, the rest of TrainOptions / LoraOptions and TRL's SFTConfig")
     if sft:
         _add_sft_arguments(p)
 
@@ -236,7 +272,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
         if name in taken:
             continue
         kwargs: dict[str, Any] = dict(dest=f"sft:{name}", default=argparse.SUPPRESS, help=helps.get(name, ""),
-                                      type=_sft_type(name, hint))
+                                      type=_sft_type(name, hint), metavar=name.upper())
         if hint is bool or accepts(hint, True) and not accepts(hint, "x"):
             kwargs.update(nargs="?", const=True, metavar="BOOL")
         elif accepts(hint, ["x"]):
@@ -318,13 +354,27 @@ def read_file(path: str) -> dict[str, Any]:
     return loaded
 
 
+def spellings() -> dict[str, str]:
+    """Every name an option takes on the command line, without its dashes (``steps``, ``max-steps``,
+    ``max_steps``, ``lr``, ``lora-r``, ...) -> the option's field name: a --config file takes each of them."""
+    out = {}
+    for name, (_, f) in _fields().items():
+        for flag in _option_strings(name, f.metadata):
+            out[flag.lstrip("-")] = name
+    return out
+
+
 def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) of a file: names checked (unknown refused naming the key and the file), SFTConfig names at
-    the top level moved into sft, values coerced (``1e-4`` written as text) and checked."""
-    fields, alias = _fields(), aliases()
+    the top level moved into sft, values coerced (``1e-4`` written as text) and checked. A key may be spelled
+    as any of the option's flags (``steps``, ``lr``, ``lora-r``); ``--print-config`` writes the field names."""
+    fields, alias = _fields(), {**spellings(), **aliases()}
     options, sft = {}, {}
     for key, value in config.items():
         where = f"--config {path}"
+        if (isinstance(key, str) and key not in fields and key not in alias and "-" in key
+                and key.replace("-", "_") in sft_fields()):
+            key = key.replace("-", "_")  # an SFTConfig field spelled as its flag (max-grad-norm)
         if key == "sft":
             named = _file_sft(value, where)
             options.update({alias.get(k, k): _file_value(fields[alias.get(k, k)][1], v, where)
@@ -332,6 +382,9 @@ def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[
             sft.update({k: v for k, v in named.items() if not _training_name(k)})
         elif key in fields or key in alias:
             name = alias.get(str(key), key)
+            if name in options:
+                raise ConfigFileError(f"{where}: {key!r} sets {name}, which another key of the file already sets: "
+                                      "keep one of them.")
             options[name] = _file_value(fields[name][1], value, where)
             if name == "data":
                 options[name] = beside_file(options[name], Path(os.path.expanduser(path)).parent)

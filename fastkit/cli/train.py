@@ -36,20 +36,24 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
-def add_parser(sub, sft_flags: bool = True, full: bool = True) -> argparse.ArgumentParser:
+def add_parser(sub, sft_flags: bool = True, full: bool = True, common_only: bool = False) -> argparse.ArgumentParser:
     """Register ``fastkit train`` on the ``sub`` subparsers of the main command. Its flags are generated from
     fastkit.TrainOptions, fastkit.LoraOptions and trl.SFTConfig (``sft_flags``: the last ones, which import TRL);
-    ``full=False`` registers the name only (another command runs: nothing of the training stack is imported)."""
+    ``full=False`` registers the name only (another command runs: nothing of the training stack is imported);
+    ``common_only``: ``--help`` shows the options people use (``--help-all``: every one)."""
+    from fastkit.cli.config import OneSpellingFormatter
+
     p = sub.add_parser("train", help="LoRA-train a model on chat data with the live progress line (as the notebooks)",
                        description="LoRA-train MODEL on DATA, as the notebooks do, with a progress line in the "
                                    "terminal. Every option is also a key of a --config YAML file (flags override "
                                    "it); --print-config shows the resolved file. Defaults are the notebooks'.",
                        usage="fastkit train --model MODEL --data DATA [--config FILE] [options] "
-                             "(fastkit train --help lists every option)", allow_abbrev=False)
+                             "(--help: the usual options; --help-all: every one)", allow_abbrev=False,
+                       formatter_class=OneSpellingFormatter)
     if full:
         from fastkit.cli.config import add_arguments
 
-        add_arguments(p, sft=sft_flags)
+        add_arguments(p, sft=sft_flags, common_only=common_only)
     return p
 
 
@@ -223,8 +227,8 @@ def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
 def data_label(data) -> str:
     """What the run folder's and the Hub's model cards call ``--data``: the path (the shipped file for 'sample'),
     or the sources of a mix."""
+    from fastkit.data.samples import NO_ROBOTS_SAMPLE
     from fastkit.data.sources import as_sources
-    from fastkit.quickstart import NO_ROBOTS_SAMPLE
 
     named = {"sample": str(NO_ROBOTS_SAMPLE), "quickstart": "fastkit's quickstart data"}
     labels = [named.get(s.path, s.label) for s in as_sources(data)]
@@ -237,8 +241,9 @@ def run(args: argparse.Namespace) -> int:
     from fastkit.cli.config import print_config
 
     args = resolved_args(args)
-    if args.print_config:  # nothing is loaded; the SFTConfig these options make is built (cheap) to check them
-        _check_sft_config(args.train, args.load_in_4bit)
+    if args.print_config:  # nothing is loaded; SFTConfig fields given are checked by building the SFTConfig
+        if args.train.sft:  # (TRL's import); fastkit's own options were checked as they were read
+            _check_sft_config(args.train, args.load_in_4bit)
         print(print_config(args.resolved), end="")
         return 0
     prepared = preflight(args)  # before the model loads

@@ -15,31 +15,18 @@ logs a compact progress line. The numbers also go into the trainer's logs (``fas
 Training with it: ``fastkit.fit(trainer)`` (:func:`fastkit.training.fit`).
 """
 
-from fastkit.dashboard.callbacks import MetricsCallback, TrainingMetrics, throughput
-from fastkit.dashboard.render import (
-    Row,
-    Rows,
-    SummaryTable,
-    fmt_duration,
-    fmt_gib,
-    fmt_rate,
-    memory_rows,
-    memory_time_summary,
-    plot_png,
-    progress_line,
-    stat_rows,
-    summary_html,
-    summary_text,
-)
-from fastkit.dashboard.views import (
-    HtmlView,
-    TerminalView,
-    WidgetView,
-    dashboard_callback,
-    in_notebook,
-    make_view,
-    show_summary,
-)
+from fastkit._lazy import exports as _exports
+
+_LAZY = {
+    "MetricsCallback": "callbacks", "TrainingMetrics": "callbacks", "throughput": "callbacks",
+    "Row": "render", "Rows": "render", "SummaryTable": "render", "fmt_duration": "render", "fmt_gib": "render",
+    "fmt_rate": "render", "memory_rows": "render", "memory_time_summary": "render", "plot_png": "render",
+    "progress_line": "render", "stat_rows": "render", "summary_html": "render", "summary_text": "render",
+    "HtmlView": "views", "TerminalView": "views", "WidgetView": "views", "dashboard_callback": "views", "in_notebook":
+    "views", "make_view": "views", "show_summary": "views",
+}
+"""Each public name -> its module, imported when first used (fastkit._lazy)."""
+__getattr__, __dir__ = _exports(globals(), "fastkit.dashboard", _LAZY)
 
 __all__ = [
     "HtmlView", "MetricsCallback", "Row", "Rows", "SummaryTable", "TerminalView", "TrainingMetrics", "WidgetView",

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from fastkit.dashboard.callbacks import MetricsCallback, TrainingMetrics
+from fastkit.dashboard.choices import VIEWS
 from fastkit.dashboard.render import (
     BORDER,
     PLOT_SIZE_IN,
@@ -43,7 +44,6 @@ from fastkit.dashboard.render import (
 logger = logging.getLogger(__name__)
 
 
-VIEWS = ("auto", "html", "widget", "terminal", "none")
 WIDGET_FALLBACK = "fastkit dashboard (this front-end does not render ipywidgets: use fit(trainer, view='html'))"
 """What a front-end without the widget manager prints instead of the widget (never ``VBox(children=...)``)."""
 

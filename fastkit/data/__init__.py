@@ -13,13 +13,23 @@
 ``from fastkit.data import load_chat_dataset`` (and the other names below) is the public path.
 """
 
-from fastkit.data.chat_template import add_chat_template, has_chat_template, require_chat_template
-from fastkit.data.formats import FIELDS, detect_format, map_columns, normalize_dataset, preview_masks, tokenize_chat
-from fastkit.data.prepare import check_dataset, to_chat_training_form, to_prompt_completion, token_counts
-from fastkit.data.read import as_dataset, load_chat_dataset, read_json_rows, read_rows, rows_to_dataset
-from fastkit.data.rules import check_rows, message_problem, row_problem
-from fastkit.data.samples import NO_ROBOTS_SAMPLE
-from fastkit.data.sources import DataSource, load_sources
+from fastkit._lazy import exports as _exports
+
+_LAZY = {
+    "add_chat_template": "chat_template", "has_chat_template": "chat_template", "require_chat_template":
+    "chat_template",
+    "FIELDS": "formats", "detect_format": "formats", "map_columns": "formats", "normalize_dataset": "formats",
+    "preview_masks": "formats", "tokenize_chat": "formats",
+    "check_dataset": "prepare", "to_chat_training_form": "prepare", "to_prompt_completion": "prepare", "token_counts":
+    "prepare",
+    "as_dataset": "read", "load_chat_dataset": "read", "read_json_rows": "read", "read_rows": "read", "rows_to_dataset":
+    "read",
+    "check_rows": "rules", "message_problem": "rules", "row_problem": "rules",
+    "NO_ROBOTS_SAMPLE": "samples",
+    "DataSource": "sources", "load_sources": "sources",
+}
+"""Each public name -> its module, imported when first used (fastkit._lazy)."""
+__getattr__, __dir__ = _exports(globals(), "fastkit.data", _LAZY)
 
 __all__ = ["FIELDS", "NO_ROBOTS_SAMPLE", "DataSource", "add_chat_template", "as_dataset", "check_dataset", "check_rows",
            "detect_format", "has_chat_template", "load_chat_dataset", "load_sources", "map_columns", "message_problem",

@@ -30,7 +30,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fastkit.data.formats import FIELDS, check_columns, map_columns, normalize_dataset
-from fastkit.data.read import as_dataset
 from fastkit.data.rules import check_rows
 from fastkit.data.samples import OFFLINE_NAMES, offline_source
 from fastkit.errors import FastkitError
@@ -216,6 +215,8 @@ def read_source(source: DataSource, drop_invalid: bool = False):
     path = source.path
     resolved = offline_source(path) if isinstance(path, str) else None
     try:
+        from fastkit.data.read import as_dataset  # torch / datasets: only once a source is read
+
         dataset = as_dataset(path if resolved is None else resolved, source.split, where=where)
         if len(dataset) == 0:
             raise FastkitError(f"{where}: no rows; give at least one example.")

@@ -14,7 +14,13 @@
 ``from fastkit.export import chat, save_lora, save_gguf`` is the public path.
 """
 
-from fastkit.export.menu import ExportResult, export
-from fastkit.export.save import chat, load_lora, save_gguf, save_lora, save_merged
+from fastkit._lazy import exports as _exports
+
+# Imported when first used (the CLI reads the quantization names without torch).
+_LAZY = {"ExportResult": "menu", "export": "menu", **dict.fromkeys(
+    ("chat", "load_lora", "save_gguf", "save_lora", "save_merged"), "save")}
+
+
+__getattr__, __dir__ = _exports(globals(), "fastkit.export", _LAZY)
 
 __all__ = ["ExportResult", "chat", "export", "load_lora", "save_gguf", "save_lora", "save_merged"]

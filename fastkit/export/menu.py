@@ -31,6 +31,7 @@ from fastkit import checks, registry
 from fastkit.errors import FastkitError
 from fastkit.export import verified as saving
 from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTIZATIONS
+from fastkit.export.quants import K_QUANTS
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 FOLDERS = {"lora": "lora", "merged": "merged_16bit", "gguf": "gguf"}
 """Where each kind goes under ``out_dir`` (the notebooks' and ``fastkit train``'s layout)."""
 KINDS = tuple(FOLDERS)
-K_QUANTS = tuple(LLAMA_CPP_QUANTS)
-"""The quantizations llama.cpp's own quantizer makes (they need llama-cpp-python)."""
 
 
 @dataclass

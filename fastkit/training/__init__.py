@@ -15,21 +15,18 @@
 ``from fastkit.training import make_trainer, fit`` is the public path.
 """
 
-from fastkit.training.options import LoraOptions, TrainOptions
-from fastkit.training.preference import make_dpo_trainer, make_grpo_trainer
-from fastkit.training.run import (
-    TRACKERS,
-    available_trackers,
-    check_distributed_mode,
-    check_report_to,
-    fit,
-    last_checkpoint,
-    make_trainer,
-    planned_steps,
-    run_coverage,
-    sft_config,
-    steps_per_epoch,
-)
+from fastkit._lazy import exports as _exports
+
+# Imported when first used: ``fastkit.training.options`` (the CLI's flags, the YAML) needs neither torch nor TRL.
+_LAZY = {
+    "LoraOptions": "options", "TrainOptions": "options", "make_dpo_trainer": "preference",
+    "make_grpo_trainer": "preference", **dict.fromkeys(
+        ("TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
+         "make_trainer", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"), "run"),
+}
+
+
+__getattr__, __dir__ = _exports(globals(), "fastkit.training", _LAZY)
 
 __all__ = ["TRACKERS", "LoraOptions", "TrainOptions", "available_trackers", "check_distributed_mode",
            "check_report_to", "fit", "last_checkpoint", "make_dpo_trainer", "make_grpo_trainer", "make_trainer",

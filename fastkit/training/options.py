@@ -131,12 +131,18 @@ def _checkpointing(name: str, value: Any) -> None:
 
 
 def _dashboard(name: str, value: Any) -> None:
-    from fastkit.dashboard.views import VIEWS
+    from fastkit.dashboard.choices import VIEWS
 
     check_choice(name, value, VIEWS)
 
 
+_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+"""The usual ``lr_scheduler_type`` names (transformers' ``SchedulerType`` has them all): taken without importing it."""
+
+
 def _scheduler(name: str, value: Any) -> None:
+    if value in _SCHEDULERS:
+        return
     from transformers.trainer_utils import SchedulerType
 
     name_given = value.value if isinstance(value, SchedulerType) else value
