@@ -111,7 +111,7 @@ def test_the_scan_finds_a_function_level_cycle(tmp_path):
 
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """The module graph with each subpackage of fastkit (``fastkit.export``, every ``fastkit.patches.*``
-    together) as one node: the import layers README's Layout section draws."""
+    together) as one node: the import layers docs/architecture.md draws."""
     def node(module: str) -> str:
         parts = module.split(".")
         return "fastkit.patches" if parts[1:2] == ["patches"] else ".".join(parts[:2])
