@@ -311,6 +311,9 @@ def test_resume_extend_continues_a_finished_run(tmp_path, caplog, capsys):
     state = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["max_steps"] == 4
     assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3, 4]  # the old steps kept
+    # the old 2-step schedule's rates, then the 4-step one's at steps 3-4 (linear from --lr 2e-4, no warmup: issue 41)
+    lrs = [h["learning_rate"] for h in state["log_history"] if "loss" in h]
+    assert lrs == pytest.approx([2e-4, 1e-4, 1e-4, 5e-5], rel=1e-6)
     import torch  # AdamW's own step count: 4 only if the optimizer state of steps 1-2 carried over
 
     optimizer = torch.load(tmp_path / "checkpoint-4" / "optimizer.pt", weights_only=False)

@@ -11,6 +11,9 @@ one that ends a finished run (resuming it would train past ``max_steps``).
 :class:`RunGuard` also stops a run whose logged loss or gradient norm is not finite (the weights are
 no use from that step on) and :func:`fit` raises its message; on fp16 it names the likely cause.
 It reads only the numbers the trainer already logs, so it adds no host-device sync.
+
+:class:`ExtendedSchedule` (``fit(resume=True, extend=True)``) starts the continued steps on the new schedule's
+rate, not on the one the checkpoint's schedule ended at.
 """
 
 from __future__ import annotations
@@ -325,6 +328,38 @@ class RunGuard(TrainerCallback):
             control.should_save = False  # never checkpoint non-finite weights
 
 
+class ExtendedSchedule(TrainerCallback):
+    """``fit(resume=True, extend=True)``: the continued steps follow the new schedule from the checkpoint's step on.
+
+    The trainer builds its scheduler for the new length, then loads the checkpoint's scheduler state into it. That
+    brings back the step count (right), but also the rate the old schedule set last (wrong: the first continued
+    step would train at it, 0 after a linear decay). Before the first step, this puts the rate of the new schedule
+    at the checkpoint's step in its place (:func:`restart_schedule_at`)."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        restart_schedule_at(lr_scheduler, state.global_step)
+
+
+def restart_schedule_at(scheduler, step: int) -> None:
+    """Set the optimizer's rate (and ``get_last_lr()``) to what ``scheduler``'s own schedule gives after ``step``
+    optimizer steps: the rate step ``step + 1`` trains at.
+
+    Only a step-indexed schedule (a ``LambdaLR``: every transformers ``lr_scheduler_type`` but the plateau ones,
+    which follow the eval metric, not the step) is moved; another is left as the checkpoint restored it (logged).
+    """
+    import torch
+
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        logger.info("fastkit: extend: the %s scheduler is not indexed by the step; kept as the checkpoint left it",
+                    type(scheduler).__name__)
+        return
+    restored = scheduler.get_last_lr()[0]
+    scheduler.last_epoch = step - 1
+    scheduler.step()  # last_epoch back at ``step``; its rate written into the optimizer's param groups
+    logger.info("fastkit: extend: learning rate %.3g from step %d on the new schedule (the checkpoint's: %.3g)",
+                scheduler.get_last_lr()[0], step + 1, restored)
+
+
 def non_finite_message(key: str, value: float, step: int, args) -> str:
     what = "the loss" if key == "loss" else "the gradient norm"
     why = (" On fp16 (T4) this is most often an overflow (fp16 holds at most 65504): lower learning_rate, keep "
@@ -334,6 +369,6 @@ def non_finite_message(key: str, value: float, step: int, args) -> str:
             f"(no checkpoint was written for it).{why}")
 
 
-__all__ = ["RUN_FILE", "SCHEDULE", "RunGuard", "check_complete", "check_resumable", "checkpoints",
-           "data_fingerprint", "differences", "missing_pieces", "read_run_file", "run_identity",
-           "set_aside_old_checkpoints"]
+__all__ = ["RUN_FILE", "SCHEDULE", "ExtendedSchedule", "RunGuard", "check_complete", "check_resumable", "checkpoints",
+           "data_fingerprint", "differences", "missing_pieces", "read_run_file", "restart_schedule_at",
+           "run_identity", "set_aside_old_checkpoints"]

@@ -28,7 +28,13 @@ from fastkit.data import check_dataset
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, change, report, unwrap
-from fastkit.training.identity import RunGuard, check_resumable, checkpoints, set_aside_old_checkpoints
+from fastkit.training.identity import (
+    ExtendedSchedule,
+    RunGuard,
+    check_resumable,
+    checkpoints,
+    set_aside_old_checkpoints,
+)
 from fastkit.training.options import (
     DEFAULT_MAX_STEPS,
     TRACKERS,
@@ -422,7 +428,9 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     The options the run used (``trainer.fastkit_config``) are written to ``output_dir/fastkit_config.yaml``.
     ``extend=True`` (with ``resume=True``) continues a run, finished or not, for the longer schedule the trainer
     has now (its ``max_steps`` / epochs): adapter, optimizer state and step count carry over, only the schedule's
-    length changes; the dashboard says "continued from checkpoint-N, schedule extended to M steps".
+    length changes (step N+1 on trains at the rate a fresh run of the new length has there, warmup included:
+    :class:`~fastkit.training.identity.ExtendedSchedule`); the dashboard says "continued from checkpoint-N, schedule
+    extended to M steps".
     A loss or gradient norm that is not finite stops the run and raises, naming the step (and on fp16
     the likely cause).
 
@@ -450,9 +458,12 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     config = getattr(trainer, "fastkit_config", None)
     if config is not None and trainer.is_world_process_zero():  # the options this run used, beside its checkpoints
         write_config(trainer.args.output_dir, config)
-    callback.run_note = note if note.startswith("continued") else None
+    continued = note.startswith("continued")  # extend=True, from a checkpoint
+    callback.run_note = note if continued else None
     guard = RunGuard(trainer, note)
-    trainer.add_callback(guard)
+    added = [guard, *([ExtendedSchedule()] if continued else [])]
+    for cb in added:
+        trainer.add_callback(cb)
     trainer.fastkit_identity = guard.identity  # the run a model card names (fastkit.export.hub)
     try:
         trainer.train(**train_kwargs)
@@ -468,8 +479,8 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
         callback.finish("failed", f"{type(exc).__name__}: {shorten(str(exc), 120)}")
         raise
     finally:
-        trainer.remove_callback(callback)
-        trainer.remove_callback(guard)
+        for cb in (callback, *added):
+            trainer.remove_callback(cb)
         for cb in set_aside:  # make_trainer's dashboard back in front of the trackers, the rest at the end
             if isinstance(cb, MetricsCallback):
                 trainer.callback_handler.callbacks.insert(0, cb)
