@@ -54,6 +54,27 @@ def _set(target: Any, attr: str, value: Any, swap: Swapper | None) -> None:
 # ----------------------------------------------------------------------------------------- models, configs
 
 
+@contextlib.contextmanager
+def quiet_gguf_reader() -> Iterator[None]:
+    """transformers' GGUF reader without its progress bar, for the duration of the ``with``.
+
+    ``modeling_gguf_pytorch_utils`` draws ``tqdm.auto.tqdm(reader.tensors, desc="Converting and de-quantizing GGUF
+    tensors...")`` directly (not transformers' ``logging.tqdm``, so ``disable_progress_bar`` misses it); the
+    module global ``tqdm`` is swapped for one with ``disable=True``, unless ``FASTKIT_SHOW_UPSTREAM_WARNINGS=1``.
+    checked: transformers 5.24, 5.25. Can go when the GGUF reader uses ``transformers.utils.logging.tqdm``.
+    """
+    import functools as _functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1":
+        yield
+        return
+    with mock.patch.object(gguf_utils, "tqdm", _functools.partial(bar, disable=True)):
+        yield
+
+
 def has_causal_lm_head(model_type: str) -> bool:
     """True when ``AutoModelForCausalLM`` knows ``model_type``.
 
@@ -758,8 +779,8 @@ __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
     "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
-    "modules_of_classes", "package_version", "resolved_kernel", "varlen_unavailable", "hub_function",
-    "kernel_global", "kernel_reference",
+    "modules_of_classes", "package_version", "quiet_gguf_reader", "resolved_kernel", "varlen_unavailable",
+    "hub_function", "kernel_global", "kernel_reference",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded",

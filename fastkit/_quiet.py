@@ -38,6 +38,11 @@ KNOWN: tuple[KnownWarning, ...] = (
         "to its own implementation; fastkit never runs 4-bit weights on a CPU (4-bit loads need CUDA), so nothing "
         "uses the missing kernel."),
     KnownWarning(
+        "kernels._internals.hf_hub", "Skipping publisher trust check for",
+        "transformers 5.25 requires the `kernels` package; bitsandbytes 0.50 asks it, at import, for a Hub kernel "
+        "(kernels-community/quantization-bitsandbytes), and with HF_HUB_OFFLINE=1 kernels says it cannot check the "
+        "publisher. Nothing is downloaded or run from it: the kernel is optional, and fastkit loads no Hub kernels."),
+    KnownWarning(
         "transformers.modeling_utils", "`is_gradient_checkpointing` is deprecated",
         "PEFT 0.21 (peft_model.py, mixed_model.py) reads the deprecated transformers alias; the value is the same "
         "as is_activation_checkpointing, and fastkit sets up checkpointing itself (enable_checkpointing).",

@@ -502,7 +502,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 
 
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
-    from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_family
+    from fastkit.families.twins import TWIN_PREFIX, twin, twin_bpe_tokenizer, twin_family
 
     checks.check_max_seq_length(max_seq_length)  # the twin's context is not the real model's: no config here
     name = _twin_name(name)
@@ -512,6 +512,8 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
         raise FastkitError(str(exc)) from exc
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
     model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
+    # its saves say which twin to rebuild (twins are deterministic): PEFT reads the instance attribute
+    model.config._name_or_path = model.name_or_path = TWIN_PREFIX + name
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
     _patch(model, max_seq_length, patches, log=True)
     return model, tokenizer

@@ -70,3 +70,26 @@ def test_train_twin_end_to_end(tmp_path, caplog):
     saved = yaml.safe_load((out / "fastkit_config.yaml").read_text())
     assert saved["max_steps"] == 3 and saved["lora_r"] == 4 and saved["checkpointing"] == "off", saved
     assert saved["gguf"] == ["q8_0"] and saved["twin"] is True and saved["data"] == "quickstart"
+
+
+def test_a_twin_run_exports_and_chats_from_the_command_line(tmp_path, capsys, caplog):
+    """A --twin run's adapters name the twin they were trained on (fastkit-twin:<model>), so ``fastkit export`` and
+    ``fastkit chat`` rebuild that same deterministic twin offline instead of stopping at "no base model"; the export
+    says each Modelfile difference once and draws no GGUF reader bar."""
+    import json
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", "sample",
+                     "--steps", "2", "--max-seq-length", "128", "--output-dir", str(out)]) == 0
+    config = json.loads((out / "lora" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "fastkit-twin:HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "tiny random twin of `HuggingFaceTB/SmolLM2-135M-Instruct`" in (out / "README.md").read_text()
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        assert cli.main(["export", "--model", str(out / "lora"), "--gguf", "q8_0"]) == 0
+    printed = capsys.readouterr()
+    assert "GGUF q8_0:" in printed.out and "Converting and de-quantizing" not in printed.err + printed.out
+    warned = [r.getMessage() for r in caplog.records if "Modelfile TEMPLATE differs" in r.getMessage()]
+    assert len(warned) == len(set(warned)), warned
+    assert cli.main(["chat", "--model", str(out / "lora"), "--prompt", "hi", "--max-new-tokens", "4"]) == 0

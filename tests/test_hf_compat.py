@@ -124,6 +124,17 @@ def check_kernel_reference():
     assert _hf.kernel_reference(cls, "no_such_kernel") is None
 
 
+def check_quiet_gguf_reader():
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    before = gguf_utils.tqdm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FASTKIT_SHOW_UPSTREAM_WARNINGS", raising=False)
+        with _hf.quiet_gguf_reader():
+            assert gguf_utils.tqdm([1, 2]).disable  # the reader's bar, drawn with disable=True
+        assert gguf_utils.tqdm is before
+
+
 def check_package_version():
     assert _hf.package_version("fla") is None  # not installed here
     with pytest.MonkeyPatch.context() as mp:

@@ -180,7 +180,7 @@ def _is_bool(f: dataclasses.Field) -> bool:
     return isinstance(f.default, bool) and f.name != "checkpointing" or f.name == "chunked_loss"
 
 
-def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> None:
+def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> argparse.Action:
     default = CLI_DEFAULTS.get(f.name, f.default)
     shown = "" if default is None or "default" in f.metadata["help"] else f" (default {default})"
     shown = f" (fastkit train's default: {default})" if f.name in CLI_DEFAULTS else shown
@@ -197,7 +197,7 @@ def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> No
         kwargs["type"] = _field_type(f.name, f)
     strings = ["--gguf"] if f.name == "gguf" else _option_strings(f.name, f.metadata)
     kwargs.setdefault("metavar", strings[0].lstrip("-").replace("-", "_").upper())  # --steps STEPS, --lr LR
-    group.add_argument(*strings, **kwargs)
+    return group.add_argument(*strings, **kwargs)
 
 
 COMMON = ("model", "data", "max_steps", "epochs", "learning_rate", "batch_size", "gradient_accumulation_steps",
@@ -243,9 +243,9 @@ def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: boo
         if name in FILE_ONLY:
             continue
         group = length if name in ("max_steps", "epochs") else {RunOptions: run, TrainOptions: train}.get(cls, lora)
-        _add_field(group, f, QUANTIZATIONS)
+        action = _add_field(group, f, QUANTIZATIONS)
         if common_only and name not in COMMON:
-            group._group_actions[-1].help = argparse.SUPPRESS
+            action.help = argparse.SUPPRESS
     p.add_argument("--config", metavar="FILE", default=None,
                    help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
                         "flags override it")

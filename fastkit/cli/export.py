@@ -80,7 +80,10 @@ def load_saved(path: str, max_seq_length: int = 2048, trainable: bool = False):
         raise FastkitError(f"{config}: no base_model_name_or_path; this adapter does not say which model it is for.")
     from transformers import AutoTokenizer
 
-    model, _ = FastModel.from_pretrained(base, max_seq_length=max_seq_length)
+    from fastkit.families.twins import twin_source
+
+    twin_of = twin_source(base)  # a --twin run's adapters: the same deterministic twin, rebuilt offline
+    model, _ = FastModel.from_pretrained(twin_of or base, max_seq_length=max_seq_length, twin=twin_of is not None)
     model = load_lora(model, folder, is_trainable=trainable)
     return model, AutoTokenizer.from_pretrained(str(folder)), True
 

@@ -318,6 +318,10 @@ def stop_tokens(tokenizer) -> list[str]:
     return stops
 
 
+_WARNED: set[tuple] = set()
+"""(chat template, difference) already warned about: an export writes and verifies each Modelfile."""
+
+
 def modelfile(tokenizer, gguf_name: str) -> str | None:
     """An Ollama ``Modelfile`` for ``gguf_name`` (same folder): FROM, the TEMPLATE (:func:`go_template`), what
     still differs from ``apply_chat_template`` as ``#`` lines, and PARAMETER stop for each of the template's end
@@ -330,7 +334,9 @@ def modelfile(tokenizer, gguf_name: str) -> str | None:
         return None
     found = differences(tokenizer, layout)
     for d in found:
-        logger.warning("fastkit: Modelfile TEMPLATE differs from the chat template for %s", d)
+        if (template_key := (_template_source(tokenizer), d)) not in _WARNED:  # once per template and process
+            _WARNED.add(template_key)
+            logger.warning("fastkit: Modelfile TEMPLATE differs from the chat template for %s", d)
     template = go_template(layout)
     lines = [f"FROM ./{gguf_name}", *(f"# differs from apply_chat_template: {d}" for d in found),
              f'TEMPLATE """{template}"""']

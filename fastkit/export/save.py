@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fastkit import checks, registry
+from fastkit import _hf, checks, registry
 from fastkit.errors import FastkitError
 from fastkit.export import verified as saving
 from fastkit.export.adapter_checks import write_info
@@ -365,7 +365,8 @@ def _reload_gguf(file: Path, config) -> torch.nn.Module:
             if hasattr(plain, key):
                 delattr(plain, key)
         kw["config"] = plain
-    return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32, **kw)
+    with _hf.quiet_gguf_reader():  # its tqdm bar ("Converting and de-quantizing GGUF tensors") would be the only one
+        return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32, **kw)
 
 
 __all__ = ["chat", "load_lora", "save_gguf", "save_lora", "save_merged"]

@@ -180,6 +180,19 @@ def twin_of(config: PretrainedConfig, num_hidden_layers: int = 2) -> PretrainedC
     return type(config)(**values)
 
 
+TWIN_PREFIX = "fastkit-twin:"
+"""A twin's ``config._name_or_path`` is this plus what it stands in for (``fastkit-twin:Qwen/Qwen3-0.6B``): its
+saves (a LoRA folder's ``base_model_name_or_path``) then say how to build the very same twin again (twins are
+deterministic), so ``fastkit export`` / ``fastkit chat`` on a ``--twin`` run's adapters rebuild it offline."""
+
+
+def twin_source(name_or_path: str | None) -> str | None:
+    """What a twin's ``name_or_path`` stands in for (``fastkit-twin:X`` -> ``X``); None for any other name."""
+    if isinstance(name_or_path, str) and name_or_path.startswith(TWIN_PREFIX):
+        return name_or_path[len(TWIN_PREFIX):]
+    return None
+
+
 def twin(model_type: str, num_hidden_layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.float32,
          attn_implementation: str | None = None, **overrides: Any) -> torch.nn.Module:
     """A randomly initialised tiny causal LM of ``model_type`` (deterministic for a ``seed``)."""

@@ -27,6 +27,7 @@ from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
+from fastkit.families.twins import twin_source
 from fastkit.patching import active_patches, change, report, unwrap
 from fastkit.training.identity import (
     ExtendedSchedule,
@@ -352,6 +353,8 @@ def model_card_sentence(base: str | None, data: str | None) -> str:
     def named(what: str | None, kind: str) -> str:
         if not what:
             return "a model built in memory" if kind == "models" else "data given in memory"
+        if kind == "models" and twin_source(what) is not None:
+            return f"a tiny random twin of `{twin_source(what)}` (a smoke test, not a trained model of it)"
         local = os.path.exists(what) or what.startswith((".", "/", "~"))
         hub = "" if kind == "models" else "datasets/"
         return f"`{what}`" if local or what.count("/") != 1 else f"[{what}](https://huggingface.co/{hub}{what})"
