@@ -143,17 +143,24 @@ def _run(argv: list, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.mark.slow
-def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
-    src, wheels, venv, work, home = (tmp_path / d for d in ("src", "wheels", "venv", "work", "home"))
-    for d in (src, wheels, work, home):
-        d.mkdir()
-    # a wheel of this tree, built from a copy (no build/ folder in the shared checkout)
+def build_wheel(src: Path, wheels: Path) -> Path:
+    """A wheel of this tree in ``wheels``, built from a copy in ``src`` (no build/ folder in the shared checkout)."""
+    src.mkdir()
     shutil.copy(ROOT / "pyproject.toml", src)
     shutil.copy(ROOT / "README.md", src)
     shutil.copytree(ROOT / "fastkit", src / "fastkit", ignore=shutil.ignore_patterns("__pycache__"))
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", src, "-w", wheels])
-    assert [p.name.split("-")[0] for p in wheels.glob("*.whl")] == ["fastkit_llm"]
+    built = list(wheels.glob("*.whl"))
+    assert [p.name.split("-")[0] for p in built] == ["fastkit_llm"]
+    return built[0]
+
+
+@pytest.mark.slow
+def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
+    src, wheels, venv, work, home = (tmp_path / d for d in ("src", "wheels", "venv", "work", "home"))
+    for d in (wheels, work, home):
+        d.mkdir()
+    build_wheel(src, wheels)
 
     _run([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"

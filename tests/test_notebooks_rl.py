@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_notebooks import (SECTIONS, _cell_with, _client, _kernel_env, _outputs,
-                                  assert_install_cell_first_and_alone)
+from tests.test_notebooks import (
+    SECTIONS,
+    _cell_with,
+    _client,
+    _kernel_env,
+    _outputs,
+    assert_install_cell_first_and_alone,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RL_NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if p.stem.endswith(("_dpo", "_grpo")))
