@@ -143,6 +143,12 @@ def _run(argv: list, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+def pip_cache_dir() -> str | None:
+    """The caller's pip cache (the fresh venv's HOME is a temporary one): the wheels CI's own install left there."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None  # None: the cache is off
+
+
 def build_wheel(src: Path, wheels: Path) -> Path:
     """A wheel of this tree in ``wheels``, built from a copy in ``src`` (no build/ folder in the shared checkout)."""
     src.mkdir()
@@ -171,7 +177,9 @@ def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
 
     script = work / "install_cell.ipy"
     script.write_text(_install_source("01_qwen3_0.6b_packed.ipynb") + "\n")  # as the first cell: nothing before it
+    cache = pip_cache_dir()
     env = dict(os.environ, HOME=str(home), COLAB_RELEASE_TAG="release-colab-test", PYTHONPATH="",
+               **({"PIP_CACHE_DIR": cache} if cache else {}),
                PIP_FIND_LINKS=" ".join(filter(None, [str(wheels), os.environ.get("PIP_FIND_LINKS")])),
                VIRTUAL_ENV=str(venv))  # the caller's activated venv (if any) is not the one the cell runs in
     out = _run([venv / "bin" / "ipython", "--no-banner", "--colors=NoColor", script], cwd=work, env=env, timeout=1500)

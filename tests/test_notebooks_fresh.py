@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_install_cell import HINT, _run, build_wheel
+from tests.test_install_cell import HINT, _run, build_wheel, pip_cache_dir
 from tests.test_notebooks import _kernel_env, _outputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,12 +35,6 @@ FULL = {"00_quickstart"}
 KERNEL = "fastkit-fresh-runtime"
 RUNTIME = ("torch==2.13.0", "ipykernel", "matplotlib")
 """What the fresh virtualenv starts with (the CPU torch wheel: an unpinned torch would pull a CUDA build)."""
-
-
-def _pip_cache_dir() -> str | None:
-    """The caller's pip cache (the test's HOME is a temporary one): the wheels CI's own install left there."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
-    return (proc.stdout.strip() or None) if proc.returncode == 0 else None  # None: the cache is off
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +48,7 @@ def runtime(tmp_path_factory):
     build_wheel(tmp / "src", wheels)
     _run([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"
-    cache = _pip_cache_dir()
+    cache = pip_cache_dir()
     pip_env = dict(os.environ, **({"PIP_CACHE_DIR": cache} if cache else {}))
     _run([python, "-m", "pip", "install", "-q", *RUNTIME], env=pip_env)
     spec = jupyter / "kernels" / KERNEL
