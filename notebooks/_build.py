@@ -1,7 +1,8 @@
 """Generate the per-model notebooks from one set of sections: ``python notebooks/_build.py``.
 
-Every notebook has the same stages (an H2 each): parameters, install, load, data, answers before
-training, LoRA, train with the dashboard, memory and time, answers after training, save. Only the
+Every notebook has the same stages (an H2 each): install, parameters, load, data, answers before
+training, LoRA, train with the dashboard, memory and time, answers after training, save. The install
+cell comes first and stands alone (Colab's "Run all" on a fresh runtime has no fastkit before it). Only the
 parameters cell and a few sentences differ per model; all logic lives in ``fastkit``. Edit this
 file, not the .ipynb files, then rerun it (the output is deterministic, so diffs stay small).
 ``--check`` exits 1 when the notebooks on disk differ from what this file generates (CI).
@@ -28,6 +29,12 @@ DISTRIBUTION = "fastkit-llm"
 PINNED = ("torch", "ipywidgets", "ipykernel", "jupyter-server", "jupyterlab", "notebook")
 """Installed distributions the install cell never lets pip replace (constraints at their installed version)."""
 RESTART_HINT = "Restart the runtime (Colab: Runtime > Restart session): pip replaced a package already imported."
+GIT_EXAMPLE = "git+https://github.com/OWNER/REPO.git"
+"""What FASTKIT_URL looks like (pip's URL form; a branch or tag after ``@``): the repository's URL is the user's."""
+INSTALL_FAILED = ("could not install {what} (pip's output is above): set FASTKIT_URL at the top",
+                  " of this cell to fastkit's repository, e.g. " + repr(GIT_EXAMPLE) + ",",
+                  " or open this notebook in a clone of it")
+"""The one line the install cell raises when fastkit is still not importable after pip (f-strings there)."""
 
 PROMPTS = ["Give me three tips for writing a clear bug report.",
            "Explain what LoRA fine-tuning changes in a model, in two sentences."]
@@ -185,7 +192,7 @@ def _parameters(s: Spec):
     prompts = _wrap([json.dumps(p, ensure_ascii=False) + "," for p in s.prompts], width=112)
     stem = Path(s.filename).stem
     return [
-        _md("## Parameters", "", "The only cell to edit. `DATASET` is a Hub id, a .json/.jsonl file or a list of "
+        _md("## Parameters", "", "The cell to edit for a run. `DATASET` is a Hub id, a .json/.jsonl file or a list of "
             "rows: chat `messages`, ShareGPT `conversations`, Alpaca `instruction`/`input`/`output`, "
             "`prompt`/`completion`, or `text`; \"quickstart\" is fastkit's small offline dataset, \"sample\" 16 "
             "offline chats in no_robots' schema (multi-turn rows included: every assistant turn is trained). "
@@ -234,40 +241,56 @@ def _twin_data(s: Spec) -> str:
 
 
 def install_lines(s: Spec) -> list[str]:
-    """The install cell's code (also run as written, in a fresh virtualenv, by tests/test_install_cell.py)."""
+    """The install cell's code: the notebook's first code cell, so it needs nothing from another cell (Colab's
+    "Run all" on a fresh runtime runs it before anything imports fastkit). Also run as written, in a fresh
+    virtualenv, by tests/test_install_cell.py and tests/test_notebooks_fresh.py."""
     extras = ",".join(filter(None, [s.extras]))
     colab_extras = f"[{extras}]" if extras else ""
     local_extras = f"[{','.join(filter(None, [extras, 'notebook']))}]"
     pins = (", ".join(f'"{p}"' for p in PINNED[:4]) + ",", ", ".join(f'"{p}"' for p in PINNED[4:]))
-    lines = [f"# Installs {DISTRIBUTION} (imports as fastkit): from this clone when the notebook sits in one, "
-             "else PyPI.",
-             "import importlib.metadata as md", "import importlib.util", "import os", "import sys",
-             "from pathlib import Path", "",
-             'if not USE_TWIN and importlib.util.find_spec("fastkit") is None:',
-                 '    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  '
+    lines = [f"# Where {DISTRIBUTION} (it imports as fastkit) comes from when fastkit is missing: FASTKIT_URL when "
+             "set, e.g.",
+             f'# "{GIT_EXAMPLE}", else the clone this notebook sits in (editable), else PyPI.',
+             "FASTKIT_URL = None",
+             "import importlib.util  # noqa: E402 (FASTKIT_URL stays the first line)", "",
+             'if importlib.util.find_spec("fastkit") is None:',
+             "    import importlib.metadata as md", "    import os", "    import sys", "    from pathlib import Path",
+             "",
+             '    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  '
              "# no notebook extras there",
              '    clone = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file()',
              f"                  and 'name = \"{DISTRIBUTION}\"' in (p / \"pyproject.toml\").read_text()), None)",
-             f'    what = ("-e " if clone else "") + f\'"{{clone or "{DISTRIBUTION}"}}'
-             f'{{"{colab_extras}" if colab else "{local_extras}"}}"\'',
+             f'    extras = "{colab_extras}" if colab else "{local_extras}"',
+             f"    what = (f'\"{DISTRIBUTION}{{extras}} @ {{FASTKIT_URL}}\"' if FASTKIT_URL "
+             "else f'-e \"{clone}{extras}\"' if clone",
+             f"            else f'\"{DISTRIBUTION}{{extras}}\"')",
              "    seen = {d: md.version(d) for m, ds in md.packages_distributions().items() "
              "if m in sys.modules for d in ds}",
              '    keep = Path.home() / ".fastkit-pip-constraints.txt"  '
              "# the installed torch and Jupyter stack stay as is",
              f'    keep.write_text("".join(f"{{d}}=={{md.version(d)}}\\n" for d in ({pins[0]}',
              f"                            {pins[1]}) if any(md.distributions(name=d))))",
-             '    %pip install --upgrade-strategy only-if-needed -c "{keep}" {what}']
+             '    %pip install --upgrade-strategy only-if-needed -c "{keep}" {what}',
+             "    if clone and not FASTKIT_URL:  # Python reads an editable install's path hook at start-up only",
+             "        sys.path.append(str(clone))",
+             "    importlib.invalidate_caches()",
+             '    if importlib.util.find_spec("fastkit") is None:',
+             f'        raise ModuleNotFoundError(f"{INSTALL_FAILED[0]}"',
+             *(f'{" " * 34}"{part}"' for part in INSTALL_FAILED[1:-1]),
+             f'{" " * 34}"{INSTALL_FAILED[-1]}")']
     lines += [f"    %pip install --no-deps {req}" for req in s.no_deps]
     lines += ["    if any(md.version(d) != v for d, v in seen.items()):", f'        print("{RESTART_HINT}")']
     return lines
 
 
 def _install(s: Spec):
-    return [_md("## Install", "", f"Installs `{DISTRIBUTION}` with pip's output shown: from the clone this notebook "
-                "sits in (editable), else from PyPI. On Colab it adds no Jupyter packages and constrains pip to the "
-                "torch, ipywidgets and Jupyter versions already there, so nothing of Colab's stack is replaced; it "
-                "asks for a restart only when a package the kernel had imported got a new version. Skipped when "
-                "fastkit is importable or in twin mode."),
+    return [_md("## Install", "", f"Installs `{DISTRIBUTION}` with pip's output shown, first, so that \"Run all\" "
+                "works on a fresh runtime. It comes from `FASTKIT_URL` when you set it (the cell's first line: a pip "
+                f"URL such as `{GIT_EXAMPLE}`), else from the clone this notebook sits in (editable), else from "
+                f"PyPI; if pip cannot install it, the cell stops with one line saying what to set. On Colab it adds "
+                "no Jupyter packages and constrains pip to the torch, ipywidgets and Jupyter versions already there, "
+                "so nothing of Colab's stack is replaced; it asks for a restart only when a package the kernel had "
+                "imported got a new version. Skipped when fastkit is importable."),
             _code(*install_lines(s))]
 
 
@@ -415,7 +438,7 @@ def _save(s: Spec, out: str = "options.output_dir"):
     ]
 
 
-SECTIONS = (_parameters, _install, _load, _data, _before, _lora, _train, _summary, _try, _save)
+SECTIONS = (_install, _parameters, _load, _data, _before, _lora, _train, _summary, _try, _save)
 
 
 # -- preference tuning and reasoning RL (07, 08): their own stages, the shared cells where they fit -----------
@@ -476,7 +499,7 @@ def _rl_parameters(r: RLSpec):
             "`DATASET` is \"preferences\" (fastkit's shipped pairs) or anything with `prompt` / `chosen` / "
             "`rejected` (text or chat messages)")
     return [
-        _md("## Parameters", "", f"The only cell to edit. {data}; bad rows are refused, naming the row, before "
+        _md("## Parameters", "", f"The cell to edit for a run. {data}; bad rows are refused, naming the row, before "
             "any work. `BATCH_SIZE` counts " + ("prompts" if r.kind == "grpo" else "pairs") + " per step. Running "
             "the train cell again starts a new run; `RESUME = True` continues the run in `OUTPUT_DIR` from its "
             "newest checkpoint."),
@@ -583,7 +606,7 @@ def _rl_load(r: RLSpec):
     return _load(dataclasses.replace(r.spec, dataset="quickstart") if offline else r.spec, seq="MAX_SEQ_LENGTH")
 
 
-RL_SECTIONS = (_rl_parameters, lambda r: _install(r.spec), _rl_load, _rl_data, _rl_before,
+RL_SECTIONS = (lambda r: _install(r.spec), _rl_parameters, _rl_load, _rl_data, _rl_before,
                lambda r: _lora(r.spec, rl=True), _rl_train, lambda r: _summary(r.spec), _rl_after,
                lambda r: _save(r.spec, out="OUTPUT_DIR"))
 
@@ -632,7 +655,7 @@ def readme() -> str:
                      for s in SPECS)
     return f"""# fastkit notebooks
 
-One notebook per model, all with the same stages: parameters, install, load, data, answers before
+One notebook per model, all with the same stages: install, parameters, load, data, answers before
 training, LoRA, train with the live dashboard, memory and time, answers after training, save (LoRA
 adapters, a merged 16-bit model, and a GGUF with an Ollama Modelfile where fastkit writes one).
 All logic lives in the `fastkit` package; the notebooks are generated by `_build.py` (edit that, then
@@ -647,9 +670,12 @@ gradient checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp1
 
 ## Running them
 
-- **Colab**: open a notebook, pick a GPU runtime, run all. The install cell installs `fastkit-llm`
-  (the PyPI name; it imports as `fastkit`) without touching Colab's torch and Jupyter packages, and
-  asks for a runtime restart only when pip replaced a package the kernel had already imported. Point
+- **Colab**: open a notebook, pick a GPU runtime, run all. The install cell, the first code cell, installs
+  `fastkit-llm` (the PyPI name; it imports as `fastkit`) without touching Colab's torch and Jupyter packages, and
+  asks for a runtime restart only when pip replaced a package the kernel had already imported. A notebook
+  uploaded on its own installs from PyPI, or from the pip URL you set in `FASTKIT_URL`, the cell's first line
+  (e.g. `git+https://github.com/OWNER/REPO.git`); if pip cannot install it, the cell stops with one line
+  saying so. Point
   `output_dir` (`OUTPUT_DIR` in the DPO / GRPO ones) at Google Drive to keep checkpoints and adapters across
   runtimes.
 - **Locally**: `pip install -e ".[notebook]"`, then `jupyter lab notebooks/` (the install cell sees the
@@ -658,8 +684,10 @@ gradient checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp1
   (offline, seconds). `pytest -m notebook tests/test_notebooks.py` executes every notebook that way with
   nbclient and checks the outputs hold the dashboard and its summary (also after the kernel was killed
   mid-run); `tests/test_install_cell.py` runs the install cell as written in a fresh virtualenv against a
-  wheel of this tree; `pytest -m browser tests/test_browser.py` runs the quickstart in JupyterLab in
-  headless Chromium, with and without ipywidgets, and keeps screenshots in `assets/`.
+  wheel of this tree; `tests/test_notebooks_fresh.py` runs each notebook top to bottom, as "Run all" does, in a
+  fresh virtualenv that has only torch and ipykernel, so fastkit comes from its install cell;
+  `pytest -m browser tests/test_browser.py` runs the quickstart in JupyterLab in headless Chromium, with and
+  without ipywidgets, and keeps screenshots in `assets/`.
 
 The dashboard is HTML updated in place (no widget manager needed; its last state stays in the saved
 notebook); `fit(trainer, view="widget")` shows the ipywidgets panel where the front-end renders it.

@@ -34,32 +34,46 @@ def _install_source(name: str = "00_quickstart.ipynb") -> str:
 
 @pytest.fixture
 def cell(monkeypatch, tmp_path):
-    """Run the install cell in an IPython shell with fastkit 'missing' and %pip recorded, not run."""
+    """Run the install cell in an IPython shell with fastkit 'missing' until the first %pip 'installs' it (unless
+    ``pip_fails``), %pip recorded, not run, and nothing in the namespace: the cell is the notebook's first."""
     import importlib.util
 
     from IPython.core.interactiveshell import InteractiveShell
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastkit"
-                        else real_find_spec(name, *a))
+    installed = [False]
+
+    def find_spec(name, *args):
+        return None if name == "fastkit" and not installed[0] else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # in a clone the cell appends the clone
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
     monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
     shell = InteractiveShell.instance()
     calls: list[str] = []
 
-    def run(cwd: Path, on_pip=None) -> list[str]:
+    def run(cwd: Path, on_pip=None, fastkit_url: str | None = None, pip_fails: bool = False):
         calls.clear()
+        installed[0] = False
 
         def fake_pip(line: str) -> None:
             calls.append(line)
+            installed[0] = not pip_fails
             if on_pip is not None:
                 on_pip()
 
         shell.register_magic_function(fake_pip, "line", "pip")
         monkeypatch.chdir(cwd)
-        shell.user_ns["USE_TWIN"] = False
-        result = shell.run_cell(_install_source())
+        shell.user_ns.clear()
+        source = _install_source()
+        if fastkit_url is not None:
+            assert source.count("\nFASTKIT_URL = None\n") == 1
+            source = source.replace("\nFASTKIT_URL = None\n", f"\nFASTKIT_URL = {fastkit_url!r}\n")
+        result = shell.run_cell(source)
+        if pip_fails:
+            return list(calls), result.error_in_exec
         assert result.error_before_exec is None and result.error_in_exec is None, result
         return list(calls)
 
@@ -90,6 +104,23 @@ def test_not_on_colab_and_not_in_a_clone_installs_the_published_name_with_extras
     assert cell(tmp_path)[0].endswith('"fastkit-llm[gguf,notebook]"')
 
 
+def test_fastkit_url_installs_from_that_url_with_the_extras(cell, monkeypatch, tmp_path):
+    url = "git+https://example.invalid/fastkit.git@main"
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    assert cell(tmp_path, fastkit_url=url)[0].endswith(f'"fastkit-llm[gguf] @ {url}"')
+    # set, it wins over the clone the notebook sits in
+    assert cell(ROOT / "notebooks", fastkit_url=url)[0].endswith(f'"fastkit-llm[gguf] @ {url}"')
+
+
+def test_a_failed_install_stops_the_cell_in_one_actionable_line(cell, tmp_path):
+    calls, error = cell(tmp_path, pip_fails=True)
+    assert len(calls) == 1, calls  # stopped before the --no-deps extras
+    assert isinstance(error, ModuleNotFoundError), error
+    message = str(error)
+    assert "\n" not in message and message.startswith('could not install "fastkit-llm[gguf,notebook]"'), message
+    assert "set FASTKIT_URL at the top of this cell" in message and "git+https://" in message
+
+
 def test_restart_hint_only_when_an_imported_package_changed(cell, monkeypatch, tmp_path, capsys):
     import importlib.metadata as md
 
@@ -112,17 +143,30 @@ def _run(argv: list, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.mark.slow
-def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
-    src, wheels, venv, work, home = (tmp_path / d for d in ("src", "wheels", "venv", "work", "home"))
-    for d in (src, wheels, work, home):
-        d.mkdir()
-    # a wheel of this tree, built from a copy (no build/ folder in the shared checkout)
+def pip_cache_dir() -> str | None:
+    """The caller's pip cache (the fresh venv's HOME is a temporary one): the wheels CI's own install left there."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None  # None: the cache is off
+
+
+def build_wheel(src: Path, wheels: Path) -> Path:
+    """A wheel of this tree in ``wheels``, built from a copy in ``src`` (no build/ folder in the shared checkout)."""
+    src.mkdir()
     shutil.copy(ROOT / "pyproject.toml", src)
     shutil.copy(ROOT / "README.md", src)
     shutil.copytree(ROOT / "fastkit", src / "fastkit", ignore=shutil.ignore_patterns("__pycache__"))
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", src, "-w", wheels])
-    assert [p.name.split("-")[0] for p in wheels.glob("*.whl")] == ["fastkit_llm"]
+    built = list(wheels.glob("*.whl"))
+    assert [p.name.split("-")[0] for p in built] == ["fastkit_llm"]
+    return built[0]
+
+
+@pytest.mark.slow
+def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
+    src, wheels, venv, work, home = (tmp_path / d for d in ("src", "wheels", "venv", "work", "home"))
+    for d in (wheels, work, home):
+        d.mkdir()
+    build_wheel(src, wheels)
 
     _run([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"
@@ -132,8 +176,10 @@ def test_install_cell_as_written_in_a_fresh_venv(tmp_path):
     before = (torch_init.stat().st_mtime_ns, torch_init.stat().st_ino)
 
     script = work / "install_cell.ipy"
-    script.write_text("USE_TWIN = False\n" + _install_source("01_qwen3_0.6b_packed.ipynb") + "\n")
+    script.write_text(_install_source("01_qwen3_0.6b_packed.ipynb") + "\n")  # as the first cell: nothing before it
+    cache = pip_cache_dir()
     env = dict(os.environ, HOME=str(home), COLAB_RELEASE_TAG="release-colab-test", PYTHONPATH="",
+               **({"PIP_CACHE_DIR": cache} if cache else {}),
                PIP_FIND_LINKS=" ".join(filter(None, [str(wheels), os.environ.get("PIP_FIND_LINKS")])),
                VIRTUAL_ENV=str(venv))  # the caller's activated venv (if any) is not the one the cell runs in
     out = _run([venv / "bin" / "ipython", "--no-banner", "--colors=NoColor", script], cwd=work, env=env, timeout=1500)

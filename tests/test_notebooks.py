@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
                    if not p.stem.endswith(("_dpo", "_grpo")))  # DPO / GRPO ones: tests/test_notebooks_rl.py
-SECTIONS = ["## Parameters", "## Install", "## Load", "## Data", "## Answers before training", "## LoRA",
+SECTIONS = ["## Install", "## Parameters", "## Load", "## Data", "## Answers before training", "## LoRA",
             "## Train with the dashboard", "## Memory and time", "## Answers after training", "## Save"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -73,7 +73,8 @@ def test_notebook_structure(path):
         assert re.search(rf"^    {field}", params[0].source, re.M), field
     assert 'os.environ.get("FASTKIT_TWIN") == "1"' in params[0].source
     install = _cell_with(nb, "pip")
-    assert "not USE_TWIN" in install.source and 'find_spec("fastkit") is None' in install.source
+    assert_install_cell_first_and_alone(nb, install)
+    assert 'find_spec("fastkit") is None' in install.source and "raise ModuleNotFoundError(" in install.source
     assert "%pip install" in install.source and '"fastkit-llm' in install.source and " -q" not in install.source
     train = _cell_with(nb, "fit(trainer")
     assert "make_trainer(model, tokenizer, train_dataset, options=options)" in train.source
@@ -83,9 +84,30 @@ def test_notebook_structure(path):
     save = _cell_with(nb, "export(model, tokenizer, options.output_dir")  # the export menu, as `fastkit export`
     assert "lora=True, merged=MERGED, gguf=GGUF" in save.source and "push_to_hub=PUSH_TO_HUB" in save.source
     assert 'GGUF = ["q8_0"]' in save.source or "GGUF = []\n# No GGUF here yet" in save.source
-    # thin: every code cell is short, the logic lives in fastkit
-    assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code" and c is not params[0]) <= 20
+    # thin: every code cell is short, the logic lives in fastkit (not the install cell's: it runs before fastkit is)
+    assert max(len(c.source.splitlines()) for c in nb.cells
+               if c.cell_type == "code" and c not in (params[0], install)) <= 20
     assert len(params[0].source.splitlines()) <= 32  # settings, one a line: no logic
+    assert len(install.source.splitlines()) <= 32
+
+
+def assert_install_cell_first_and_alone(nb, install) -> None:
+    """Colab's "Run all" on a fresh runtime: the install cell is the first code cell, its first statement is the
+    FASTKIT_URL to set, and it reads no name another cell defines (nor imports fastkit, which it installs)."""
+    import ast
+    import builtins
+
+    assert next(c for c in nb.cells if c.cell_type == "code") is install
+    tree = ast.parse("\n".join(line for line in install.source.splitlines() if not line.lstrip().startswith("%")))
+    assert isinstance(tree.body[0], ast.Assign) and tree.body[0].targets[0].id == "FASTKIT_URL"
+    nodes = list(ast.walk(tree))
+    imports = [(getattr(n, "module", None) or a.name, a.asname or a.name.split(".")[0]) for n in nodes
+               if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names]  # (module, name bound)
+    bound = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    bound |= {name for _, name in imports}
+    read = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assert read <= bound | set(dir(builtins)), read - bound - set(dir(builtins))
+    assert "fastkit" not in {module.split(".")[0] for module, _ in imports}
 
 
 # -- execution ---------------------------------------------------------------------------------

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_notebooks import SECTIONS, _cell_with, _client, _kernel_env, _outputs
+from tests.test_notebooks import (
+    SECTIONS,
+    _cell_with,
+    _client,
+    _kernel_env,
+    _outputs,
+    assert_install_cell_first_and_alone,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RL_NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if p.stem.endswith(("_dpo", "_grpo")))
@@ -31,9 +38,12 @@ def test_rl_notebook_structure(path):
     assert h2 == SECTIONS
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and 'os.environ.get("FASTKIT_TWIN") == "1"' in params[0].source
+    install = _cell_with(nb, "%pip install")
+    assert_install_cell_first_and_alone(nb, install)
     train = _cell_with(nb, "fit(trainer")
     assert "fit(trainer, resume=RESUME)" in train.source and "save_steps=SAVE_STEPS" in train.source
-    assert max(len(c.source.splitlines()) for c in nb.cells if c.cell_type == "code" and c is not params[0]) <= 20
+    assert max(len(c.source.splitlines()) for c in nb.cells
+               if c.cell_type == "code" and c not in (params[0], install)) <= 20
     assert "lora=True" in _cell_with(nb, "export(model, tokenizer").source  # the export menu, as every notebook
 
 
