@@ -87,7 +87,7 @@ def test_check_fits_on_an_integrated_gpu_never_turns_on_offload(monkeypatch):
     from fastkit.plan.planner import check_fits, read_config
 
     config = read_config("Qwen/Qwen3-32B")
-    props = SimpleNamespace(total_memory=int(100.0 * 2**30 / 0.97), is_integrated=True, name="NVIDIA GB10")
+    props = SimpleNamespace(total_memory=int(100.0 * 2**30), is_integrated=True, name="NVIDIA GB10")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
     with pytest.raises(FastkitError, match="does NOT fit"):  # 40,960 tokens: over, and nothing to turn on
         check_fits(config, torch.device("cuda", 0), None, 40960, False)

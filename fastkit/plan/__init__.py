@@ -1,6 +1,7 @@
 """Memory planning from a model's config alone (``fastkit plan MODEL``, ``fastkit.plan.plan(...)``).
 
-    planner.py    ``plan``, ``Plan``, ``PlanInputs``, the GPU table, the load-time ``check_fits``
+    planner.py    ``plan``, ``Plan``, ``PlanInputs``, the load-time ``check_fits``
+    gpus.py       the GPU table: each ``--gpu`` name's memory as torch reports it, and its source
     terms.py      ``ModelShape`` and the byte terms (weights, adapters, activations, loss)
     rl.py         the DPO / GRPO passes (``plan(kind="dpo"|"grpo")``): reference pass, generation (KV cache)
     moe_4bit.py   the 4-bit-experts plan for the published MoE configs (GPT-OSS-20B, Qwen3-30B-A3B)

@@ -37,43 +37,20 @@ from fastkit.errors import FastkitError
 from fastkit.patches.moe.nf4 import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
 from fastkit.plan import rl
 from fastkit.plan.configs import known_config
+from fastkit.plan.gpus import CARDS, GPUS, NO_BF16, UNIFIED
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
 
 logger = logging.getLogger("fastkit")
 
-GPUS: dict[str, float] = {
-    "t4": 15.0,  # Colab free: 15 GiB usable of 16
-    "l4": 22.0,  # 24 GB card (Colab Pro, GCP g2)
-    "a10g": 22.0,  # 24 GB card (AWS g5)
-    "rtx-8g": 7.6,
-    "rtx-12g": 11.6,  # RTX 3060 12 GB, 4070
-    "rtx-16g": 15.6,
-    "rtx-24g": 23.6,  # RTX 3090 / 4090 (24 GB)
-    "a100-40": 39.4,
-    "l40s": 44.4,  # 48 GB card
-    "a100-80": 79.2,
-    "h100": 79.2,  # 80 GB HBM3
-    "gh200": 94.5,  # Grace-Hopper: the H100's 96 GB HBM3 (its LPDDR5X is separate memory: see UNIFIED)
-    "h200": 139.0,  # 141 GB HBM3e
-    "spark": 119.0,  # DGX Spark (GB10): 128 GB = 119.2 GiB, ONE pool for the CPU and the GPU (see UNIFIED)
-}
-"""Usable GPU memory in GiB by name (``--gpu`` accepts these or a number of GiB)."""
-UNIFIED = frozenset({"spark"})
-"""GPUs in :data:`GPUS` that allocate from the host's own memory (``torch.cuda.get_device_properties(d).is_integrated``:
-DGX Spark's GB10, Jetson; Apple's MPS would be one). There "host" bytes (activation offload, host weights,
-pinned buffers) come out of the same pool as the GPU's, so the plan counts them against the budget, and
-neither the advice nor FastModel's ``"auto"`` turns them on. Grace-Hopper (``gh200``) is not one: its GPU
-allocates HBM, and host memory is a second pool behind NVLink-C2C, so offload there frees HBM as on a PCIe card."""
-NO_BF16 = frozenset({"t4"})
-"""GPUs in :data:`GPUS` without bf16 (pre-Ampere), where fastkit trains in fp16; a GiB number is planned as bf16."""
-
 CUDA_CONTEXT = int(0.6 * GiB)
-"""CUDA context, cuBLAS workspace and kernels: memory the allocator does not see."""
+"""CUDA context, cuBLAS workspace and kernels: memory the allocator does not see. Counted here once: the GPU
+table's figures (:data:`fastkit.plan.gpus.CARDS`) are torch's ``total_memory``, the context not taken off."""
 ALLOCATOR_SLACK = 0.08
-"""Fragmentation of PyTorch's caching allocator, as a fraction of what the step allocates."""
+"""Fragmentation of PyTorch's caching allocator, as a fraction of what the step allocates (the CUDA context,
+outside the allocator, excluded)."""
 OFF_PEAK = "(not at the peak) "
-"""Prefix of a component that happens at another time than the peak (shown, not added)."""
+"""Prefix of a component that happens at another time than the peak (shown apart from the sum, not added)."""
 REFUSE_ABOVE = 1.10
 """``from_pretrained`` refuses a run only when the prediction exceeds the budget by this factor (the
 planner's error on measured twins is within 15%; runs just above the line get a warning instead)."""
@@ -187,12 +164,30 @@ class Plan:
 
     def verdict(self) -> str:
         """One line: fits or not, with the numbers."""
-        where = "host" if self.budget is None else f"{self.inputs.gpu} ({self.budget / GiB:.1f} GiB usable)"
+        where = "host" if self.budget is None else f"{self.inputs.gpu} ({self.budget / GiB:.2f} GiB total)"
         if self.inputs.unified and self.budget is not None:
             where += ", unified memory"
         word = "fits" if self.fits else "does NOT fit"
+        if self.budget is not None:
+            left = (self.budget - self.total) / GiB
+            where += f", {left:.2f} GiB to spare" if self.fits else f", {-left:.2f} GiB over"
         line = f"{self.model}: predicted peak {self.total / GiB:.2f} GiB, {word} on {where}"
         return line if self.fits else f"{line}. {' '.join(self.advice[:2])}"
+
+    def assumption(self) -> str:
+        """What the numbers refer to: rows x tokens x batch of one micro-batch, e.g. ``1 row × 4,096 tokens ×
+        batch 1 (packed)``, and the setup (LoRA rank, weights, checkpointing, loss)."""
+        return f"{_shape_line(self.inputs)}\nSetup: {_setup_line(self.inputs, cuda=self.budget is not None)}"
+
+    def header(self) -> str:
+        """The table's first lines: the model, the GPU's budget and where it comes from, the assumption."""
+        if self.budget is None:
+            where = "on the host (no budget)"
+        else:
+            card = CARDS.get(str(self.inputs.gpu).strip().lower())
+            source = card.source if card else "as given"
+            where = f"on {self.inputs.gpu}: {self.budget / GiB:.2f} GiB ({source}; the CUDA context is a row below)"
+        return f"{self.model} {where}\nPlanned for: {self.assumption()}"
 
     def longest_table(self) -> str:
         """``max_seq_length="max"``: the longest packed row per setup (markdown)."""
@@ -200,17 +195,23 @@ class Plan:
         for name, n in self.longest.items():
             rows.append(f"| {name} | {'does not fit' if n is None else f'{n:,}'} |")
         note = f" ({UNIFIED_NOTE})" if self.inputs.unified else ""
-        return "\n".join(rows) + f"\n\n{self.model} on {self.inputs.gpu}, batch {self.inputs.batch_size}, " \
-            f"LoRA r={self.inputs.r}, to {SEARCH_STEP} tokens{note}"
+        where = self.inputs.gpu if self.budget is None else f"{self.inputs.gpu} ({self.budget / GiB:.2f} GiB total)"
+        return "\n".join(rows) + f"\n\n{self.model} on {where}, batch {self.inputs.batch_size}, " \
+            f"LoRA r={self.inputs.r}; each the longest row that fits, to {SEARCH_STEP} tokens, with no margin for " \
+            f"the planner's error (within 15% on measured twins){note}"
 
     def table(self) -> str:
-        """The component table (markdown) followed by the verdict."""
+        """The header (what is assumed), the components at the peak and their sum, then apart from the sum the
+        terms not at the peak and those off the GPU, then the verdict (markdown)."""
         unit, scale = ("GiB", GiB) if self.total >= GiB else ("MiB", 2**20)
-        rows = [f"| component | {unit} |", "|---|---:|"]
-        rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.components.items()]
-        rows.append(f"| **predicted peak** | **{self.total / scale:.2f}** |")
-        rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in self.host.items()]
-        return "\n".join(rows) + "\n\n" + self.verdict() + self._largest_line()
+        peak = {k: v for k, v in self.components.items() if not k.startswith(OFF_PEAK)}
+        off = {k.removeprefix(OFF_PEAK): v for k, v in self.components.items() if k.startswith(OFF_PEAK)}
+        parts = [self.header(), _rows(peak, unit, scale, total=self.total)]
+        if off:
+            parts += ["Not at the peak (another phase of the step; shown, not added):", _rows(off, unit, scale)]
+        if self.host:
+            parts += ["Off the GPU (not added):", _rows(self.host, unit, scale)]
+        return "\n\n".join(parts) + "\n\n" + self.verdict() + self._largest_line()
 
     def _largest_line(self) -> str:
         """GRPO on a GPU: the most completions per prompt and the longest completions that fit (``largest``)."""
@@ -225,6 +226,46 @@ class Plan:
                 f"(batch {i.batch_size} prompt(s) of {rl.prompt_tokens(i)} tokens).")
 
 
+def _rows(terms: dict[str, int], unit: str, scale: int, total: int | None = None) -> str:
+    """A markdown table of ``terms``; with ``total``, its sum as the last row (the predicted peak)."""
+    rows = [f"| component | {unit} |", "|---|---:|"]
+    rows += [f"| {name} | {nbytes / scale:.2f} |" for name, nbytes in terms.items()]
+    if total is not None:
+        rows.append(f"| **predicted peak** | **{total / scale:.2f}** |")
+    return "\n".join(rows)
+
+
+def _shape_line(inputs: PlanInputs) -> str:
+    """One micro-batch as rows x tokens x batch (SFT packed rows, DPO's pair, GRPO's completions)."""
+    rows, per_row = rl.step_rows(inputs)
+    each, batch = rows // inputs.batch_size, inputs.batch_size
+    if inputs.kind == "dpo":
+        what = f"{each} rows (chosen + rejected, packed into one)"
+    elif inputs.kind == "grpo":
+        what = f"{each} rows (completions of one prompt)"
+    else:
+        what = f"{each} row{'s' if each > 1 else ''}"
+    length = f"{per_row:,} tokens"
+    if inputs.kind == "grpo":
+        length += f" ({rl.prompt_tokens(inputs):,} prompt + {inputs.max_completion_length:,} completion)"
+    packed = " (packed)" if inputs.kind == "sft" else ""
+    return f"{what} × {length} × batch {batch}{packed} = {rows * per_row:,} tokens per step"
+
+
+def _setup_line(inputs: PlanInputs, cuda: bool) -> str:
+    """The setup the plan assumes, in the words of ``fastkit plan``'s flags."""
+    adapter = "full fine-tuning" if inputs.r is None else f"LoRA r={inputs.r}"
+    weights = "4-bit (NF4) weights" if inputs.load_in_4bit else "16-bit weights"
+    ckpt = ("checkpointing + offload" if inputs.offload else "checkpointing") if inputs.checkpointing \
+        else "no checkpointing"
+    host = [w for w, on in (("input embedding", inputs.host_embedding), ("lm_head", inputs.host_lm_head)) if on]
+    where = f", {' and '.join(host)} on the host" if host else ""
+    optimizer = inputs.optimizer
+    if optimizer == "auto":
+        optimizer = default_optimizer("cuda" if cuda else "cpu", inputs.load_in_4bit)
+    return f"{adapter}, {weights}, {ckpt}{where}, loss {inputs.loss}, optimizer {optimizer}"
+
+
 def gpu_budget(gpu: str | float | int) -> int | None:
     """Usable bytes of a GPU name or a number of GiB; None for ``"cpu"``."""
     if isinstance(gpu, (int, float)) and not isinstance(gpu, bool) and gpu > 0:
@@ -232,8 +273,8 @@ def gpu_budget(gpu: str | float | int) -> int | None:
     name = str(gpu).strip().lower()
     if name == "cpu":
         return None
-    if name in GPUS:
-        return int(GPUS[name] * GiB)
+    if name in CARDS:
+        return int(CARDS[name].gib * GiB)
     try:
         gib = float(name.removesuffix("gib").removesuffix("gb"))
     except ValueError:
@@ -667,8 +708,9 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     if cuda and inputs.unified:
         out.update(_unified_terms(shape, inputs, tokens, size, stream))
     if cuda:
+        slack = int(ALLOCATOR_SLACK * _peak(out))  # of what the allocator holds: the context is outside it
         out["CUDA context (outside the allocator)"] = CUDA_CONTEXT
-        out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = int(ALLOCATOR_SLACK * _peak(out))
+        out[f"allocator slack ({ALLOCATOR_SLACK:.0%})"] = slack
     return out
 
 
@@ -915,7 +957,7 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
         if device.type != "cuda":
             return None
         props = torch.cuda.get_device_properties(device)
-        gpu = props.total_memory / GiB * 0.97  # what the allocator can get
+        gpu = props.total_memory / GiB  # torch's reading, as the GPU table holds it (the context: a component)
         unified = bool(getattr(props, "is_integrated", False))  # DGX Spark, Jetson: one pool (UNIFIED)
     check_config(config)
     _check_decoder(config)  # max_seq_length: checked by the loader, once, against this config
