@@ -111,9 +111,10 @@ SPECS = [
          "keeps adapters in fp32) over the NF4 base, embeddings and lm_head stay 16-bit, no full-row fp32 logits "
          "are built (TRL's fused LM head on CUDA), the optimizer is paged 8-bit "
          "AdamW, and activations are checkpointed with fastkit's double-buffered CPU offload.",
-         "Needs a CUDA GPU (bitsandbytes 4-bit). `fastkit plan Qwen/Qwen3-14B --gpu t4 --4bit` predicts a "
-         "13.4 GiB peak of 15 GiB on a free Colab T4 at 2,048 tokens, batch 1, r=16 (see docs/plan.md; "
-         "not yet measured on a GPU).", "~13.4 GiB predicted at 2k tokens (T4 ✓)",
+         "Needs a CUDA GPU (bitsandbytes 4-bit). `fastkit plan Qwen/Qwen3-14B --gpu t4 --4bit --offload` "
+         "predicts a 12.6 GiB peak of a free Colab T4's 14.74 GiB at 2,048 tokens, batch 1, r=16, with the "
+         "offload this notebook turns on (14.2 GiB with plain checkpointing; see docs/plan.md; not yet measured "
+         "on a GPU).", "~12.6 GiB predicted at 2k tokens (T4 ✓)",
          "QLoRA (4-bit NF4) with double-buffered checkpoint offload", 2048, 60,
          load_args=", load_in_4bit=not USE_TWIN", checkpointing='"offload"', chat_args=", enable_thinking=False",
          extras="gguf"),
@@ -124,12 +125,13 @@ SPECS = [
          "time, in forward and backward. Tokens are routed with one sort (no per-expert `nonzero` loop).",
          "Targets a free Colab T4 at 2,048 tokens, r=16, LoRA on the linear layers and every expert: "
          "`fastkit plan openai/gpt-oss-20b --gpu t4 --4bit` predicts 15.8 GiB with plain checkpointing and 15.3 "
-         "with activation offload (both over a T4's 15 GiB); on a T4 `from_pretrained` plans 13.0 GiB with "
+         "with activation offload (both over a T4's 14.74 GiB); on a T4 `from_pretrained` plans 12.9 GiB with "
          "offload and the frozen input embedding and lm_head kept in host memory (exact: the embedding's rows "
          "are gathered there, the lm_head is streamed by the chunked loss), the banner prints that plan, and "
          "`get_peft_model`'s defaults (`use_gradient_checkpointing=\"auto\"`, `host_weights=\"auto\"`) turn them "
-         "on. A 16 GB RTX (15.6 GiB plain) and a 24 GB L4 keep everything on the GPU. Not yet measured on a GPU.",
-         "~13.0 GiB predicted at 2k tokens (T4 ✓)",
+         "on. A 16 GB RTX (15.5 of its 15.67 GiB, plain) and a 24 GB L4 keep everything on the GPU. Not yet measured "
+         "on a GPU.",
+         "~12.9 GiB predicted at 2k tokens (T4 ✓)",
          "MoE LoRA with NF4 experts: sort-based routing, one expert dequantized at a time", 2048, 60,
          colab_gpu="T4", chat_args=', reasoning_effort="low"', load_args=", load_in_4bit=not USE_TWIN",
          checkpointing='"auto"', gguf="save_gguf writes gpt_oss, but merges these 4-bit experts into the "
