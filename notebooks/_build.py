@@ -6,12 +6,19 @@ cell comes first and stands alone (Colab's "Run all" on a fresh runtime has no f
 parameters cell and a few sentences differ per model; all logic lives in ``fastkit``. Edit this
 file, not the .ipynb files, then rerun it (the output is deterministic, so diffs stay small).
 ``--check`` exits 1 when the notebooks on disk differ from what this file generates (CI).
+
+:data:`EXECUTED` notebooks are committed with the outputs of a real run (``--run NAME`` executes one in this
+environment and records the digest of the cells it ran, ``metadata.fastkit.executed_from``), so a reader on
+GitHub sees what a run prints before running anything. Their sources are compared as for the others; their outputs
+are kept while the digest matches the cells this file generates, and ``--check`` fails once the cells moved on
+(the outputs would be stale: rerun ``--run``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -707,18 +714,75 @@ it leaves in the output when training ends or is stopped:
 """
 
 
+EXECUTED = ("00_quickstart.ipynb",)
+"""Committed with the outputs of a real run (SmolLM2-135M on the CPU: ``python notebooks/_build.py --run
+00_quickstart.ipynb``, a few minutes)."""
+
+
+def digest(nb: nbformat.NotebookNode) -> str:
+    """sha256 of a notebook's cells as written (type, id, source): what its outputs were produced from."""
+    cells = [[c.cell_type, c.get("id"), c.source] for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode()).hexdigest()
+
+
+def _executed_on_disk(path: Path, built: nbformat.NotebookNode) -> str | None:
+    """The file on disk when it holds outputs run from exactly ``built``'s cells, else None."""
+    if not path.exists():
+        return None
+    text = path.read_text()
+    nb = nbformat.reads(text, as_version=4)
+    ran = nb.metadata.get("fastkit", {}).get("executed_from")
+    return text if ran == digest(built) == digest(nb) else None
+
+
+def run_notebook(name: str, timeout: int = 3600) -> None:
+    """Execute ``name`` top to bottom in this environment (real weights where it loads them) and write it with its
+    outputs and the digest of the cells that produced them."""
+    from nbclient import NotebookClient
+
+    spec = {s.filename: s for s in SPECS}[name]
+    nb = build(spec)
+    ran_from = digest(nb)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    nb.metadata["fastkit"] = {"executed_from": ran_from}
+    (HERE / name).write_text(nbformat.writes(nb) + "\n")
+    print(f"ran {name}: outputs written with executed_from {ran_from[:12]}")
+
+
+def expected_files() -> dict[Path, str]:
+    """Every file this script writes, as it should be on disk."""
+    outputs = {}
+    for s in SPECS:
+        nb = build(s)
+        kept = _executed_on_disk(HERE / s.filename, nb) if s.filename in EXECUTED else None
+        outputs[HERE / s.filename] = kept or nbformat.writes(nb) + "\n"
+    outputs.update({HERE / r.spec.filename: nbformat.writes(build_rl(r)) + "\n" for r in RL_SPECS})
+    outputs[HERE / "README.md"] = readme() + rl_readme()
+    return outputs
+
+
+def _without_outputs() -> list[str]:
+    """The :data:`EXECUTED` notebooks whose file holds no outputs of the current cells."""
+    return [n for n in EXECUTED if _executed_on_disk(HERE / n, build({s.filename: s for s in SPECS}[n])) is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if the files on disk are out of date")
+    parser.add_argument("--run", metavar="NAME", choices=EXECUTED,
+                        help="execute this notebook here and write it with its outputs")
     args = parser.parse_args(argv)
-    outputs = {HERE / s.filename: nbformat.writes(build(s)) + "\n" for s in SPECS}
-    outputs.update({HERE / r.spec.filename: nbformat.writes(build_rl(r)) + "\n" for r in RL_SPECS})
-    outputs[HERE / "README.md"] = readme() + rl_readme()
+    if args.run:
+        run_notebook(args.run)
+    outputs = expected_files()
     stale = [p.name for p, text in outputs.items() if not p.exists() or p.read_text() != text]
     if args.check:
+        unrun = _without_outputs()
         if stale:
             print("out of date (run python notebooks/_build.py):", ", ".join(stale))
-        return 1 if stale else 0
+        if unrun:
+            print("no outputs of the current cells (run python notebooks/_build.py --run NAME):", ", ".join(unrun))
+        return 1 if stale or unrun else 0
     for path, text in outputs.items():
         path.write_text(text)
     print(f"wrote {len(outputs)} files to {HERE}")

@@ -64,6 +64,9 @@ class Row:
     """Chats whose rendered prompt equals ``apply_chat_template``, of all chats tried."""
     greedy: bool = False
     """The greedy continuation is the same tokens (and so the same text)."""
+    tie_margin: float | None = None
+    """Where the two greedy continuations part: transformers' own top-1 minus top-2 logit at that token (None when
+    they do not part). A quantized file may take the other branch of a near-tie without any error in the export."""
     logits_delta: float = float("nan")
     """max |Δ| of the first generated token's logits (llama.cpp vs transformers, fp32)."""
     logits_scale: float = float("nan")
@@ -144,6 +147,13 @@ def _greedy_hf(model, ids: list[int], eos: int) -> tuple[list[int], np.ndarray]:
     return out[0, len(ids):].tolist(), first
 
 
+def _tie_margin(model, prompt: list[int], got: list[int], want: list[int]) -> float:
+    """transformers' top-1 minus top-2 logit at the first token where ``got`` and ``want`` differ."""
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    top = np.sort(_logits_hf(model, prompt + want[:k])[-1])  # (V,): the logits before the parting token
+    return float(top[-1] - top[-2])
+
+
 def check(path: str, model, tokenizer, family: str, quantization: str, extra_texts=()) -> Row:
     """Load ``path`` in llama.cpp and compare it with ``model`` / ``tokenizer`` (see the module docstring)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -178,7 +188,9 @@ def check(path: str, model, tokenizer, family: str, quantization: str, extra_tex
         want, want_first = _greedy_hf(model, prompt, eos)
         row.greedy = got == want
         if not row.greedy:
-            row.notes.append(f"greedy: llama.cpp {tokenizer.decode(got)!r} vs HF {tokenizer.decode(want)!r}")
+            row.tie_margin = _tie_margin(model, prompt, got, want)
+            row.notes.append(f"greedy: llama.cpp {tokenizer.decode(got)!r} vs HF {tokenizer.decode(want)!r} "
+                             f"(parted where transformers' top-2 logits are {row.tie_margin:.3g} apart)")
         row.logits_delta = float(np.abs(got_first - want_first).max())
         row.logits_scale = float(np.abs(want_first).max())
         chats = [hf_ids(tokenizer, tokenizer.apply_chat_template(c, tokenize=False)) for c in CHATS]

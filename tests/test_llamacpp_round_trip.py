@@ -17,6 +17,10 @@ Tolerances on the first generated token's logits, as a fraction of max(1, max |l
   multiple of 256) llama.cpp falls back to other types for 180 of 272 tensors, and 4-6 bit quantization of a
   135M model changes answers in llama.cpp's own quantizer too.
 
+Greedy text: the same tokens, or a parting where transformers' own top-1 and top-2 logits are within twice the
+logit tolerance (a near-tie: either branch is the model's, and a quantized file may take the other; the row names
+the margin). Measured: qwen3_next's q8_0 twin parted after 7 tokens in one full run, on such a tie.
+
 With CI=true a missing llama_cpp fails the tests (CI installs it: .ci/run, extra ``llamacpp``); elsewhere
 they skip.
 """
@@ -59,9 +63,11 @@ def _assert_reproduced(row: rt.Row, exact: bool = True) -> None:
     assert row.tokens[0] == row.tokens[1], row.notes
     assert row.template[0] == row.template[1], row.notes
     if exact:
-        assert row.greedy, row.notes
         tolerance = Q8_0_TOLERANCE.get(row.family, TOLERANCE["q8_0"]) if row.quantization == "q8_0" else None
         bound = (tolerance or TOLERANCE[row.quantization]) * max(1.0, row.logits_scale)
+        # The same greedy text, or a parting on a near-tie: where transformers' own top two logits are closer than
+        # the logit error this quantization is allowed on either side (2 x bound), either branch is the model's.
+        assert row.greedy or row.tie_margin <= 2 * bound, row.notes
         assert row.logits_delta <= bound, (row.logits_delta, bound)
         assert abs(row.perplexity - 1) <= PERPLEXITY[row.quantization], row.perplexity
 
