@@ -469,6 +469,10 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     cleanly: the summary is shown, the model keeps the weights of the last finished optimizer step
     and stays usable (gradients dropped, memory released), and the cell does not fail. Any other
     error also shows the summary, then propagates.
+
+    Under ``torchrun`` / ``accelerate launch`` every rank calls ``fit``: the main process draws the dashboard, moves
+    an earlier run's checkpoints (the others wait) and writes the config; the returned status is the same on
+    every rank (:mod:`fastkit.ranks`).
     """
     checks.check_choice("view", view, VIEWS)
     checks.check_non_negative_int("warmup_steps", warmup_steps)
