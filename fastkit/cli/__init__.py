@@ -10,8 +10,8 @@ Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and t
 - 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
 - 130: interrupted (Ctrl-C).
 
-Under ``torchrun`` every rank of ``fastkit train`` exits with the same status; an error every rank learned of
-(``fastkit.ranks.agreed``) is printed once, by the main process.
+Under torchrun every rank of fastkit train exits with the same status; an error every rank learned of
+(fastkit.ranks.agreed) is printed once, by the main process.
 """
 
 from __future__ import annotations
