@@ -272,6 +272,9 @@ class FastModel:
         stops here with the knob to turn. A checkpoint already quantized with bitsandbytes 4-bit
         (``quantization_config`` in its config.json) loads as it is, ~4x smaller to download.
         """
+        from fastkit import ranks
+
+        ranks.quiet_replicas()  # under torchrun: one process reports; its PartialState picks this rank's GPU
         device = pick_device()
         dtype = checks.resolve_dtype(dtype)
         checks.check_hf_kwargs(hf_kwargs)

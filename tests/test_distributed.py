@@ -3,9 +3,13 @@
 Gradients after one step equal one process seeing both ranks' packed rows, which shows the packed
 metadata and the MoE routing stay per-rank correct (a metadata object leaking across ranks or rows
 would mix documents and change the gradients).
+
+``fastkit train`` and make_trainer + fit under ``torchrun`` (issue 43): every rank exits 0, one set of lines,
+one save, verified; a refusal or a failure on one rank ends every rank (fastkit.ranks).
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +23,17 @@ from tests.helpers import assert_grads_close, forward_backward
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _launch(module_args, cwd=ROOT, timeout=300):
+    """``torchrun --standalone --nproc_per_node 2 -m ...`` on gloo (CPU); its CompletedProcess."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", *module_args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def _torchrun(tmp_path, model_type, mode):
     out = tmp_path / f"{model_type}_{mode}.pt"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.dist.worker", "--model", model_type, "--mode", mode, "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = _launch(["tests.dist.worker", "--model", model_type, "--mode", mode, "--out", str(out)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return torch.load(out)
 
@@ -44,3 +53,64 @@ def test_two_process_gradients_equal_single_process(tmp_path, model_type, mode):
         assert "moe" in result["active"]
     # fp32; DDP/FSDP average two partial sums where the reference sums once: rounding-level differences.
     assert_grads_close(result["grads"], ref, rtol=1e-4, atol=1e-6)
+
+
+TRAIN = ["fastkit", "train", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", "sample",
+         "--steps", "2", "--max-seq-length", "128"]
+
+
+def _exit_codes(output: str) -> list[int]:
+    """The per-rank exit codes torchrun's failure summary lists."""
+    return [int(code) for code in re.findall(r"exitcode\s*:\s*(-?\d+)", output)]
+
+
+@pytest.mark.slow
+def test_fastkit_train_on_two_processes_reports_and_saves_once(tmp_path):
+    proc = _launch([*TRAIN, "--output-dir", "out", "--save-steps", "1"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]  # torchrun: non-zero when any rank is
+    for line in ("fastkit: new run", "LoRA adapters: out/lora", "save_lora verified", "fastkit: data source",
+                 "stands in for HuggingFaceTB/SmolLM2-135M-Instruct", "fastkit: One run:", "training finished"):
+        assert output.count(line) == 1, (line, output[-4000:])
+    assert "effective batch 2" in output and "find_unused_parameters off" in output
+    assert "did not find any unused parameters" not in output  # DDP's warning: no unused-parameter search
+    assert (tmp_path / "out/lora/adapter_model.safetensors").is_file()
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
+@pytest.mark.slow
+def test_fastkit_train_refusal_ends_every_rank_with_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    proc = _launch([*TRAIN, "--output-dir", "a-file"], cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert output.count("fastkit train: --output-dir='a-file' is an existing file") == 1, output[-4000:]
+    codes = _exit_codes(output)  # both ranks exit 2 (bad input); torchrun may stop one that is still exiting
+    assert 2 in codes and set(codes) <= {2, -15}, output[-3000:]
+
+
+@pytest.mark.slow
+def test_make_trainer_and_fit_on_two_processes(tmp_path):
+    proc = _launch(["tests.dist.train_worker", "--out", str(tmp_path)])
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert [(tmp_path / f"status-{r}.txt").read_text() for r in (0, 1)] == ["finished", "finished"]
+    assert output.count("fastkit: new run") == 1 and output.count("save_lora verified") == 1, output[-4000:]
+    assert (tmp_path / "lora/adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_failure_on_one_rank_ends_every_rank(tmp_path):
+    proc = _launch(["tests.dist.train_worker", "--out", str(tmp_path), "--fail-rank", "1"], timeout=240)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "planted failure on rank 1" in output, output[-3000:]
+    assert not list(tmp_path.glob("status-*.txt"))  # no rank went on as if the run had finished
+
+
+@pytest.mark.slow
+def test_agreed_failure_reaches_every_rank(tmp_path):
+    proc = _launch(["tests.dist.train_worker", "--mode", "agree", "--out", str(tmp_path), "--fail-rank", "1"])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (tmp_path / "agree-0.txt").read_text() == ("OtherRankFailed rank=1 kind=FileNotFoundError bad_input=True: "
+                                                      "no such file on rank 1")
+    assert (tmp_path / "agree-1.txt").read_text() == "own FileNotFoundError: no such file on rank 1"

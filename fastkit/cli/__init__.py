@@ -9,6 +9,9 @@ Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and t
 - 2: bad input (a bad option, a model or file that is not there, a FastkitError): fix the command;
 - 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
 - 130: interrupted (Ctrl-C).
+
+Under torchrun every rank of fastkit train exits with the same status; an error every rank learned of
+(fastkit.ranks.agreed) is printed once, by the main process.
 """
 
 from __future__ import annotations
@@ -94,21 +97,43 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        print(f"fastkit {command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        if not _reported_elsewhere(exc):
+            print(f"fastkit {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 -- every error becomes one line and an exit status
-        from fastkit.errors import FastkitError
-
         if os.environ.get("FASTKIT_DEBUG") == "1":
             raise
-        bad_input = isinstance(exc, (FastkitError, FileNotFoundError))
-        text = " ".join(str(exc).split())
-        if not getattr(exc, "verbatim", False):  # a --config file's errors keep its keys as written
-            text = cli_train.flag_words(text) or type(exc).__name__  # the CLI's flags, not kwargs
-        kind = "" if bad_input else f"failed: {type(exc).__name__}: "
-        print(f"fastkit {command}: {kind}{text[:400]}", file=sys.stderr)
-        return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
+        status, line = _error_line(exc)
+        if not _reported_elsewhere(exc):
+            print(f"fastkit {command}: {line}", file=sys.stderr)
+        return status
+
+
+def _reported_elsewhere(exc: BaseException) -> bool:
+    """An error every rank of a multi-process run agreed on (fastkit.ranks): only the main process prints it."""
+    if not getattr(exc, "fastkit_agreed", False):
+        return False
+    from fastkit.ranks import reported_elsewhere
+
+    return reported_elsewhere(exc)
+
+
+def _error_line(exc: Exception) -> tuple[int, str]:
+    """(exit status, the one line saying what went wrong); another rank's error (fastkit.ranks) as that rank's."""
+    from fastkit.errors import FastkitError
+    from fastkit.ranks import OtherRankFailed
+
+    kind, text = type(exc).__name__, str(exc)
+    bad_input = isinstance(exc, (FastkitError, FileNotFoundError))
+    if isinstance(exc, OtherRankFailed):
+        if exc.interrupted:
+            return EXIT_INTERRUPTED, f"interrupted (rank {exc.rank})"
+        kind, text, bad_input = exc.kind, f"{exc.message} (rank {exc.rank})", exc.bad_input
+    text = " ".join(text.split())
+    if not getattr(exc, "verbatim", False):  # a --config file's errors keep its keys as written
+        text = cli_train.flag_words(text) or kind  # the CLI's flags, not kwargs
+    return (EXIT_BAD_INPUT, text[:400]) if bad_input else (EXIT_FAILED, f"failed: {kind}: {text[:400]}")
 
 
 def _main(argv: list[str]) -> int:

@@ -237,7 +237,8 @@ def data_label(data) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fastkit train`` with parsed ``args``; returns the exit status (0 when training finished, 130 when
-    stopped by Ctrl-C, after the adapters trained so far are saved)."""
+    stopped by Ctrl-C, after the adapters trained so far are saved). Under ``torchrun`` every rank trains, the
+    main one prints and saves, and every rank returns the same status (:mod:`fastkit.ranks`)."""
     from fastkit.cli.config import print_config
 
     args = resolved_args(args)
@@ -246,18 +247,29 @@ def run(args: argparse.Namespace) -> int:
             _check_sft_config(args.train, args.load_in_4bit)
         print(print_config(args.resolved), end="")
         return 0
-    prepared = preflight(args)  # before the model loads
-    from fastkit.export import save_lora
+    from fastkit import ranks
+
+    ranks.quiet_replicas()  # a torchrun job: the main process prints, the others warn only
+    prepared = ranks.agreed(preflight, args)  # before the model loads; a refusal on any rank ends every rank
     from fastkit.training import fit, run_coverage
 
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
-    metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
+    metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
     if metrics.status == "interrupted":  # the adapters trained so far; the menu's exports are not made
-        logger.info("fastkit: LoRA adapters in %s", save_lora(model, tokenizer, f"{args.output_dir}/lora"))
+        ranks.agreed(_save_interrupted, args, model, tokenizer, main_only=True)
         return INTERRUPTED
-    cli_export.save_after_training(args, model, tokenizer, trainer)  # LoRA + the menu, each verified
-    return 0 if metrics.status == "finished" else 1
+    if metrics.status != "finished":
+        raise RuntimeError(f"training ended with status {metrics.status!r}, not 'finished'")
+    ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # each verified
+    return 0
+
+
+def _save_interrupted(args: argparse.Namespace, model, tokenizer) -> None:
+    """The LoRA adapters of an interrupted run (what the steps done so far trained)."""
+    from fastkit.export import save_lora
+
+    logger.info("fastkit: LoRA adapters in %s", save_lora(model, tokenizer, f"{args.output_dir}/lora"))
 
 
 def build(args: argparse.Namespace, prepared: Prepared):

@@ -8,8 +8,9 @@ optimizations are active on the model. Drawing is someone else's job: a listener
 (``callback.add_listener(fn)``) gets ``fn(event, metrics)`` for ``"begin"``, ``"step"``,
 ``"log"`` and ``"end"``. The views in :mod:`fastkit.dashboard.views` are such listeners.
 
-Only the main process reports: on other ranks the callback collects nothing and calls no
-listener, so a ``torchrun`` / ``accelerate launch`` job prints one dashboard.
+Only the main process reports: on other ranks the callback keeps the run's status and step (so
+``fit`` returns the same status on every rank) and calls no listener, so a ``torchrun`` /
+``accelerate launch`` job prints one dashboard.
 
 Throughput, exactly: with ``warmup_steps = w``, the window starts at the end of optimizer step
 ``w`` and ends at the latest step end ``n``; ``steps/s = (n - w) / (t_n - t_w)``. Tokens come from
@@ -214,7 +215,9 @@ class MetricsCallback(TrainerCallback):
     # -- trainer events --------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.is_main = bool(state.is_world_process_zero)
-        if not self.is_main:
+        if not self.is_main:  # the run's status and step only: fit's result is the same on every rank
+            self.metrics = TrainingMetrics(status="running", max_steps=state.max_steps, step=state.global_step,
+                                           warmup_steps=self.warmup_steps)
             return
         self._start = self.clock()
         self._first_step = state.global_step
@@ -244,8 +247,11 @@ class MetricsCallback(TrainerCallback):
             self._sync_counter = SyncCounter().__enter__()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.log_every_step:  # on every rank: the trainer's log gathers the loss across ranks
+            control.should_log = True
         if not self.is_main:
-            return None
+            self.metrics.step = state.global_step
+            return control
         now = self.clock()
         self._finish_sync_count()
         step = state.global_step
@@ -257,8 +263,6 @@ class MetricsCallback(TrainerCallback):
         self._update_rates()
         self._read_memory()
         self._emit("step")
-        if self.log_every_step:
-            control.should_log = True
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -294,17 +298,18 @@ class MetricsCallback(TrainerCallback):
         self._emit("log")
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.is_main:
-            self.finish("finished")
+        self.finish("finished")
 
     # -- ends that the trainer does not report ---------------------------------------------
     def finish(self, status: str, error: str | None = None) -> TrainingMetrics:
         """Close the run as 'finished', 'interrupted' or 'failed' and tell the listeners (once)."""
         self._finish_sync_count()
         m = self.metrics
-        if m.status != "running" or not self.is_main:
+        if m.status != "running":
             return m
         m.status, m.error = status, error
+        if not self.is_main:  # the status only (nothing else was collected here)
+            return m
         if self._window.step_end:
             m.elapsed_s = max(m.elapsed_s, self.clock() - self._start)
         if m.steps_per_s is None:  # a run no longer than its warm-up (a short resumed run): rates with it

@@ -315,7 +315,7 @@ class RunGuard(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
+        if args.should_save and folder.is_dir():  # the process that wrote the checkpoint (one per job)
             (folder / RUN_FILE).write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fastkit import _hf, checks
+from fastkit import _hf, checks, ranks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
@@ -108,6 +108,7 @@ def make_trainer(
     """
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
+    ranks.quiet_replicas()  # torchrun / accelerate launch: one process reports
     options = _options(options, kwargs)
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
     checks.check_save_target(options.output_dir, "output_dir")
@@ -117,7 +118,9 @@ def make_trainer(
     _check_packing_supported(model, options.packing)
     evaluate = eval_dataset is not None or bool(options.eval_split)
     config = sft_config(options, evaluate=evaluate, cuda=model.device.type == "cuda", optim=_default_optim(model),
-                        precision=_precision(model), max_seq_length=max_seq_length)
+                        precision=_precision(model), max_seq_length=max_seq_length,
+                        every_parameter_used=every_parameter_used(model))
+    _log_processes(config)
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
     dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length)
@@ -140,6 +143,28 @@ def make_trainer(
     _name_in_model_card(trainer, train_dataset)
     _route_loss(trainer, model, _host_weights_in_trainer(trainer, options.chunked_loss))
     return trainer
+
+
+def every_parameter_used(model: torch.nn.Module) -> bool:
+    """True when each step gives every trainable parameter a gradient: fastkit's checkpointing is on (as the
+    Trainer reasons for a checkpointed transformers model: DDP's unused-parameter search and checkpointing do
+    not mix) and the model routes no tokens (a MoE expert no token reached would get no gradient)."""
+    base = unwrap(model)
+    routed = getattr(getattr(base, "config", None), "num_experts_per_tok", None) is not None
+    return bool(getattr(base, "is_activation_checkpointing", False)) and not routed
+
+
+def _log_processes(config: dict[str, Any]) -> None:
+    """One line for a multi-process run: how many processes, and the unused-parameter search DDP does."""
+    if ranks.world_size() == 1:
+        return
+    if config.get("fsdp"):
+        logger.info("fastkit: %d processes (FSDP)", ranks.world_size())
+        return
+    found = config.get("ddp_find_unused_parameters")
+    how = {False: "off (every trainable parameter gets a gradient each step: LoRA with fastkit's checkpointing)",
+           True: "on"}.get(found, "the Trainer's choice")
+    logger.info("fastkit: %d processes (DDP); find_unused_parameters %s", ranks.world_size(), how)
 
 
 def _options(options: TrainOptions | None, kwargs: dict[str, Any]) -> TrainOptions:
@@ -215,14 +240,16 @@ def build_sft_config(config: dict[str, Any]):
 
 
 def sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str, precision: dict[str, bool],
-               max_seq_length: int | None = None) -> dict[str, Any]:
+               max_seq_length: int | None = None, every_parameter_used: bool = False) -> dict[str, Any]:
     """The ``SFTConfig`` values of ``options``: a pure function (no model, no I/O, ``options`` untouched).
 
     ``evaluate``: there is an eval set; ``cuda``, ``optim``, ``precision``: what the model's device asks for
     (make_trainer reads them); ``max_seq_length``: the load's, when ``options`` leaves it None. Checkpointing is
     fastkit's (``activation_checkpointing=False`` here); ``options.sft`` wins over every default. One of
     ``max_steps`` / ``epochs`` is set (the other None); step counts that depend on an epochs run's length are
-    finished in make_trainer once the rows are packed.
+    finished in make_trainer once the rows are packed. ``every_parameter_used``: every trainable parameter gets a
+    gradient each step (:func:`every_parameter_used`), so DDP need not search for unused ones
+    (``ddp_find_unused_parameters=False``; else the Trainer's own choice).
     """
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
     batch, save_steps = options.batch_size, options.save_steps
@@ -241,6 +268,7 @@ def sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str,
             "per_device_eval_batch_size": batch} if evaluate else {}),
         lr_scheduler_type=options.lr_scheduler_type, warmup_steps=warmup, weight_decay=options.weight_decay,
         dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
+        **({"ddp_find_unused_parameters": False} if every_parameter_used else {}),
     )
     if options.early_stopping_patience is not None:
         config.update(metric_for_best_model="eval_loss", greater_is_better=False)
@@ -441,6 +469,10 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     cleanly: the summary is shown, the model keeps the weights of the last finished optimizer step
     and stays usable (gradients dropped, memory released), and the cell does not fail. Any other
     error also shows the summary, then propagates.
+
+    Under ``torchrun`` / ``accelerate launch`` every rank calls ``fit``: the main process draws the dashboard, moves
+    an earlier run's checkpoints (the others wait) and writes the config; the returned status is the same on
+    every rank (:mod:`fastkit.ranks`).
     """
     checks.check_choice("view", view, VIEWS)
     checks.check_non_negative_int("warmup_steps", warmup_steps)
@@ -506,8 +538,8 @@ def _resume_or_new(trainer, resume: bool, train_kwargs: dict, extend: bool = Fal
         last = last_checkpoint(trainer.args.output_dir) if given is True else str(given)
         if last is None or not os.path.isdir(last):
             raise FastkitError(f"resume_from_checkpoint={given!r}: no checkpoint folder there.")
-    elif not resume:
-        set_aside_old_checkpoints(trainer.args.output_dir)
+    elif not resume:  # the main process moves the old checkpoints; the others wait for it
+        ranks.agreed(set_aside_old_checkpoints, trainer.args.output_dir, main_only=True)
         logger.info("fastkit: new run")
         return "new run"
     else:
@@ -544,5 +576,6 @@ def _settle(trainer, callback: MetricsCallback) -> int:
     return callback.metrics.step
 
 
-__all__ = ["TRACKERS", "available_trackers", "build_sft_config", "check_distributed_mode", "check_report_to", "fit",
-           "last_checkpoint", "make_trainer", "planned_steps", "run_coverage", "steps_per_epoch"]
+__all__ = ["TRACKERS", "available_trackers", "build_sft_config", "check_distributed_mode", "check_report_to",
+           "every_parameter_used", "fit", "last_checkpoint", "make_trainer", "planned_steps", "run_coverage",
+           "steps_per_epoch"]
