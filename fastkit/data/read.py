@@ -132,7 +132,7 @@ def read_table(path: Path):
             dataset = load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception:  # noqa: BLE001 -- any reader failure: the Python reader names the line and the fix
         return None
-    return None if _has_json_feature(dataset.features) else dataset
+    return None if _hf.has_json_feature(dataset.features) else dataset
 
 
 _ARROW_BUILDERS = {".jsonl": ("json", {}), ".json": ("json", {}), ".csv": ("csv", {}), ".parquet": ("parquet", {})}
@@ -186,18 +186,6 @@ def _csv_options(path: Path, compression: str | None) -> dict | None:
         return None  # no header, or repeated / empty names: the Python reader says what it makes of them
     return {"features": Features({name: Value("string") for name in header}), "na_filter": False,
             "encoding": "utf-8-sig"}
-
-
-def _has_json_feature(features) -> bool:
-    """Whether any (nested) feature is ``datasets``' ``Json`` type: a column that mixes types from row to row."""
-    if type(features).__name__ == "Json":
-        return True
-    if isinstance(features, dict):
-        return any(_has_json_feature(v) for v in features.values())
-    if isinstance(features, (list, tuple)):
-        return any(_has_json_feature(v) for v in features)
-    inner = getattr(features, "feature", None)
-    return inner is not None and _has_json_feature(inner)
 
 
 def read_json_rows(path: Path) -> list[dict]:
