@@ -114,14 +114,10 @@ def _child(variant: str, file: str, tmp: str) -> dict:
 
 
 def table(results: list[dict], machine: str) -> str:
-    """The markdown table: one line per (rows, variant), fastkit's ratio to plain beside its figures."""
-    by = {(r["rows_in"], r["variant"]): r for r in results}
+    """The markdown table: one line per (rows, variant) (one run each: figures, no ratios without a spread)."""
     lines = []
     for r in results:
-        base = by.get((r["rows_in"], "plain"))
-        ratio = "" if r["variant"] == "plain" or base is None else (
-            f" ({r['total_s'] / base['total_s']:.2f}x time, {r['peak_mib'] / base['peak_mib']:.2f}x RSS)")
-        lines.append([f"{r['rows_in']:,}", r["variant"] + ratio, f"{r['read_s']:.1f}", f"{r['prepare_s']:.1f}",
+        lines.append([f"{r['rows_in']:,}", r["variant"], f"{r['read_s']:.1f}", f"{r['prepare_s']:.1f}",
                       f"{r['total_s']:.1f}", f"{r['peak_mib']:,.0f}", f"{r['workers_peak_mib']:,.0f}",
                       f"{r['num_proc'] or 1}", f"{r['packed_rows']:,}", f"{r['trained_tokens']:,}"])
     head = ["rows", "variant", "read s", "read -> trainer s", "total s", "peak RSS MiB", "workers' peak MiB",
