@@ -9,6 +9,7 @@ into ``--out``; ``--quick`` without ``--out`` writes to a temp folder.
     offload.py    checkpoint-reload strategies and the time model
     moe.py        one MoE experts layer: transformers' paths vs fastkit's (+ moe_4bit.py: 4-bit experts)
     sft.py        the same LoRA SFT run, plain vs fastkit
+    data.py       reading and preparing a chat dataset: plain datasets + TRL vs fastkit (time, peak RSS)
 """
 
-NAMES = ("packed", "offload", "moe", "sft")
+NAMES = ("packed", "offload", "moe", "sft", "data")

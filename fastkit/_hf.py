@@ -106,6 +106,27 @@ def is_pandas_dataframe(obj: Any) -> bool:
     return pandas is not None and isinstance(obj, pandas.DataFrame)
 
 
+def has_json_feature(features: Any) -> bool:
+    """Whether any (nested) ``datasets`` feature is the ``Json`` type ``load_dataset("json")`` gives a column whose
+    type changes from row to row (a string in one row, a number in the next): fastkit refuses such columns.
+    checked: datasets 5.2 (``datasets.features.Json``; older releases refuse the file instead: False). Can go when
+    ``load_dataset`` can be told to refuse a column of mixed types itself.
+    """
+    from datasets import features as _features
+
+    json_type = getattr(_features, "Json", None)
+    if json_type is None:
+        return False
+    if isinstance(features, json_type):
+        return True
+    if isinstance(features, dict):
+        return any(has_json_feature(v) for v in features.values())
+    if isinstance(features, (list, tuple)):
+        return any(has_json_feature(v) for v in features)
+    inner = getattr(features, "feature", None)
+    return inner is not None and has_json_feature(inner)
+
+
 # Families 5.24 marked ``_is_stateful`` whose 5.25 configs name no stateful cache layer (no ``layer_types``): RWKV
 # and xLSTM carry recurrent state, DeepSeek-V4 compressed-attention state.
 _STATEFUL_WITHOUT_LAYER_TYPES = ("rwkv", "xlstm", "deepseek_v4")
@@ -777,7 +798,8 @@ def byte_level_bpe(spec: dict) -> bool:
 
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
-    "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_masked_lm_head", "has_no_4bit_layout", "is_bnb_linear",
+    "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_json_feature", "has_masked_lm_head",
+    "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
     "modules_of_classes", "package_version", "quiet_gguf_reader", "resolved_kernel", "varlen_unavailable",
     "hub_function", "kernel_global", "kernel_reference",

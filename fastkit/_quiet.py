@@ -11,6 +11,7 @@ emits it is no longer supported.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -129,6 +130,24 @@ def quiet_progress_bars() -> None:
     hf_logging.disable_progress_bar()  # the verifying reloads of saves ("Loading weights", GGUF de-quantizing)
 
 
+@contextlib.contextmanager
+def datasets_reader_quiet():
+    """While ``datasets`` reads a data file for fastkit: its progress bars off (:func:`quiet_progress_bars`) and
+    its log quiet (a file it cannot read is logged there as an error, then read again by fastkit's Python
+    reader, whose message names the line); the ``datasets`` logger's level is put back after."""
+    quiet_progress_bars()
+    if os.environ.get("FASTKIT_SHOW_UPSTREAM_WARNINGS") == "1":
+        yield
+        return
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def uninstall() -> None:
     """Undo :func:`install` for the log filters (tests; ``warnings`` filters stay, as ``warnings`` has no undo)."""
     for name, flt in _installed.items():
@@ -144,4 +163,5 @@ def _regex(text: str) -> str:
 
 install()  # on import, so `from fastkit import _quiet` first in fastkit/__init__.py is enough
 
-__all__ = ["KNOWN", "PROGRESS_BARS", "KnownWarning", "install", "quiet_progress_bars", "uninstall"]
+__all__ = ["KNOWN", "PROGRESS_BARS", "KnownWarning", "datasets_reader_quiet", "install", "quiet_progress_bars",
+           "uninstall"]

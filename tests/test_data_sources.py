@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -153,20 +154,40 @@ def test_without_weights_every_row_is_used_once(abc):
     assert [_tag(r) for r in rows] != sorted(_tag(r) for r in rows)  # several sources are shuffled together
 
 
-def test_weights_give_the_documented_shares(abc, caplog):
-    """N = 20 rows; weights 1:2:1 -> 5, 10, 5 rows: A sampled down, B's 4 rows twice whole plus 2 sampled."""
+def test_weight_2_uses_each_row_twice_and_keeps_the_other_sources_whole(abc, caplog):
+    """A weight repeats its own source's rows; the other sources keep every row (no fixed total to share)."""
     a, b, c = abc
     with caplog.at_level("INFO", logger="fastkit"):
-        rows = load_sources([f"{a}?weight=1", {"path": b, "weight": 2}, DataSource(c, weight=1.0)], seed=7)
-    assert Counter(_tag(r) for r in rows) == {"A": 5, "B": 10, "C": 5}
+        rows = load_sources([a, {"path": b, "weight": 2}, DataSource(c, weight=1.0)], seed=7)
+    assert Counter(_tag(r) for r in rows) == {"A": 10, "B": 8, "C": 6}
     b_counts = Counter(r["messages"][0]["content"] for r in rows if _tag(r) == "B")
-    assert sorted(b_counts.values()) == [2, 2, 3, 3] and len(b_counts) == 4
-    assert len({r["messages"][0]["content"] for r in rows if _tag(r) == "A"}) == 5  # a sample: no repeats
-    assert f"data source {b!r}: 4 rows read, 10 used (weight 2)" in caplog.text
-    assert "data mix: 20 rows from 3 sources as chats, shuffled with seed 7" in caplog.text
+    assert sorted(b_counts.values()) == [2, 2, 2, 2]  # each of B's 4 rows exactly twice
+    assert len({r["messages"][0]["content"] for r in rows if _tag(r) in "AC"}) == 16  # all of A and C, once
+    assert f"data source {b!r}: 4 rows read, 4 used, 4 repeated (8 rows in the mix, weight 2)" in caplog.text
+    assert f"data source {a!r}: 10 rows read, 10 used, 0 repeated (10 rows in the mix)" in caplog.text
+    assert "data mix: 24 rows from 3 sources as chats, shuffled with seed 7" in caplog.text
     assert shares([3, 3, 4], [None, None, None]) == [3, 3, 4]  # no weights: every row once
-    assert shares([3, 3, 4], [1, 1, 1]) == [4, 3, 3]  # 3.33 each: the one left over goes to the first
-    assert shares([3, 3, 4], [1, None, 3]) == [2, 2, 6]  # a missing weight weighs 1
+    assert shares([3, 3, 4], [1, None, 3]) == [3, 3, 12]  # a weight changes its own source only
+    assert shares([16], [1.5]) == [24]  # every row once plus a seeded half again
+
+
+def test_weight_half_keeps_a_seeded_half(abc, caplog):
+    a, b, _ = abc
+    with caplog.at_level("INFO", logger="fastkit"):
+        rows = load_sources([f"{a}?weight=0.5", b], seed=7)
+    assert Counter(_tag(r) for r in rows) == {"A": 5, "B": 4}
+    half = sorted(r["messages"][0]["content"] for r in rows if _tag(r) == "A")
+    assert len(set(half)) == 5  # a sample: no row twice
+    again = sorted(r["messages"][0]["content"] for r in load_sources([f"{a}?weight=0.5", b], seed=7) if _tag(r) == "A")
+    other = sorted(r["messages"][0]["content"] for r in load_sources([f"{a}?weight=0.5", b], seed=8) if _tag(r) == "A")
+    assert half == again != other  # seeded: the same half for the same seed
+    assert f"data source {a!r}: 10 rows read, 5 used, 0 repeated (5 rows in the mix, weight 0.5)" in caplog.text
+
+
+def test_default_keeps_every_row_of_every_source(abc):
+    rows = load_sources(abc, seed=3)
+    assert sorted(r["messages"][0]["content"] for r in rows) == sorted(
+        f"{t}{i}: q" for t, n in (("A", 10), ("B", 4), ("C", 6)) for i in range(n))
 
 
 def test_max_rows_caps_each_source_with_a_seeded_sample(abc):
@@ -244,3 +265,19 @@ def test_offline_names_resolve_in_the_data_layer():
     from fastkit.quickstart import quickstart_dataset
 
     assert load_sources("quickstart")[:] == quickstart_dataset()[0][:]
+
+
+def test_the_arrow_path_names_a_bad_row_and_a_bad_line(tmp_path):
+    """A file datasets reads whole: a bad row is named by its index; a bad JSON line by its line number."""
+    from fastkit.data.read import read_table
+
+    good = [_chat(f"q{i}", f"a{i}") for i in range(5)]
+    rows = good[:3] + [{"messages": [{"role": "user", "content": "q"}]}] + good[3:]
+    path = Path(_jsonl(tmp_path / "d.jsonl", rows))
+    assert read_table(path) is not None  # read by datasets, not by the Python reader
+    with pytest.raises(FastkitError, match=r"rows 3\); row 3: the last turn is 'user'"):
+        load_chat_dataset(str(path))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(path.read_text().replace('"q1"', '"q1', 1))
+    with pytest.raises(FastkitError, match="line 2 is not valid JSON"):
+        load_chat_dataset(str(broken))

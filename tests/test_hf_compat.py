@@ -580,6 +580,17 @@ def check_is_pandas_dataframe():
     assert _hf.is_pandas_dataframe(pd.DataFrame({"a": [1]})) and not _hf.is_pandas_dataframe({"a": [1]})
 
 
+def check_has_json_feature():
+    from datasets import Dataset, Features, List, Value
+
+    assert not _hf.has_json_feature(Features({"messages": List({"role": Value("string")}), "text": Value("string")}))
+    import datasets.features as features
+
+    if hasattr(features, "Json"):  # a column mixing a string and a number (datasets 5.2's Json type)
+        mixed = Dataset.from_dict({"x": ["a"]}).features
+        assert _hf.has_json_feature(Features({"outer": List(features.Json())})) and not _hf.has_json_feature(mixed)
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 ACCESSORS = sorted(n for n in _hf.__all__ if n != "CHECKED")
 

@@ -1,5 +1,5 @@
 """fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit plan MODEL,
-fastkit bench {packed,offload,moe,sft} (from a clone: the benchmarks live in the repository's benchmarks/
+fastkit bench {packed,offload,moe,sft,data} (from a clone: the benchmarks live in the repository's benchmarks/
 folder, outside the wheel; python -m benchmarks is the same). python -m fastkit is the same command.
 
 Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and the exit status says which kind:
@@ -27,7 +27,7 @@ from fastkit.cli import chat as cli_chat
 from fastkit.cli import export as cli_export
 from fastkit.cli import train as cli_train
 
-BENCHES = ("packed", "offload", "moe", "sft")
+BENCHES = ("packed", "offload", "moe", "sft", "data")
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 

@@ -205,9 +205,15 @@ def tokenize_chat(messages: list[dict], tokenizer) -> dict[str, list[int]]:
     return {"input_ids": ids, "completion_mask": mask}
 
 
-def tokenize_chats(dataset, tokenizer):
+def _tokenize_chats_batch(batch: dict[str, list], tokenizer) -> dict[str, list]:
+    rows = [tokenize_chat(messages, tokenizer) for messages in batch["messages"]]
+    return {"input_ids": [r["input_ids"] for r in rows], "completion_mask": [r["completion_mask"] for r in rows]}
+
+
+def tokenize_chats(dataset, tokenizer, num_proc: int | None = None):
     """A ``messages`` dataset -> TRL's pre-tokenized ``input_ids`` + ``completion_mask`` (every assistant turn)."""
-    return dataset.map(lambda row: tokenize_chat(row["messages"], tokenizer), remove_columns=dataset.column_names)
+    return dataset.map(_tokenize_chats_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
+                       remove_columns=dataset.column_names, num_proc=num_proc, desc="fastkit: tokenizing chats")
 
 
 def row_tokens(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:

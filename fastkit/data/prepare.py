@@ -22,6 +22,7 @@ from fastkit.data.chat_template import require_chat_template
 from fastkit.data.formats import is_single_answer, normalize_dataset, row_tokens, tokenize_chats
 from fastkit.data.read import as_dataset
 from fastkit.data.rules import check_rows
+from fastkit.data.workers import data_workers
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -53,9 +54,78 @@ def to_chat_training_form(dataset, tokenizer):
     :func:`fastkit.data.formats.tokenize_chats` into ``input_ids`` + ``completion_mask`` that train every
     assistant turn (its end-of-turn token included) and nothing else.
     """
-    if "messages" in dataset.column_names and not all(is_single_answer(m) for m in dataset["messages"]):
-        return tokenize_chats(dataset, tokenizer)
+    if "messages" in dataset.column_names and not all(map(is_single_answer, dataset["messages"])):
+        return tokenize_chats(dataset, tokenizer, data_workers(len(dataset)))
     return to_prompt_completion(dataset)
+
+
+def _tokenize_batch(batch: dict[str, list], tokenizer) -> dict[str, list]:
+    """A batch of ``text`` or ``prompt``/``completion`` rows tokenized as TRL's ``SFTTrainer`` tokenizes them.
+
+    text: ``tokenizer(text + EOS)``; string prompt/completion: ``tokenizer(prompt)`` and
+    ``tokenizer(prompt + completion + EOS)``; message lists: ``apply_chat_template(prompt,
+    add_generation_prompt=True)`` and ``apply_chat_template(prompt + completion)``. The completion starts where
+    the two token lists part (TRL's ``common_prefix_length``); ``completion_mask`` is 1 from there on.
+    """
+    if "text" in batch:
+        return {"input_ids": tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]}
+    prompts, completions = batch["prompt"], batch["completion"]
+    if prompts and isinstance(prompts[0], str):
+        p_ids = tokenizer(prompts)["input_ids"]
+        f_ids = tokenizer([p + with_eos(c, tokenizer) for p, c in zip(prompts, completions)])["input_ids"]
+    else:
+        p_ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"]
+        f_ids = tokenizer.apply_chat_template([a + b for a, b in zip(prompts, completions)], tokenize=True,
+                                              return_dict=True)["input_ids"]
+    masks = []
+    for p, f in zip(p_ids, f_ids):
+        shared = next((i for i, (a, b) in enumerate(zip(p, f)) if a != b), min(len(p), len(f)))
+        masks.append([0] * shared + [1] * (len(f) - shared))
+    return {"input_ids": [list(f) for f in f_ids], "completion_mask": masks}
+
+
+def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None):
+    """``text`` / ``prompt``+``completion`` rows -> the ``input_ids`` (+ ``completion_mask``) TRL would make.
+
+    TRL's ``SFTTrainer`` skips its own tokenization for a dataset that has ``input_ids`` (it builds the labels
+    from ``completion_mask`` and packs), so the rows fastkit measured are the rows trained, tokenized once.
+    Already tokenized data passes through.
+    """
+    if "input_ids" in dataset.column_names:
+        return dataset
+    return dataset.map(_tokenize_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
+                       remove_columns=dataset.column_names, num_proc=num_proc, desc="fastkit: tokenizing rows")
+
+
+def column_counts(dataset, batch_size: int = 20_000):
+    """``(total, trainable)`` tokens of every pre-tokenized row, read from the Arrow columns (no Python rows).
+
+    Trainable: ``labels`` other than -100, else the 1s of ``completion_mask``, else every token. Returns two
+    int64 numpy arrays (one entry per row).
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    mask_column = next((c for c in ("labels", "completion_mask") if c in dataset.column_names), None)
+    totals, trained = [], []
+    for batch in dataset.select_columns(["input_ids"] + ([mask_column] if mask_column else [])).with_format(
+            "arrow").iter(batch_size=batch_size):
+        ids = pa.concat_arrays(batch["input_ids"].chunks) if batch.num_rows else pa.array([], pa.list_(pa.int64()))
+        offsets = np.asarray(ids.offsets)
+        totals.append(np.diff(offsets) if len(offsets) else np.zeros(0, np.int64))
+        if mask_column is None:
+            trained.append(totals[-1])
+            continue
+        mask = pa.concat_arrays(batch[mask_column].chunks)
+        values = np.asarray(mask.values.to_numpy(zero_copy_only=False))
+        bits = (values != -100) if mask_column == "labels" else (values != 0)
+        sums = np.concatenate([[0], np.cumsum(bits, dtype=np.int64)])
+        mask_offsets = np.asarray(mask.offsets)
+        trained.append(sums[mask_offsets[1:]] - sums[mask_offsets[:-1]])
+    empty = np.zeros(0, np.int64)
+    return (np.concatenate(totals) if totals else empty).astype(np.int64), (
+        np.concatenate(trained) if trained else empty).astype(np.int64)
 
 
 def token_counts(dataset, tokenizer, per_row, chunk: int = 1024) -> list[tuple[int, int]]:
@@ -107,8 +177,12 @@ def with_eos(text: str, tokenizer) -> str:
 
 
 def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, drop_long: bool = False,
-                  drop_invalid: bool = False, where: str = "train_dataset"):
+                  drop_invalid: bool = False, where: str = "train_dataset", tokenize: bool = False):
     """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
+
+    ``tokenize=True`` (what :func:`fastkit.make_trainer` asks) returns the rows tokenized instead, as TRL
+    tokenizes them (:func:`tokenize_like_trl`: ``input_ids`` + ``completion_mask``), so the trainer does not
+    tokenize them again.
 
     Every row the trainer will see is measured (each row tokenized once). ``drop_long=True`` removes rows
     longer than ``max_seq_length`` (logged) instead of refusing. Chat rows that cannot train (no messages,
@@ -128,26 +202,39 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
             "prompt" in dataset.column_names and not isinstance(dataset[0]["prompt"], str)):
         require_chat_template(tokenizer)
     dataset = to_chat_training_form(dataset, tokenizer)
-    counts = token_counts(dataset, tokenizer, _token_counts)  # every row, tokenized once
+    trained_form = dataset
+    tokenize = tokenize and not {"tools", "chat_template_kwargs"} & set(dataset.column_names)  # TRL's to apply
+    if tokenize or "input_ids" in dataset.column_names:  # tokenized once: what fastkit measures, TRL trains
+        dataset = tokenize_like_trl(dataset, tokenizer, data_workers(len(dataset)))
+        totals, trainable = column_counts(dataset)
+    else:
+        import numpy as np
+
+        counts = token_counts(dataset, tokenizer, _token_counts)  # every row, tokenized once
+        totals, trainable = (np.array([c[i] for c in counts], dtype=np.int64).reshape(-1) for i in (0, 1))
     if drop_long:
-        keep = [i for i, (n, _) in enumerate(counts) if n <= max_seq_length]
-        if not keep:
+        keep = (totals <= max_seq_length).nonzero()[0]
+        if not len(keep):
             raise FastkitError(f"Every row is longer than max_seq_length={max_seq_length}; raise max_seq_length.")
         if len(keep) < len(dataset):
             logger.info("fastkit: dropped %d of %d rows longer than max_seq_length=%d", len(dataset) - len(keep),
                         len(dataset), max_seq_length)
-            dataset, counts = dataset.select(keep), [counts[i] for i in keep]
-    too_long = [i for i, (n, _) in enumerate(counts) if n > max_seq_length]
-    if too_long:
-        longest = max(counts[i][0] for i in too_long)
+            dataset, trained_form = dataset.select(keep), trained_form.select(keep)
+            totals, trainable = totals[keep], trainable[keep]
+    too_long = (totals > max_seq_length).nonzero()[0]
+    if len(too_long):
+        longest = int(totals[too_long].max())
         what = "packing would truncate their ends" if packing else "they would be cut silently"
-        raise FastkitError(f"{len(too_long)} of {len(counts)} rows are longer than max_seq_length="
-                           f"{max_seq_length} (longest {longest} tokens, row {too_long[0]}); {what}. Raise "
+        raise FastkitError(f"{len(too_long)} of {len(totals)} rows are longer than max_seq_length="
+                           f"{max_seq_length} (longest {longest} tokens, row {int(too_long[0])}); {what}. Raise "
                            "max_seq_length or filter those rows out.")
-    if all(trainable == 0 for _, trainable in counts):
+    if not tokenize:
+        dataset = trained_form
+    if not trainable.any():
         raise FastkitError("Every label is masked: no row has a non-empty assistant response to train on "
                            "(the last message of each conversation must be an assistant turn with content).")
     return dataset
 
 
-__all__ = ["check_dataset", "to_chat_training_form", "to_prompt_completion", "token_counts"]
+__all__ = ["check_dataset", "column_counts", "to_chat_training_form", "to_prompt_completion", "token_counts",
+           "tokenize_like_trl"]

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastkit import _hf
+from fastkit import _hf, _quiet
 from fastkit.data.formats import map_columns, normalize_dataset
 from fastkit.data.rules import _kind, _rows_named, check_rows, message_problem, row_problem
 from fastkit.errors import FastkitError
@@ -103,6 +103,89 @@ def _csv_rows(path: Path, text: str) -> list[dict]:
         raise FastkitError(f"{path}: the CSV file is empty (no header line); give a header such as 'text' or "
                            "'prompt,completion'.")
     return rows
+
+
+def read_table(path: Path):
+    """``path`` read by ``datasets`` into an Arrow table (memory-mapped, cached by fingerprint), or None.
+
+    None means the Python reader (:func:`read_rows`) must read the file: to name a bad line or row (invalid
+    JSON, a row that is not an object, a column whose type changes from row to row, a non-UTF-8 byte), or
+    because the file's form is one ``datasets`` reads differently (a ``.json`` object holding the list). The
+    rows then go through the same checks; a file ``datasets`` reads whole is never read twice.
+    """
+    suffix, compression = _data_suffix(path)
+    if suffix == ".json" and not _starts_with(path, compression, b"["):
+        return None  # {"train": [...]}: one list inside an object, read by read_json_text
+    builder, options = _ARROW_BUILDERS.get(suffix, (None, {}))
+    if builder is None:
+        return None
+    if suffix != ".parquet" and not _is_utf8(path, compression):
+        return None  # Arrow's JSON reader may let a bad byte through; the Python reader names its line
+    if suffix == ".csv":
+        options = _csv_options(path, compression)
+        if options is None:
+            return None
+    try:
+        with _quiet.datasets_reader_quiet():
+            from datasets import load_dataset
+
+            dataset = load_dataset(builder, data_files=str(path), split="train", **options)
+    except Exception:  # noqa: BLE001 -- any reader failure: the Python reader names the line and the fix
+        return None
+    return None if _hf.has_json_feature(dataset.features) else dataset
+
+
+_ARROW_BUILDERS = {".jsonl": ("json", {}), ".json": ("json", {}), ".csv": ("csv", {}), ".parquet": ("parquet", {})}
+"""Data suffix -> (``datasets`` packaged builder, its options)."""
+
+
+def _starts_with(path: Path, compression: str | None, prefix: bytes) -> bool:
+    """Whether the file's first non-blank bytes (after a UTF-8 BOM) are ``prefix``."""
+    import importlib
+
+    opener = open if compression is None else importlib.import_module(compression).open
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4096)
+    except (OSError, EOFError, ValueError):
+        return False
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(prefix)
+
+
+def _is_utf8(path: Path, compression: str | None, chunk: int = 1 << 22) -> bool:
+    """Whether the whole file decodes as UTF-8, read a few MiB at a time (never the file in memory at once)."""
+    import codecs
+    import importlib
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    opener = open if compression is None else importlib.import_module(compression).open
+    try:
+        with opener(path, "rb") as f:
+            while block := f.read(chunk):
+                decoder.decode(block)
+            decoder.decode(b"", final=True)
+    except (UnicodeDecodeError, OSError, EOFError, ValueError):
+        return False
+    return True
+
+
+def _csv_options(path: Path, compression: str | None) -> dict | None:
+    """``load_dataset("csv")`` options that read every cell as text, as ``csv.DictReader`` does (None: no header)."""
+    import csv
+    import importlib
+
+    from datasets import Features, Value
+
+    opener = open if compression is None else importlib.import_module(compression).open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            header = next(csv.reader(f), None)
+    except (OSError, EOFError, ValueError, UnicodeDecodeError, csv.Error):
+        return None
+    if not header or len(set(header)) != len(header) or not all(header):
+        return None  # no header, or repeated / empty names: the Python reader says what it makes of them
+    return {"features": Features({name: Value("string") for name in header}), "na_filter": False,
+            "encoding": "utf-8-sig"}
 
 
 def read_json_rows(path: Path) -> list[dict]:
@@ -234,7 +317,8 @@ def _from_columns(columns: dict, where: str):
 def _from_path(text: str, split: str, where: str):
     path = Path(os.path.expanduser(text))
     if path.is_file():
-        return rows_to_dataset(read_rows(path), where=str(path))
+        table = read_table(path)
+        return table if table is not None else rows_to_dataset(read_rows(path), where=str(path))
     if path.is_dir():
         return _from_folder(path, split, where)
     suffix, _ = _data_suffix(path)
@@ -260,7 +344,16 @@ def _from_folder(path: Path, split: str, where: str):
     if not files:
         raise FastkitError(f"{where}: folder {str(path)!r} holds no data files ({', '.join(DATA_SUFFIXES)}) and is "
                            "not a saved dataset (save_to_disk); point at a file.")
-    rows = [row for p in split_files(files, split, path, where) for row in read_rows(p)]
+    chosen = split_files(files, split, path, where)
+    tables = [read_table(p) for p in chosen]
+    if all(t is not None for t in tables):
+        from datasets import concatenate_datasets
+
+        try:  # one table when the files agree on their columns' types, else the rows name what differs
+            return tables[0] if len(tables) == 1 else concatenate_datasets(tables)
+        except ValueError:
+            pass
+    rows = [row for p in chosen for row in read_rows(p)]
     return rows_to_dataset(rows, where=str(path))
 
 

@@ -125,19 +125,57 @@ def row_problem(fmt: str, row: dict) -> str | None:
     return _text_problem(row.get("text"), "text")
 
 
+FORMAT_COLUMNS = {"messages": ("messages",), "sharegpt": ("conversations",),
+                  "alpaca": ("instruction", "output", "input", "system"), "prompt_completion": ("prompt", "completion"),
+                  "text": ("text",)}
+"""The columns :func:`row_problem` reads, per format (only these are decoded from the table)."""
+
+
+def _problems_batch(batch: dict[str, list], indices: list[int], fmt: str) -> dict[str, list]:
+    """One batch of rows -> only its untrainable rows: ``{"row": [index], "why": [reason]}`` (0..len(batch) rows)."""
+    names = list(batch)
+    rows: list[int] = []
+    whys: list[str] = []
+    for k, i in enumerate(indices):
+        why = row_problem(fmt, {name: batch[name][k] for name in names})
+        if why:
+            rows.append(i)
+            whys.append(why)
+    return {"row": rows, "why": whys}
+
+
+def find_problems(dataset, fmt: str, num_proc: int | None = None) -> list[tuple[int, str]]:
+    """``(row index, why)`` of every row of ``dataset`` (in format ``fmt``) that cannot train, in row order.
+
+    A batched ``Dataset.map`` over the columns the rule reads: only the bad rows come out of it, so a clean
+    table of any size leaves an empty result (cached by the table's fingerprint like any other map).
+    """
+    from datasets import Features, Value
+
+    columns = [c for c in FORMAT_COLUMNS[fmt] if c in dataset.column_names]
+    if len(dataset) == 0 or not columns:
+        return [(i, why) for i, row in enumerate(dataset) if (why := row_problem(fmt, row))]
+    table = dataset.select_columns(columns)
+    found = table.map(_problems_batch, batched=True, batch_size=1000, with_indices=True, fn_kwargs={"fmt": fmt},
+                      remove_columns=columns, num_proc=num_proc, desc="fastkit: checking rows",
+                      features=Features({"row": Value("int64"), "why": Value("string")}))
+    return sorted(zip(found["row"], found["why"]))
+
+
 def check_rows(dataset, drop_invalid: bool = False):
     """Refuse (or, with ``drop_invalid=True``, drop and count) rows that cannot train, in any format.
 
-    The same rule for every format: each row is checked by :func:`row_problem`, the message names the
-    rows, the field and what is wrong with it.
+    The same rule for every format: each row is checked by :func:`row_problem` (a batched map over the
+    table, :func:`find_problems`), the message names the rows, the field and what is wrong with it.
     """
     from fastkit.data.formats import detect_format
+    from fastkit.data.workers import data_workers
 
     if "input_ids" in dataset.column_names:
         return dataset
     fmt = detect_format(dataset.column_names)
     name = {"sharegpt": "conversations", "prompt_completion": "prompt/completion", "alpaca": "alpaca"}.get(fmt, fmt)
-    problems = [(i, why) for i, row in enumerate(dataset) if (why := row_problem(fmt, row))]
+    problems = find_problems(dataset, fmt, data_workers(len(dataset)))
     if not problems:
         return dataset
     rows = [i for i, _ in problems]
@@ -158,4 +196,4 @@ def check_rows(dataset, drop_invalid: bool = False):
 check_messages = check_rows  # the old name (messages rows only, before every format was checked)
 
 
-__all__ = ["check_messages", "check_rows", "message_problem", "row_problem"]
+__all__ = ["FORMAT_COLUMNS", "check_messages", "check_rows", "find_problems", "message_problem", "row_problem"]

@@ -7,11 +7,11 @@ a YAML entry. :func:`load_sources` reads every source through the one front door
 (:func:`fastkit.data.read.as_dataset`), maps its columns, checks its rows (errors name the source), normalizes it
 (ShareGPT / Alpaca -> ``messages``), brings the sources to one common form and mixes them, seeded.
 
-Weights, precisely: with ``N`` the rows of all sources together (each after its ``max_rows`` cap), source ``i``
-contributes ``round(N * w_i / sum(w))`` rows (largest remainders, so the counts add up to ``N``); a source
-holding fewer rows than its share repeats all its rows as often as they fit whole and adds a seeded sample for
-the rest, one holding more gives a seeded sample. Sources without a weight weigh 1 in a weighted mix. Without any
-weight every row is used once. Several sources are shuffled together (seeded); one source keeps its order.
+Weights, precisely: every row of every source is used once by default. A source's ``weight`` repeats its rows:
+``weight=2`` uses each row twice, ``weight=1.5`` each row once plus a seeded half of them again, ``weight=0.5`` a
+seeded half of its rows (``round(n * weight)`` rows of the ``n`` it has after its ``max_rows`` cap: every row as
+many whole times as fit, plus a seeded sample for the rest). A weight changes its own source only; other sources
+keep all their rows. Several sources are shuffled together (seeded); one source keeps its order.
 
 The common form: a mix of ``messages`` chats and ``prompt``/``completion`` rows becomes ``messages`` (a string
 prompt + completion becomes one user turn + one assistant turn; a message-list prompt + completion is joined);
@@ -44,7 +44,7 @@ QUERY_KEYS = ("columns", "weight", "max_rows", "split", "name")
 
 @dataclass
 class DataSource:
-    """One dataset of a run: where it is, which split, how its columns map, and its share of the mix."""
+    """One dataset of a run: where it is, which split, how its columns map, and how often its rows are used."""
 
     path: Any
     """A Hub dataset id, a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a folder, or an offline name
@@ -56,8 +56,8 @@ class DataSource:
     """fastkit field -> the data's column, e.g. ``{"prompt": "question", "completion": "answer"}``. Fields:
     :data:`fastkit.data.formats.FIELDS`. None: the columns are already named like one of the formats."""
     weight: float | None = None
-    """Relative share of the mix (see the module docstring for exactly how rows are drawn); None: 1 in a weighted
-    mix, every row once otherwise."""
+    """How many times each row is used: 2 = every row twice, 0.5 = a seeded half of the rows (the module
+    docstring says exactly how rows are drawn); None: every row once (as 1)."""
     max_rows: int | None = None
     """Use at most this many rows of the source (a seeded sample, in the file's order), before mixing."""
     name: str | None = None
@@ -140,7 +140,8 @@ def _check_number(value: Any, key: str, where: str, kind: type) -> None:
         return
     ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
     if not ok or not math.isfinite(value) or value <= 0:
-        what = "a positive number (its share of the mix)" if kind is float else "a positive whole number of rows"
+        what = ("a positive number (how often each row is used: 2 = twice)" if kind is float
+                else "a positive whole number of rows")
         raise FastkitError(f"{where}: {key} must be {what}, got {value!r}.")
 
 
@@ -307,18 +308,9 @@ def to_kind(dataset, kind: str):
 
 
 def shares(counts: list[int], weights: list[float | None]) -> list[int]:
-    """Rows each source contributes: ``counts`` as they are without weights, else ``N * w_i / sum(w)`` rounded by
-    largest remainders (ties to the earlier source) so they add up to ``N = sum(counts)``."""
-    if all(w is None for w in weights):
-        return list(counts)
-    w = [1.0 if x is None else float(x) for x in weights]
-    total, n = sum(w), sum(counts)
-    exact = [n * x / total for x in w]
-    out = [math.floor(e) for e in exact]
-    order = sorted(range(len(w)), key=lambda i: (-(exact[i] - out[i]), i))
-    for i in order[: n - sum(out)]:
-        out[i] += 1
-    return out
+    """Rows each source contributes: ``round(n_i * w_i)`` (``n_i`` as it is without a weight): each source's weight
+    repeats (or, below 1, samples) its own rows; no source loses rows to another's weight."""
+    return [n if w is None else math.floor(n * float(w) + 0.5) for n, w in zip(counts, weights)]
 
 
 def draw(n_rows: int, want: int, rng: random.Random) -> list[int]:
@@ -332,8 +324,8 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
 
     ``sources``: a string (:meth:`DataSource.parse`), a :class:`DataSource`, a mapping
     (:meth:`DataSource.from_mapping`), or a list of them. ``max_rows`` caps each source (a seeded sample) before
-    the mix; weights set each source's share of the ``N`` rows as the module docstring says. One log line per
-    source (rows read, rows used). The same sources and seed give the same rows in the same order.
+    the mix; a weight repeats (or samples) its source's rows as the module docstring says. One log line per
+    source (rows read, rows used, rows repeated). The same sources and seed give the same rows in the same order.
     ``drop_invalid=True`` drops (and counts) untrainable rows instead of refusing them.
     """
     from datasets import concatenate_datasets
@@ -350,11 +342,13 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
     parts = []
     for source, full, ds, want in zip(listed, read, capped, wanted):
         if want == 0:
-            raise FastkitError(f"data source {source.label!r}: weight {source.weight} gives it 0 of "
-                               f"{sum(wanted)} rows; raise its weight or drop the source.")
+            raise FastkitError(f"data source {source.label!r}: weight {source.weight:g} of its {len(ds)} rows "
+                               "gives 0 rows; raise its weight or drop the source.")
         chosen = ds if want == len(ds) and source.weight is None else ds.select(draw(len(ds), want, rng))
-        logger.info("fastkit: data source %r: %d rows read, %d used%s", source.label, len(full), want,
-                    "" if source.weight is None else f" (weight {source.weight:g})")
+        used = min(want, len(ds))
+        logger.info("fastkit: data source %r: %d rows read, %d used, %d repeated (%d rows in the mix%s)",
+                    source.label, len(full), used, want - used, want,
+                    "" if source.weight is None else f", weight {source.weight:g}")
         parts.append(to_kind(chosen, kind))
     if len(parts) == 1:  # one source keeps its order; a sample or cap is written out (the fingerprint reads it)
         return parts[0] if len(parts[0]) == len(read[0]) and listed[0].weight is None else parts[0].flatten_indices()

@@ -25,6 +25,7 @@ from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callba
 from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
+from fastkit.data.workers import data_workers
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.families.twins import twin_source
@@ -123,7 +124,10 @@ def make_trainer(
     _log_processes(config)
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
-    dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length)
+    dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
+                                          tokenize=_pre_tokenize(args))
+    if args.dataset_num_proc is None:  # TRL's labels / packing passes: the cores there are, for large data
+        args.dataset_num_proc = data_workers(len(dataset))
     # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
     dash = dashboard_callback(options.dashboard, examples=len(dataset), measure_syncs=options.measure_syncs,
                               log_every_step=options.logging_steps is None)
@@ -191,9 +195,19 @@ def _check_eval_options(options: TrainOptions, eval_dataset) -> None:
         raise FastkitError("Give eval_dataset or eval_split, not both.")
 
 
-def _checked_data(options: TrainOptions, train_dataset, eval_dataset, tokenizer, max_seq_length: int):
-    """(train, eval) checked by :func:`fastkit.data.check_dataset`; ``eval_split`` rows held out of train."""
-    check = dict(packing=options.packing, drop_long=options.drop_long, drop_invalid=options.drop_invalid)
+def _pre_tokenize(args) -> bool:
+    """Whether fastkit hands TRL its rows tokenized (as TRL would tokenize them, so TRL skips it): unless TRL's own
+    tokenization differs from plain rows' (assistant-only masks, another chat template, another text field)."""
+    return not (args.assistant_only_loss or getattr(args, "chat_template_path", None)
+                or args.dataset_text_field != "text" or (args.dataset_kwargs or {}).get("skip_prepare_dataset"))
+
+
+def _checked_data(options: TrainOptions, train_dataset, eval_dataset, tokenizer, max_seq_length: int,
+                  tokenize: bool = False):
+    """(train, eval) checked by :func:`fastkit.data.check_dataset`; ``eval_split`` rows held out of train.
+    ``tokenize``: both returned tokenized (``check_dataset(tokenize=True)``)."""
+    check = dict(packing=options.packing, drop_long=options.drop_long, drop_invalid=options.drop_invalid,
+                 tokenize=tokenize)
     dataset = check_dataset(train_dataset, tokenizer, max_seq_length, **check)
     dataset, split = _split_eval(dataset, None, options.eval_split, options.seed)
     if eval_dataset is not None:

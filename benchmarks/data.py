@@ -1,0 +1,149 @@
+"""``python -m benchmarks data``: reading and preparing a chat dataset, plain datasets + TRL vs fastkit.
+
+Plain: ``datasets.load_dataset("json")`` and ``trl.SFTTrainer(packing=True)`` with TRL's defaults. fastkit:
+:func:`fastkit.data.load_chat_dataset` (every row checked) and :func:`fastkit.training.make_trainer` (rows
+measured, tokenized once, packed). The same file of multi-turn chats (a system prompt, 1-3 assistant turns),
+the same twin model and tokenizer, one torch thread, ``max_length`` 2048, packing on. Each variant runs in its
+own process with its own empty ``datasets`` cache, so its peak RSS is its own (the workers' peak is reported
+beside it) and nothing is read from an earlier run's cache. Reported: seconds to read, seconds from read to a
+built trainer, peak RSS, and the rows and tokens in the trainer's packed dataset (the rows trained).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import bench_parser, machine_line, markdown_table, parse_bench_args, write_outputs
+
+VARIANTS = ("plain", "fastkit")
+WORDS = ("alpha", "beta", "gamma", "delta", "pack", "row", "token", "layer", "sync", "grad", "mask", "doc", "data",
+         "arrow", "table", "batch")
+
+
+def chat_rows(n: int, seed: int = 0):
+    """``n`` chats: a system prompt, then 1-3 (user, assistant) exchanges of 5-50 words each."""
+    rng = random.Random(seed)
+
+    def words(k: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(k))
+
+    for _ in range(n):
+        messages = [{"role": "system", "content": "You are a helpful assistant. " + words(8)}]
+        for _ in range(rng.randint(1, 3)):
+            messages += [{"role": "user", "content": words(rng.randint(5, 25))},
+                         {"role": "assistant", "content": words(rng.randint(10, 50))}]
+        yield {"messages": messages}
+
+
+def write_file(path: Path, n: int) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in chat_rows(n):
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def _peak_mib() -> tuple[float, float]:
+    """(this process's, its finished children's) peak RSS in MiB (Linux reports KiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def _trained(trainer) -> tuple[int, int]:
+    """(packed rows, tokens with a label) of the trainer's training dataset."""
+    ds = trainer.train_dataset
+    tokens = sum(sum(1 for x in labels if x != -100) for labels in ds.with_format(None)["labels"])
+    return len(ds), tokens
+
+
+def run_variant(variant: str, file: str, out_dir: str) -> dict:
+    """One variant, in this process: read the file, build the trainer; the figures as a dict."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fastkit.families.twins import twin, twin_tokenizer
+
+    model, tokenizer = twin("llama", seed=0), twin_tokenizer()
+    start = time.perf_counter()
+    if variant == "plain":
+        from datasets import load_dataset
+        from trl import SFTConfig, SFTTrainer
+
+        dataset = load_dataset("json", data_files=file, split="train")
+        read = time.perf_counter()
+        config = SFTConfig(output_dir=out_dir, max_steps=1, max_length=2048, packing=True, report_to=[],
+                           save_strategy="no", use_cpu=True, disable_tqdm=True)
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    else:
+        from fastkit import FastModel
+        from fastkit.data import load_chat_dataset
+        from fastkit.training import make_trainer
+
+        FastModel.patch(model, max_seq_length=2048)  # packing needs fastkit's per-document attention
+        dataset = load_chat_dataset(file)
+        read = time.perf_counter()
+        trainer = make_trainer(model, tokenizer, dataset, max_steps=1, max_seq_length=2048, output_dir=out_dir,
+                               dashboard="none")
+    built = time.perf_counter()
+    own, children = _peak_mib()
+    rows, tokens = _trained(trainer)
+    return {"variant": variant, "read_s": read - start, "prepare_s": built - read, "total_s": built - start,
+            "peak_mib": own, "workers_peak_mib": children, "rows_in": len(dataset), "packed_rows": rows,
+            "trained_tokens": tokens, "num_proc": trainer.args.dataset_num_proc}
+
+
+def _child(variant: str, file: str, tmp: str) -> dict:
+    """``run_variant`` in a fresh process with its own empty datasets cache."""
+    env = {**os.environ, "HF_DATASETS_CACHE": tempfile.mkdtemp(dir=tmp, prefix=f"cache-{variant}-"),
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    code = ("import json, sys; from benchmarks.data import run_variant; "
+            "print('RESULT ' + json.dumps(run_variant(sys.argv[1], sys.argv[2], sys.argv[3])))")
+    out = subprocess.run([sys.executable, "-c", code, variant, file, tempfile.mkdtemp(dir=tmp)], env=env,
+                         capture_output=True, text=True, cwd=str(Path(__file__).resolve().parent.parent))
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if out.returncode or line is None:
+        raise RuntimeError(f"{variant} failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def table(results: list[dict], machine: str) -> str:
+    """The markdown table: one line per (rows, variant) (one run each: figures, no ratios without a spread)."""
+    lines = []
+    for r in results:
+        lines.append([f"{r['rows_in']:,}", r["variant"], f"{r['read_s']:.1f}", f"{r['prepare_s']:.1f}",
+                      f"{r['total_s']:.1f}", f"{r['peak_mib']:,.0f}", f"{r['workers_peak_mib']:,.0f}",
+                      f"{r['num_proc'] or 1}", f"{r['packed_rows']:,}", f"{r['trained_tokens']:,}"])
+    head = ["rows", "variant", "read s", "read -> trainer s", "total s", "peak RSS MiB", "workers' peak MiB",
+            "processes", "packed rows", "tokens with a label"]
+    return (f"# Data front door: plain datasets + TRL vs fastkit\n\n{machine}\n\n"
+            + markdown_table(head, lines, "rlrrrrrrrr") + "\n\n"
+            "Multi-turn chats (system prompt, 1-3 assistant turns), twin llama + ChatML tokenizer, one torch "
+            "thread, max_length 2048, packing on; each variant in its own process with an empty datasets cache. "
+            "Plain TRL trains every token of a `messages` row; fastkit trains the assistant turns only, so its "
+            "labelled tokens are fewer for the same rows.\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser("data", __doc__, quick="2,000 rows", gpu="(CPU only: no GPU part)",
+                          repeats="(one run per variant)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[20_000], help="row counts to measure")
+    args = parse_bench_args(parser, argv)
+    counts = [2_000] if args.quick else args.rows
+    results = []
+    with tempfile.TemporaryDirectory(prefix="fastkit-bench-data-") as tmp:
+        for n in counts:
+            file = str(write_file(Path(tmp) / f"chats-{n}.jsonl", n))
+            for variant in VARIANTS:
+                results.append(_child(variant, file, tmp))
+                print(json.dumps(results[-1]), flush=True)
+    import torch
+
+    write_outputs("data", table(results, machine_line(torch.device("cpu"))), out=args.out, quick=args.quick)
+    return 0
