@@ -157,7 +157,7 @@ def test_cli_train_exports_the_list_and_pushes_with_the_run_in_the_card(hub, tmp
     card = hub.files["tester/tiny"]["README.md"].decode()
     assert "- dataset: fastkit's quickstart data" in card and "fingerprint of the token ids trained on: `" in card, card
     assert "| max_steps | `2` |" in card and "| learning_rate | `0.0002` |" in card, card
-    assert "base_model:" not in card and "base model not recorded" in card  # a random twin is not SmolLM2
+    assert "base_model:" not in card and "tiny random twin of `HuggingFaceTB/" in card  # a random twin is not SmolLM2
 
 
 def test_cli_train_without_a_token_stops_before_loading(hub, tmp_path, monkeypatch, capsys):

@@ -118,15 +118,19 @@ _WHAT = {"lora": "LoRA adapters (PEFT format)", "merged": "a merged 16-bit model
 def model_card(kind: str, repo: str, files: list[str], *, base: str, data: str | None, run: dict,
                adapter: dict, quantizations: list[str]) -> str:
     """The README.md of an uploaded folder: base model, data, fastkit options, files, how to load it."""
+    from fastkit.families.twins import twin_source
+
+    twin_of = twin_source(base)  # a --twin run: a tiny random model, not a fine-tune of the model it stands in for
     meta = ["---", "tags:", "- fastkit", f"- {kind}"]
-    if _hub_id(base):
+    if _hub_id(base) and twin_of is None:
         meta.append(f"base_model: {base}")
     meta.append(f"library_name: {'peft' if kind == 'lora' else 'transformers'}" if kind != "gguf" else "")
     if _hub_id(data):
         meta += ["datasets:", f"- {data}"]
     meta = [m for m in meta if m] + ["---", ""]
     hyper = {k: v for k, v in (run.get("hyperparameters") or {}).items() if v is not None}
-    origin = f"fine-tuned from `{base}`" if base else "fine-tuned (base model not recorded: a twin?)"
+    origin = (f"trained on a tiny random twin of `{twin_of}` (a smoke test, not a fine-tune of it)" if twin_of
+              else f"fine-tuned from `{base}`" if base else "fine-tuned (base model not recorded)")
     lines = [f"# {repo.split('/')[-1]}", "", f"{_WHAT[kind]}, {origin} with fastkit.", "",
              "## Data", "", f"- dataset: {data or 'not recorded'}"]
     if run.get("data"):
