@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 SUFFIX = {"lora": "", "merged": "-merged", "gguf": "-GGUF"}
 """``push_to_hub="me/x"``: the LoRA goes to ``me/x``, the merged model to ``me/x-merged``, the GGUFs to
 ``me/x-GGUF`` (the Hub's usual names for those)."""
+_TWIN_PREFIX = "fastkit-twin:"  # == fastkit.families.twins.TWIN_PREFIX (tests/test_export_hub.py)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -118,9 +119,9 @@ _WHAT = {"lora": "LoRA adapters (PEFT format)", "merged": "a merged 16-bit model
 def model_card(kind: str, repo: str, files: list[str], *, base: str, data: str | None, run: dict,
                adapter: dict, quantizations: list[str]) -> str:
     """The README.md of an uploaded folder: base model, data, fastkit options, files, how to load it."""
-    from fastkit.families.twins import twin_source
-
-    twin_of = twin_source(base)  # a --twin run: a tiny random model, not a fine-tune of the model it stands in for
+    # a --twin run: a tiny random model, not a fine-tune of the model it stands in for (families.twins.TWIN_PREFIX,
+    # spelled here: families imports export)
+    twin_of = base[len(_TWIN_PREFIX):] if isinstance(base, str) and base.startswith(_TWIN_PREFIX) else None
     meta = ["---", "tags:", "- fastkit", f"- {kind}"]
     if _hub_id(base) and twin_of is None:
         meta.append(f"base_model: {base}")
