@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fastkit.cli import main
+from fastkit.errors import FastkitError
 from fastkit.plan import CUDA_CONTEXT, check_fits, gpu_budget, plan
 from fastkit.plan.gpus import CARDS, DERIVED, GPUS, TORCH
 from fastkit.plan.planner import ALLOCATOR_SLACK, OFF_PEAK, read_config
@@ -87,3 +88,20 @@ def test_qwen3_14b_on_a_t4_at_max_length_promises_at_most_the_card(capsys):
     peak = float(re.search(r"predicted peak ([\d.]+) GiB, fits on t4", out).group(1))
     assert peak <= 14.74, out
     assert "1 row × " in out and "(packed)" in out and "14.74 GiB" in out
+
+
+@pytest.mark.parametrize("spelling", ["T4", "T4 ", " t4", "\tT4\n"])
+def test_a_gpu_name_plans_the_same_however_it_is_spelled(spelling):
+    """One spelling where the name enters (issue 44): README writes "T4"; it plans fp16 weights and the T4's
+    budget exactly as "t4" does (it planned bf16 weights before)."""
+    model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert str(plan(model, gpu=spelling)) == str(plan(model, gpu="t4"))
+    assert plan(model, gpu=spelling).components == plan(model, gpu="t4").components
+
+
+@pytest.mark.parametrize("gib", [float("inf"), float("-inf"), float("nan"), 0, -2.5])
+def test_a_gpu_size_that_is_not_a_finite_positive_number_is_refused(gib):
+    with pytest.raises(FastkitError, match="finite number above 0"):
+        plan("HuggingFaceTB/SmolLM2-135M-Instruct", gpu=gib)
+    with pytest.raises(FastkitError, match="finite number above 0"):
+        gpu_budget(gib)

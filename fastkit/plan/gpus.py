@@ -12,7 +12,10 @@ read from torch"): the card's memory less the share the driver reserves on a mea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from fastkit.errors import FastkitError
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,17 @@ neither the advice nor FastModel's ``"auto"`` turns them on. Grace-Hopper (``gh2
 allocates HBM, and host memory is a second pool behind NVLink-C2C, so offload there frees HBM as on a PCIe card."""
 NO_BF16 = frozenset(name for name, card in CARDS.items() if not card.bf16)
 """GPUs in :data:`CARDS` without bf16 (pre-Ampere), where fastkit trains in fp16; a GiB number is planned as bf16."""
+
+
+def gpu_name(gpu):
+    """The one spelling of a ``gpu=`` value, taken where it enters the planner (``plan``): a name stripped and
+    lower-cased (``"T4 "`` plans exactly as ``"t4"``), a number of GiB as it is. A number that is not finite or
+    not above 0 is refused here, naming it."""
+    if isinstance(gpu, str):
+        return gpu.strip().lower()
+    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+        if not math.isfinite(gpu) or gpu <= 0:
+            raise FastkitError(f"gpu={gpu!r}: a GPU's memory in GiB must be a finite number above 0 (e.g. 24), "
+                               "or a GPU name such as 't4'.")
+        return gpu
+    return gpu

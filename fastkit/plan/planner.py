@@ -37,7 +37,7 @@ from fastkit.errors import FastkitError
 from fastkit.patches.moe.nf4 import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
 from fastkit.plan import rl
 from fastkit.plan.configs import known_config
-from fastkit.plan.gpus import CARDS, GPUS, NO_BF16, UNIFIED
+from fastkit.plan.gpus import CARDS, GPUS, NO_BF16, UNIFIED, gpu_name
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
 from fastkit.units import GiB
 
@@ -268,8 +268,8 @@ def _setup_line(inputs: PlanInputs, cuda: bool) -> str:
 
 def gpu_budget(gpu: str | float | int) -> int | None:
     """Usable bytes of a GPU name or a number of GiB; None for ``"cpu"``."""
-    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool) and gpu > 0:
-        return int(gpu * GiB)
+    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+        return int(gpu_name(gpu) * GiB)
     name = str(gpu).strip().lower()
     if name == "cpu":
         return None
@@ -411,6 +411,7 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
     if unknown:
         raise FastkitError(f"plan() got unknown option(s) {sorted(unknown)}; known: "
                            f"{', '.join(PlanInputs.__dataclass_fields__)}")
+    gpu = gpu_name(gpu)  # one spelling from here on: "T4 " plans as "t4" (fp16 weights, its budget)
     search = max_seq_length == "max"
     inputs = PlanInputs(gpu=str(gpu), max_seq_length=MIN_SEARCH if search else max_seq_length, batch_size=batch_size,
                         r=r, load_in_4bit=load_in_4bit, offload=offload, **options)
