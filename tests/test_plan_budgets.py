@@ -105,3 +105,10 @@ def test_a_gpu_size_that_is_not_a_finite_positive_number_is_refused(gib):
         plan("HuggingFaceTB/SmolLM2-135M-Instruct", gpu=gib)
     with pytest.raises(FastkitError, match="finite number above 0"):
         gpu_budget(gib)
+
+
+@pytest.mark.parametrize("text", ["inf", "1e400", "Inf GiB"])
+def test_an_infinite_size_given_as_text_is_refused_as_the_cli_gives_it(text):
+    with pytest.raises(FastkitError, match="finite number above 0"):
+        gpu_budget(text)
+    assert main(["plan", "HuggingFaceTB/SmolLM2-135M-Instruct", "--gpu", text]) == 2

@@ -280,7 +280,7 @@ def gpu_budget(gpu: str | float | int) -> int | None:
     except ValueError:
         gib = -1.0
     if gib > 0:
-        return int(gib * GiB)
+        return int(gpu_name(gib) * GiB)  # "inf" / "1e400" refused there, naming the size
     raise FastkitError(f"gpu={gpu!r} is not a GPU the planner knows. Use one of {', '.join(GPUS)}, "
                        "'cpu', or a number of GiB (e.g. 24).")
 
