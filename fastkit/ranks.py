@@ -21,6 +21,7 @@ How a failure reaches every rank, without a timeout deciding it:
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -35,6 +36,7 @@ WAIT = timedelta(days=7)
 run can reach; a rank that dies ends the wait at once (its connection closes)."""
 
 _group: list[Any] = []  # the gloo group of :func:`agreed`, made on first use (every rank makes it at the same point)
+_ending: list[Any] = []  # :func:`_end_groups` once registered with atexit (the first multi-process state())
 
 
 class OtherRankFailed(Exception):
@@ -54,7 +56,29 @@ def state():
     import torch
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())
+    partial = PartialState(cpu=not torch.cuda.is_available())
+    if partial.num_processes > 1 and not _ending:
+        _ending.append(atexit.register(_end_groups))
+    return partial
+
+
+def _end_groups() -> None:
+    """Destroy :func:`agreed`'s group and the job's process group while the interpreter is still whole.
+
+    A process that exits with a gloo group alive can abort in interpreter finalization ("terminate called without an
+    active exception", SIGABRT: gloo's worker threads still hold work whose tensors need the GIL), so a job whose
+    ranks all finished exits non-zero now and then. torch does not do this at exit itself
+    (https://github.com/pytorch/pytorch/pull/179291, abandoned; drop this when torch destroys groups at exit)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        while _group:
+            dist.destroy_process_group(_group.pop())
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 -- at exit: a group a peer's death already broke is no reason to fail
+        logger.debug("process groups not destroyed at exit: %s", exc)
 
 
 def is_main() -> bool:

@@ -97,6 +97,7 @@ def test_make_trainer_and_fit_on_two_processes(tmp_path):
     assert [(tmp_path / f"status-{r}.txt").read_text() for r in (0, 1)] == ["finished", "finished"]
     assert output.count("fastkit: new run") == 1 and output.count("save_lora verified") == 1, output[-4000:]
     assert (tmp_path / "lora/adapter_model.safetensors").is_file()
+    assert [(tmp_path / f"groups-at-exit-{r}.txt").read_text() for r in (0, 1)] == ["destroyed", "destroyed"]
 
 
 @pytest.mark.slow
@@ -114,3 +115,5 @@ def test_agreed_failure_reaches_every_rank(tmp_path):
     assert (tmp_path / "agree-0.txt").read_text() == ("OtherRankFailed rank=1 kind=FileNotFoundError bad_input=True: "
                                                       "no such file on rank 1")
     assert (tmp_path / "agree-1.txt").read_text() == "own FileNotFoundError: no such file on rank 1"
+    # fastkit destroyed the groups before the interpreter's finalization (a live gloo group can SIGABRT it)
+    assert [(tmp_path / f"groups-at-exit-{r}.txt").read_text() for r in (0, 1)] == ["destroyed", "destroyed"]

@@ -5,9 +5,12 @@ fit returned to ``OUT/status-<rank>.txt`` and the main process saves the LoRA (a
 ``--fail-rank N``: rank N raises at the end of step 1 (the others are in the next step's collectives).
 ``--mode agree``: :func:`fastkit.ranks.agreed` with a function that fails on ``--fail-rank``; each rank writes
 what it raised to ``OUT/agree-<rank>.txt``.
+Every mode: at exit, after fastkit's own exit handler, each rank writes whether a process group was still alive to
+``OUT/groups-at-exit-<rank>.txt`` (a live gloo group can abort the interpreter's finalization).
 """
 
 import argparse
+import atexit
 import os
 from pathlib import Path
 
@@ -61,6 +64,14 @@ def agree_mode(out: Path, fail_rank: int) -> None:
     (out / f"agree-{ranks.state().process_index}.txt").write_text(seen)
 
 
+def record_groups_at_exit(out: Path) -> None:
+    """Registered before fastkit's handler, so it runs after it (atexit is last in, first out)."""
+    import torch.distributed as dist
+
+    rank = os.environ.get("RANK", "0")
+    (out / f"groups-at-exit-{rank}.txt").write_text("alive" if dist.is_initialized() else "destroyed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["fit", "agree"], default="fit")
@@ -70,6 +81,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    atexit.register(record_groups_at_exit, out)
     if args.mode == "fit":
         fit_mode(out, args.fail_rank)
     else:
