@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from fastkit.units import GiB
+from fastkit.units import GiB, compute_dtype_name
 
 
 def pick_device() -> torch.device:
@@ -16,11 +16,8 @@ def pick_device() -> torch.device:
 
 
 def compute_dtype(cuda: bool, bf16: bool) -> torch.dtype:
-    """The one dtype rule (loader, trainer precision flags, planner): fp32 on the CPU, bf16 on a GPU that
-    has it, fp16 on one that does not (pre-Ampere: T4, RTX 20xx)."""
-    if not cuda:
-        return torch.float32
-    return torch.bfloat16 if bf16 else torch.float16
+    """:func:`fastkit.units.compute_dtype_name`'s rule as a torch dtype (fp32 CPU, bf16 GPU, fp16 pre-Ampere)."""
+    return getattr(torch, compute_dtype_name(cuda, bf16))
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:

@@ -1,4 +1,5 @@
-"""Byte units and the one byte formatter (standard library only: pure-torch files may import it)."""
+"""Byte units, the one byte formatter, and the training dtypes by name (standard library only: pure-torch files
+and the planner, which answers without torch, import it)."""
 
 from __future__ import annotations
 
@@ -26,4 +27,22 @@ def fmt_bytes(n: float | None, unit: str | None = None, *, unknown: str = "-") -
     return f"{value:.2f} {unit}" if unit == "GiB" else f"{value:.1f} {unit}"
 
 
-__all__ = ["GiB", "KiB", "MiB", "fmt_bytes"]
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+"""Bytes per value of each dtype fastkit trains in, by torch's name for it."""
+
+
+def dtype_name(dtype: object) -> str:
+    """``torch.bfloat16``, ``"bfloat16"`` or ``"torch.bfloat16"`` -> ``"bfloat16"`` (no torch import: a dtype's
+    ``str`` is ``torch.<name>``)."""
+    return str(dtype).strip().removeprefix("torch.")
+
+
+def compute_dtype_name(cuda: bool, bf16: bool) -> str:
+    """The one dtype rule (loader, trainer precision flags, planner): fp32 on the CPU, bf16 on a GPU that
+    has it, fp16 on one that does not (pre-Ampere: T4, RTX 20xx)."""
+    if not cuda:
+        return "float32"
+    return "bfloat16" if bf16 else "float16"
+
+
+__all__ = ["DTYPE_BYTES", "GiB", "KiB", "MiB", "compute_dtype_name", "dtype_name", "fmt_bytes"]

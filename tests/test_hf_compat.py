@@ -36,6 +36,7 @@ FRAGILE_MODULES = (
 PURE_TORCH = ("patches/packing/attention.py", "patches/offload/pipeline.py", "patches/offload/streams.py",
               "patches/moe/routing.py", "patches/loss/chunked.py")
 PURE_ALLOWED = ("torch", "numpy", "fastkit.errors", "fastkit._torch", "fastkit.units",
+                "fastkit.patches.sizes",  # standard library only: the byte budgets the planner counts too
                 "flash_attn",  # optional flash-attn 2 kernels (a torch extension), imported where they run
                 *(f"fastkit.{p.removesuffix('.py').replace('/', '.')}" for p in PURE_TORCH))
 # A string that spells a class name: CamelCase with two or more words (DbrxExperts, Linear8bitLt, ...).

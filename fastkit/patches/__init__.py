@@ -7,6 +7,9 @@ Glue files (``patch.py``) decide where a patch applies and swap it into a model 
 without a model. Each subpackage's ``__init__`` re-exports its public names
 (``from fastkit.patches.moe import add_expert_lora``).
 
+sizes.py: the byte budgets the patches work within (loss chunk, 4-bit dequantization groups), no torch:
+    ``fastkit plan`` counts the same numbers without importing torch.
+
 packing/ (registry name ``packing``):
     patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
     attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels

@@ -2,6 +2,8 @@
 
     planner.py    ``plan``, ``Plan``, ``PlanInputs``, the load-time ``check_fits``
     gpus.py       the GPU table: each ``--gpu`` name's memory as torch reports it, and its source
+    source.py     where the model comes from (shipped, a folder, the Hub cache, the Hub) and its config checks
+    configs.py    the shipped models' config values and counted shapes (shapes.json): planned without torch
     terms.py      ``ModelShape`` and the byte terms (weights, adapters, activations, loss)
     rl.py         the DPO / GRPO passes (``plan(kind="dpo"|"grpo")``): reference pass, generation (KV cache)
     moe_4bit.py   the 4-bit-experts plan for the published MoE configs (GPT-OSS-20B, Qwen3-30B-A3B)

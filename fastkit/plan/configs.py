@@ -3,12 +3,21 @@ them offline (``fastkit plan Qwen/Qwen3-14B`` never touches the Hub for these).
 
 Only what changes the memory is kept (sizes, head counts, vocabulary, tying, context, quantization); rope
 fields and token ids do not. :func:`known_config` gives a copy (callers may change it). A name not here is
-read from a local folder, the local Hub cache, or the Hub (``fastkit.plan.planner.read_config``).
+read from a local folder, the local Hub cache, or the Hub (``fastkit.plan.source.read_config``).
+
+Each one's :class:`~fastkit.plan.terms.ModelShape` (what the meta-device count gives) is shipped too, in
+``shapes.json``, so ``fastkit plan <shipped model>`` answers without importing torch or transformers (a third of
+a second, not five). tests/test_plan_shipped.py counts every shape again from these values with the installed
+transformers and fails on any difference; :func:`fastkit.plan.source.write_shapes` writes the file anew.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 
 from fastkit.plan.moe_4bit_configs import GPT_OSS_20B, QWEN3_30B_A3B
 
@@ -68,10 +77,48 @@ KNOWN_CONFIGS["unsloth/Qwen3-14B-bnb-4bit"] = dict(  # the pre-quantized NF4 che
                                                           "bnb_4bit_use_double_quant": True})
 
 
+SHAPES = Path(__file__).with_name("shapes.json")
+"""Hub id -> the counted :class:`~fastkit.plan.terms.ModelShape` of its :data:`KNOWN_CONFIGS` values
+(``lora_dims`` as a count of each kind of module, ``[in, out, copies, modules]``: no term depends on their order)."""
+
+
 def known_config(name: str) -> dict | None:
     """A copy of ``name``'s config values, or None when fastkit does not ship them."""
     values = KNOWN_CONFIGS.get(name)
     return copy.deepcopy(values) if values is not None else None
 
 
-__all__ = ["KNOWN_CONFIGS", "known_config"]
+class ShippedConfig(SimpleNamespace):
+    """A shipped model's config values as attributes (``model_type``, ``max_position_embeddings``, ...), its
+    ``name_or_path`` and its counted ``shape``: what the planner reads of a transformers config, without one."""
+
+
+def shipped_config(name: object) -> ShippedConfig | None:
+    """``name``'s :class:`ShippedConfig`, or None when it is not a shipped Hub id (or its shape is not shipped)."""
+    values = known_config(name) if isinstance(name, str) else None
+    shape = _shapes().get(name) if values is not None else None
+    if shape is None:
+        return None
+    return ShippedConfig(**values, name_or_path=name, shape=copy.deepcopy(shape))  # the caller's own copy
+
+
+_cache: dict = {}
+
+
+def _shapes() -> dict:
+    """The shipped shapes, read once."""
+    if not _cache:
+        from fastkit.plan.terms import ModelShape
+
+        for name, fields in json.loads(SHAPES.read_text(encoding="utf-8")).items():
+            dims = [(i, o, n) for i, o, n, modules in fields.pop("lora_dims") for _ in range(modules)]
+            _cache[name] = ModelShape(**fields, lora_dims=dims)
+    return _cache
+
+
+def lora_dim_counts(dims) -> list[list[int]]:
+    """``ModelShape.lora_dims`` as ``[in, out, copies, modules]`` per kind of module, sorted."""
+    return [[*kind, n] for kind, n in sorted(Counter(tuple(d) for d in dims).items())]
+
+
+__all__ = ["KNOWN_CONFIGS", "SHAPES", "ShippedConfig", "known_config", "lora_dim_counts", "shipped_config"]

@@ -23,23 +23,19 @@ prints the same table; ``FastModel.from_pretrained`` logs the verdict and refuse
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from fastkit import checks
-from fastkit.device import compute_dtype
 from fastkit.errors import FastkitError
-from fastkit.patches.moe.nf4 import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
+from fastkit.patches.sizes import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
 from fastkit.plan import rl
-from fastkit.plan.configs import known_config
+from fastkit.plan.configs import ShippedConfig
 from fastkit.plan.gpus import CARDS, GPUS, NO_BF16, UNIFIED, gpu_name
+from fastkit.plan.source import _check_decoder, check_config, planned_config, read_config
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes, quantization_values, shape_of
-from fastkit.units import GiB
+from fastkit.units import DTYPE_BYTES, GiB, compute_dtype_name, dtype_name
 
 logger = logging.getLogger("fastkit")
 
@@ -83,8 +79,9 @@ class PlanInputs:
     same spelling ``make_trainer(optim=...)`` takes) or ``"auto"``: :func:`default_optimizer`, as make_trainer."""
     loss: str = "trl"
     """``"trl"`` (SFTTrainer's fused LM head), ``"chunked"`` (fastkit's) or ``"full"`` (fp32 logits)."""
-    dtype: torch.dtype | None = None
-    """Compute / weight dtype; default 16-bit on a GPU, fp32 for ``gpu="cpu"``."""
+    dtype: Any = None
+    """Compute / weight dtype, a torch dtype or its name (``torch.bfloat16`` or ``"bfloat16"``; float16, bfloat16,
+    float32); default 16-bit on a GPU, fp32 for ``gpu="cpu"``."""
     attn: str = "sdpa"
     """Attention backend: ``"sdpa"`` / ``"flash_attention_2"`` (no T x T scores kept) or ``"eager"``."""
     expert_lora: bool = True
@@ -294,88 +291,6 @@ UNIFIED_NOTE = ("unified memory: host and GPU share one pool, so activation offl
                 "and are counted against it; FastModel never turns them on here")
 
 
-def read_config(model_or_config: Any):
-    """A transformers config from a config object, a model, a local folder / config.json, or a Hub id."""
-    from transformers import PretrainedConfig
-
-    if isinstance(model_or_config, PretrainedConfig):
-        return model_or_config
-    if isinstance(model_or_config, torch.nn.Module) and hasattr(model_or_config, "config"):
-        return model_or_config.config
-    if isinstance(model_or_config, dict):
-        return _config_from_dict(dict(model_or_config))
-    name = os.path.expanduser(str(model_or_config))
-    path = os.path.join(name, "config.json") if os.path.isdir(name) else name
-    if not os.path.exists(path):
-        shipped = known_config(str(model_or_config))
-        if shipped is not None:  # fastkit ships this model's config: never the Hub
-            return _config_from_dict(shipped)
-        path = _hub_config(name)
-    try:
-        with open(path, encoding="utf-8") as f:
-            return _config_from_dict(json.load(f))
-    except (OSError, ValueError) as exc:
-        raise FastkitError(f"Could not read a model config from {path!r}: {exc}") from exc
-
-
-def _config_from_dict(values: dict):
-    from transformers import CONFIG_MAPPING
-
-    model_type = values.pop("model_type", None)
-    if "torch_dtype" in values:  # checkpoints saved before transformers 5 spell it so (as from_pretrained maps it)
-        values.setdefault("dtype", values.pop("torch_dtype"))
-    if model_type not in CONFIG_MAPPING:
-        raise FastkitError(f"config model_type {model_type!r} is not one transformers knows; pass a config "
-                           "with a known model_type (e.g. 'qwen3', 'llama').")
-    try:
-        return CONFIG_MAPPING[model_type](**values)
-    except (TypeError, ValueError) as exc:  # transformers' own field checks (e.g. strict dataclass validation)
-        raise FastkitError(f"config.json ({model_type}) cannot be built: {' '.join(str(exc).split())[:300]}") from exc
-
-
-HUB_PROBE_S = 3.0
-"""Seconds the planner waits for the Hub's TCP port before it says the Hub cannot be reached."""
-
-
-def _hub_reachable() -> bool:
-    """One TCP connect to the Hub endpoint (``HF_ENDPOINT``), ``HUB_PROBE_S`` at most: no retry loop."""
-    import socket
-    from urllib.parse import urlparse
-
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=HUB_PROBE_S).close()
-    except OSError:
-        return False
-    return True
-
-
-def _hub_config(name: str) -> str:
-    """``name``'s config.json: the local Hub cache first, then the Hub; one line when neither can answer."""
-    from fastkit.plan.configs import KNOWN_CONFIGS
-
-    if os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") != 1:
-        raise FastkitError(f"{name!r} is neither a local model folder / config.json nor a Hub id "
-                           "like 'Qwen/Qwen3-14B'.")
-    from huggingface_hub import hf_hub_download
-
-    try:
-        return hf_hub_download(name, "config.json", local_files_only=True)
-    except Exception:  # noqa: BLE001 -- not cached: the Hub below, or the one-line refusal
-        pass
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    if offline or not _hub_reachable():
-        why = "HF_HUB_OFFLINE is set" if offline else f"the Hub cannot be reached (no answer in {HUB_PROBE_S:g} s)"
-        raise FastkitError(f"{why} and {name!r}'s config.json is not in the local cache. Pass a local folder or "
-                           f"config.json, or one of the models fastkit ships configs for: {', '.join(KNOWN_CONFIGS)}.")
-    try:
-        return hf_hub_download(name, "config.json", etag_timeout=HUB_PROBE_S)  # the config only, never the weights
-    except Exception as exc:
-        raise FastkitError(f"Could not read {name!r}'s config.json from the Hub: {' '.join(str(exc).split())[:300]}") \
-            from exc
-
-
 OPTIMIZER_STATE_BYTES = {
     "adamw_torch": 8, "adamw_torch_fused": 8, "paged_adamw_32bit": 8,
     "paged_adamw_8bit": 2, "adamw_8bit": 2, "adamw_bnb_8bit": 2,
@@ -424,7 +339,7 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
         inputs.unified = is_unified(gpu)
     if search and budget is None:
         raise FastkitError("max_seq_length='max' needs a GPU to fit (a name or a number of GiB), not gpu='cpu'.")
-    config = read_config(model_or_config)
+    config = planned_config(model_or_config)
     check_config(config)
     _check_decoder(config)
     if inputs.kind == "grpo":  # the generated rows: prompt + completion
@@ -453,6 +368,8 @@ def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "", sea
 
 
 def _shape(config) -> ModelShape:
+    if isinstance(config, ShippedConfig):
+        return config.shape
     try:
         return shape_of(config)
     except FastkitError:
@@ -574,48 +491,6 @@ def context_table(models: list[str], gpus: tuple[str, ...] = CONTEXT_GPUS) -> st
     return "\n".join(rows)
 
 
-def check_config(config) -> None:
-    """Refuse a config no model can be built from, naming the field (before the meta-device count)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for field_name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-        value = getattr(text, field_name, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise FastkitError(f"config.{field_name} must be a positive int, got {value!r}: no model can be built.")
-    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
-    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0):
-        raise FastkitError(f"config.num_key_value_heads must be a positive int, got {kv!r}.")
-    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
-        raise FastkitError(f"config.num_key_value_heads={kv} does not divide num_attention_heads={heads}: "
-                           "grouped-query attention shares each key/value head among a whole number of query heads.")
-    _check_experts(text)
-
-
-_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-
-
-def _check_experts(text) -> None:
-    top_k = getattr(text, "num_experts_per_tok", None)
-    for field_name in _EXPERT_FIELDS:
-        experts = getattr(text, field_name, None)
-        if isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and isinstance(top_k, int) \
-                and top_k > experts:
-            raise FastkitError(f"config.num_experts_per_tok={top_k} is larger than config.{field_name}={experts}: the "
-                               "router cannot pick more experts than there are.")
-    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < 0:
-        raise FastkitError(f"config.num_experts_per_tok must be >= 0, got {top_k}.")
-
-
-def _check_decoder(config) -> None:
-    """The planner models decoder-only causal LMs."""
-    from fastkit import _hf
-
-    # BERT-style encoders have a causal-LM head class too (BertLMHeadModel); they are masked LMs first
-    if not _hf.has_causal_lm_head(config.model_type) or _hf.has_masked_lm_head(config.model_type) \
-            or getattr(config, "is_encoder_decoder", False):
-        raise FastkitError(f"model_type {config.model_type!r} is not a decoder-only causal LM; the planner (and "
-                           "fastkit) trains causal LMs (llama, qwen3, gemma3, ...).")
-
-
 def _check_inputs(inputs: PlanInputs) -> None:  # max_seq_length: once, with the config (_check_decoder)
     checks.check_positive("batch_size", inputs.batch_size)
     if inputs.r is not None and (not isinstance(inputs.r, int) or inputs.r <= 0):
@@ -632,8 +507,9 @@ def _check_inputs(inputs: PlanInputs) -> None:  # max_seq_length: once, with the
             raise FastkitError(f"{name} must be True or False, got {getattr(inputs, name)!r}.")
     if inputs.attn not in ("sdpa", "flash_attention_2", "eager"):
         raise FastkitError(f"attn must be 'sdpa', 'flash_attention_2' or 'eager', got {inputs.attn!r}.")
-    if inputs.dtype is not None and inputs.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise FastkitError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 or None, got {inputs.dtype!r}.")
+    if inputs.dtype is not None and (isinstance(inputs.dtype, bool) or dtype_name(inputs.dtype) not in DTYPE_BYTES):
+        raise FastkitError(f"dtype must be torch.float16, torch.bfloat16, torch.float32 (or its name, e.g. "
+                           f"'bfloat16') or None, got {inputs.dtype!r}.")
     if inputs.load_in_4bit and inputs.r is None:
         raise FastkitError("load_in_4bit=True trains LoRA adapters only: give a LoRA rank r (e.g. r=16).")
     if (inputs.host_embedding or inputs.host_lm_head) and inputs.r is None:
@@ -662,13 +538,12 @@ def _check_rl_inputs(inputs: PlanInputs) -> None:
 
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """Bytes at the training peak, by component (see the module docstring)."""
-    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
-    size = torch.tensor([], dtype=dtype).element_size()
+    dtype, size = _dtype(inputs, cuda)
     out: dict[str, int] = {}
     if inputs.load_in_4bit:  # MXFP4 (GPT-OSS) too: patches.moe.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
     else:
-        out[f"weights: linear layers, {_dtype_name(dtype)}"] = shape.linear_params * size
+        out[f"weights: linear layers, {dtype}"] = shape.linear_params * size
     out.update(_embedding_weights(shape, inputs, dtype, size))
     experts = shape.expert_params_per_layer * (shape.layers - shape.dense_layers) if shape.experts else 0
     if inputs.load_in_4bit and experts:  # fastkit stores MoE experts NF4 too (patches/moe/nf4.py)
@@ -677,8 +552,8 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     else:
         experts_16 = experts
     what = "norms, router, experts, other" if experts_16 else "norms, router, other"
-    out[f"weights: {what}, {_dtype_name(dtype)}"] = (shape.other_params - experts + experts_16) * size
-    out.update(rl.reference_weights(shape, inputs, size, _dtype_name(dtype)))
+    out[f"weights: {what}, {dtype}"] = (shape.other_params - experts + experts_16) * size
+    out.update(rl.reference_weights(shape, inputs, size, dtype))
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer
     if optimizer == "auto":
@@ -696,9 +571,9 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     elif inputs.r is not None:  # PEFT keeps adapters (and so their gradients) in fp32
         out[f"LoRA r={inputs.r}: parameters + gradients (fp32)"] = trainable * 8
     else:  # the parameters are the weights above
-        out[f"gradients (full fine-tuning, {_dtype_name(dtype)})"] = trainable * size
+        out[f"gradients (full fine-tuning, {dtype})"] = trainable * size
     out[f"optimizer state ({optimizer})"] = trainable * OPTIMIZER_STATE_BYTES[optimizer]
-    stream = 4 if dtype == torch.float16 and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
+    stream = 4 if dtype == "float16" and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
     kept, phases = _step_terms(shape, inputs, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)
     if inputs.load_in_4bit:
@@ -774,9 +649,8 @@ def _host_head(shape: ModelShape, inputs: PlanInputs) -> bool:
     return inputs.host_lm_head and not shape.tied
 
 
-def _embedding_weights(shape: ModelShape, inputs: PlanInputs, dtype: torch.dtype, size: int) -> dict[str, int]:
+def _embedding_weights(shape: ModelShape, inputs: PlanInputs, name: str, size: int) -> dict[str, int]:
     """Device bytes of the input embedding and lm_head (one line, or one per matrix when one stays on the host)."""
-    name = _dtype_name(dtype)
     host_in = inputs.host_embedding and not shape.tied
     if not host_in and not _host_head(shape, inputs):
         return {f"weights: embeddings + lm_head, {name}": shape.embedding_params * size}
@@ -791,8 +665,7 @@ def _embedding_weights(shape: ModelShape, inputs: PlanInputs, dtype: torch.dtype
 
 def host_terms(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """What the host weights cost off the GPU: pinned host memory, and host-to-GPU bytes per step."""
-    dtype = inputs.dtype or compute_dtype(cuda, bf16=inputs.gpu not in NO_BF16)
-    size = torch.tensor([], dtype=dtype).element_size()
+    dtype, size = _dtype(inputs, cuda)
     tokens = _tokens(inputs)
     out: dict[str, int] = {}
     if inputs.host_embedding and not shape.tied:
@@ -809,8 +682,11 @@ def _peak(components: dict[str, int]) -> int:
     return sum(v for k, v in components.items() if not k.startswith(OFF_PEAK))
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+def _dtype(inputs: PlanInputs, cuda: bool) -> tuple[str, int]:
+    """(the compute dtype's name, its bytes per value): ``inputs.dtype``, else fastkit's rule for the GPU."""
+    name = dtype_name(inputs.dtype) if inputs.dtype is not None else \
+        compute_dtype_name(cuda, bf16=inputs.gpu not in NO_BF16)
+    return name, DTYPE_BYTES[name]
 
 
 def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
@@ -924,7 +800,7 @@ def auto_plan(config, gpu, max_seq_length: int, load_in_4bit: bool,
     if unified or (unified is None and is_unified(gpu)):
         return None
     name = config if isinstance(config, str) else getattr(config, "name_or_path", "")
-    config = read_config(config)
+    config = planned_config(config)
     check_config(config)
     _check_decoder(config)
     checks.check_max_seq_length(max_seq_length, config)
@@ -947,7 +823,7 @@ def _auto(config, gpu, max_seq_length: int, load_in_4bit: bool, name: str = "") 
     return first
 
 
-def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_length: int,
+def check_fits(config, device, gpu: str | float | None, max_seq_length: int,
                load_in_4bit: bool) -> Plan | None:
     """The load-time verdict (LoRA r=16, checkpointing, batch 1): None off CUDA without a ``gpu`` target.
 
@@ -957,6 +833,8 @@ def check_fits(config, device: torch.device, gpu: str | float | None, max_seq_le
     if gpu is None:
         if device.type != "cuda":
             return None
+        import torch  # the loader's path: torch is there
+
         props = torch.cuda.get_device_properties(device)
         gpu = props.total_memory / GiB  # torch's reading, as the GPU table holds it (the context: a component)
         unified = bool(getattr(props, "is_integrated", False))  # DGX Spark, Jetson: one pool (UNIFIED)

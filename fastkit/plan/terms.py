@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from fastkit import _hf
-from fastkit.patches.loss.chunked import CHUNK_BYTES  # the chunk the loss uses is the chunk planned
+from fastkit.patches.sizes import CHUNK_BYTES  # the chunk the loss uses is the chunk planned
+from fastkit.units import dtype_name
 
 TRL_TILE = (4096, 32768)  # tokens x vocabulary per tile of TRL's fused LM head (trl.kernels.chunked_logprob)
 
@@ -86,7 +84,10 @@ class ModelShape:
 
 def shape_of(config) -> ModelShape:
     """Count ``config``'s parameters by kind on the meta device (no memory, no weights)."""
+    import torch  # here, not at import: a shipped model's plan reads its shape from fastkit/plan/shapes.json
     from transformers import AutoModelForCausalLM
+
+    from fastkit import _hf
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -124,7 +125,7 @@ def shape_of(config) -> ModelShape:
         shape.expert_params_per_layer = experts_in_layer // (shape.layers - shape.dense_layers)
     shape.mxfp4 = mxfp4_checkpoint(config)
     saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
-    shape.saved_fp16 = saved in (torch.float16, "float16")
+    shape.saved_fp16 = saved is not None and dtype_name(saved) == "float16"
     return shape
 
 

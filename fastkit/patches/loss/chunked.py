@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from fastkit.patches.sizes import CHUNK_BYTES  # the planner counts the same chunk
+
 IGNORE_INDEX = -100
-CHUNK_BYTES = 128 * 2**20
-"""Default budget for one chunk's fp32 logits (a chunk is ``CHUNK_BYTES // (4 * V)`` tokens)."""
 
 
 def chunk_tokens(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
