@@ -16,7 +16,9 @@ prefixes (``messages[:i]`` with the generation prompt, ``messages[:i + 1]`` with
 span is exactly what the template writes for that message, end-of-turn token included, and nothing
 of the system/user/tool turns or the ``<|im_start|>assistant`` header. The result is TRL's
 pre-tokenized form (``input_ids`` + ``completion_mask``): ``SFTTrainer`` turns the mask into labels
-(-100 elsewhere) and packs it like any other row. A template that renders earlier turns differently
+(-100 elsewhere) and packs it like any other row. How that stays cheap at scale (2k renders for k assistant
+turns, straight to the compiled template where provably the same, one batched tokenizer call with offsets):
+:mod:`fastkit.data.chat_masks`. A template that renders earlier turns differently
 from the last one (Qwen3 drops past reasoning) is not prefix-preserving; TRL's training template for
 it (``trl.get_training_chat_template``) is used instead when TRL ships one, else the data is refused.
 """
@@ -27,6 +29,7 @@ import html as _html
 import logging
 from typing import Any
 
+from fastkit.data.chat_masks import ChatMasker, ChatRenderer, chat_spans, pieces_mask, token_starts_mask
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -149,65 +152,30 @@ def _render(tokenizer, messages: list[dict], template: str | None, generation_pr
 def assistant_spans(messages: list[dict], tokenizer, template: str | None = None
                     ) -> tuple[str, list[tuple[int, int]]] | None:
     """``(text, [(start, end) char span of each assistant turn])``; None if the template is not prefix-preserving."""
-    text = _render(tokenizer, messages, template)
-    spans = []
-    for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        before = _render(tokenizer, messages[:i], template, generation_prompt=True)
-        upto = _render(tokenizer, messages[: i + 1], template)
-        if not (upto.startswith(before) and text.startswith(upto)):
-            return None
-        spans.append((len(before), len(upto)))
-    return text, spans
-
-
-def _training_template(tokenizer) -> str | None:
-    """TRL's prefix-preserving training template for this tokenizer's template, if TRL ships one."""
-    try:
-        from trl import get_training_chat_template
-
-        return get_training_chat_template(tokenizer)
-    except Exception:  # TRL knows only a fixed list of templates; any other one raises
-        return None
+    return chat_spans(messages, ChatRenderer(tokenizer, template))
 
 
 def _token_mask(text: str, spans: list[tuple[int, int]], tokenizer) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and 1 for each token that starts inside a span (0 elsewhere)."""
     if getattr(tokenizer, "is_fast", False):
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        mask = [int(any(s <= start < e for s, e in spans)) for start, _ in enc["offset_mapping"]]
-        return list(enc["input_ids"]), mask
-    ids, mask, pos = [], [], 0  # slow tokenizer: tokenize each untrained / trained piece on its own
-    for s, e in spans + [(len(text), len(text))]:
-        for piece, bit in ((text[pos:s], 0), (text[s:e], 1)):
-            piece_ids = tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
-            ids += piece_ids
-            mask += [bit] * len(piece_ids)
-        pos = e
-    return ids, mask
+        return list(enc["input_ids"]), token_starts_mask(enc["offset_mapping"], spans).tolist()
+    ids, mask = pieces_mask(text, spans, tokenizer)
+    return ids, mask.tolist()
 
 
 def tokenize_chat(messages: list[dict], tokenizer) -> dict[str, list[int]]:
-    """``{"input_ids", "completion_mask"}`` of one conversation: 1 on every assistant turn's tokens, 0 elsewhere."""
-    found = assistant_spans(messages, tokenizer)
-    if found is None:
-        template = _training_template(tokenizer)
-        found = assistant_spans(messages, tokenizer, template) if template else None
-        if found is None:
-            raise FastkitError(
-                "This tokenizer's chat template renders earlier turns differently from the last one (it is not "
-                "prefix-preserving), so the assistant turns of a multi-turn chat cannot be cut out exactly. Either "
-                "set tokenizer.chat_template to a prefix-preserving template, or pass each conversation as "
-                "'prompt' (messages before the answer) + 'completion' (the answer) rows.")
-    text, spans = found
-    ids, mask = _token_mask(text, spans, tokenizer)
-    return {"input_ids": ids, "completion_mask": mask}
+    """``{"input_ids", "completion_mask"}`` of one conversation: 1 on every assistant turn's tokens, 0 elsewhere.
+
+    Refused (FastkitError) when the tokenizer's template is not prefix-preserving and TRL ships no training
+    template for it (see :mod:`fastkit.data.chat_masks`)."""
+    _, ids, mask = ChatMasker(tokenizer).arrays([messages])
+    return {"input_ids": ids.tolist(), "completion_mask": mask.tolist()}
 
 
-def _tokenize_chats_batch(batch: dict[str, list], tokenizer) -> dict[str, list]:
-    rows = [tokenize_chat(messages, tokenizer) for messages in batch["messages"]]
-    return {"input_ids": [r["input_ids"] for r in rows], "completion_mask": [r["completion_mask"] for r in rows]}
+def _tokenize_chats_batch(batch: dict[str, list], tokenizer):
+    """A batch of chats -> an Arrow table of ``input_ids`` + ``completion_mask`` (no Python list per token)."""
+    return ChatMasker(tokenizer).table(batch["messages"])
 
 
 def tokenize_chats(dataset, tokenizer, num_proc: int | None = None):
