@@ -20,8 +20,8 @@ from fastkit import FastkitError
 from fastkit.data import chat_masks
 from fastkit.data.chat_masks import ChatMasker, ChatRenderer
 from fastkit.data.formats import tokenize_chat
-from fastkit.families.twins import (CHATML_TEMPLATE, GEMMA_TEMPLATE, twin_bpe_tokenizer, twin_spm_tokenizer,
-                                    twin_tokenizer)
+from fastkit.families import twins
+from fastkit.families.twins import CHATML_TEMPLATE, GEMMA_TEMPLATE, twin_tokenizer
 
 
 # ---- the reference: fastkit's algorithm before chat_masks, verbatim -------------------------------------------
@@ -155,8 +155,8 @@ def test_every_shipped_template_masks_as_the_reference(name, template, chats):
         assert agreed >= len(chats) - 2  # these take (nearly) every conversation: the comparison is not vacuous
 
 
-@pytest.mark.parametrize("make", [twin_bpe_tokenizer, twin_spm_tokenizer, lambda: twin_spm_tokenizer(True)],
-                         ids=["bpe", "spm (gemma)", "spm (llama-2)"])
+@pytest.mark.parametrize("make", [twins.twin_bpe_tokenizer, twins.twin_spm_tokenizer,
+                                  lambda: twins.twin_spm_tokenizer(True)], ids=["bpe", "spm (gemma)", "spm (llama-2)"])
 def test_other_test_tokenizers_mask_as_the_reference(make, chats):
     tok = make()
     for template in (tok.chat_template, CHATML_TEMPLATE):
