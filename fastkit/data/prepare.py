@@ -16,8 +16,10 @@ assistant turns are tokenized instead, with a mask that trains every assistant t
 from __future__ import annotations
 
 import logging
+from itertools import chain
 
 from fastkit import _quiet
+from fastkit.data.chat_masks import TRAINED_COLUMN, token_table
 from fastkit.data.chat_template import require_chat_template
 from fastkit.data.formats import is_single_answer, normalize_dataset, row_tokens, tokenize_chats
 from fastkit.data.read import as_dataset
@@ -47,28 +49,40 @@ def to_prompt_completion(dataset):
     return dataset.map(split_last_turn, remove_columns=[c for c in ("messages", "prompt") if c in columns])
 
 
-def to_chat_training_form(dataset, tokenizer):
+def to_chat_training_form(dataset, tokenizer, labels: bool = False, trained: bool = False):
     """What TRL trains: prompt/completion when each chat has one final answer, else every assistant turn.
 
     Chats with several assistant turns (or an answer before the last message) are tokenized by
     :func:`fastkit.data.formats.tokenize_chats` into ``input_ids`` + ``completion_mask`` that train every
-    assistant turn (its end-of-turn token included) and nothing else.
+    assistant turn (its end-of-turn token included) and nothing else (``labels``, ``trained``: as there).
     """
-    if "messages" in dataset.column_names and not all(map(is_single_answer, dataset["messages"])):
-        return tokenize_chats(dataset, tokenizer, data_workers(len(dataset)))
+    if "messages" in dataset.column_names and not _all_single_answer(dataset):
+        return tokenize_chats(dataset, tokenizer, data_workers(len(dataset)), labels=labels, trained=trained)
     return to_prompt_completion(dataset)
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer) -> dict[str, list]:
+def _all_single_answer(dataset, batch_size: int = 1000) -> bool:
+    """Whether every chat's only assistant turn is its last message, read a batch at a time (stops at the first
+    that is not: the whole column never sits in Python at once)."""
+    for batch in dataset.select_columns(["messages"]).iter(batch_size=batch_size):
+        if not all(map(is_single_answer, batch["messages"])):
+            return False
+    return True
+
+
+def _tokenize_batch(batch: dict[str, list], tokenizer, labels: bool = False, trained: bool = False):
     """A batch of ``text`` or ``prompt``/``completion`` rows tokenized as TRL's ``SFTTrainer`` tokenizes them.
 
     text: ``tokenizer(text + EOS)``; string prompt/completion: ``tokenizer(prompt)`` and
     ``tokenizer(prompt + completion + EOS)``; message lists: ``apply_chat_template(prompt,
     add_generation_prompt=True)`` and ``apply_chat_template(prompt + completion)``. The completion starts where
     the two token lists part (TRL's ``common_prefix_length``); ``completion_mask`` is 1 from there on.
+    ``labels``, ``trained``: as :func:`fastkit.data.chat_masks.token_table` writes them (text rows: every token
+    trained, no labels column: TRL copies ``input_ids``).
     """
     if "text" in batch:
-        return {"input_ids": tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]}
+        ids = tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]
+        return {"input_ids": ids, **({TRAINED_COLUMN: [len(x) for x in ids]} if trained else {})}
     prompts, completions = batch["prompt"], batch["completion"]
     if prompts and isinstance(prompts[0], str):
         p_ids = tokenizer(prompts)["input_ids"]
@@ -78,54 +92,83 @@ def _tokenize_batch(batch: dict[str, list], tokenizer) -> dict[str, list]:
                                               return_dict=True)["input_ids"]
         f_ids = tokenizer.apply_chat_template([a + b for a, b in zip(prompts, completions)], tokenize=True,
                                               return_dict=True)["input_ids"]
-    masks = []
-    for p, f in zip(p_ids, f_ids):
+    import numpy as np
+
+    offsets = np.zeros(len(f_ids) + 1, dtype=np.int64)
+    np.cumsum([len(f) for f in f_ids], out=offsets[1:])
+    mask = np.zeros(int(offsets[-1]), dtype=np.int64)
+    for start, p, f in zip(offsets, p_ids, f_ids):
         shared = next((i for i, (a, b) in enumerate(zip(p, f)) if a != b), min(len(p), len(f)))
-        masks.append([0] * shared + [1] * (len(f) - shared))
-    return {"input_ids": [list(f) for f in f_ids], "completion_mask": masks}
+        mask[start + shared:start + len(f)] = 1
+    ids = np.fromiter(chain.from_iterable(f_ids), dtype=np.int64, count=int(offsets[-1]))
+    return token_table(offsets, ids, mask, labels=labels, trained=trained)
 
 
-def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None):
+def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None, labels: bool = False, trained: bool = False):
     """``text`` / ``prompt``+``completion`` rows -> the ``input_ids`` (+ ``completion_mask``) TRL would make.
 
     TRL's ``SFTTrainer`` skips its own tokenization for a dataset that has ``input_ids`` (it builds the labels
     from ``completion_mask`` and packs), so the rows fastkit measured are the rows trained, tokenized once.
-    Already tokenized data passes through.
+    Already tokenized data passes through. ``labels``, ``trained``: see :func:`_tokenize_batch`.
     """
     if "input_ids" in dataset.column_names:
         return dataset
-    return dataset.map(_tokenize_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
-                       remove_columns=dataset.column_names, num_proc=num_proc, desc="fastkit: tokenizing rows")
+    return dataset.map(_tokenize_batch, batched=True, batch_size=256, remove_columns=dataset.column_names,
+                       fn_kwargs={"tokenizer": tokenizer, "labels": labels, "trained": trained}, num_proc=num_proc,
+                       desc="fastkit: tokenizing rows")
 
 
-def column_counts(dataset, batch_size: int = 20_000):
+def column_counts(dataset, batch_size: int = 4096):
     """``(total, trainable)`` tokens of every pre-tokenized row, read from the Arrow columns (no Python rows).
 
-    Trainable: ``labels`` other than -100, else the 1s of ``completion_mask``, else every token. Returns two
-    int64 numpy arrays (one entry per row).
+    Total: the ``input_ids`` list lengths (their offsets only: the token values are never read). Trainable: the
+    :data:`~fastkit.data.chat_masks.TRAINED_COLUMN` a tokenizing pass wrote, else ``labels`` other than -100, else
+    the 1s of ``completion_mask``, else every token. Returns two int64 numpy arrays (one entry per row).
     """
     import numpy as np
-    import pyarrow as pa
 
-    mask_column = next((c for c in ("labels", "completion_mask") if c in dataset.column_names), None)
-    totals, trained = [], []
+    have = dataset.column_names
+    mask_column = next((c for c in (TRAINED_COLUMN, "labels", "completion_mask") if c in have), None)
+    totals, trained = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for batch in dataset.select_columns(["input_ids"] + ([mask_column] if mask_column else [])).with_format(
             "arrow").iter(batch_size=batch_size):
-        ids = pa.concat_arrays(batch["input_ids"].chunks) if batch.num_rows else pa.array([], pa.list_(pa.int64()))
-        offsets = np.asarray(ids.offsets)
-        totals.append(np.diff(offsets) if len(offsets) else np.zeros(0, np.int64))
+        totals.append(_list_lengths(batch["input_ids"]))
         if mask_column is None:
             trained.append(totals[-1])
-            continue
-        mask = pa.concat_arrays(batch[mask_column].chunks)
-        values = np.asarray(mask.values.to_numpy(zero_copy_only=False))
-        bits = (values != -100) if mask_column == "labels" else (values != 0)
-        sums = np.concatenate([[0], np.cumsum(bits, dtype=np.int64)])
-        mask_offsets = np.asarray(mask.offsets)
-        trained.append(sums[mask_offsets[1:]] - sums[mask_offsets[:-1]])
-    empty = np.zeros(0, np.int64)
-    return (np.concatenate(totals) if totals else empty).astype(np.int64), (
-        np.concatenate(trained) if trained else empty).astype(np.int64)
+        elif mask_column == TRAINED_COLUMN:
+            trained.append(batch[mask_column].to_numpy().astype(np.int64))
+        else:
+            trained.append(_marked_per_row(batch[mask_column], -100 if mask_column == "labels" else 0))
+    return np.concatenate(totals).astype(np.int64), np.concatenate(trained).astype(np.int64)
+
+
+def _chunk_lengths(chunk):
+    import numpy as np
+    import pyarrow.compute as pc
+
+    return pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _list_lengths(column):
+    """Per-row lengths of a chunked list column (its offsets only)."""
+    import numpy as np
+
+    return np.concatenate([np.zeros(0, np.int64)] + [_chunk_lengths(chunk) for chunk in column.chunks])
+
+
+def _marked_per_row(column, off_value: int):
+    """Per-row counts of the values other than ``off_value`` in a chunked list column (these rows' values only)."""
+    import numpy as np
+
+    out = [np.zeros(0, np.int64)]
+    for chunk in column.chunks:
+        bits = chunk.flatten().to_numpy(zero_copy_only=False) != off_value
+        sums = np.zeros(len(bits) + 1, dtype=np.int64)
+        np.cumsum(bits, out=sums[1:])
+        ends = np.zeros(len(chunk) + 1, dtype=np.int64)
+        np.cumsum(_chunk_lengths(chunk), out=ends[1:])
+        out.append(sums[ends[1:]] - sums[ends[:-1]])
+    return np.concatenate(out)
 
 
 def token_counts(dataset, tokenizer, per_row, chunk: int = 1024) -> list[tuple[int, int]]:
