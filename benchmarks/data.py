@@ -56,6 +56,44 @@ def _peak_mib() -> tuple[float, float]:
     return own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
+def _tree_pss_mib(pid: int) -> float:
+    """Proportional set size of ``pid`` and all its descendants in MiB (pages shared between forked workers are
+    counted once, split between them: their sum is the memory the machine spends; 0 where /proc cannot say)."""
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total / 1024
+
+
+class PssSampler:
+    """The peak of :func:`_tree_pss_mib` over this process's tree, sampled every ``every`` seconds on a thread."""
+
+    def __init__(self, every: float = 0.05):
+        import threading
+
+        self.peak, self._stop = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _tree_pss_mib(os.getpid()))
+            self._stop.wait(every)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
 def _trained(trainer) -> tuple[int, int]:
     """(packed rows, tokens with a label) of the trainer's training dataset."""
     ds = trainer.train_dataset
@@ -71,6 +109,7 @@ def run_variant(variant: str, file: str, out_dir: str) -> dict:
     from fastkit.families.twins import twin, twin_tokenizer
 
     model, tokenizer = twin("llama", seed=0), twin_tokenizer()
+    sampler = PssSampler()
     start = time.perf_counter()
     if variant == "plain":
         from datasets import load_dataset
@@ -93,9 +132,11 @@ def run_variant(variant: str, file: str, out_dir: str) -> dict:
                                dashboard="none")
     built = time.perf_counter()
     own, children = _peak_mib()
+    tree_pss = sampler.stop()
     rows, tokens = _trained(trainer)
     return {"variant": variant, "read_s": read - start, "prepare_s": built - read, "total_s": built - start,
-            "peak_mib": own, "workers_peak_mib": children, "rows_in": len(dataset), "packed_rows": rows,
+            "peak_mib": own, "workers_peak_mib": children,
+            "tree_pss_mib": tree_pss, "rows_in": len(dataset), "packed_rows": rows,
             "trained_tokens": tokens, "num_proc": trainer.args.dataset_num_proc}
 
 
@@ -119,15 +160,18 @@ def table(results: list[dict], machine: str) -> str:
     for r in results:
         lines.append([f"{r['rows_in']:,}", r["variant"], f"{r['read_s']:.1f}", f"{r['prepare_s']:.1f}",
                       f"{r['total_s']:.1f}", f"{r['peak_mib']:,.0f}", f"{r['workers_peak_mib']:,.0f}",
+                      f"{r.get('tree_pss_mib', 0):,.0f}",
                       f"{r['num_proc'] or 1}", f"{r['packed_rows']:,}", f"{r['trained_tokens']:,}"])
-    head = ["rows", "variant", "read s", "read -> trainer s", "total s", "peak RSS MiB", "workers' peak MiB",
-            "processes", "packed rows", "tokens with a label"]
+    head = ["rows", "variant", "read s", "read -> trainer s", "total s", "peak RSS MiB", "workers' peak RSS MiB",
+            "all processes' peak PSS MiB", "processes", "packed rows", "tokens with a label"]
     return (f"# Data front door: plain datasets + TRL vs fastkit\n\n{machine}\n\n"
-            + markdown_table(head, lines, "rlrrrrrrrr") + "\n\n"
+            + markdown_table(head, lines, "rlrrrrrrrrr") + "\n\n"
             "Multi-turn chats (system prompt, 1-3 assistant turns), twin llama + ChatML tokenizer, one torch "
             "thread, max_length 2048, packing on; each variant in its own process with an empty datasets cache. "
             "Plain TRL trains every token of a `messages` row; fastkit trains the assistant turns only, so its "
-            "labelled tokens are fewer for the same rows.\n")
+            "labelled tokens are fewer for the same rows. Peak RSS counts pages a forked worker shares with its "
+            "parent in both; the PSS column (sampled every 50 ms over the process and its workers) counts each "
+            "page once: it is the memory the machine spends.\n")
 
 
 def main(argv: list[str] | None = None) -> int:

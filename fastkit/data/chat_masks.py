@@ -214,33 +214,20 @@ class ChatMasker:
         ids = np.fromiter(chain.from_iterable(row for row, _ in rows), dtype=np.int64, count=int(offsets[-1]))
         return offsets, ids, np.concatenate([m for _, m in rows])
 
-    def table(self, conversations: list, labels: bool = False, trained: bool = False):
+    def table(self, conversations: list):
         """The batch as an Arrow table (:func:`token_table`)."""
-        return token_table(*self.arrays(conversations), labels=labels, trained=trained)
+        return token_table(*self.arrays(conversations))
 
 
-TRAINED_COLUMN = "fastkit_trained_tokens"
-"""A column of trained tokens per row that fastkit's tokenizing passes may add, so the counts are read without
-reading the token columns back (their memory-mapped pages would count in the process's resident memory)."""
-
-
-def token_table(offsets, ids, mask, labels: bool = False, trained: bool = False):
-    """``input_ids`` + ``completion_mask`` as ``list<int64>`` Arrow columns built from numpy (row r: ``offsets[r]``
-    to ``offsets[r + 1]``). ``labels``: a ``labels`` column instead of the mask, the token where the mask is 1 and
-    -100 elsewhere (what TRL's SFTTrainer builds from ``completion_mask``, so it skips that pass); ``trained``: also
-    :data:`TRAINED_COLUMN`, the mask's 1s per row."""
+def token_table(offsets, ids, mask):
+    """``input_ids`` + ``completion_mask`` as ``list<int64>`` Arrow columns built from numpy (row r: tokens
+    ``offsets[r]`` to ``offsets[r + 1]`` of ``ids`` and ``mask``), with no Python list per token."""
     import numpy as np
     import pyarrow as pa
 
-    starts = pa.array(offsets.astype(np.int32))
-    second = ("labels", np.where(mask != 0, ids, -100)) if labels else ("completion_mask", mask)
-    columns = {"input_ids": pa.ListArray.from_arrays(starts, pa.array(ids)),
-               second[0]: pa.ListArray.from_arrays(starts, pa.array(second[1]))}
-    if trained:
-        sums = np.zeros(len(mask) + 1, dtype=np.int64)
-        np.cumsum(mask != 0, out=sums[1:])
-        columns[TRAINED_COLUMN] = pa.array(sums[offsets[1:]] - sums[offsets[:-1]])
-    return pa.table(columns)
+    starts = pa.array(offsets.astype(np.int32))  # (rows + 1,)
+    return pa.table({"input_ids": pa.ListArray.from_arrays(starts, pa.array(ids)),
+                     "completion_mask": pa.ListArray.from_arrays(starts, pa.array(mask))})
 
 
 def token_starts_mask(offsets: list, spans: list[tuple[int, int]]):
@@ -268,5 +255,5 @@ def pieces_mask(text: str, spans: list[tuple[int, int]], tokenizer):
     return ids, np.asarray(mask, dtype=np.int64)
 
 
-__all__ = ["ChatMasker", "ChatRenderer", "NOT_PREFIX_PRESERVING", "TRAINED_COLUMN", "chat_spans", "pieces_mask",
+__all__ = ["ChatMasker", "ChatRenderer", "NOT_PREFIX_PRESERVING", "chat_spans", "pieces_mask",
            "token_starts_mask", "token_table"]

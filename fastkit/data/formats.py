@@ -173,19 +173,15 @@ def tokenize_chat(messages: list[dict], tokenizer) -> dict[str, list[int]]:
     return {"input_ids": ids.tolist(), "completion_mask": mask.tolist()}
 
 
-def _tokenize_chats_batch(batch: dict[str, list], tokenizer, labels: bool = False, trained: bool = False):
+def _tokenize_chats_batch(batch: dict[str, list], tokenizer):
     """A batch of chats -> an Arrow table of ``input_ids`` + ``completion_mask`` (no Python list per token)."""
-    return ChatMasker(tokenizer).table(batch["messages"], labels=labels, trained=trained)
+    return ChatMasker(tokenizer).table(batch["messages"])
 
 
-def tokenize_chats(dataset, tokenizer, num_proc: int | None = None, labels: bool = False, trained: bool = False):
-    """A ``messages`` dataset -> TRL's pre-tokenized ``input_ids`` + ``completion_mask`` (every assistant turn).
-
-    ``labels``: ``labels`` (-100 off the assistant turns) instead of the mask, as TRL builds them from it;
-    ``trained``: a column of trained tokens per row (:data:`fastkit.data.chat_masks.TRAINED_COLUMN`)."""
-    return dataset.map(_tokenize_chats_batch, batched=True, batch_size=256, remove_columns=dataset.column_names,
-                       fn_kwargs={"tokenizer": tokenizer, "labels": labels, "trained": trained}, num_proc=num_proc,
-                       desc="fastkit: tokenizing chats")
+def tokenize_chats(dataset, tokenizer, num_proc: int | None = None):
+    """A ``messages`` dataset -> TRL's pre-tokenized ``input_ids`` + ``completion_mask`` (every assistant turn)."""
+    return dataset.map(_tokenize_chats_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
+                       remove_columns=dataset.column_names, num_proc=num_proc, desc="fastkit: tokenizing chats")
 
 
 def row_tokens(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:

@@ -19,7 +19,7 @@ import logging
 from itertools import chain
 
 from fastkit import _quiet
-from fastkit.data.chat_masks import TRAINED_COLUMN, token_table
+from fastkit.data.chat_masks import token_table
 from fastkit.data.chat_template import require_chat_template
 from fastkit.data.formats import is_single_answer, normalize_dataset, row_tokens, tokenize_chats
 from fastkit.data.read import as_dataset
@@ -49,15 +49,15 @@ def to_prompt_completion(dataset):
     return dataset.map(split_last_turn, remove_columns=[c for c in ("messages", "prompt") if c in columns])
 
 
-def to_chat_training_form(dataset, tokenizer, labels: bool = False, trained: bool = False):
+def to_chat_training_form(dataset, tokenizer):
     """What TRL trains: prompt/completion when each chat has one final answer, else every assistant turn.
 
     Chats with several assistant turns (or an answer before the last message) are tokenized by
     :func:`fastkit.data.formats.tokenize_chats` into ``input_ids`` + ``completion_mask`` that train every
-    assistant turn (its end-of-turn token included) and nothing else (``labels``, ``trained``: as there).
+    assistant turn (its end-of-turn token included) and nothing else.
     """
     if "messages" in dataset.column_names and not _all_single_answer(dataset):
-        return tokenize_chats(dataset, tokenizer, data_workers(len(dataset)), labels=labels, trained=trained)
+        return tokenize_chats(dataset, tokenizer, data_workers(len(dataset)))
     return to_prompt_completion(dataset)
 
 
@@ -70,19 +70,16 @@ def _all_single_answer(dataset, batch_size: int = 1000) -> bool:
     return True
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer, labels: bool = False, trained: bool = False):
+def _tokenize_batch(batch: dict[str, list], tokenizer):
     """A batch of ``text`` or ``prompt``/``completion`` rows tokenized as TRL's ``SFTTrainer`` tokenizes them.
 
     text: ``tokenizer(text + EOS)``; string prompt/completion: ``tokenizer(prompt)`` and
     ``tokenizer(prompt + completion + EOS)``; message lists: ``apply_chat_template(prompt,
     add_generation_prompt=True)`` and ``apply_chat_template(prompt + completion)``. The completion starts where
     the two token lists part (TRL's ``common_prefix_length``); ``completion_mask`` is 1 from there on.
-    ``labels``, ``trained``: as :func:`fastkit.data.chat_masks.token_table` writes them (text rows: every token
-    trained, no labels column: TRL copies ``input_ids``).
     """
     if "text" in batch:
-        ids = tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]
-        return {"input_ids": ids, **({TRAINED_COLUMN: [len(x) for x in ids]} if trained else {})}
+        return {"input_ids": tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]}
     prompts, completions = batch["prompt"], batch["completion"]
     if prompts and isinstance(prompts[0], str):
         p_ids = tokenizer(prompts)["input_ids"]
@@ -101,42 +98,39 @@ def _tokenize_batch(batch: dict[str, list], tokenizer, labels: bool = False, tra
         shared = next((i for i, (a, b) in enumerate(zip(p, f)) if a != b), min(len(p), len(f)))
         mask[start + shared:start + len(f)] = 1
     ids = np.fromiter(chain.from_iterable(f_ids), dtype=np.int64, count=int(offsets[-1]))
-    return token_table(offsets, ids, mask, labels=labels, trained=trained)
+    return token_table(offsets, ids, mask)
 
 
-def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None, labels: bool = False, trained: bool = False):
+def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None):
     """``text`` / ``prompt``+``completion`` rows -> the ``input_ids`` (+ ``completion_mask``) TRL would make.
 
     TRL's ``SFTTrainer`` skips its own tokenization for a dataset that has ``input_ids`` (it builds the labels
     from ``completion_mask`` and packs), so the rows fastkit measured are the rows trained, tokenized once.
-    Already tokenized data passes through. ``labels``, ``trained``: see :func:`_tokenize_batch`.
+    Already tokenized data passes through.
     """
     if "input_ids" in dataset.column_names:
         return dataset
-    return dataset.map(_tokenize_batch, batched=True, batch_size=256, remove_columns=dataset.column_names,
-                       fn_kwargs={"tokenizer": tokenizer, "labels": labels, "trained": trained}, num_proc=num_proc,
-                       desc="fastkit: tokenizing rows")
+    return dataset.map(_tokenize_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
+                       remove_columns=dataset.column_names, num_proc=num_proc, desc="fastkit: tokenizing rows")
 
 
 def column_counts(dataset, batch_size: int = 4096):
     """``(total, trainable)`` tokens of every pre-tokenized row, read from the Arrow columns (no Python rows).
 
-    Total: the ``input_ids`` list lengths (their offsets only: the token values are never read). Trainable: the
-    :data:`~fastkit.data.chat_masks.TRAINED_COLUMN` a tokenizing pass wrote, else ``labels`` other than -100, else
-    the 1s of ``completion_mask``, else every token. Returns two int64 numpy arrays (one entry per row).
+    Total: the ``input_ids`` list lengths (their offsets only: the token values are never read). Trainable:
+    ``labels`` other than -100, else the 1s of ``completion_mask``, else every token. Returns two int64 numpy
+    arrays (one entry per row).
     """
     import numpy as np
 
     have = dataset.column_names
-    mask_column = next((c for c in (TRAINED_COLUMN, "labels", "completion_mask") if c in have), None)
+    mask_column = next((c for c in ("labels", "completion_mask") if c in have), None)
     totals, trained = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for batch in dataset.select_columns(["input_ids"] + ([mask_column] if mask_column else [])).with_format(
             "arrow").iter(batch_size=batch_size):
         totals.append(_list_lengths(batch["input_ids"]))
         if mask_column is None:
             trained.append(totals[-1])
-        elif mask_column == TRAINED_COLUMN:
-            trained.append(batch[mask_column].to_numpy().astype(np.int64))
         else:
             trained.append(_marked_per_row(batch[mask_column], -100 if mask_column == "labels" else 0))
     return np.concatenate(totals).astype(np.int64), np.concatenate(trained).astype(np.int64)
