@@ -7,6 +7,8 @@ the same twin model and tokenizer, one torch thread, ``max_length`` 2048, packin
 own process with its own empty ``datasets`` cache, so its peak RSS is its own (the workers' peak is reported
 beside it) and nothing is read from an earlier run's cache. Reported: seconds to read, seconds from read to a
 built trainer, peak RSS, and the rows and tokens in the trainer's packed dataset (the rows trained).
+``fastkit-stream`` streams the same file (``load_chat_dataset(..., streaming=True)``); a stream prepares its rows
+as they are drawn, so its preparing time includes one whole pass over its packed rows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.common import bench_parser, machine_line, markdown_table, parse_bench_args, write_outputs
 
-VARIANTS = ("plain", "fastkit")
+VARIANTS = ("plain", "fastkit", "fastkit-stream")
 WORDS = ("alpha", "beta", "gamma", "delta", "pack", "row", "token", "layer", "sync", "grad", "mask", "doc", "data",
          "arrow", "table", "batch")
 
@@ -95,9 +98,20 @@ class PssSampler:
 
 
 def _trained(trainer) -> tuple[int, int]:
-    """(packed rows, tokens with a label) of the trainer's training dataset."""
+    """(packed rows, tokens with a label) of the trainer's training dataset, read from its Arrow columns (a stream:
+    drawn row by row, which is where a stream does its checking and tokenizing)."""
     ds = trainer.train_dataset
-    tokens = sum(sum(1 for x in labels if x != -100) for labels in ds.with_format(None)["labels"])
+    if getattr(ds, "num_rows", None) is None:  # an IterableDataset
+        rows = tokens = 0
+        for row in ds:
+            rows += 1
+            tokens += sum(1 for x in row["labels"] if x != -100)
+        return rows, tokens
+    import pyarrow.compute as pc
+
+    tokens = 0
+    for batch in ds.select_columns(["labels"]).with_format("arrow").iter(batch_size=4096):
+        tokens += pc.sum(pc.not_equal(pc.list_flatten(batch["labels"]), -100)).as_py() or 0
     return len(ds), tokens
 
 
@@ -126,28 +140,34 @@ def run_variant(variant: str, file: str, out_dir: str) -> dict:
         from fastkit.training import make_trainer
 
         FastModel.patch(model, max_seq_length=2048)  # packing needs fastkit's per-document attention
-        dataset = load_chat_dataset(file)
+        stream = variant == "fastkit-stream"
+        dataset = load_chat_dataset(file, streaming=stream)
         read = time.perf_counter()
         trainer = make_trainer(model, tokenizer, dataset, max_steps=1, max_seq_length=2048, output_dir=out_dir,
                                dashboard="none")
+    if variant == "fastkit-stream":  # its work happens as rows are drawn: one whole pass is its preparing
+        rows, tokens = _trained(trainer)
     built = time.perf_counter()
     own, children = _peak_mib()
     tree_pss = sampler.stop()
-    rows, tokens = _trained(trainer)
+    if variant != "fastkit-stream":
+        rows, tokens = _trained(trainer)
+    rows_in = getattr(dataset, "num_rows", None) or sum(1 for _ in open(file, encoding="utf-8"))
     return {"variant": variant, "read_s": read - start, "prepare_s": built - read, "total_s": built - start,
             "peak_mib": own, "workers_peak_mib": children,
-            "tree_pss_mib": tree_pss, "rows_in": len(dataset), "packed_rows": rows,
+            "tree_pss_mib": tree_pss, "rows_in": rows_in, "packed_rows": rows,
             "trained_tokens": tokens, "num_proc": trainer.args.dataset_num_proc}
 
 
 def _child(variant: str, file: str, tmp: str) -> dict:
     """``run_variant`` in a fresh process with its own empty datasets cache."""
-    env = {**os.environ, "HF_DATASETS_CACHE": tempfile.mkdtemp(dir=tmp, prefix=f"cache-{variant}-"),
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cache = tempfile.mkdtemp(dir=tmp, prefix=f"cache-{variant}-")
+    env = {**os.environ, "HF_DATASETS_CACHE": cache, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     code = ("import json, sys; from benchmarks.data import run_variant; "
             "print('RESULT ' + json.dumps(run_variant(sys.argv[1], sys.argv[2], sys.argv[3])))")
     out = subprocess.run([sys.executable, "-c", code, variant, file, tempfile.mkdtemp(dir=tmp)], env=env,
                          capture_output=True, text=True, cwd=str(Path(__file__).resolve().parent.parent))
+    shutil.rmtree(cache, ignore_errors=True)  # a million rows' caches take gigabytes: one variant's at a time
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if out.returncode or line is None:
         raise RuntimeError(f"{variant} failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -169,7 +189,10 @@ def table(results: list[dict], machine: str) -> str:
             "Multi-turn chats (system prompt, 1-3 assistant turns), twin llama + ChatML tokenizer, one torch "
             "thread, max_length 2048, packing on; each variant in its own process with an empty datasets cache. "
             "Plain TRL trains every token of a `messages` row; fastkit trains the assistant turns only, so its "
-            "labelled tokens are fewer for the same rows. Peak RSS counts pages a forked worker shares with its "
+            "labelled tokens are fewer for the same rows. fastkit-stream: `load_chat_dataset(..., streaming=True)`, "
+            "rows read, checked and tokenized as the trainer draws them; its read -> trainer time includes one "
+            "whole pass over its packed rows (the work a table does before training, a stream does while "
+            "training). Peak RSS counts pages a forked worker shares with its "
             "parent in both; the PSS column (sampled every 50 ms over the process and its workers) counts each "
             "page once: it is the memory the machine spends.\n")
 
@@ -178,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("data", __doc__, quick="2,000 rows", gpu="(CPU only: no GPU part)",
                           repeats="(one run per variant)")
     parser.add_argument("--rows", type=int, nargs="+", default=[20_000], help="row counts to measure")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="which variants to run (default: all)")
     args = parse_bench_args(parser, argv)
     counts = [2_000] if args.quick else args.rows
     results = []
     with tempfile.TemporaryDirectory(prefix="fastkit-bench-data-") as tmp:
         for n in counts:
             file = str(write_file(Path(tmp) / f"chats-{n}.jsonl", n))
-            for variant in VARIANTS:
+            for variant in args.variants:
                 results.append(_child(variant, file, tmp))
                 print(json.dumps(results[-1]), flush=True)
     import torch

@@ -85,7 +85,7 @@ def preflight(args: argparse.Namespace) -> Prepared:
     cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
     _check_output_dir(args.output_dir)
     _check_sft_config(args.train, args.load_in_4bit)
-    rows = _read_data(args.data, args.drop_invalid, args.train.seed)
+    rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming)
     return Prepared(rows=rows, resume_from=_check_resume(args) if args.resume else None)
 
 
@@ -144,12 +144,12 @@ def _check_output_dir(output_dir: str) -> None:
         raise FastkitError(f"--output-dir {output_dir}: {str(existing)!r} is not a writable folder; pick another one.")
 
 
-def _read_data(data, drop_invalid: bool, seed: int = 3407):
+def _read_data(data, drop_invalid: bool, seed: int = 3407, streaming: bool = False):
     """``--data`` read and checked without a tokenizer: every source (``fastkit.data.load_sources``: the file, its
     format and mapped columns, every row's fields), mixed by weight, seeded."""
     from fastkit.data.sources import load_sources
 
-    return load_sources(data, seed=seed, drop_invalid=drop_invalid)
+    return load_sources(data, seed=seed, drop_invalid=drop_invalid, streaming=streaming)
 
 
 def _check_resume(args: argparse.Namespace) -> str:
@@ -277,13 +277,16 @@ def build(args: argparse.Namespace, prepared: Prepared):
     make_trainer with the options (nothing trained yet)."""
     from fastkit import FastModel
     from fastkit.data import check_dataset
+    from fastkit.data.stream import is_stream
     from fastkit.training import make_trainer
 
     options = args.train
     model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=options.max_seq_length,
                                                  load_in_4bit=args.load_in_4bit, twin=args.twin)
-    rows = check_dataset(prepared.rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
-                         drop_invalid=options.drop_invalid)
+    rows = prepared.rows
+    if not is_stream(rows):  # a stream is checked as drawn (its first rows by make_trainer, before any step)
+        rows = check_dataset(rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
+                             drop_invalid=options.drop_invalid)
     for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
         from fastkit.export.gguf import _check
 

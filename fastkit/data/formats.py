@@ -79,13 +79,13 @@ def check_columns(columns: Any, where: str) -> dict[str, str]:
     return dict(columns)
 
 
-def map_columns(dataset, columns: dict[str, str], where: str):
+def map_columns(dataset, columns: dict[str, str], where: str, have: list[str] | None = None):
     """``dataset`` with its columns renamed to fastkit's fields (``{"prompt": "question"}``: the column ``question``
     becomes ``prompt``). Columns not mapped are kept only when they already carry a field's name (a mapped
     ``question`` file keeps its ``completion``); others are dropped. A mapped column the data lacks is refused,
-    naming the columns it has."""
+    naming the columns it has (``have``: the columns, for a stream whose features are not known)."""
     columns = check_columns(columns, where)
-    have = dataset.column_names
+    have = dataset.column_names if have is None else have  # a stream's columns come from its first row
     for target, column in columns.items():
         if column not in have:
             raise FastkitError(f"{where}: columns maps {target!r} to column {column!r}, which the data does not "
@@ -208,9 +208,48 @@ def row_tokens(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
     return ids, [1] * len(ids)
 
 
-def _with_eos(text: str, tokenizer) -> str:
+def with_eos(text: str, tokenizer) -> str:
+    """``text`` as TRL trains it: the tokenizer's EOS token appended unless it already ends with it."""
     eos = tokenizer.eos_token or ""
     return text if text.endswith(eos) else text + eos
+
+
+_with_eos = with_eos  # the name rows_tokens used
+
+
+def tokenize_rows_batch(batch: dict[str, list], tokenizer):
+    """A batch of ``text`` or ``prompt``/``completion`` rows tokenized as TRL's ``SFTTrainer`` tokenizes them.
+
+    text: ``tokenizer(text + EOS)``; string prompt/completion: ``tokenizer(prompt)`` and
+    ``tokenizer(prompt + completion + EOS)``; message lists: ``apply_chat_template(prompt,
+    add_generation_prompt=True)`` and ``apply_chat_template(prompt + completion)``. The completion starts where
+    the two token lists part (TRL's ``common_prefix_length``); ``completion_mask`` is 1 from there on.
+    """
+    if "text" in batch:
+        return {"input_ids": tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]}
+    prompts, completions = batch["prompt"], batch["completion"]
+    if prompts and isinstance(prompts[0], str):
+        p_ids = tokenizer(prompts)["input_ids"]
+        f_ids = tokenizer([p + with_eos(c, tokenizer) for p, c in zip(prompts, completions)])["input_ids"]
+    else:
+        p_ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"]
+        f_ids = tokenizer.apply_chat_template([a + b for a, b in zip(prompts, completions)], tokenize=True,
+                                              return_dict=True)["input_ids"]
+    from itertools import chain
+
+    import numpy as np
+
+    from fastkit.data.chat_masks import token_table
+
+    offsets = np.zeros(len(f_ids) + 1, dtype=np.int64)
+    np.cumsum([len(f) for f in f_ids], out=offsets[1:])
+    mask = np.zeros(int(offsets[-1]), dtype=np.int64)
+    for start, p, f in zip(offsets, p_ids, f_ids):
+        shared = next((i for i, (a, b) in enumerate(zip(p, f)) if a != b), min(len(p), len(f)))
+        mask[start + shared:start + len(f)] = 1
+    ids = np.fromiter(chain.from_iterable(f_ids), dtype=np.int64, count=int(offsets[-1]))
+    return token_table(offsets, ids, mask)
 
 
 def render_mask(ids: list[int], mask: list[int], tokenizer, html: bool = False) -> str:

@@ -16,14 +16,20 @@ assistant turns are tokenized instead, with a mask that trains every assistant t
 from __future__ import annotations
 
 import logging
-from itertools import chain
 
 from fastkit import _quiet
-from fastkit.data.chat_masks import token_table
 from fastkit.data.chat_template import require_chat_template
-from fastkit.data.formats import is_single_answer, normalize_dataset, row_tokens, tokenize_chats
+from fastkit.data.formats import (
+    is_single_answer,
+    normalize_dataset,
+    row_tokens,
+    tokenize_chats,
+    tokenize_rows_batch,
+    with_eos,
+)
 from fastkit.data.read import as_dataset
 from fastkit.data.rules import check_rows
+from fastkit.data.stream import check_stream, is_stream
 from fastkit.data.workers import data_workers
 from fastkit.errors import FastkitError
 
@@ -70,37 +76,6 @@ def _all_single_answer(dataset, batch_size: int = 1000) -> bool:
     return True
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer):
-    """A batch of ``text`` or ``prompt``/``completion`` rows tokenized as TRL's ``SFTTrainer`` tokenizes them.
-
-    text: ``tokenizer(text + EOS)``; string prompt/completion: ``tokenizer(prompt)`` and
-    ``tokenizer(prompt + completion + EOS)``; message lists: ``apply_chat_template(prompt,
-    add_generation_prompt=True)`` and ``apply_chat_template(prompt + completion)``. The completion starts where
-    the two token lists part (TRL's ``common_prefix_length``); ``completion_mask`` is 1 from there on.
-    """
-    if "text" in batch:
-        return {"input_ids": tokenizer([with_eos(t, tokenizer) for t in batch["text"]])["input_ids"]}
-    prompts, completions = batch["prompt"], batch["completion"]
-    if prompts and isinstance(prompts[0], str):
-        p_ids = tokenizer(prompts)["input_ids"]
-        f_ids = tokenizer([p + with_eos(c, tokenizer) for p, c in zip(prompts, completions)])["input_ids"]
-    else:
-        p_ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True,
-                                              return_dict=True)["input_ids"]
-        f_ids = tokenizer.apply_chat_template([a + b for a, b in zip(prompts, completions)], tokenize=True,
-                                              return_dict=True)["input_ids"]
-    import numpy as np
-
-    offsets = np.zeros(len(f_ids) + 1, dtype=np.int64)
-    np.cumsum([len(f) for f in f_ids], out=offsets[1:])
-    mask = np.zeros(int(offsets[-1]), dtype=np.int64)
-    for start, p, f in zip(offsets, p_ids, f_ids):
-        shared = next((i for i, (a, b) in enumerate(zip(p, f)) if a != b), min(len(p), len(f)))
-        mask[start + shared:start + len(f)] = 1
-    ids = np.fromiter(chain.from_iterable(f_ids), dtype=np.int64, count=int(offsets[-1]))
-    return token_table(offsets, ids, mask)
-
-
 def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None):
     """``text`` / ``prompt``+``completion`` rows -> the ``input_ids`` (+ ``completion_mask``) TRL would make.
 
@@ -110,7 +85,7 @@ def tokenize_like_trl(dataset, tokenizer, num_proc: int | None = None):
     """
     if "input_ids" in dataset.column_names:
         return dataset
-    return dataset.map(_tokenize_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
+    return dataset.map(tokenize_rows_batch, batched=True, batch_size=256, fn_kwargs={"tokenizer": tokenizer},
                        remove_columns=dataset.column_names, num_proc=num_proc, desc="fastkit: tokenizing rows")
 
 
@@ -207,12 +182,6 @@ def _token_counts(row: dict, tokenizer) -> tuple[int, int]:
     return full, max(full - p, 0) if completion else 0
 
 
-def with_eos(text: str, tokenizer) -> str:
-    """``text`` as TRL trains it: the tokenizer's EOS token appended unless it already ends with it."""
-    eos = tokenizer.eos_token or ""
-    return text if text.endswith(eos) else text + eos
-
-
 def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True, drop_long: bool = False,
                   drop_invalid: bool = False, where: str = "train_dataset", tokenize: bool = False):
     """Validate (and convert) a dataset before training; returns the prompt/completion dataset.
@@ -227,6 +196,8 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
     their row numbers, or dropped and counted with ``drop_invalid=True``. A plain list of dicts is accepted.
     """
     _quiet.quiet_progress_bars()  # fastkit's progress line / dashboard is the one progress display
+    if is_stream(dataset):  # checked and tokenized as the trainer draws it, its first rows now
+        return check_stream(dataset, tokenizer, max_seq_length, packing, drop_long, drop_invalid, where, tokenize)
     dataset = as_dataset(dataset, where=where)  # the one front door: lists, files, DataFrames, dicts, ...
     if len(dataset) == 0:
         raise FastkitError(f"{where}: the dataset is empty; give at least one example.")

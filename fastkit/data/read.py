@@ -279,8 +279,9 @@ def as_dataset(source: Any, split: str = "train", where: str = "train_dataset"):
                                f"one (e.g. dataset[{sorted(source)[0]!r}]).")
         return source[split]
     if isinstance(source, (IterableDataset, IterableDatasetDict)):
-        raise FastkitError(f"{where} is a streaming (Iterable) dataset; fastkit measures and packs every row before "
-                           "training, so give a Dataset (load_dataset(..., streaming=False) or "
+        raise FastkitError(f"{where} is a streaming (Iterable) dataset, and this step needs a Dataset (every row "
+                           "measured first). make_trainer and fastkit train take a stream for SFT (rows checked as "
+                           "drawn, max_steps); here give a Dataset (load_dataset(..., streaming=False) or "
                            "Dataset.from_list(list(dataset.take(n)))).")
     if isinstance(source, (str, os.PathLike)):
         return _from_path(str(source), split, where)
@@ -403,7 +404,7 @@ def _refuse_nested(rows: list[dict], where: str) -> None:
 
 
 def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True,
-                      columns: dict[str, str] | None = None):
+                      columns: dict[str, str] | None = None, streaming: bool = False):
     """A ``datasets.Dataset`` from anything :func:`fastkit.data.read.as_dataset` reads (rows, a dict of
     columns, a DataFrame, a .jsonl / .json / .csv / .parquet file, a Dataset, a Hub id), rows checked.
 
@@ -412,7 +413,13 @@ def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "t
     ``prompt``/``completion`` and ``text`` stay); data in none of these raises, naming the columns seen.
     ``columns`` maps your columns onto those fields first (``{"prompt": "question", "completion": "answer"}``,
     :func:`fastkit.data.formats.map_columns`). Several datasets: :func:`fastkit.data.load_sources`.
+
+    ``streaming=True``: a ``datasets.IterableDataset`` read a few rows at a time (data larger than RAM or the disk;
+    Hub datasets streamed), its format found and its first rows checked now, every row checked and tokenized as
+    the trainer draws it (:mod:`fastkit.data.stream`; train it with ``max_steps``).
     """
+    if streaming:
+        return _load_stream(source, split, normalize, columns)
     dataset = as_dataset(source, split, where="dataset")
     if len(dataset) == 0:
         raise FastkitError("The training dataset is empty: give at least one example.")
@@ -421,4 +428,87 @@ def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "t
     return normalize_dataset(check_rows(dataset)) if normalize else dataset
 
 
-__all__ = ["as_dataset", "load_chat_dataset", "read_json_rows", "read_rows", "rows_to_dataset"]
+def stream_source(source: Any, split: str = "train", where: str = "dataset"):
+    """An ``IterableDataset`` of ``source``: an IterableDataset (its ``split`` of a dict), a file, a folder of files or
+    a saved dataset, a Hub id (streamed), or anything :func:`fastkit.data.read.as_dataset` reads (in memory already:
+    streamed from there)."""
+    from datasets import Dataset, IterableDataset, IterableDatasetDict
+
+    if isinstance(source, IterableDatasetDict):
+        if split not in source:
+            raise FastkitError(f"{where}: the IterableDatasetDict has splits {sorted(source)}, not split={split!r}.")
+        return source[split]
+    if isinstance(source, IterableDataset):
+        return source
+    if isinstance(source, Dataset):
+        return source.to_iterable_dataset()
+    if isinstance(source, (str, os.PathLike)):
+        return _stream_path(os.fspath(source), split, where)
+    return as_dataset(source, split, where).to_iterable_dataset()
+
+
+def _stream_path(text: str, split: str, where: str):
+    path = Path(os.path.expanduser(text))
+    if path.is_dir() and not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        files = sorted(p for p in path.iterdir() if p.is_file() and _data_suffix(p)[0] in DATA_SUFFIXES)
+        if not files:
+            raise FastkitError(f"{where}: folder {str(path)!r} holds no data files ({', '.join(DATA_SUFFIXES)}).")
+        return _stream_files(split_files(files, split, path, where), where)
+    if path.is_file():
+        return _stream_files([path], where)
+    if path.exists() or _data_suffix(path)[0] in DATA_SUFFIXES or text.startswith((".", "/", "~")):
+        return as_dataset(text, split, where).to_iterable_dataset()  # a saved dataset, or its error message
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(text, split=split, streaming=True)
+    except Exception as exc:  # noqa: BLE001 -- every Hub failure (offline, missing, gated) becomes one message
+        raise FastkitError(f"{where}: {text!r} is not a local file or folder, and streaming it as a Hub dataset "
+                           f"failed ({type(exc).__name__}: {str(exc)[:160]}). Pass a local file, or check the id "
+                           "and that you are online (HF_HUB_OFFLINE).") from exc
+
+
+def _stream_files(files: list[Path], where: str):
+    """Data files of one type streamed by ``datasets``' packaged reader (a few rows in memory at a time)."""
+    from datasets import load_dataset
+
+    kinds = {_data_suffix(p) for p in files}
+    suffix, compression = next(iter(kinds))
+    if len({s for s, _ in kinds}) > 1:
+        raise FastkitError(f"{where}: streaming reads files of one type at a time; these are "
+                           f"{', '.join(sorted({s for s, _ in kinds}))}. Stream them as separate sources.")
+    if suffix == ".json" and not _starts_with_array(files[0], compression):
+        raise FastkitError(f"{where}: {files[0]} is one JSON object, not rows; streaming reads .jsonl (one row per "
+                           "line), a .json array, .csv or .parquet. Load it without streaming.")
+    empty = [p for p in files if p.stat().st_size == 0]
+    if empty:
+        raise FastkitError(f"{where}: {empty[0]} is empty (no rows); give at least one example.")
+    options = _csv_options(files[0], compression) if suffix == ".csv" else {}
+    builder = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}[suffix]
+    try:
+        with _quiet.datasets_reader_quiet():
+            return load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True,
+                                **(options or {}))
+    except Exception as exc:  # noqa: BLE001 -- a reader failure names the file; without streaming, the line
+        raise FastkitError(f"{where}: {files[0]}{' ...' if len(files) > 1 else ''} could not be streamed "
+                           f"({type(exc).__name__}: {str(exc)[:160]}). Load it without streaming to have the "
+                           "bad line or row named.") from exc
+
+
+def _starts_with_array(path: Path, compression: str | None) -> bool:
+    return _starts_with(path, compression, b"[")
+
+
+def _load_stream(source: Any, split: str, normalize: bool, columns: dict[str, str] | None):
+    """:func:`load_chat_dataset`'s streamed form: columns mapped, the format known, the first rows checked."""
+    from fastkit.data.stream import check_first_rows, stream_columns
+
+    dataset = stream_source(source, split, where="dataset")
+    if columns is not None:
+        dataset = map_columns(dataset, columns, where="dataset", have=stream_columns(dataset))
+    if normalize:
+        check_first_rows(dataset, "dataset")
+    return dataset
+
+
+__all__ = ["as_dataset", "load_chat_dataset", "stream_source", "read_json_rows", "read_rows", "rows_to_dataset"]

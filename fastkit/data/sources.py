@@ -17,6 +17,13 @@ The common form: a mix of ``messages`` chats and ``prompt``/``completion`` rows 
 prompt + completion becomes one user turn + one assistant turn; a message-list prompt + completion is joined);
 string and message-list prompt/completion rows become message lists; ``text`` rows (plain language modeling)
 and pre-tokenized rows mix only with their own kind, other mixes are refused naming both sources.
+
+Streamed (``load_sources(..., streaming=True)``, ``--streaming``): each source is read a few rows at a time
+(:mod:`fastkit.data.stream`), so no source's length is known and a weight cannot repeat rows. There a weight is a
+share: several streams are interleaved, each next row drawn from a source with probability proportional to its
+weight (1 by default; seeded), until every source has been read to its end once (``datasets.interleave_datasets``,
+``all_exhausted``: a shorter source starts again meanwhile); ``max_rows`` takes a source's first rows. Streamed
+sources share one format (the one row rule and tokenization a stream applies).
 """
 
 from __future__ import annotations
@@ -230,9 +237,10 @@ def read_source(source: DataSource, drop_invalid: bool = False):
         raise FastkitError(text if where in text else f"{where}: {text}") from exc
 
 
-def _with_system(dataset, source: DataSource):
-    """A mapped ``system`` column as each chat's first turn (Alpaca rows already took it in)."""
-    columns = dataset.column_names
+def _with_system(dataset, source: DataSource, have: list[str] | None = None):
+    """A mapped ``system`` column as each chat's first turn (Alpaca rows already took it in; ``have``: a stream's
+    columns)."""
+    columns = dataset.column_names if have is None else have
     if "system" not in columns:
         return dataset
     if "text" in columns:
@@ -319,14 +327,15 @@ def draw(n_rows: int, want: int, rng: random.Random) -> list[int]:
     return list(range(n_rows)) * whole + sorted(rng.sample(range(n_rows), rest))
 
 
-def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool = False):
+def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool = False, streaming: bool = False):
     """One ``datasets.Dataset`` from several sources: read, mapped, checked, normalized, then mixed (seeded).
 
     ``sources``: a string (:meth:`DataSource.parse`), a :class:`DataSource`, a mapping
     (:meth:`DataSource.from_mapping`), or a list of them. ``max_rows`` caps each source (a seeded sample) before
     the mix; a weight repeats (or samples) its source's rows as the module docstring says. One log line per
     source (rows read, rows used, rows repeated). The same sources and seed give the same rows in the same order.
-    ``drop_invalid=True`` drops (and counts) untrainable rows instead of refusing them.
+    ``drop_invalid=True`` drops (and counts) untrainable rows instead of refusing them. ``streaming=True``: one
+    ``IterableDataset`` of the sources streamed and interleaved (module docstring).
     """
     from datasets import concatenate_datasets
 
@@ -334,6 +343,8 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
 
     _quiet.quiet_progress_bars()  # fastkit's log lines are the one progress display
     listed = as_sources(sources)
+    if streaming:
+        return stream_sources(listed, seed, drop_invalid)
     rng = random.Random(seed)
     read = [read_source(s, drop_invalid) for s in listed]
     capped = [_cap(ds, s, rng) for ds, s in zip(read, listed)]
@@ -358,6 +369,55 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
     return mixed.shuffle(seed=seed).flatten_indices()
 
 
+def stream_source_of(source: DataSource, drop_invalid: bool = False):
+    """One source as a stream: its columns mapped (a mapped ``system`` as each chat's first turn), its first
+    ``max_rows`` rows when capped, its format found and its first rows checked (errors name the source)."""
+    from fastkit.data.read import stream_source
+    from fastkit.data.stream import check_first_rows, stream_columns
+
+    where = f"data source {source.label!r}"
+    path = source.path
+    resolved = offline_source(path) if isinstance(path, str) else None
+    try:
+        dataset = stream_source(path if resolved is None else resolved, source.split, where=where)
+        if source.columns:
+            dataset = map_columns(dataset, source.columns, where, have=stream_columns(dataset, where))
+            if "system" in source.columns:
+                dataset = _with_system(dataset, source, have=stream_columns(dataset, where))
+        if source.max_rows is not None:
+            dataset = dataset.take(source.max_rows)
+        check_first_rows(dataset, where, drop_invalid)
+        return dataset
+    except FastkitError as exc:
+        text = str(exc)
+        raise FastkitError(text if where in text else f"{where}: {text}") from exc
+
+
+def stream_sources(listed: list[DataSource], seed: int = DEFAULT_SEED, drop_invalid: bool = False):
+    """The sources streamed and interleaved, each row drawn from a source with probability ∝ its weight."""
+    from datasets import interleave_datasets
+
+    from fastkit.data.formats import detect_format
+    from fastkit.data.stream import stream_columns
+
+    parts = [stream_source_of(s, drop_invalid) for s in listed]
+    formats = [(s.label, detect_format(stream_columns(ds)) if "input_ids" not in stream_columns(ds) else "tokenized")
+               for s, ds in zip(listed, parts)]
+    for label, fmt in formats[1:]:
+        if fmt != formats[0][1]:
+            raise FastkitError(f"data sources {formats[0][0]!r} ({formats[0][1]}) and {label!r} ({fmt}) cannot be "
+                               "streamed together: streamed sources share one format. Map one onto the other's "
+                               "columns, or load them without --streaming (then they are converted and mixed).")
+    weights = [1.0 if s.weight is None else s.weight for s in listed]
+    for source, weight in zip(listed, weights):
+        logger.info("fastkit: data source %r: streamed%s", source.label,
+                    f", weight {weight:g} of {sum(weights):g}" if len(listed) > 1 else "")
+    if len(parts) == 1:
+        return parts[0]
+    return interleave_datasets(parts, probabilities=[w / sum(weights) for w in weights], seed=seed,
+                               stopping_strategy="all_exhausted")
+
+
 def _cap(dataset, source: DataSource, rng: random.Random):
     if source.max_rows is None or len(dataset) <= source.max_rows:
         return dataset
@@ -376,4 +436,4 @@ def _concatenate(parts: list, listed: list[DataSource], concatenate_datasets):
 
 
 __all__ = ["DEFAULT_SEED", "DataSource", "FIELDS", "QUERY_KEYS", "as_sources", "draw", "kind_of", "load_sources",
-           "read_source", "shares", "to_kind"]
+           "read_source", "shares", "stream_source_of", "stream_sources", "to_kind"]

@@ -203,6 +203,10 @@ class TrainOptions:
     drop_invalid: bool = option(False, "drop rows that cannot train (logged) instead of refusing the data",
                                 check=check_bool)
     """Drop rows with nothing to train (counted in the log) instead of refusing the data."""
+    streaming: bool = option(False, "read the data a few rows at a time as training draws them (larger than RAM; "
+                             "Hub datasets streamed); needs max_steps", check=check_bool)
+    """Stream the training data (:mod:`fastkit.data.stream`): rows read, checked and tokenized as the trainer draws
+    them, never all in memory; the run's length is ``max_steps`` (a stream's length is not known ahead)."""
     seed: int = option(3407, "seed of the run (data order, dropout, eval split, LoRA init in fastkit train)",
                        check=check_non_negative_int)
     """Random seed (``seed`` and ``data_seed``)."""

@@ -25,6 +25,8 @@ from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callba
 from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
+from fastkit.data.read import stream_source
+from fastkit.data.stream import is_stream
 from fastkit.data.workers import data_workers
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
@@ -112,6 +114,9 @@ def make_trainer(
     ranks.quiet_replicas()  # torchrun / accelerate launch: one process reports
     options = _options(options, kwargs)
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
+    if options.streaming and not is_stream(train_dataset):  # a path, a Hub id or rows, read as the trainer draws
+        train_dataset = stream_source(train_dataset, where="train_dataset")
+    _check_stream_options(train_dataset, options, epochs)
     checks.check_save_target(options.output_dir, "output_dir")
     _check_eval_options(options, eval_dataset)
     loaded = report(model)  # the load's max_seq_length, checked there (Note: [max_seq_length] in fastkit.loader)
@@ -126,10 +131,11 @@ def make_trainer(
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
     dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
                                           tokenize=_pre_tokenize(args))
-    if args.dataset_num_proc is None:  # TRL's labels / packing passes: the cores there are, for large data
-        args.dataset_num_proc = data_workers(len(dataset))
+    rows = None if is_stream(dataset) else len(dataset)  # a stream's length is not known ahead
+    if args.dataset_num_proc is None and rows is not None:  # TRL's labels / packing passes: the cores there are
+        args.dataset_num_proc = data_workers(rows)
     # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
-    dash = dashboard_callback(options.dashboard, examples=len(dataset), measure_syncs=options.measure_syncs,
+    dash = dashboard_callback(options.dashboard, examples=rows, measure_syncs=options.measure_syncs,
                               log_every_step=options.logging_steps is None)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
@@ -180,6 +186,18 @@ def _options(options: TrainOptions | None, kwargs: dict[str, Any]) -> TrainOptio
         options = TrainOptions.from_kwargs(options, **kwargs)
     options.check()  # again: a field may have been assigned since the options were made
     return options
+
+
+def _check_stream_options(train_dataset, options: TrainOptions, epochs: float | None) -> None:
+    """What a stream (an IterableDataset: its length unknown) cannot do, refused before any work."""
+    if not is_stream(train_dataset):
+        return
+    if epochs is not None:
+        raise FastkitError(f"epochs={epochs:g} needs the data's length, which a stream (streaming=True, an "
+                           "IterableDataset) does not know ahead; give max_steps instead.")
+    if options.eval_split:
+        raise FastkitError("eval_split holds rows out of a dataset whose length is known; the training data is a "
+                           "stream (streaming=True). Give eval_dataset (a file or a stream) instead.")
 
 
 def _check_eval_options(options: TrainOptions, eval_dataset) -> None:
@@ -341,13 +359,16 @@ def steps_per_epoch(trainer) -> int:
 def run_coverage(trainer) -> str:
     """One line: how much of the training data one run sees (steps, rows per step, share of an epoch)."""
     args = trainer.args
-    rows = len(trainer.train_dataset)
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
     steps = planned_steps(trainer)
+    unit = f"packed row{'s' if per_step > 1 else ''} of ≤{args.max_length:,} tokens" if args.packing else "row"
+    if is_stream(trainer.train_dataset):
+        return (f"One run: {steps:,} steps × {per_step} {unit} = {steps * per_step:,} rows drawn from a stream "
+                "(its length is not known ahead; a stream that ends before then is read again from its start).")
+    rows = len(trainer.train_dataset)
     epochs = steps * per_step / rows
     attached = next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MetricsCallback)), None)
     examples = getattr(attached, "examples", None)
-    unit = f"packed row{'s' if per_step > 1 else ''} of ≤{args.max_length:,} tokens" if args.packing else "row"
     line = f"One run: {steps:,} steps × {per_step} {unit} = {steps * per_step:,} of {rows:,} rows"
     if epochs < 1:
         seen = f", ~{epochs * examples:,.0f} of {examples:,} examples" if examples and args.packing else ""
