@@ -281,3 +281,40 @@ def test_the_arrow_path_names_a_bad_row_and_a_bad_line(tmp_path):
     broken.write_text(path.read_text().replace('"q1"', '"q1', 1))
     with pytest.raises(FastkitError, match="line 2 is not valid JSON"):
         load_chat_dataset(str(broken))
+
+
+def _qa_file(path, prefix: str, n: int) -> str:
+    import json
+
+    path.write_text("".join(json.dumps({"prompt": f"{prefix}{i}", "completion": "x"}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def test_interleave_mixes_draw_by_share_and_stop_as_named(tmp_path, caplog):
+    import logging
+    from collections import Counter
+
+    from fastkit.data import load_sources
+
+    small, large = _qa_file(tmp_path / "s.jsonl", "s", 10), _qa_file(tmp_path / "l.jsonl", "l", 100)
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        under = load_sources([small, large], mix="interleave_under", seed=0)
+    counts = Counter(p[0] for p in under["prompt"])
+    assert counts["s"] == 10 and counts["l"] < 30, counts  # stops when the small source runs out (shares 1:1)
+    assert "drawn with probability 0.5" in caplog.text and "data mix (interleave_under)" in caplog.text
+    over = load_sources([small, large], mix="interleave_over", seed=0)
+    counts = Counter(over["prompt"])
+    assert {f"l{i}" for i in range(100)} <= set(counts) and counts["s0"] > 1  # every row; the small one again
+    weighted = load_sources([small, f"{large}?weight=3"], mix="interleave_under", seed=0)
+    share = sum(p.startswith("l") for p in weighted["prompt"]) / len(weighted)
+    assert 0.6 < share < 0.9, share  # weight 3 of 4
+    concat = load_sources([small, large], seed=0)
+    assert len(concat) == 110  # the default keeps every row once
+
+
+def test_an_unknown_mix_is_refused_naming_the_choices(tmp_path):
+    from fastkit.data import load_sources
+    from fastkit.errors import FastkitError
+
+    with pytest.raises(FastkitError, match="mix='interleave' is not one of .*interleave_under"):
+        load_sources([_qa_file(tmp_path / "a.jsonl", "a", 3)], mix="interleave")

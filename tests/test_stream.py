@@ -177,3 +177,21 @@ def test_the_command_line_streams(tmp_path, caplog):
     assert rc == 0, text
     assert "rows drawn from a stream" in text and "training finished at step 2/2" in text
     assert (tmp_path / "run" / "lora" / "adapter_model.safetensors").is_file()
+
+
+def test_the_command_line_refuses_a_streams_limits_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    from fastkit import FastModel, cli
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the refusal")
+
+    monkeypatch.setattr(FastModel, "from_pretrained", staticmethod(no_load))
+    file = _write(tmp_path / "d.jsonl", [_chat(i, 1) for i in range(20)])
+    common = ["train", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", file, "--streaming",
+              "--output-dir", str(tmp_path / "run")]
+    assert cli.main([*common, "--epochs", "1"]) != 0
+    err = capsys.readouterr().err
+    assert "--epochs 1 needs the data's length" in err and "give --steps instead" in err, err
+    assert cli.main([*common, "--eval-split", "0.1"]) != 0
+    err = capsys.readouterr().err
+    assert "--eval-split holds rows out" in err and "a stream (--streaming)" in err, err

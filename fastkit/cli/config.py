@@ -54,6 +54,13 @@ def _data(name: str, value: Any) -> None:
     as_sources(value)  # parsed (paths, ?columns=...&weight=...), not read: the preflight reads them
 
 
+def _data_mix(name: str, value: Any) -> None:
+    from fastkit.checks import check_choice
+    from fastkit.data.sources import MIXES
+
+    check_choice(name, value, MIXES)
+
+
 def _flag(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise FastkitError(f"{name} must be true or false, got {value!r}.")
@@ -77,6 +84,10 @@ class RunOptions:
                        "'sample' / 'quickstart'; each may end in ?columns=prompt:question,completion:answer&"
                        "weight=2&max_rows=500&split=train", check=lambda n, v: v is None or _data(n, v))
     """A source string, or a list of source strings / mappings (fastkit.data.DataSource); required."""
+    data_mix: str = option("concat", "how several sources mix: concat (every row of each; a weight repeats rows), "
+                           "interleave_under / interleave_over (a weight is a share; stop when the first / last "
+                           "source runs out)", check=lambda n, v: _data_mix(n, v))
+    """:data:`fastkit.data.sources.MIXES`: ``concat`` keeps every row; the interleaves draw rows by weight share."""
     load_in_4bit: bool = option(False, "QLoRA: NF4 base weights (CUDA)", flags=("--4bit",), check=_flag)
     """Load the base weights in 4-bit (bitsandbytes NF4)."""
     twin: bool = option(False, "a tiny random twin of --model (a Hub id fastkit knows, a model_type, or a local "

@@ -76,6 +76,7 @@ def preflight(args: argparse.Namespace) -> Prepared:
     the GGUF quantization, the output folder, the data (path, format, columns, rows) and the resume state."""
     from fastkit.errors import FastkitError
     from fastkit.training import check_report_to
+    from fastkit.training.run import check_stream_options
 
     if args.extend and not args.resume:
         raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
@@ -85,8 +86,11 @@ def preflight(args: argparse.Namespace) -> Prepared:
     cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
     _check_output_dir(args.output_dir)
     _check_sft_config(args.train, args.load_in_4bit)
-    rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming)
+    rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming,
+                      mix=args.data_mix)
+    check_stream_options(rows, args.train, args.train.epochs)  # a stream's limits, before the model loads
     return Prepared(rows=rows, resume_from=_check_resume(args) if args.resume else None)
+
 
 
 def _check_sft_config(options, load_in_4bit: bool) -> None:
@@ -144,12 +148,12 @@ def _check_output_dir(output_dir: str) -> None:
         raise FastkitError(f"--output-dir {output_dir}: {str(existing)!r} is not a writable folder; pick another one.")
 
 
-def _read_data(data, drop_invalid: bool, seed: int = 3407, streaming: bool = False):
+def _read_data(data, drop_invalid: bool, seed: int = 3407, streaming: bool = False, mix: str = "concat"):
     """``--data`` read and checked without a tokenizer: every source (``fastkit.data.load_sources``: the file, its
     format and mapped columns, every row's fields), mixed by weight, seeded."""
     from fastkit.data.sources import load_sources
 
-    return load_sources(data, seed=seed, drop_invalid=drop_invalid, streaming=streaming)
+    return load_sources(data, seed=seed, drop_invalid=drop_invalid, streaming=streaming, mix=mix)
 
 
 def _check_resume(args: argparse.Namespace) -> str:
@@ -182,7 +186,7 @@ FLAG_WORDS = (
     (r"(?<![-\w])fit\(trainer, resume=True\)", "--resume"), (r"(?<![-\w])resume=True\b", "--resume"),
     (r"(?<![-\w])resume=False\b", "no --resume"), (r"(?<![-\w])extend=True\b", "--extend"),
     (r"(?<![-\w])save_gguf\(quantization=([^)]*)\)", r"--gguf \1"),
-    (r"(?<![-\w])drop_invalid=True\b", "--drop-invalid"),
+    (r"(?<![-\w])drop_invalid=True\b", "--drop-invalid"), (r"(?<![-\w])streaming=True\b", "--streaming"),
     (r"(?<![-\w])load_in_4bit=True\b", "--4bit"), (r"(?<![-\w])gpu=", "--gpu "),
     (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps)\b=?",
      lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(0).endswith("=") else "")),

@@ -18,12 +18,17 @@ prompt + completion becomes one user turn + one assistant turn; a message-list p
 string and message-list prompt/completion rows become message lists; ``text`` rows (plain language modeling)
 and pre-tokenized rows mix only with their own kind, other mixes are refused naming both sources.
 
+Shares instead of repeats: ``mix="interleave_under"`` / ``"interleave_over"`` (``--data-mix``, :data:`MIXES`)
+interleave the sources, each next row drawn from a source with probability proportional to its weight.
+
 Streamed (``load_sources(..., streaming=True)``, ``--streaming``): each source is read a few rows at a time
 (:mod:`fastkit.data.stream`), so no source's length is known and a weight cannot repeat rows. There a weight is a
 share: several streams are interleaved, each next row drawn from a source with probability proportional to its
 weight (1 by default; seeded), until every source has been read to its end once (``datasets.interleave_datasets``,
 ``all_exhausted``: a shorter source starts again meanwhile); ``max_rows`` takes a source's first rows. Streamed
-sources share one format (the one row rule and tokenization a stream applies).
+sources share one format (the one row rule and tokenization a stream applies). A stream's ``concat`` is
+``interleave_over`` (a stream cannot repeat rows it has not read); ``interleave_under`` stops at the first source's
+end.
 """
 
 from __future__ import annotations
@@ -43,6 +48,13 @@ from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
 
+MIXES = ("concat", "interleave_under", "interleave_over")
+"""How several sources mix (LLaMA-Factory's names): ``concat`` uses every row of every source (a weight repeats or
+samples its source's rows) and shuffles them together; ``interleave_under`` / ``interleave_over`` draw each next row
+from a source with probability proportional to its weight (a share; 1 by default), seeded, until the first source
+runs out (under-sampling the larger ones) / until every source has run out once (the smaller ones start again)."""
+STOPPING = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted"}
+"""``datasets.interleave_datasets``' stopping strategy of each interleaving mix."""
 DEFAULT_SEED = 3407
 """The seed :func:`load_sources` samples and shuffles with unless told otherwise (fastkit's training seed)."""
 QUERY_KEYS = ("columns", "weight", "max_rows", "split", "name")
@@ -327,7 +339,8 @@ def draw(n_rows: int, want: int, rng: random.Random) -> list[int]:
     return list(range(n_rows)) * whole + sorted(rng.sample(range(n_rows), rest))
 
 
-def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool = False, streaming: bool = False):
+def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool = False, streaming: bool = False,
+                 mix: str = "concat"):
     """One ``datasets.Dataset`` from several sources: read, mapped, checked, normalized, then mixed (seeded).
 
     ``sources``: a string (:meth:`DataSource.parse`), a :class:`DataSource`, a mapping
@@ -335,20 +348,25 @@ def load_sources(sources: Any, *, seed: int = DEFAULT_SEED, drop_invalid: bool =
     the mix; a weight repeats (or samples) its source's rows as the module docstring says. One log line per
     source (rows read, rows used, rows repeated). The same sources and seed give the same rows in the same order.
     ``drop_invalid=True`` drops (and counts) untrainable rows instead of refusing them. ``streaming=True``: one
-    ``IterableDataset`` of the sources streamed and interleaved (module docstring).
+    ``IterableDataset`` of the sources streamed and interleaved (module docstring). ``mix``: one of :data:`MIXES`.
     """
     from datasets import concatenate_datasets
 
     from fastkit import _quiet
 
     _quiet.quiet_progress_bars()  # fastkit's log lines are the one progress display
+    from fastkit.checks import check_choice
+
+    check_choice("mix", mix, MIXES)
     listed = as_sources(sources)
     if streaming:
-        return stream_sources(listed, seed, drop_invalid)
+        return stream_sources(listed, seed, drop_invalid, mix)
     rng = random.Random(seed)
     read = [read_source(s, drop_invalid) for s in listed]
     capped = [_cap(ds, s, rng) for ds, s in zip(read, listed)]
     kind = _common_kind([(s.label, kind_of(ds)) for s, ds in zip(listed, capped)])
+    if mix != "concat" and len(listed) > 1:
+        return _interleave([to_kind(ds, kind) for ds in capped], listed, seed, mix, kind)
     wanted = shares([len(ds) for ds in capped], [s.weight for s in listed])
     parts = []
     for source, full, ds, want in zip(listed, read, capped, wanted):
@@ -393,7 +411,8 @@ def stream_source_of(source: DataSource, drop_invalid: bool = False):
         raise FastkitError(text if where in text else f"{where}: {text}") from exc
 
 
-def stream_sources(listed: list[DataSource], seed: int = DEFAULT_SEED, drop_invalid: bool = False):
+def stream_sources(listed: list[DataSource], seed: int = DEFAULT_SEED, drop_invalid: bool = False,
+                   mix: str = "concat"):
     """The sources streamed and interleaved, each row drawn from a source with probability ∝ its weight."""
     from datasets import interleave_datasets
 
@@ -414,8 +433,47 @@ def stream_sources(listed: list[DataSource], seed: int = DEFAULT_SEED, drop_inva
                     f", weight {weight:g} of {sum(weights):g}" if len(listed) > 1 else "")
     if len(parts) == 1:
         return parts[0]
-    return interleave_datasets(parts, probabilities=[w / sum(weights) for w in weights], seed=seed,
-                               stopping_strategy="all_exhausted")
+    return interleave_datasets(parts, probabilities=_shares(listed), seed=seed,
+                               stopping_strategy=STOPPING.get(mix, "all_exhausted"))
+
+
+def _shares(listed: list[DataSource]) -> list[float]:
+    """Each source's probability in an interleaved mix: its weight (1 when none) over the weights' sum."""
+    weights = [1.0 if s.weight is None else float(s.weight) for s in listed]
+    if not sum(weights) > 0:
+        raise FastkitError("data: an interleaved mix draws rows by weight share; give at least one source a weight "
+                           "above 0.")
+    return [w / sum(weights) for w in weights]
+
+
+def _interleave(parts: list, listed: list[DataSource], seed: int, mix: str, kind: str):
+    """Tables interleaved by weight share (:data:`MIXES`), one log line per source and one for the mix."""
+    from datasets import interleave_datasets
+
+    probabilities = _shares(listed)
+    for source, part, share in zip(listed, parts, probabilities):
+        logger.info("fastkit: data source %r: %d rows read, drawn with probability %.3g", source.label, len(part),
+                    share)
+    try:
+        mixed = interleave_datasets(parts, probabilities=probabilities, seed=seed, stopping_strategy=STOPPING[mix])
+    except ValueError:  # features differ (e.g. a 'name' key in some messages): one table first, then split back
+        mixed = interleave_datasets(_unified(parts, listed), probabilities=probabilities, seed=seed,
+                                    stopping_strategy=STOPPING[mix])
+    logger.info("fastkit: data mix (%s): %d rows from %d sources as %s, seed %d", mix, len(mixed), len(parts),
+                _KIND_WORDS[kind], seed)
+    return mixed.flatten_indices()
+
+
+def _unified(parts: list, listed: list[DataSource]) -> list:
+    """The parts with one set of features (rebuilt from their rows together), in the same order."""
+    from fastkit.data.read import rows_to_dataset
+
+    whole = rows_to_dataset([row for part in parts for row in part], where=" + ".join(repr(s.label) for s in listed))
+    out, start = [], 0
+    for part in parts:
+        out.append(whole.select(range(start, start + len(part))))
+        start += len(part)
+    return out
 
 
 def _cap(dataset, source: DataSource, rng: random.Random):
@@ -435,5 +493,5 @@ def _concatenate(parts: list, listed: list[DataSource], concatenate_datasets):
         return rows_to_dataset(rows, where=" + ".join(repr(s.label) for s in listed))
 
 
-__all__ = ["DEFAULT_SEED", "DataSource", "FIELDS", "QUERY_KEYS", "as_sources", "draw", "kind_of", "load_sources",
-           "read_source", "shares", "stream_source_of", "stream_sources", "to_kind"]
+__all__ = ["DEFAULT_SEED", "MIXES", "DataSource", "FIELDS", "QUERY_KEYS", "as_sources", "draw", "kind_of",
+           "load_sources", "read_source", "shares", "stream_source_of", "stream_sources", "to_kind"]

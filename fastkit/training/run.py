@@ -116,7 +116,7 @@ def make_trainer(
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
     if options.streaming and not is_stream(train_dataset):  # a path, a Hub id or rows, read as the trainer draws
         train_dataset = stream_source(train_dataset, where="train_dataset")
-    _check_stream_options(train_dataset, options, epochs)
+    check_stream_options(train_dataset, options, epochs)
     checks.check_save_target(options.output_dir, "output_dir")
     _check_eval_options(options, eval_dataset)
     loaded = report(model)  # the load's max_seq_length, checked there (Note: [max_seq_length] in fastkit.loader)
@@ -188,7 +188,7 @@ def _options(options: TrainOptions | None, kwargs: dict[str, Any]) -> TrainOptio
     return options
 
 
-def _check_stream_options(train_dataset, options: TrainOptions, epochs: float | None) -> None:
+def check_stream_options(train_dataset, options: TrainOptions, epochs: float | None) -> None:
     """What a stream (an IterableDataset: its length unknown) cannot do, refused before any work."""
     if not is_stream(train_dataset):
         return
@@ -196,8 +196,9 @@ def _check_stream_options(train_dataset, options: TrainOptions, epochs: float | 
         raise FastkitError(f"epochs={epochs:g} needs the data's length, which a stream (streaming=True, an "
                            "IterableDataset) does not know ahead; give max_steps instead.")
     if options.eval_split:
-        raise FastkitError("eval_split holds rows out of a dataset whose length is known; the training data is a "
-                           "stream (streaming=True). Give eval_dataset (a file or a stream) instead.")
+        raise FastkitError("eval_split holds rows out of a dataset whose length is known, and the training data is "
+                           "a stream (streaming=True): give make_trainer an eval_dataset (a file, a Dataset or a "
+                           "stream) instead, or train without streaming.")
 
 
 def _check_eval_options(options: TrainOptions, eval_dataset) -> None:
