@@ -59,42 +59,51 @@ def _peak_mib() -> tuple[float, float]:
     return own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def _tree_pss_mib(pid: int) -> float:
-    """Proportional set size of ``pid`` and all its descendants in MiB (pages shared between forked workers are
-    counted once, split between them: their sum is the memory the machine spends; 0 where /proc cannot say)."""
-    total, stack = 0, [pid]
+def _tree_pss_mib(pid: int) -> tuple[float, float]:
+    """(PSS, anonymous PSS) of ``pid`` and all its descendants in MiB. PSS counts a page shared between processes
+    (forked workers) once, split between them: the sum is the memory the machine spends. Anonymous: the heap and
+    stacks, which only exiting frees (the rest is file pages such as memory-mapped Arrow caches, which the kernel
+    drops under pressure). (0, 0) where /proc cannot say."""
+    total = anon = 0
+    stack = [pid]
     while stack:
         p = stack.pop()
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                    elif line.startswith("Pss_Anon:"):
+                        anon += int(line.split()[1])
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     stack += [int(c) for c in f.read().split()]
         except (OSError, ValueError):
             continue
-    return total / 1024
+    return total / 1024, anon / 1024
 
 
 class PssSampler:
-    """The peak of :func:`_tree_pss_mib` over this process's tree, sampled every ``every`` seconds on a thread."""
+    """The peaks of :func:`_tree_pss_mib` over this process's tree, sampled every ``every`` seconds on a thread."""
 
     def __init__(self, every: float = 0.05):
         import threading
 
-        self.peak, self._stop = 0.0, threading.Event()
+        self.peak = self.peak_anon = 0.0
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
         self._thread.start()
 
     def _run(self, every: float) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, _tree_pss_mib(os.getpid()))
+            total, anon = _tree_pss_mib(os.getpid())
+            self.peak, self.peak_anon = max(self.peak, total), max(self.peak_anon, anon)
             self._stop.wait(every)
 
-    def stop(self) -> float:
+    def stop(self) -> tuple[float, float]:
         self._stop.set()
         self._thread.join()
-        return self.peak
+        return self.peak, self.peak_anon
 
 
 def _trained(trainer) -> tuple[int, int]:
@@ -149,13 +158,13 @@ def run_variant(variant: str, file: str, out_dir: str) -> dict:
         rows, tokens = _trained(trainer)
     built = time.perf_counter()
     own, children = _peak_mib()
-    tree_pss = sampler.stop()
+    tree_pss, tree_anon = sampler.stop()
     if variant != "fastkit-stream":
         rows, tokens = _trained(trainer)
     rows_in = getattr(dataset, "num_rows", None) or sum(1 for _ in open(file, encoding="utf-8"))
     return {"variant": variant, "read_s": read - start, "prepare_s": built - read, "total_s": built - start,
             "peak_mib": own, "workers_peak_mib": children,
-            "tree_pss_mib": tree_pss, "rows_in": rows_in, "packed_rows": rows,
+            "tree_pss_mib": tree_pss, "tree_anon_mib": tree_anon, "rows_in": rows_in, "packed_rows": rows,
             "trained_tokens": tokens, "num_proc": trainer.args.dataset_num_proc}
 
 

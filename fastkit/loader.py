@@ -78,9 +78,14 @@ def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device)
 def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict):
     from transformers import AutoConfig
 
+    _check_local_config(name_or_path)
     try:
         config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code,
                                             **{k: v for k, v in hf_kwargs.items() if k in ("revision", "token")})
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # transformers' field checks on a bad value
+        raise FastkitError(f"{name_or_path!r}: its config.json cannot be read as a model config "
+                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); fix that field, or "
+                           "download the model's config.json again.") from exc
     except OSError as exc:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1 is set: only cached or local models load)" if offline else ""
@@ -89,6 +94,23 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
         raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
                            "fine-tunes causal language models (AutoModelForCausalLM).")
     return config
+
+
+def _check_local_config(name_or_path: str) -> None:
+    """A local folder's config.json is a JSON mapping (a list or a broken file is named, not a TypeError)."""
+    import json
+
+    file = os.path.join(os.path.expanduser(str(name_or_path)), "config.json")
+    if not os.path.isfile(file):
+        return
+    try:
+        with open(file, encoding="utf-8") as f:
+            values = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise FastkitError(f"{file} is not valid JSON ({exc}); download the model's config.json again.") from exc
+    if not isinstance(values, dict):
+        raise FastkitError(f"{file} holds a {type(values).__name__}, not the mapping of a model config "
+                           "({\"model_type\": ..., ...}); download the model's config.json again.")
 
 
 def _pick_attention(facts: registry.ModelFacts | None, device: torch.device) -> str:
@@ -350,7 +372,9 @@ class FastModel:
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
 
         ``options``: a :class:`fastkit.LoraOptions` (rank, alpha, dropout, targets, rsLoRA, experts,
-        checkpointing: what ``fastkit train`` and the notebooks fill); it replaces those arguments.
+        checkpointing: what ``fastkit train`` and the notebooks fill); it replaces those arguments, and a keyword
+        given beside it (not at its default) changes that option, as ``make_trainer``'s keywords change its
+        options (logged).
 
         ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
         double-buffered checkpoint reload, see :mod:`fastkit.patches.offload.patch`; tune it with
@@ -368,9 +392,12 @@ class FastModel:
         """
         from peft import LoraConfig, get_peft_model
 
-        if options is not None:
-            return FastModel.get_peft_model(model, **_lora_options(options), bias=bias, random_state=random_state,
-                                            offload_config=offload_config, host_weights=host_weights, **lora_kwargs)
+        if options is not None:  # keywords given beside options change those options, as make_trainer's do
+            given = dict(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+                         use_gradient_checkpointing=use_gradient_checkpointing, target_experts=target_experts)
+            kwargs = {**_lora_options(options), **_changed_from_defaults(given, lora_kwargs)}
+            return FastModel.get_peft_model(model, **kwargs, bias=bias, random_state=random_state,
+                                            offload_config=offload_config, host_weights=host_weights)
         checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                            bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
         if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
@@ -532,13 +559,30 @@ def _twin_name(name: str) -> str:
     if not (config.name == "config.json" and config.is_file()):
         return name
     try:
-        model_type = json.loads(config.read_text()).get("model_type")
+        values = json.loads(config.read_text())
     except ValueError as exc:
         raise FastkitError(f"twin=True: {str(config)!r} is not valid JSON ({exc}).") from exc
+    if not isinstance(values, dict):
+        raise FastkitError(f"twin=True: {str(config)!r} holds a {type(values).__name__}, not a model config mapping.")
+    model_type = values.get("model_type")
     if not model_type:
         raise FastkitError(f"twin=True: {str(config)!r} names no model_type to build a twin of.")
     logger.info("fastkit: twin=True: %s is a local %s config", name, model_type)
     return str(model_type)
+
+
+def _changed_from_defaults(given: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """get_peft_model's LoRA keywords that differ from their defaults (plus any other LoRA keyword): the ones a
+    caller gave beside ``options=``. The one precedence rule (make_trainer's too): a keyword changes the option;
+    a keyword left at its default leaves the option as it is. Each change is logged."""
+    import inspect
+
+    defaults = {k: v.default for k, v in inspect.signature(FastModel.get_peft_model).parameters.items()}
+    changed = {k: v for k, v in given.items() if v != defaults[k]} | dict(extra)
+    if changed:
+        logger.info("fastkit: get_peft_model: %s given beside options= change those options",
+                    ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+    return changed
 
 
 def _lora_options(options) -> dict[str, Any]:

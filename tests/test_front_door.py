@@ -210,7 +210,7 @@ def test_bad_input_is_refused_before_the_model_loads(no_load, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("flag, value", [("--lr", "inf"), ("--lr", "nan"), ("--eval-split", "1.5"),
-                                         ("--eval-split", "1"), ("--eval-split", "-0.1")])
+                                         ("--eval-split", "1.0"), ("--eval-split", "-0.1"), ("--eval-split", "-3")])
 def test_options_out_of_range_are_refused_by_the_parser(no_load, capsys, flag, value):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["train", "--model", "m", "--data", "sample", flag, value])

@@ -148,7 +148,7 @@ def scalar(text: str) -> Any:
         import yaml
 
         try:
-            return yaml.safe_load(text)
+            return strict_yaml(text, "the value")
         except yaml.YAMLError:
             return text
     return text
@@ -157,14 +157,22 @@ def scalar(text: str) -> Any:
 def _field_type(name: str, f: dataclasses.Field):
     """argparse ``type`` for one option: the text converted, then the field's own check."""
     def convert(text: str) -> Any:
-        value = float(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
         try:
+            value = _eval_split(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
             f.metadata["check"](name, value)
         except FastkitError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from exc
         return value
 
     return convert
+
+
+def _eval_split(text: str) -> float | int:
+    """``--eval-split``: a whole number is a row count (``3``), anything else a fraction (``0.05``), as in Python."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def _is_number(text: str) -> bool:
@@ -306,6 +314,14 @@ def _sft_helps() -> dict[str, str]:
 def sft_value(name: str, text: str) -> Any:
     """A flag's text as SFTConfig's field ``name`` takes it (a number, a bool, a JSON/YAML mapping, or text)."""
     hint = sft_fields()[name]
+    if text.lstrip().startswith(("[", "{")):  # a mapping or list written out: it parses, or the flag is named
+        import yaml
+
+        try:
+            strict_yaml(text, f"{name}={text!r:.60}")
+        except yaml.YAMLError as exc:
+            raise FastkitError(f"{name}={text!r:.80} is not valid JSON / YAML ({' '.join(str(exc).split())[:120]}); "
+                               f"write it as a mapping, e.g. {name}='{{\"key\": 1}}'.") from exc
     value = scalar(text)
     if accepts(hint, value):
         return value
@@ -346,6 +362,38 @@ class ConfigFileError(FastkitError):
     verbatim = True
 
 
+def strict_yaml(text: str, where: str) -> Any:
+    """YAML read safely and strictly, the one rule for fastkit's files and flag values: no alias (``*name``: a few
+    hundred bytes of nested aliases expand to gigabytes, and the file a run saves would be written out expanded),
+    no key twice in one mapping (which value wins would be a guess). Either is a ConfigFileError naming ``where``
+    and the line."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise ConfigFileError(f"{where}: line {event.start_mark.line + 1} uses the YAML alias "
+                                      f"*{event.anchor}; fastkit reads plain values only: write the value out.")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.setdefault(key, line)
+                except TypeError:  # an unhashable key: PyYAML's own error says so
+                    continue
+                if first != line:
+                    raise ConfigFileError(f"{where}: key {key!r} is given twice (lines {first} and {line}); "
+                                          "give it once.")
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 -- a SafeLoader subclass
+
+
 def read_file(path: str) -> dict[str, Any]:
     """``--config FILE``: a YAML mapping of option names (values checked by :func:`resolve`)."""
     import yaml
@@ -354,7 +402,7 @@ def read_file(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigFileError(f"--config {path}: no such file.")
     try:
-        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        loaded = strict_yaml(file.read_text(encoding="utf-8"), f"--config {path}")
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"--config {path}: not valid YAML ({' '.join(str(exc).split())[:200]}).") from exc
     if loaded is None:

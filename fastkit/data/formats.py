@@ -76,6 +76,12 @@ def check_columns(columns: Any, where: str) -> dict[str, str]:
         if not isinstance(column, str) or not column:
             raise FastkitError(f"{where}: columns maps {target!r} to {column!r}; give the name of one of your "
                                "data's columns.")
+    targets = list(columns.values())
+    twice = next((c for c in targets if targets.count(c) > 1), None)
+    if twice is not None:  # one column as two fields (a prompt that is its own answer): a slip, not a format
+        both = [t for t, c in columns.items() if c == twice]
+        raise FastkitError(f"{where}: columns maps column {twice!r} to both {both[0]!r} and {both[1]!r}; map each "
+                           "column to one field.")
     return dict(columns)
 
 

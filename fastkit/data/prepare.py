@@ -30,7 +30,7 @@ from fastkit.data.formats import (
 from fastkit.data.read import as_dataset
 from fastkit.data.rules import check_rows
 from fastkit.data.stream import check_stream, is_stream
-from fastkit.data.workers import data_workers
+from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -195,6 +195,13 @@ def check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool = True,
     non-string content, a last turn that is not the assistant's, an answer of ``None``) are refused with
     their row numbers, or dropped and counted with ``drop_invalid=True``. A plain list of dicts is accepted.
     """
+    with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
+        return _check_dataset(dataset, tokenizer, max_seq_length, packing, drop_long, drop_invalid, where, tokenize)
+
+
+def _check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool, drop_long: bool, drop_invalid: bool,
+                   where: str, tokenize: bool):
+    """:func:`check_dataset`'s work."""
     _quiet.quiet_progress_bars()  # fastkit's progress line / dashboard is the one progress display
     if is_stream(dataset):  # checked and tokenized as the trainer draws it, its first rows now
         return check_stream(dataset, tokenizer, max_seq_length, packing, drop_long, drop_invalid, where, tokenize)

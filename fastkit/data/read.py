@@ -20,7 +20,7 @@ from typing import Any
 
 from fastkit import _hf, _quiet
 from fastkit.data.formats import map_columns, normalize_dataset
-from fastkit.data.rules import _kind, _rows_named, check_rows, message_problem, row_problem
+from fastkit.data.rules import _kind, _rows_named, check_rows, lone_surrogate, message_problem, row_problem
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -252,10 +252,26 @@ def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
 
     try:
         return Dataset.from_list(rows)
+    except UnicodeEncodeError as exc:  # a lone surrogate: Arrow's strings are UTF-8, which cannot hold one
+        row = next((i for i, r in enumerate(rows) if _has_surrogate(r)), None)
+        raise FastkitError(f"{where}: row {row}: a text holds a lone surrogate character "
+                           f"({ascii(exc.object[exc.start])}), which no tokenizer can encode (a badly decoded "
+                           "emoji); fix the text, or drop the row.") from exc
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         _refuse_nested(rows, where)  # a nested field of the wrong type: name its row and field
         raise FastkitError(f"{where}: the rows do not form one table ({exc}); give every row the same fields with "
                            "the same types.") from exc
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether any string inside ``value`` (dicts and lists walked) holds a lone surrogate."""
+    if isinstance(value, str):
+        return lone_surrogate(value) is not None
+    if isinstance(value, dict):
+        return any(_has_surrogate(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 def as_dataset(source: Any, split: str = "train", where: str = "train_dataset"):
@@ -317,7 +333,9 @@ def _from_columns(columns: dict, where: str):
 
 def _from_path(text: str, split: str, where: str):
     path = Path(os.path.expanduser(text))
+    _check_regular(path, text, where)
     if path.is_file():
+        _check_split_of_file(split, text, where)
         table = read_table(path)
         return table if table is not None else rows_to_dataset(read_rows(path), where=str(path))
     if path.is_dir():
@@ -334,6 +352,22 @@ def _from_path(text: str, split: str, where: str):
         raise FastkitError(f"{where}: {text!r} is not a local file or folder, and loading it as a Hub dataset "
                            f"failed ({type(exc).__name__}: {str(exc)[:160]}). Pass a local file, or check the id "
                            "and that you are online (HF_HUB_OFFLINE).") from exc
+
+
+def _check_regular(path: Path, text: str, where: str) -> None:
+    """A path that exists but is neither a regular file nor a folder (``/dev/zero``, a FIFO, a socket, or a link
+    to one) is refused as what it is: reading it would never end, or block."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise FastkitError(f"{where}: {text!r} is not a regular file (a device, pipe or socket, or a link to one); "
+                           "point at a data file (.jsonl/.json/.csv/.parquet) or a folder of them.")
+
+
+def _check_split_of_file(split: str, text: str, where: str) -> None:
+    """One file holds one split: any ``split`` other than train would be read as the file's rows, silently."""
+    if isinstance(split, str) and split.strip().lower() not in SPLIT_WORDS["train"]:
+        raise FastkitError(f"{where}: split={split!r} was asked of the single file {text!r}, which holds one set of "
+                           "rows; drop split= to train on it, or point at a folder with a file named for that split "
+                           f"({split}.jsonl) or a Hub dataset.")
 
 
 def _from_folder(path: Path, split: str, where: str):
@@ -454,7 +488,9 @@ def _stream_path(text: str, split: str, where: str):
         if not files:
             raise FastkitError(f"{where}: folder {str(path)!r} holds no data files ({', '.join(DATA_SUFFIXES)}).")
         return _stream_files(split_files(files, split, path, where), where)
+    _check_regular(path, text, where)
     if path.is_file():
+        _check_split_of_file(split, text, where)
         return _stream_files([path], where)
     if path.exists() or _data_suffix(path)[0] in DATA_SUFFIXES or text.startswith((".", "/", "~")):
         return as_dataset(text, split, where).to_iterable_dataset()  # a saved dataset, or its error message

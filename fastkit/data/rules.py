@@ -29,6 +29,16 @@ def _rows_named(rows: Sequence[int], limit: int = 8) -> str:
     return shown + (f" ... ({len(rows)} rows)" if len(rows) > limit else "")
 
 
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate code point in ``text`` (``'\\ud83d'``), or None: UTF-8 cannot encode one, so no
+    tokenizer can (it comes from a badly decoded emoji or a JSON ``\\ud83d`` escape without its pair)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return ascii(text[exc.start])
+    return None
+
+
 def message_problem(messages: Any) -> str | None:
     """Why one row's ``messages`` would train nothing or the wrong thing, or None if it is fine."""
     if messages is None:
@@ -48,6 +58,12 @@ def message_problem(messages: Any) -> str | None:
             kind = "content parts (a list)" if isinstance(content, list) else type(content).__name__
             return (f"messages[{j}].content is {kind}, not a string; join text parts into one string "
                     "(images are not supported)")
+        if lone_surrogate(content):
+            return (f"messages[{j}].content holds a lone surrogate character ({lone_surrogate(content)}), which no "
+                    "tokenizer can encode (a badly decoded emoji); fix the text")
+        if msg["role"] == "assistant" and not content.strip() and not msg.get("tool_calls"):
+            return (f"messages[{j}] is an empty assistant turn: it would train only the end-of-turn token; write the "
+                    "answer or drop the turn")
     if messages[-1].get("role") != "assistant":
         return f"the last turn is {messages[-1].get('role')!r}, not 'assistant' (nothing to train on)"
     return None
@@ -61,6 +77,9 @@ def _text_problem(value: Any, field: str, empty_ok: bool = False) -> str | None:
         return f"{field} is {kind}, not a string"
     if not empty_ok and not value.strip():
         return f"{field} is empty (nothing to train on)"
+    if lone_surrogate(value):
+        return (f"{field} holds a lone surrogate character ({lone_surrogate(value)}), which no tokenizer can encode "
+                "(a badly decoded emoji); fix the text")
     return None
 
 
@@ -169,13 +188,14 @@ def check_rows(dataset, drop_invalid: bool = False):
     table, :func:`find_problems`), the message names the rows, the field and what is wrong with it.
     """
     from fastkit.data.formats import detect_format
-    from fastkit.data.workers import data_workers
+    from fastkit.data.workers import data_workers, frozen_heap
 
     if "input_ids" in dataset.column_names:
         return dataset
     fmt = detect_format(dataset.column_names)
     name = {"sharegpt": "conversations", "prompt_completion": "prompt/completion", "alpaca": "alpaca"}.get(fmt, fmt)
-    problems = find_problems(dataset, fmt, data_workers(len(dataset)))
+    with frozen_heap():  # forked workers share this process's pages (fastkit.data.workers)
+        problems = find_problems(dataset, fmt, data_workers(len(dataset)))
     if not problems:
         return dataset
     rows = [i for i, _ in problems]
@@ -196,4 +216,5 @@ def check_rows(dataset, drop_invalid: bool = False):
 check_messages = check_rows  # the old name (messages rows only, before every format was checked)
 
 
-__all__ = ["FORMAT_COLUMNS", "check_messages", "check_rows", "find_problems", "message_problem", "row_problem"]
+__all__ = ["FORMAT_COLUMNS", "check_messages", "check_rows", "find_problems", "lone_surrogate", "message_problem",
+           "row_problem"]

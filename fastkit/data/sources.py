@@ -150,6 +150,12 @@ class DataSource:
         """The CLI string form (inverse of :meth:`parse`): ``qa.csv?columns=prompt:question&weight=2``."""
         if not isinstance(self.path, str):
             raise FastkitError(f"data source {self.label!r}: in-memory data has no string form; save it to a file.")
+        unwritable = next((c for c in [*(self.columns or {}).values(), self.split, self.name or ""]
+                           if any(ch in c for ch in ",&:=?")), None)
+        if unwritable is not None:  # parse() would split it: the string form cannot hold it
+            raise FastkitError(f"data source {self.label!r}: {unwritable!r} holds one of , & : = ? and has no "
+                               "string form (parse() would split it there); use the mapping form (to_mapping(), a "
+                               "YAML data: entry).")
         parts = [f"{k}={_query_value(v)}" for k, v in self.to_mapping().items() if k != "path"]
         return self.path + ("?" + "&".join(parts) if parts else "")
 
@@ -180,6 +186,8 @@ def _query_options(query: str, text: str) -> dict[str, Any]:
             raise FastkitError(f"data source {text!r}: {item!r} is not an option; give key=value with a key among "
                                f"{', '.join(QUERY_KEYS)} (e.g. qa.csv?columns=prompt:question,completion:answer"
                                "&weight=2).")
+        if key in options:  # which one wins would be a guess: one rule, refuse
+            raise FastkitError(f"data source {text!r}: {key} is given twice; give it once.")
         options[key] = _convert(key, value.strip(), text)
     return options
 
@@ -190,6 +198,10 @@ def _convert(key: str, value: str, text: str) -> Any:
         if not pairs or any(not sep or not t.strip() or not c.strip() for t, sep, c in pairs):
             raise FastkitError(f"data source {text!r}: columns={value!r}; write field:column pairs separated by "
                                "commas, e.g. columns=prompt:question,completion:answer.")
+        fields_named = [t.strip() for t, _, _ in pairs]
+        twice = next((t for t in fields_named if fields_named.count(t) > 1), None)
+        if twice:
+            raise FastkitError(f"data source {text!r}: columns maps {twice!r} twice; map each field once.")
         return {t.strip(): c.strip() for t, _, c in pairs}
     if key in ("weight", "max_rows"):
         try:

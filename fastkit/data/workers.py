@@ -2,10 +2,18 @@
 
 Small datasets stay in this process (starting workers costs more than it saves); larger ones use the cores
 there are, capped (each worker holds its own copy of the tokenizer). ``FASTKIT_DATA_WORKERS`` overrides it.
+
+Workers are forked (``datasets`` on Linux): they share this process's memory until a page is written. Python's
+garbage collector writes to every object it visits, so a collection in a worker copies most of the parent's heap
+into it; :func:`frozen_heap` moves the objects alive before the fork out of the collector's sight
+(``gc.freeze``), which keeps those pages shared: measured on 20,000 chats with 2 workers, the anonymous memory of
+the process and its workers together went from 889 to 682 MiB (plain TRL in one process: 515 MiB).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 
 MIN_ROWS_PER_WORKER = 5_000
@@ -32,4 +40,19 @@ def data_workers(n_rows: int) -> int | None:
     return n if n > 1 else None
 
 
-__all__ = ["MAX_WORKERS", "MIN_ROWS_PER_WORKER", "cpu_cores", "data_workers"]
+@contextlib.contextmanager
+def frozen_heap():
+    """The objects alive now kept out of the garbage collector's sight while the block runs (``gc.freeze``), so
+    forked workers keep sharing their pages instead of copying them (the module docstring); nested: one freeze."""
+    if gc.get_freeze_count():  # an outer block froze the heap already
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+__all__ = ["MAX_WORKERS", "MIN_ROWS_PER_WORKER", "cpu_cores", "data_workers", "frozen_heap"]

@@ -44,7 +44,11 @@ def chat(model: torch.nn.Module, tokenizer, prompt: str | list[dict], max_new_to
     place (packing reads no packed metadata outside a training batch, so generation is plain attention).
     Returns the answer text (special tokens and surrounding whitespace removed).
     """
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    messages = _chat_messages(prompt)
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end",
+                                                                                               None))):
+        raise FastkitError(f"chat(streamer=...) takes a transformers streamer (with put() and end(), e.g. "
+                           f"TextIteratorStreamer), got {type(streamer).__name__}.")
     template_kwargs = dict(chat_template_kwargs or {})
     for key, value in (("enable_thinking", enable_thinking), ("reasoning_effort", reasoning_effort)):
         if value is not None:
@@ -71,6 +75,38 @@ def chat(model: torch.nn.Module, tokenizer, prompt: str | list[dict], max_new_to
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+def _chat_messages(prompt: Any) -> list[dict]:
+    """``chat``'s prompt as a message list: a string is one user message; a list of role/content dicts as is."""
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, dict):
+        raise FastkitError("chat(prompt=...) got one message dict; give a list of them ([{'role': 'user', "
+                           "'content': ...}]) or the user's text as a string.")
+    if not isinstance(prompt, list) or not prompt:
+        raise FastkitError(f"chat(prompt=...) takes the user's text (a string) or a list of role/content messages, "
+                           f"got {prompt!r:.60}.")
+    for i, message in enumerate(prompt):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not (
+                isinstance(content, str) or isinstance(content, list)):
+            raise FastkitError(f"chat: message {i} is {message!r:.80}; each message is a dict with a 'role' and a "
+                               "'content' string.")
+    why = _surrogates(prompt)
+    if why:
+        raise FastkitError(f"chat: {why}")
+    return prompt
+
+
+def _surrogates(messages: list[dict]) -> str | None:
+    from fastkit.data.rules import lone_surrogate
+
+    for i, message in enumerate(messages):
+        if isinstance(message.get("content"), str) and lone_surrogate(message["content"]):
+            return (f"message {i} holds a lone surrogate character ({lone_surrogate(message['content'])}), which "
+                    "no tokenizer can encode; fix the text (it is usually a badly decoded emoji).")
+    return None
+
+
 def _in_notebook() -> bool:
     from fastkit.dashboard.views import in_notebook
 
@@ -89,6 +125,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
     if not hasattr(model, "peft_config"):
         raise FastkitError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full "
                            "weights.")
+    _check_tokenizer(tokenizer, "save_lora")
     path = checks.check_save_target(path)
     _check_adapter_names(model)
     check_verify = saving.should_verify(model, None, verify, "save_lora")
@@ -103,6 +140,28 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
         if check_verify:
             _verify_adapter(model, tmp)
     return str(path)
+
+
+def _check_tokenizer(tokenizer, what: str) -> None:
+    """The tokenizer is saved beside the weights (the folder then loads and chats on its own): it must be one."""
+    if tokenizer is None or not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise FastkitError(f"{what} needs the tokenizer (the second value FastModel.from_pretrained returned), got "
+                           f"{type(tokenizer).__name__}: it is saved beside the weights so the folder loads and "
+                           "chats on its own.")
+
+
+def _check_adapter_file(folder: Path) -> None:
+    """The adapter's safetensors readable (header and sizes): a truncated copy or another file is named as such."""
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as handle:
+                list(handle.keys())
+        except Exception as exc:  # noqa: BLE001 -- SafetensorError, OSError: all mean the same to the user
+            raise FastkitError(f"load_lora: {file} cannot be read ({type(exc).__name__}: {str(exc)[:120]}): the file "
+                               "is truncated or not a safetensors file. Copy the adapter folder again whole, or "
+                               "save it again.") from exc
 
 
 def _check_adapter_names(model: torch.nn.Module) -> None:
@@ -171,6 +230,7 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
         raise FastkitError(f"load_lora: {config_file} is not valid JSON ({exc}); save the adapter again.") from exc
     if values.get("peft_type", "LORA") != "LORA":
         raise FastkitError(f"load_lora: {config_file} is a {values.get('peft_type')} adapter; fastkit loads LoRA.")
+    _check_adapter_file(config_file.parent)
     model = _without_adapter(model)  # a model that already has an adapter: this one replaces it, never nests
     check_adapter_fits(model, path, values)
     targets = list(values.get("target_parameters") or ())
@@ -217,6 +277,7 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torc
     """
     from fastkit.export.merge import can_merge_shards, training_dtype
 
+    _check_tokenizer(tokenizer, "save_merged")
     path = checks.check_save_target(path)
     dtype = checks.resolve_dtype(dtype) or training_dtype(model)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):

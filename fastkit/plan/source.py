@@ -60,6 +60,11 @@ def planned_config(model_or_config: Any):
 def _config_from_dict(values: dict):
     from transformers import CONFIG_MAPPING
 
+    if not isinstance(values, dict):
+        raise FastkitError(f"config.json holds a {type(values).__name__}, not the mapping of a model config "
+                           "({\"model_type\": ..., ...}); point at the model's own config.json.")
+    values = dict(values)
+
     model_type = values.pop("model_type", None)
     if "torch_dtype" in values:  # checkpoints saved before transformers 5 spell it so (as from_pretrained maps it)
         values.setdefault("dtype", values.pop("torch_dtype"))

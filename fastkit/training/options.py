@@ -210,8 +210,8 @@ class TrainOptions:
     seed: int = option(3407, "seed of the run (data order, dropout, eval split, LoRA init in fastkit train)",
                        check=check_non_negative_int)
     """Random seed (``seed`` and ``data_seed``)."""
-    eval_split: float = option(0.0, "hold out this fraction of the rows (or, in a file / the API, this many rows) "
-                               "for an eval loss; 0: none", check=_eval_split)
+    eval_split: float = option(0.0, "hold out this fraction of the rows (0.05), or this many rows (200), for an "
+                               "eval loss; 0: none", check=_eval_split)
     """Held-out share (0 < x < 1) or row count of the training data; 0: no eval set from it."""
     eval_steps: int | None = option(None, "evaluate every that many steps (default: 10 times a run)",
                                     check=functools.partial(check_positive, allow_none=True))

@@ -172,7 +172,7 @@ def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     checks.check_positive("beta", beta, integer=False)
     checks.check_bool("packing", packing)
     checks.check_bool("drop_long", drop_long)
-    max_seq_length = _max_length(tokenizer, max_seq_length)
+    max_seq_length = _max_length(tokenizer, max_seq_length, model)
     dataset = as_dataset(train_dataset)
     dpo.check_pairs(dataset, tokenizer)
     if eval_dataset is not None:
@@ -234,7 +234,7 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
                            "at least 2.")
     funcs = grpo.wrap_reward_funcs(reward_funcs)
     dataset = as_dataset(train_dataset)
-    limit = max_prompt_length or _max_length(tokenizer, None) - max_completion_length
+    limit = max_prompt_length or _max_length(tokenizer, None, model) - max_completion_length
     grpo.check_prompts(dataset, tokenizer, funcs, limit)
     config = _base_config(model, run, overrides, GRPOConfig)
     prompts_per_step = config["per_device_train_batch_size"]
@@ -260,10 +260,17 @@ def _split_options(options: dict[str, Any]) -> tuple[RunOptions, dict[str, Any]]
     return run, {k: v for k, v in options.items() if k not in names}
 
 
-def _max_length(tokenizer, max_seq_length: int | None) -> int:
+def _max_length(tokenizer, max_seq_length: int | None, model: torch.nn.Module | None = None) -> int:
+    """The length limit of a preference run: the one given, else the length the model was loaded with (what SFT's
+    make_trainer takes: ``report(model).max_seq_length``), else the tokenizer's ``model_max_length`` (capped)."""
     if max_seq_length is not None:
         checks.check_max_seq_length(max_seq_length)
         return max_seq_length
+    from fastkit.patching import report
+
+    loaded = report(unwrap(model)) if model is not None else None
+    if loaded is not None and loaded.max_seq_length:
+        return int(loaded.max_seq_length)
     return min(int(getattr(tokenizer, "model_max_length", 2048) or 2048), 1 << 20)
 
 

@@ -27,7 +27,7 @@ from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.data.read import stream_source
 from fastkit.data.stream import is_stream
-from fastkit.data.workers import data_workers
+from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
 from fastkit.families.twins import twin_source
@@ -129,9 +129,12 @@ def make_trainer(
     _log_processes(config)
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
-    dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
-                                          tokenize=_pre_tokenize(args))
+    with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
+        dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
+                                              tokenize=_pre_tokenize(args))
     rows = None if is_stream(dataset) else len(dataset)  # a stream's length is not known ahead
+    for checked, where in ((dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+        _check_token_ids(checked, model, where)
     if args.dataset_num_proc is None and rows is not None:  # TRL's labels / packing passes: the cores there are
         args.dataset_num_proc = data_workers(rows)
     # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
@@ -139,8 +142,9 @@ def make_trainer(
                               log_every_step=options.logging_steps is None)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
-    trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
-                                 processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
+    with frozen_heap():  # TRL's passes fork dataset_num_proc workers too
+        trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                                     processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     trainer.fastkit_options = options
     trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
@@ -186,6 +190,26 @@ def _options(options: TrainOptions | None, kwargs: dict[str, Any]) -> TrainOptio
         options = TrainOptions.from_kwargs(options, **kwargs)
     options.check()  # again: a field may have been assigned since the options were made
     return options
+
+
+def _check_token_ids(dataset, model: torch.nn.Module, where: str) -> None:
+    """Pre-tokenized rows' ids within the model's embedding rows (an id past them is an IndexError mid-step)."""
+    if dataset is None or is_stream(dataset) or "input_ids" not in dataset.column_names or len(dataset) == 0:
+        return
+    import pyarrow.compute as pc
+
+    rows = unwrap(model).get_input_embeddings().weight.shape[0]
+    low, high = 0, 0
+    for batch in dataset.select_columns(["input_ids"]).with_format("arrow").iter(batch_size=8192):
+        ids = pc.list_flatten(batch["input_ids"])
+        if len(ids):
+            found = pc.min_max(ids)
+            low, high = min(low, found["min"].as_py()), max(high, found["max"].as_py())
+    if low < 0 or high >= rows:
+        bad = high if high >= rows else low
+        raise FastkitError(f"{where}: a token id {bad} is outside the model's vocabulary (ids 0 to {rows - 1}): the "
+                           "rows were tokenized by another tokenizer. Tokenize them with this model's tokenizer, or "
+                           "give the text and let fastkit tokenize it.")
 
 
 def check_stream_options(train_dataset, options: TrainOptions, epochs: float | None) -> None:

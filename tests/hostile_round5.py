@@ -1,0 +1,260 @@
+"""Round-5 rows of the hostile-input table (issue 44), one builder per class; tests/test_hostile_round5.py runs them.
+
+The classes and the rule each follows:
+
+- duplicates: a key given twice (a YAML mapping, a source's ``?key=``, a column mapping) is refused naming both;
+  keywords given beside ``options=`` change those options (``make_trainer`` and ``get_peft_model`` alike);
+- unbounded input: a YAML alias is refused (``*name`` expands without bound), in files and flag values alike;
+- wrong names: a path that is not a regular file is named as such; a split asked of a single file is refused;
+  a source whose column names the string form cannot hold says so; ``--eval-split 3`` is a row count;
+- rows that train on nothing or cannot be encoded: an empty assistant turn, a lone surrogate character;
+- limits from the model in hand: pre-tokenized ids past the embedding, a preference run's length;
+- a library's raw error where fastkit calls it: no tokenizer for a save, a chat prompt of the wrong shape or a
+  streamer without ``put``, a config.json that is not a mapping, a truncated adapter file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from fastkit import FastkitError, FastModel
+from tests.hostile_round3 import TWIN, _trained
+
+
+def _ns():
+    from tests.test_hostile_inputs import Case, Raises
+
+    return Case, Raises
+
+
+def _rows_file(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def _chat(q: str = "q", a: str = "a") -> dict:
+    return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+
+# -- duplicates and unbounded input: one rule, refuse ------------------------------------------------------
+def duplicates():
+    from fastkit.cli.config import ConfigFileError, read_file, sft_value
+    from fastkit.data import DataSource
+
+    Case, Raises = _ns()
+
+    def config(text: str):
+        def action(ctx):
+            file = ctx.tmp / "run.yaml"
+            file.write_text(text, encoding="utf-8")
+            return read_file(str(file))
+
+        return action
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, n in zip("abcdefgh", "bcdefghi"))
+
+    def peft_precedence(ctx):
+        from fastkit.training.options import LoraOptions
+
+        model, _ = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+        with ctx.caplog.at_level(logging.INFO, logger="fastkit"):
+            peft = FastModel.get_peft_model(model, r=8, options=LoraOptions(lora_r=4, checkpointing="off"))
+        return peft
+
+    def rank_8(peft, ctx):
+        assert peft.peft_config["default"].r == 8, peft.peft_config["default"].r
+        assert "r=8 given beside options= change those options" in ctx.caplog.text, ctx.caplog.text
+
+    return [
+        Case("r5_yaml_key_twice_refused", config("lora_r: 4\nsteps: 2\nlora_r: 8\n"),
+             Raises(ConfigFileError, "'lora_r' is given twice (lines 1 and 3)", "give it once")),
+        Case("r5_yaml_key_twice_under_sft_refused", config("sft:\n  max_grad_norm: 1\n  max_grad_norm: 2\n"),
+             Raises(ConfigFileError, "'max_grad_norm' is given twice")),
+        Case("r5_yaml_alias_refused", config("lr: &x 0.001\nlearning_rate: *x\n"),
+             Raises(ConfigFileError, "line 2 uses the YAML alias *x", "write the value out")),
+        Case("r5_yaml_alias_bomb_refused_at_once", config(bomb), Raises(ConfigFileError, "YAML alias")),
+        Case("r5_sft_flag_alias_refused", lambda ctx: sft_value("model_init_kwargs", "{a: &x 1, b: *x}"),
+             Raises(FastkitError, "YAML alias *x")),
+        Case("r5_sft_flag_broken_mapping_names_the_flag", lambda ctx: sft_value("model_init_kwargs", "{a: 1"),
+             Raises(FastkitError, "model_init_kwargs=", "is not valid JSON / YAML")),
+        Case("r5_source_key_twice_refused", lambda ctx: DataSource.parse("qa.csv?weight=2&weight=5"),
+             Raises(FastkitError, "weight is given twice; give it once")),
+        Case("r5_source_max_rows_twice_refused", lambda ctx: DataSource.parse("qa.csv?max-rows=2&max_rows=5"),
+             Raises(FastkitError, "max_rows is given twice")),
+        Case("r5_source_field_mapped_twice_refused",
+             lambda ctx: DataSource.parse("qa.csv?columns=prompt:q,prompt:question"),
+             Raises(FastkitError, "columns maps 'prompt' twice")),
+        Case("r5_one_column_as_two_fields_refused",
+             lambda ctx: DataSource("qa.csv", columns={"prompt": "q", "completion": "q"}),
+             Raises(FastkitError, "maps column 'q' to both 'prompt' and 'completion'")),
+        Case("r5_get_peft_model_keyword_beside_options_wins", peft_precedence, rank_8),
+    ]
+
+
+# -- names and paths ------------------------------------------------------------------------------------------
+def names():
+    from fastkit.data import DataSource, as_dataset, load_chat_dataset
+
+    Case, Raises = _ns()
+
+    def dev_zero_link(ctx):
+        link = ctx.tmp / "data.jsonl"
+        os.symlink("/dev/zero", link)
+        return as_dataset(str(link))
+
+    def eval_split_count(ctx):
+        import dataclasses
+
+        from fastkit.cli.config import _field_type
+        from fastkit.training.options import TrainOptions
+
+        field = next(f for f in dataclasses.fields(TrainOptions) if f.name == "eval_split")
+        return _field_type("eval_split", field)("3")  # what argparse calls with --eval-split 3
+
+    def is_three(value, ctx):
+        assert value == 3 and isinstance(value, int), value
+
+    def single_file_split(ctx):
+        return load_chat_dataset(_rows_file(ctx.tmp / "d.jsonl", [_chat()]), split="test")
+
+    return [
+        Case("r5_dev_zero_is_not_a_regular_file", lambda ctx: as_dataset("/dev/zero"),
+             Raises(FastkitError, "'/dev/zero' is not a regular file")),
+        Case("r5_link_to_dev_zero_is_not_a_regular_file", dev_zero_link,
+             Raises(FastkitError, "is not a regular file (a device, pipe or socket, or a link to one)")),
+        Case("r5_split_of_a_single_file_refused", single_file_split,
+             Raises(FastkitError, "split='test' was asked of the single file", "drop split=")),
+        Case("r5_spec_of_unwritable_column_refused",
+             lambda ctx: DataSource("qa.csv", columns={"prompt": "question,long"}).spec(),
+             Raises(FastkitError, "'question,long' holds one of , & : = ?", "mapping form")),
+        Case("r5_eval_split_3_is_a_row_count", eval_split_count, is_three),
+    ]
+
+
+# -- rows that train on nothing, or cannot be encoded ------------------------------------------------------------
+def rows():
+    from fastkit.data import load_chat_dataset
+
+    Case, Raises = _ns()
+
+    def empty_middle_turn(ctx):
+        row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""},
+                            {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]}
+        return load_chat_dataset([_chat(), row])
+
+    def surrogate(ctx):
+        return load_chat_dataset([_chat(), _chat("emoji \ud83d broken")])
+
+    def surrogate_text(ctx):
+        return load_chat_dataset([{"text": "fine"}, {"text": "bad \udc80"}])
+
+    return [
+        Case("r5_empty_assistant_turn_mid_chat_refused", empty_middle_turn,
+             Raises(FastkitError, "row 1", "messages[1] is an empty assistant turn", "drop_invalid=True")),
+        Case("r5_lone_surrogate_in_a_message_refused", surrogate,
+             Raises(FastkitError, "row 1", "lone surrogate character ('\\ud83d')", "fix the text")),
+        Case("r5_lone_surrogate_in_text_refused", surrogate_text,
+             Raises(FastkitError, "row 1", "lone surrogate")),
+    ]
+
+
+# -- limits from the model in hand -------------------------------------------------------------------------------
+def limits():
+    Case, Raises = _ns()
+
+    def ids_past_vocab(ctx):
+        from datasets import Dataset
+
+        from fastkit.training import make_trainer
+
+        model, tok = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+        model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+        rows = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 10 ** 7, 5]]})
+        return make_trainer(model, tok, rows, max_steps=1, output_dir=str(ctx.tmp / "out"), dashboard="none")
+
+    def dpo_limit_from_load(ctx):
+        from fastkit.training import make_dpo_trainer
+
+        model, tok = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+        model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+        long = " ".join(["word"] * 200)
+        pairs = [{"prompt": "q", "chosen": long, "rejected": "no"}, {"prompt": "q2", "chosen": "a", "rejected": "b"}]
+        return make_dpo_trainer(model, tok, pairs, max_steps=1, output_dir=str(ctx.tmp / "out"), dashboard="none")
+
+    return [
+        Case("r5_token_id_past_the_embedding_refused", ids_past_vocab,
+             Raises(FastkitError, "token id 10000000 is outside the model's vocabulary")),
+        Case("r5_dpo_length_is_the_loaded_max_seq_length", dpo_limit_from_load,
+             Raises(FastkitError, "above max_seq_length=64")),
+    ]
+
+
+# -- raw library errors, caught where fastkit calls the library ----------------------------------------------------
+def raw_errors():
+    from fastkit.export import chat, load_lora, save_lora, save_merged
+
+    Case, Raises = _ns()
+
+    def chat_with(prompt, **kw):
+        def action(ctx):
+            model, tok = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+            return chat(model, tok, prompt, max_new_tokens=2, stream=False, **kw)
+
+        return action
+
+    def truncated_adapter(ctx):
+        model, tok = _trained()
+        folder = Path(save_lora(model, tok, ctx.tmp / "lora", verify=False))
+        file = folder / "adapter_model.safetensors"
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+        base, _ = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+        return load_lora(base, folder)
+
+    def garbage_adapter(ctx):
+        model, tok = _trained()
+        folder = Path(save_lora(model, tok, ctx.tmp / "lora", verify=False))
+        (folder / "adapter_model.safetensors").write_bytes(b"not a safetensors file at all")
+        base, _ = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+        return load_lora(base, folder)
+
+    def config_list(twin: bool):
+        def action(ctx):
+            folder = ctx.tmp / "model"
+            folder.mkdir()
+            (folder / "config.json").write_text("[1, 2, 3]", encoding="utf-8")
+            return FastModel.from_pretrained(str(folder), max_seq_length=64, twin=twin)
+
+        return action
+
+    return [
+        Case("r5_save_lora_without_tokenizer", lambda ctx: save_lora(*_trained()[:1], None, ctx.tmp / "l"),
+             Raises(FastkitError, "save_lora needs the tokenizer", "got NoneType")),
+        Case("r5_save_merged_without_tokenizer", lambda ctx: save_merged(_trained()[0], None, ctx.tmp / "m"),
+             Raises(FastkitError, "save_merged needs the tokenizer")),
+        Case("r5_chat_prompt_none", chat_with(None), Raises(FastkitError, "takes the user's text (a string)")),
+        Case("r5_chat_one_message_dict", chat_with({"role": "user", "content": "hi"}),
+             Raises(FastkitError, "got one message dict", "give a list of them")),
+        Case("r5_chat_message_without_content", chat_with([{"role": "user"}]),
+             Raises(FastkitError, "message 0 is", "a 'content' string")),
+        Case("r5_chat_streamer_without_put", chat_with("hi", streamer=object()),
+             Raises(FastkitError, "takes a transformers streamer (with put() and end()")),
+        Case("r5_chat_lone_surrogate", chat_with("hi \ud83d"), Raises(FastkitError, "lone surrogate")),
+        Case("r5_load_lora_truncated_file", truncated_adapter,
+             Raises(FastkitError, "adapter_model.safetensors cannot be read", "truncated or not a safetensors")),
+        Case("r5_load_lora_garbage_file", garbage_adapter,
+             Raises(FastkitError, "truncated or not a safetensors file")),
+        Case("r5_config_json_a_list", config_list(False), Raises(FastkitError, "config.json holds a list")),
+        Case("r5_config_json_a_list_twin", config_list(True), Raises(FastkitError, "holds a list")),
+    ]
+
+
+def all_rows():
+    """``(class, Case)`` for every round-5 row."""
+    return ([("duplicates", c) for c in duplicates()] + [("names", c) for c in names()]
+            + [("rows", c) for c in rows()] + [("limits", c) for c in limits()]
+            + [("raw errors", c) for c in raw_errors()])
