@@ -189,12 +189,12 @@ def table(results: list[dict], machine: str) -> str:
     for r in results:
         lines.append([f"{r['rows_in']:,}", r["variant"], f"{r['read_s']:.1f}", f"{r['prepare_s']:.1f}",
                       f"{r['total_s']:.1f}", f"{r['peak_mib']:,.0f}", f"{r['workers_peak_mib']:,.0f}",
-                      f"{r.get('tree_pss_mib', 0):,.0f}",
+                      f"{r.get('tree_pss_mib', 0):,.0f}", f"{r.get('tree_anon_mib', 0):,.0f}",
                       f"{r['num_proc'] or 1}", f"{r['packed_rows']:,}", f"{r['trained_tokens']:,}"])
     head = ["rows", "variant", "read s", "read -> trainer s", "total s", "peak RSS MiB", "workers' peak RSS MiB",
-            "all processes' peak PSS MiB", "processes", "packed rows", "tokens with a label"]
+            "all processes' peak PSS MiB", "of it anonymous MiB", "processes", "packed rows", "tokens with a label"]
     return (f"# Data front door: plain datasets + TRL vs fastkit\n\n{machine}\n\n"
-            + markdown_table(head, lines, "rlrrrrrrrrr") + "\n\n"
+            + markdown_table(head, lines, "rlrrrrrrrrrr") + "\n\n"
             "Multi-turn chats (system prompt, 1-3 assistant turns), twin llama + ChatML tokenizer, one torch "
             "thread, max_length 2048, packing on; each variant in its own process with an empty datasets cache. "
             "Plain TRL trains every token of a `messages` row; fastkit trains the assistant turns only, so its "
@@ -203,7 +203,9 @@ def table(results: list[dict], machine: str) -> str:
             "whole pass over its packed rows (the work a table does before training, a stream does while "
             "training). Peak RSS counts pages a forked worker shares with its "
             "parent in both; the PSS column (sampled every 50 ms over the process and its workers) counts each "
-            "page once: it is the memory the machine spends.\n")
+            "page once: it is the memory the machine spends. Anonymous: the part only exiting frees (heap, "
+            "stacks); the rest is file pages, mostly the memory-mapped Arrow caches, which the kernel drops under "
+            "pressure and which grow with the rows for every variant.\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -534,7 +534,7 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
 def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
     from fastkit.families.twins import TWIN_PREFIX, twin, twin_bpe_tokenizer, twin_family
 
-    checks.check_max_seq_length(max_seq_length)  # the twin's context is not the real model's: no config here
+    checks.check_max_seq_length(max_seq_length, _real_config(name))  # the real model's context, where known
     name = _twin_name(name)
     try:
         family, overrides = twin_family(name)
@@ -547,6 +547,32 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
     _patch(model, max_seq_length, patches, log=True)
     return model, tokenizer
+
+
+def _real_config(name: str):
+    """The config of the model a twin stands in for, when it is at hand without a download (a local config.json,
+    or a config fastkit ships): its context bounds the twin's ``max_seq_length`` as a real load's would."""
+    import json
+
+    from fastkit.plan.source import _config_from_dict, known_config
+
+    path = os.path.expanduser(name)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    values = None
+    if os.path.basename(file) == "config.json" and os.path.isfile(file):
+        try:
+            with open(file, encoding="utf-8") as f:
+                values = json.load(f)
+        except (OSError, ValueError):
+            return None  # _twin_name names the broken file
+    elif not os.path.exists(path):
+        values = known_config(name)
+    if not isinstance(values, dict) or not values.get("model_type"):
+        return None
+    try:
+        return _config_from_dict(dict(values))
+    except FastkitError:
+        return None
 
 
 def _twin_name(name: str) -> str:

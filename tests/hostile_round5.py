@@ -186,7 +186,21 @@ def limits():
         pairs = [{"prompt": "q", "chosen": long, "rejected": "no"}, {"prompt": "q2", "chosen": "a", "rejected": "b"}]
         return make_dpo_trainer(model, tok, pairs, max_steps=1, output_dir=str(ctx.tmp / "out"), dashboard="none")
 
+    def trainer_past_context(ctx):
+        from fastkit.training import make_trainer
+
+        model, tok = FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)
+        model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+        return make_trainer(model, tok, [_chat()], max_steps=1, max_seq_length=10 ** 6, packing=False,
+                            output_dir=str(ctx.tmp / "out"), dashboard="none")
+
     return [
+        Case("r5_twin_past_the_real_models_context_refused",
+             lambda ctx: FastModel.from_pretrained(TWIN, max_seq_length=100_000, twin=True),
+             Raises(FastkitError, "max_seq_length=100000 is longer than the model's context",
+                    "max_position_embeddings=8192")),
+        Case("r5_make_trainer_past_the_context_refused_without_packing", trainer_past_context,
+             Raises(FastkitError, "max_seq_length=1000000 is longer than the model's context")),
         Case("r5_token_id_past_the_embedding_refused", ids_past_vocab,
              Raises(FastkitError, "token id 10000000 is outside the model's vocabulary")),
         Case("r5_dpo_length_is_the_loaded_max_seq_length", dpo_limit_from_load,

@@ -121,6 +121,8 @@ def make_trainer(
     _check_eval_options(options, eval_dataset)
     loaded = report(model)  # the load's max_seq_length, checked there (Note: [max_seq_length] in fastkit.loader)
     max_seq_length = options.max_seq_length or (loaded.max_seq_length if loaded is not None else 2048)
+    if options.max_seq_length is not None:  # above the model's context: positions past it were never trained
+        checks.check_max_seq_length(max_seq_length, getattr(unwrap(model), "config", None))
     _check_packing_supported(model, options.packing)
     evaluate = eval_dataset is not None or bool(options.eval_split)
     config = sft_config(options, evaluate=evaluate, cuda=model.device.type == "cuda", optim=_default_optim(model),
