@@ -131,12 +131,15 @@ def make_trainer(
     _log_processes(config)
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
+    given_eval = eval_dataset
     with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
         dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
                                               tokenize=_pre_tokenize(args))
     rows = None if is_stream(dataset) else len(dataset)  # a stream's length is not known ahead
-    for checked, where in ((dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-        _check_token_ids(checked, model, where)
+    for given, checked, where in ((train_dataset, dataset, "train_dataset"), (given_eval, eval_dataset,
+                                                                              "eval_dataset")):
+        if _arrives_tokenized(given):  # fastkit's own tokenization used this model's tokenizer
+            _check_token_ids(checked, model, where)
     if args.dataset_num_proc is None and rows is not None:  # TRL's labels / packing passes: the cores there are
         args.dataset_num_proc = data_workers(rows)
     # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
@@ -194,8 +197,18 @@ def _options(options: TrainOptions | None, kwargs: dict[str, Any]) -> TrainOptio
     return options
 
 
+def _arrives_tokenized(data: Any) -> bool:
+    """Whether the caller's data came with its own ``input_ids`` (a Dataset, a dict of columns or dict rows)."""
+    if isinstance(data, dict):
+        return "input_ids" in data
+    if isinstance(data, (list, tuple)):
+        return bool(data) and isinstance(data[0], dict) and "input_ids" in data[0]
+    return "input_ids" in (getattr(data, "column_names", None) or ())
+
+
 def _check_token_ids(dataset, model: torch.nn.Module, where: str) -> None:
-    """Pre-tokenized rows' ids within the model's embedding rows (an id past them is an IndexError mid-step)."""
+    """Pre-tokenized rows' ids within the model's embedding rows (an id past them is an IndexError mid-step). Read
+    only for data that arrived tokenized: the scan pages the token columns in."""
     if dataset is None or is_stream(dataset) or "input_ids" not in dataset.column_names or len(dataset) == 0:
         return
     import pyarrow.compute as pc
