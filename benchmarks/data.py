@@ -26,7 +26,15 @@ from pathlib import Path
 
 from benchmarks.common import bench_parser, machine_line, markdown_table, parse_bench_args, write_outputs
 
-VARIANTS = ("plain", "fastkit", "fastkit-stream")
+VARIANTS = ("plain", "plain-assistant", "fastkit", "fastkit-stream")
+# The twin's ChatML template with TRL's {% generation %} markers around each assistant answer and its end of turn:
+# what a user of plain TRL writes to train the assistant turns only (SFTConfig(assistant_only_loss=True)), so
+# plain-assistant trains exactly the tokens fastkit trains (tests/test_bench_data.py checks that row by row).
+ASSISTANT_ONLY_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>\n' }}{% endgeneration %}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 WORDS = ("alpha", "beta", "gamma", "delta", "pack", "row", "token", "layer", "sync", "grad", "mask", "doc", "data",
          "arrow", "table", "batch")
 
@@ -124,6 +132,24 @@ def _trained(trainer) -> tuple[int, int]:
     return len(ds), tokens
 
 
+def plain_dataset(file: str):
+    from datasets import load_dataset
+
+    return load_dataset("json", data_files=file, split="train")
+
+
+def plain_trainer(model, tokenizer, dataset, out_dir: str, assistant_only: bool, packing: bool = True):
+    """TRL's SFTTrainer as its docs set it up: TRL's defaults, or assistant turns only (``assistant_only_loss``
+    with a template that marks them)."""
+    from trl import SFTConfig, SFTTrainer
+
+    if assistant_only:
+        tokenizer.chat_template = ASSISTANT_ONLY_TEMPLATE
+    config = SFTConfig(output_dir=out_dir, max_steps=1, max_length=2048, packing=packing, report_to=[],
+                       save_strategy="no", use_cpu=True, disable_tqdm=True, assistant_only_loss=assistant_only)
+    return SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+
+
 def run_variant(variant: str, file: str, out_dir: str) -> dict:
     """One variant, in this process: read the file, build the trainer; the figures as a dict."""
     import torch
@@ -134,15 +160,10 @@ def run_variant(variant: str, file: str, out_dir: str) -> dict:
     model, tokenizer = twin("llama", seed=0), twin_tokenizer()
     sampler = PssSampler()
     start = time.perf_counter()
-    if variant == "plain":
-        from datasets import load_dataset
-        from trl import SFTConfig, SFTTrainer
-
-        dataset = load_dataset("json", data_files=file, split="train")
+    if variant.startswith("plain"):
+        dataset = plain_dataset(file)
         read = time.perf_counter()
-        config = SFTConfig(output_dir=out_dir, max_steps=1, max_length=2048, packing=True, report_to=[],
-                           save_strategy="no", use_cpu=True, disable_tqdm=True)
-        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+        trainer = plain_trainer(model, tokenizer, dataset, out_dir, assistant_only=variant == "plain-assistant")
     else:
         from fastkit import FastModel
         from fastkit.data import load_chat_dataset
@@ -197,8 +218,10 @@ def table(results: list[dict], machine: str) -> str:
             + markdown_table(head, lines, "rlrrrrrrrrrr") + "\n\n"
             "Multi-turn chats (system prompt, 1-3 assistant turns), twin llama + ChatML tokenizer, one torch "
             "thread, max_length 2048, packing on; each variant in its own process with an empty datasets cache. "
-            "Plain TRL trains every token of a `messages` row; fastkit trains the assistant turns only, so its "
-            "labelled tokens are fewer for the same rows. fastkit-stream: `load_chat_dataset(..., streaming=True)`, "
+            "plain: TRL's defaults, which train every token of a `messages` row; plain-assistant: "
+            "`assistant_only_loss=True` with the twin's template marked by `{% generation %}`, which trains the "
+            "tokens fastkit trains (the assistant turns and their end of turn; equal row by row, "
+            "tests/test_bench_data.py). fastkit-stream: `load_chat_dataset(..., streaming=True)`, "
             "rows read, checked and tokenized as the trainer draws them; its read -> trainer time includes one "
             "whole pass over its packed rows (the work a table does before training, a stream does while "
             "training). Peak RSS counts pages a forked worker shares with its "
