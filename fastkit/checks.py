@@ -99,6 +99,24 @@ def check_safetensors_files(name_or_path: str) -> None:
                                f"{8 + n + end}. Download or save it again.")
 
 
+def read_adapter_config(folder: str | Path, who: str) -> dict:
+    """A folder's ``adapter_config.json`` as a mapping: the one reader of it (load_lora, ``fastkit export``,
+    ``--resume``, the expert adapters). Broken JSON is named with the file and the error's position, not a raw
+    JSONDecodeError; ``who`` says which call or flag read it."""
+    file = Path(folder) / "adapter_config.json"
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FastkitError(f"{who}: {file} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}, "
+                           f"char {exc.pos}); save the adapter again, or fix that file.") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FastkitError(f"{who}: {file} cannot be read ({exc}); save the adapter again.") from exc
+    if not isinstance(values, dict):
+        raise FastkitError(f"{who}: {file} holds a {type(values).__name__}, not the mapping of an adapter config; "
+                           "save the adapter again.")
+    return values
+
+
 def check_save_target(path: str | Path, what: str = "path") -> Path:
     """``path`` must be a folder (or not exist yet): a save into an existing file writes nothing."""
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():

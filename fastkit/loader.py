@@ -75,13 +75,27 @@ def _check_4bit(config, facts: registry.ModelFacts | None, device: torch.device)
                            "16/32-bit instead (load_in_4bit=False) or run on a GPU runtime.")
 
 
+def _check_4bit_patches(patches, quant: Quantization) -> None:
+    """4-bit MoE experts run only through fastkit's ``moe`` patch (transformers' experts forward reads a 16-bit
+    weight): ``patches=`` that leaves it out is refused before a weight is read."""
+    wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
+    if quant.experts_4bit and wanted != "auto" and registry.MOE not in wanted:
+        raise FastkitError(f"load_in_4bit=True with patches={patches!r}: this MoE model's experts are stored 4-bit, "
+                           f"and only fastkit's {registry.MOE!r} patch runs them (transformers' experts forward "
+                           f"needs 16-bit weights). Keep patches='auto', add {registry.MOE!r} to the list, or load "
+                           "with load_in_4bit=False.")
+
+
 def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bool, hf_kwargs: dict):
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     _check_local_config(name_or_path)
     try:
         config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code,
                                             **{k: v for k, v in hf_kwargs.items() if k in ("revision", "token")})
+    except StrictDataclassError as exc:  # a field of the wrong type ("hidden_size": "64")
+        raise FastkitError(_wrong_field(name_or_path, exc)) from exc
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # transformers' field checks on a bad value
         raise FastkitError(f"{name_or_path!r}: its config.json cannot be read as a model config "
                            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); fix that field, or "
@@ -94,6 +108,20 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
         raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
                            "fine-tunes causal language models (AutoModelForCausalLM).")
     return config
+
+
+def _wrong_field(name_or_path: str, exc: Exception) -> str:
+    """transformers' strict config check (``Field 'hidden_size' expected int, got str (value: '64')``) in words
+    naming the file and the field."""
+    import re
+
+    cause = " ".join(str(exc.__cause__ or exc).split())
+    found = re.search(r"[Ff]ield '([^']+)'", cause) or re.search(r"'([^']+)'", str(exc))
+    field = found.group(1) if found else "a field"
+    local = os.path.join(os.path.expanduser(str(name_or_path)), "config.json")
+    file = local if os.path.isfile(local) else f"{name_or_path!r}'s config.json"
+    return (f"{file}: field '{field}' has the wrong type ({cause[:200]}); write it as the type named (a number "
+            "without quotes for a size or count), or download the model's config.json again.")
 
 
 def _check_local_config(name_or_path: str) -> None:
@@ -305,6 +333,7 @@ class FastModel:
             return _load_twin(str(name_or_path), device, max_seq_length, patches, dtype)
         config, facts, quant, memory_plan = _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device,
                                                        max_seq_length, load_in_4bit, gpu)
+        _check_4bit_patches(patches, quant)
         dtype = dtype or auto_dtype(device)
         load_kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or _pick_attention(facts, device),
                            trust_remote_code=trust_remote_code, **quant.load_kwargs(dtype, device))
@@ -406,6 +435,7 @@ class FastModel:
         torch.manual_seed(random_state)
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             model = prepare_kbit_training(model)
+        check_target_modules(model, target_modules)
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, task_type="CAUSAL_LM",
                           target_modules=_table_targets(model, target_modules), **lora_kwargs)
         peft_model = get_peft_model(model, lora)
@@ -451,6 +481,51 @@ def _table_targets(model: torch.nn.Module, target_modules):
     return sorted(names - router_leaves)
 
 
+def check_target_modules(model: torch.nn.Module, target_modules) -> None:
+    """``target_modules`` (names or a regex, as PEFT matches them) names a module of ``model``, else a FastkitError
+    naming the linear layers there are (instead of PEFT's error after the load). ``model`` may be on the meta
+    device (``fastkit train`` checks before any weight loads: :func:`meta_model`)."""
+    if target_modules == "all-linear":
+        return
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    config = LoraConfig(target_modules=target_modules)
+    names = [n for n, _ in unwrap(model).named_modules() if n]
+    if any(check_target_module_exists(config, n) for n in names):
+        return
+    output = unwrap(model).get_output_embeddings()
+    linears = sorted({n.rsplit(".", 1)[-1] for n, m in unwrap(model).named_modules()
+                      if isinstance(m, torch.nn.Linear) and m is not output})
+    regex = (" (a string is a regex over the full module name, e.g. 'model.layers.0.self_attn.q_proj'; give a list "
+             "for names)") if isinstance(target_modules, str) else ""
+    raise FastkitError(f"target_modules={target_modules!r} matches no module of this "
+                       f"{getattr(unwrap(model).config, 'model_type', '')} model{regex}; its linear layers are "
+                       f"{', '.join(linears) or 'none'} (or give 'all-linear').")
+
+
+def meta_model(name_or_path: str) -> torch.nn.Module | None:
+    """The model a local folder's config.json builds, on the meta device (no memory, no weights read): for checks
+    before the load. Its config is read as the load reads it (a field of the wrong type raises here); None when the
+    folder is not local or the model cannot be built this way (the load-time checks then apply)."""
+    path = os.path.expanduser(str(name_or_path))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    config = _load_config(path, None, False, {})
+    facts = registry.facts_for(config.model_type)
+    if facts is not None and facts.text_config:  # a vision + text checkpoint: fastkit loads its text model
+        config = getattr(config, facts.text_config)
+    try:
+        from accelerate import init_empty_weights
+        from transformers import AutoModelForCausalLM
+
+        with init_empty_weights():
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 -- a check before the load; the load's own checks still run
+        logger.debug("fastkit: no meta-device model of %s (%s)", name_or_path, exc)
+        return None
+
+
 def _router_linears(model: torch.nn.Module) -> set[str]:
     """Names of MoE routers that subclass ``nn.Linear`` (Llama-4's ``Llama4Router``, Phi-3.5-MoE's
     ``PhimoeTopKRouter``): their forward returns ``(scores, indices)``, so PEFT's ``"all-linear"``, which wraps every
@@ -467,6 +542,7 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
         raise FastkitError("get_peft_model: this model already carries a LoRA adapter: it is the base inside the "
                            "PEFT model an earlier get_peft_model call returned. Use that returned model (assign it: "
                            "model = FastModel.get_peft_model(model, ...)), or re-load (FastModel.from_pretrained).")
+    _one_lora_adapter(model)
     have = model.peft_config[model.active_adapter]
     diff = []
     for key, value in asked.items():
@@ -484,6 +560,26 @@ def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
                            f"{', '.join(diff)}. Re-load the model (FastModel.from_pretrained) for a new adapter.")
     logger.info("fastkit: the model already has this LoRA adapter; returned as it is (re-run cell)")
     return model
+
+
+def _one_lora_adapter(model: torch.nn.Module) -> None:
+    """The one case a second get_peft_model may return its model as is: a PeftModel with one LoRA adapter. PEFT's
+    tuner layer (``peft_model.base_model``), several adapters or another PEFT method would nest: refused."""
+    from peft import PeftModel
+
+    configs = dict(model.peft_config)
+    types = sorted({str(getattr(getattr(c, "peft_type", None), "value", None)) for c in configs.values()})
+    if not isinstance(model, PeftModel):
+        what = f"PEFT's {type(model).__name__} (the base_model of a PeftModel), not the PeftModel"
+    elif len(configs) > 1:
+        what = f"a PEFT model with {len(configs)} adapters ({', '.join(map(str, configs))})"
+    elif types != ["LORA"]:
+        what = f"a PEFT model with a {', '.join(types)} adapter, not LoRA"
+    else:
+        return
+    raise FastkitError(f"get_peft_model: the model is already {what}; a second get_peft_model would nest adapters. "
+                       "Use the model as it is, or merge_and_unload() (or unload()) it first and call "
+                       "get_peft_model on the model that returns.")
 
 
 def _patch(model: torch.nn.Module, max_seq_length: int, patches, log: bool) -> torch.nn.Module:

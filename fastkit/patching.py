@@ -128,12 +128,17 @@ class _Entry:
 
 @dataclass
 class _Undo:
-    """An undo step that is a call (``restore``), e.g. putting back a parameter that was quantized away."""
+    """An undo step that is a call (``restore(*args)``), e.g. putting back a parameter that was quantized away.
 
-    restore: Callable[[], None]
+    The modules and tensors it acts on are ``args``, not a closure's cells: a deepcopy of the patched model copies
+    them with the model (as :class:`_Entry`'s dict), so the copy's revert edits the copy, never the original.
+    """
+
+    restore: Callable[..., None]
+    args: tuple = ()
 
     def undo(self) -> None:
-        self.restore()
+        self.restore(*self.args)
 
 
 @dataclass
@@ -167,25 +172,20 @@ class Swapper:
         if original is None:
             raise ValueError(f"{type(module).__name__} has no parameter {name!r} to replace")
         keep = original if restore is None else None
-
-        def put_back(module=module, name=name, keep=keep, restore=restore):
-            for attr in ("_modules", "_buffers", "__dict__"):
-                _torch.module_dicts(module)[attr].pop(name, None)
-            module.register_parameter(name, keep if keep is not None else restore())
-
         del params[name]
         setattr(module, name, value)
-        self.swaps.append(_Undo(put_back))
+        self.swaps.append(_Undo(_put_back_parameter, (module, name, keep, restore)))
 
-    def on_undo(self, restore: Callable[[], None]) -> None:
-        """Run ``restore()`` on revert (in newest-first order with the other changes)."""
-        self.swaps.append(_Undo(restore))
+    def on_undo(self, restore: Callable[..., None], *args: Any) -> None:
+        """Run ``restore(*args)`` on revert (in newest-first order with the other changes). Pass the modules it
+        edits as ``args`` (see :class:`_Undo`): a closure over them would edit the original from a deepcopy."""
+        self.swaps.append(_Undo(restore, args))
 
     def requires_grad(self, tensor: torch.Tensor, flag: bool) -> None:
         """``tensor.requires_grad_(flag)``, undone by revert."""
         before = tensor.requires_grad
         tensor.requires_grad_(flag)
-        self.swaps.append(_Undo(lambda t=tensor, b=before: t.requires_grad_(b)))
+        self.swaps.append(_Undo(torch.Tensor.requires_grad_, (tensor, before)))
 
     def record(self, root: torch.nn.Module, fn: Callable[[], Any], *, recurse: bool = True) -> Any:
         """Run ``fn`` (an upstream call that edits modules under ``root``) and record what it changed.
@@ -218,6 +218,13 @@ class Swapper:
         for s in reversed(self.swaps):
             s.undo()
         self.swaps.clear()
+
+
+def _put_back_parameter(module: torch.nn.Module, name: str, keep: Any, restore: Callable[[], Any] | None) -> None:
+    """:meth:`Swapper.parameter`'s revert: the original parameter (``keep``), or what ``restore()`` builds."""
+    for attr in ("_modules", "_buffers", "__dict__"):
+        _torch.module_dicts(module)[attr].pop(name, None)
+    module.register_parameter(name, keep if keep is not None else restore())
 
 
 def attr_is_own(target: Any, attr: str) -> bool:

@@ -10,7 +10,19 @@ The classes and the rule each follows:
 - rows that train on nothing or cannot be encoded: an empty assistant turn, a lone surrogate character;
 - limits from the model in hand: pre-tokenized ids past the embedding, a preference run's length;
 - a library's raw error where fastkit calls it: no tokenizer for a save, a chat prompt of the wrong shape or a
-  streamer without ``put``, a config.json that is not a mapping, a truncated adapter file.
+  streamer without ``put``, a config.json that is not a mapping, a truncated adapter file; a broken
+  adapter_config.json (one reader, ``fastkit.checks.read_adapter_config``: the file and the JSON error's line and
+  column, for load_lora, ``fastkit export`` and resume alike); a full disk during a GGUF write (the partial file
+  removed, the bytes it needs named); ``fastkit train`` input known from a local config.json (a field of the wrong
+  type, ``--target-modules`` matching no module) is exit 2 before any weight loads (a meta-device model);
+- tool calls: an assistant turn that is a tool call with empty content, under a chat template that does not render
+  ``tool_calls``, trains only its end-of-turn token: warned (logger ``fastkit``), once per dataset, with the count and
+  the first row; the rows are kept. A template that renders the call: no warning;
+- model state: ``get_peft_model`` returns its model as is only for one LoRA adapter with the options asked; PEFT's
+  tuner layer, several adapters or another PEFT method would nest, and are refused (use the model, or
+  merge_and_unload() first); 4-bit MoE experts need the ``moe`` patch (``patches=`` without it refused at load);
+  ``save_merged`` of a 4-bit MoE model without LoRA dequantizes the copy's experts (a deepcopy's revert edits the
+  copy, never the model in memory).
 """
 
 from __future__ import annotations
@@ -19,6 +31,8 @@ import json
 import logging
 import os
 from pathlib import Path
+
+import torch
 
 from fastkit import FastkitError, FastModel
 from tests.hostile_round3 import TWIN, _trained
@@ -267,8 +281,233 @@ def raw_errors():
     ]
 
 
+# -- tool calls a chat template drops -----------------------------------------------------------------------------
+_CALL = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+
+
+def _tool_rows() -> list[dict]:
+    call = {"messages": [{"role": "user", "content": "weather?"},
+                         {"role": "assistant", "content": "", "tool_calls": _CALL},
+                         {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "It is sunny."}]}
+    return [_chat(), call, _chat("q2", "a2"), call]
+
+
+def tool_calls():
+    from fastkit.data import check_dataset
+
+    Case, _ = _ns()
+
+    def checked(template: str | None):
+        def action(ctx):
+            import copy
+
+            import trl
+
+            tok = copy.deepcopy(ctx.tok)
+            if template:
+                tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / template).read_text()
+            with ctx.caplog.at_level(logging.WARNING, logger="fastkit"):
+                return check_dataset(_tool_rows(), tok, 256)
+
+        return action
+
+    def warned_once(ds, ctx):
+        said = [r.getMessage() for r in ctx.caplog.records if "tool call" in r.getMessage()]
+        assert len(said) == 1, said
+        assert "2 of 4 rows have an assistant tool call with empty content that the chat template does not render " \
+               "(first: row 1)" in said[0] and "end-of-turn token" in said[0], said
+        assert len(ds) == 4, len(ds)  # kept
+
+    def not_warned(ds, ctx):
+        assert "tool call" not in ctx.caplog.text, ctx.caplog.text
+        assert len(ds) == 4, len(ds)
+
+    return [
+        Case("r5_tool_call_the_template_drops_warned_once", checked(None), warned_once),
+        Case("r5_tool_call_the_template_renders_not_warned", checked("qwen3.jinja"), not_warned),
+    ]
+
+
+# -- model state: adapters on adapters, 4-bit MoE experts --------------------------------------------------------
+def _saved_moe(ctx) -> str:
+    from fastkit.families.twins import twin
+    from tests.helpers import save_twin
+
+    return save_twin(twin("qwen3_moe"), ctx.tmp / "moe")
+
+
+def model_state():
+    from peft import IA3Config, LoraConfig, get_peft_model
+
+    Case, Raises = _ns()
+
+    def twin_model():
+        return FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)[0]
+
+    def on_tuner(ctx):
+        peft = FastModel.get_peft_model(twin_model(), r=4, use_gradient_checkpointing=False)
+        return FastModel.get_peft_model(peft.base_model, r=4, use_gradient_checkpointing=False)
+
+    def on_two_adapters(ctx):
+        peft = FastModel.get_peft_model(twin_model(), r=4, use_gradient_checkpointing=False)
+        peft.add_adapter("second", LoraConfig(r=4, target_modules=["q_proj"]))
+        return FastModel.get_peft_model(peft, r=4, use_gradient_checkpointing=False)
+
+    def on_ia3(ctx):
+        peft = get_peft_model(twin_model(), IA3Config(target_modules=["q_proj", "down_proj"],
+                                                      feedforward_modules=["down_proj"]))
+        return FastModel.get_peft_model(peft, r=4, use_gradient_checkpointing=False)
+
+    def moe_4bit(patches):
+        return lambda ctx: FastModel.from_pretrained(_saved_moe(ctx), load_in_4bit=True, patches=patches,
+                                                     max_seq_length=64)
+
+    def merged_4bit_moe(ctx):
+        from fastkit.export import save_merged
+
+        model, tok = FastModel.from_pretrained(_saved_moe(ctx), load_in_4bit=True, max_seq_length=64)
+        return model, save_merged(model, tok, ctx.tmp / "merged", dtype=torch.float32)
+
+    def merged_and_still_4bit(result, ctx):
+        from safetensors import safe_open
+
+        from fastkit.patches.moe.nf4 import has_4bit_experts
+
+        model, folder = result
+        assert has_4bit_experts(model), "save_merged dequantized the model in memory"
+        with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as f:
+            experts = [k for k in f.keys() if "experts" in k]
+            assert experts and all(len(f.get_slice(k).get_shape()) == 2 for k in experts), experts  # per expert
+
+    nest = ("would nest adapters", "Use the model as it is", "merge_and_unload()")
+    return [
+        Case("r5_get_peft_model_on_peft_tuner_refused", on_tuner,
+             Raises(FastkitError, "PEFT's LoraModel (the base_model of a PeftModel)", *nest)),
+        Case("r5_get_peft_model_on_two_adapters_refused", on_two_adapters,
+             Raises(FastkitError, "a PEFT model with 2 adapters (default, second)", *nest)),
+        Case("r5_get_peft_model_on_ia3_refused", on_ia3, Raises(FastkitError, "a IA3 adapter, not LoRA", *nest)),
+        Case("r5_4bit_moe_patches_none_refused_at_load", moe_4bit(None),
+             Raises(FastkitError, "load_in_4bit=True with patches=None", "only fastkit's 'moe' patch runs them")),
+        Case("r5_4bit_moe_patches_without_moe_refused_at_load", moe_4bit(["packing"]),
+             Raises(FastkitError, "patches=['packing']", "add 'moe' to the list")),
+        Case("r5_save_merged_4bit_moe_without_lora", merged_4bit_moe, merged_and_still_4bit),
+    ]
+
+
+# -- files and flags: broken adapter configs, a full disk, fastkit train's model checks -------------------------
+def _broken_adapter(ctx) -> Path:
+    from fastkit.export import save_lora
+
+    model, tok = _trained()
+    folder = Path(save_lora(model, tok, ctx.tmp / "lora", verify=False))
+    (folder / "adapter_config.json").write_text('{"r": 4,\n  "lora_alpha": }', encoding="utf-8")
+    return folder
+
+
+def _train_cli(ctx, model: str, *flags: str):
+    from fastkit import loader
+    from fastkit.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("weights loaded before the check")
+
+    ctx.monkeypatch.setattr(loader, "_load", no_load)
+    data = _rows_file(ctx.tmp / "d.jsonl", [_chat(f"q{i}", f"a{i}") for i in range(4)])
+    code = main(["train", "--model", model, "--data", data, "--steps", "1", "--output-dir", str(ctx.tmp / "out"),
+                 *flags])
+    return code, ctx.capsys.readouterr().err
+
+
+def _exits_2(*needles):
+    def check(result, ctx):
+        code, err = result
+        assert code == 2, (code, err)
+        for needle in needles:
+            assert needle in err, f"{needle!r} not in: {err}"
+    return check
+
+
+def files_and_flags():
+    from fastkit.cli.config import flag_layer
+    from fastkit.export import load_lora, save_gguf
+
+    Case, Raises = _ns()
+
+    def llama(ctx, **fields) -> str:
+        from fastkit.families.twins import twin
+        from tests.helpers import save_twin
+
+        folder = save_twin(twin("llama", num_hidden_layers=1), ctx.tmp / "llama")
+        values = json.loads((Path(folder) / "config.json").read_text())
+        (Path(folder) / "config.json").write_text(json.dumps({**values, **fields}))
+        return folder
+
+    def broken_load_lora(ctx):
+        folder = _broken_adapter(ctx)
+        return load_lora(FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)[0], folder)
+
+    def broken_export(ctx):
+        from fastkit.cli import main
+
+        folder = _broken_adapter(ctx)
+        return main(["export", "--model", str(folder), "--merged", "--out-dir", str(ctx.tmp / "e")]), \
+            ctx.capsys.readouterr().err
+
+    def broken_resume(ctx):
+        from tests.hostile_round3 import _resume
+
+        return _resume(ctx, mutate=lambda out: (out / "checkpoint-2" / "adapter_config.json").write_text("{r: 4}"))
+
+    def gguf_disk_full(ctx):
+        import errno
+
+        import gguf
+
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        ctx.monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", full)
+        model, tok = _trained()
+        try:
+            return save_gguf(model, tok, ctx.tmp / "gguf", quantization="f16", verify=False)
+        finally:
+            left = [p.name for p in ctx.tmp.rglob("*") if "gguf" in p.name or "partial" in p.name]
+            assert left == [], f"left behind: {left}"
+
+    def single_flag_values(ctx):
+        return [flag_layer({"target_modules": [v]})[0]["target_modules"] for v in ("q_proj", ".*q_proj", "all-linear")]
+
+    def names_list_regex_text(got, ctx):
+        assert got == [["q_proj"], ".*q_proj", "all-linear"], got
+
+    json_error = ("adapter_config.json is not valid JSON (Expecting value at line 2, column 17, char 25)",)
+    return [
+        Case("r5_cli_target_modules_matching_nothing_exit_2_before_the_load",
+             lambda ctx: _train_cli(ctx, llama(ctx), "--target-modules", "nope_proj", "other"),
+             _exits_2("--target-modules ['nope_proj', 'other'] matches no module of this llama model",
+                      "its linear layers are down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj")),
+        Case("r5_get_peft_model_target_modules_matching_nothing",
+             lambda ctx: FastModel.get_peft_model(FastModel.from_pretrained(TWIN, max_seq_length=64, twin=True)[0],
+                                                  target_modules=["nope"], use_gradient_checkpointing=False),
+             Raises(FastkitError, "target_modules=['nope'] matches no module", "q_proj")),
+        Case("r5_cli_one_target_module_is_a_name", single_flag_values, names_list_regex_text),
+        Case("r5_cli_config_field_a_string_exit_2_before_the_load",
+             lambda ctx: _train_cli(ctx, llama(ctx, hidden_size="64", num_hidden_layers="two")),
+             _exits_2("llama/config.json: field 'hidden_size' has the wrong type", "expected int, got str")),
+        Case("r5_load_lora_broken_adapter_config", broken_load_lora, Raises(FastkitError, "load_lora: ", *json_error)),
+        Case("r5_export_broken_adapter_config_exit_2", broken_export, _exits_2("--model ", *json_error)),
+        Case("r5_resume_broken_adapter_config", broken_resume,
+             Raises(FastkitError, "resume=True: ", "checkpoint-2/adapter_config.json is not valid JSON",
+                    "line 1, column 2")),
+        Case("r5_save_gguf_disk_full", gguf_disk_full,
+             Raises(FastkitError, "The disk is full: writing", "No space left on device", "it needs ",
+                    "The partial file was removed")),
+    ]
+
+
 def all_rows():
     """``(class, Case)`` for every round-5 row."""
     return ([("duplicates", c) for c in duplicates()] + [("names", c) for c in names()]
             + [("rows", c) for c in rows()] + [("limits", c) for c in limits()]
-            + [("raw errors", c) for c in raw_errors()])
+            + [("raw errors", c) for c in raw_errors()] + [("tool calls", c) for c in tool_calls()]
+            + [("model state", c) for c in model_state()] + [("files and flags", c) for c in files_and_flags()])

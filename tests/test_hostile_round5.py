@@ -23,5 +23,6 @@ def test_hostile_round5(case: Case, tmp_path, monkeypatch, caplog, capsys, token
 def test_round5_rows_by_class():
     counts = Counter(CLASSES.values())
     assert len({c.id for c in CASES}) == len(CASES), "duplicate row ids"
-    assert set(counts) == {"duplicates", "names", "rows", "limits", "raw errors"}, counts
+    assert set(counts) == {"duplicates", "names", "rows", "limits", "raw errors", "tool calls",
+                           "model state", "files and flags"}, counts
     assert len(CASES) >= 30, len(CASES)

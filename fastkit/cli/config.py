@@ -512,6 +512,17 @@ def _file_sft(mapping: Any, where: str) -> dict[str, Any]:
     return out
 
 
+def _one_text(dest: str, value: list) -> bool:
+    """A flag's single value kept as text: ``--report-to``'s; ``--target-modules``' when it is ``all-linear`` or a
+    regex. A plain module name (``--target-modules q_proj``) stays a list of names: PEFT reads a string as a regex
+    over the full module name, which a bare name never matches."""
+    import re
+
+    if dest not in ("target_modules", "report_to") or len(value) != 1:
+        return False
+    return dest == "report_to" or value[0] == "all-linear" or not re.fullmatch(r"[\w.]+", str(value[0]))
+
+
 def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) given as flags: single values of list-or-text options back to text."""
     options, sft = {}, {}
@@ -523,7 +534,7 @@ def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             name = dest[4:]
             sft[name] = _list_value(name, value)
         else:
-            options[dest] = value[0] if dest in ("target_modules", "report_to") and len(value) == 1 else value
+            options[dest] = value[0] if _one_text(dest, value) else value
     if "data" in options and len(options["data"]) == 1:
         options["data"] = options["data"][0]
     return options, sft

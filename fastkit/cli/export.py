@@ -75,7 +75,9 @@ def load_saved(path: str, max_seq_length: int = 2048, trainable: bool = False):
     if not config.is_file():
         model, tokenizer = FastModel.from_pretrained(str(path), max_seq_length=max_seq_length)
         return model, tokenizer, False
-    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    from fastkit.checks import read_adapter_config
+
+    base = read_adapter_config(folder, f"--model {path}").get("base_model_name_or_path")
     if not base:
         raise FastkitError(f"{config}: no base_model_name_or_path; this adapter does not say which model it is for.")
     from transformers import AutoTokenizer

@@ -82,6 +82,7 @@ def preflight(args: argparse.Namespace) -> Prepared:
         raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
     check_report_to(args.report_to)
     _check_model(args.model, args.twin)
+    _check_model_config(args.model, args.twin, args.lora.target_modules)
     _check_gguf(args.gguf)
     cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
     _check_output_dir(args.output_dir)
@@ -122,6 +123,18 @@ def _check_model(model: str, twin: bool) -> None:
                            "a run, use --resume with that run's --output-dir.")
     if twin and path.is_dir() and not (path / "config.json").is_file():
         raise FastkitError(f"--twin --model {model}: that folder has no config.json to build a twin of.")
+
+
+def _check_model_config(model: str, twin: bool, target_modules) -> None:
+    """A local ``--model``'s config.json (a field of the wrong type) and ``--target-modules`` against the modules it
+    builds, on the meta device: before the data is read and any weight loads. (A twin or a Hub id: at the load.)"""
+    if twin:
+        return
+    from fastkit.loader import check_target_modules, meta_model
+
+    built = meta_model(model)
+    if built is not None:
+        check_target_modules(built, target_modules)
 
 
 def _check_gguf(quantizations: list[str] | None) -> None:
@@ -170,6 +183,10 @@ def _check_resume(args: argparse.Namespace) -> str:
     folder = Path(last)
     check_optimizer_state(folder)  # the same refusals fit(resume=True) gives (flag_words names the flags)
     read_run_file(folder)
+    if (folder / "adapter_config.json").is_file():
+        from fastkit.checks import read_adapter_config
+
+        read_adapter_config(folder, "--resume")
     total = int(read_trainer_state(folder).get("max_steps") or 0)
     step = checkpoint_step(folder)
     if args.extend and args.steps is not None and args.steps <= step:
@@ -188,7 +205,7 @@ FLAG_WORDS = (
     (r"(?<![-\w])save_gguf\(quantization=([^)]*)\)", r"--gguf \1"),
     (r"(?<![-\w])drop_invalid=True\b", "--drop-invalid"), (r"(?<![-\w])streaming=True\b", "--streaming"),
     (r"(?<![-\w])load_in_4bit=True\b", "--4bit"), (r"(?<![-\w])gpu=", "--gpu "),
-    (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps)\b=?",
+    (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps|target_modules)\b=?",
      lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])max_steps\b=?", lambda m: "--steps" + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])(?<!\d )(num_train_epochs|epochs)\b=?",  # "1.00 epochs over ..." is a count, not the option

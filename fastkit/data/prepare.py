@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from fastkit import _quiet
-from fastkit.data.chat_template import require_chat_template
+from fastkit.data.chat_template import require_chat_template, warn_dropped_tool_calls
 from fastkit.data.formats import (
     is_single_answer,
     normalize_dataset,
@@ -216,6 +216,7 @@ def _check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool, drop_
     if "messages" in dataset.column_names or (
             "prompt" in dataset.column_names and not isinstance(dataset[0]["prompt"], str)):
         require_chat_template(tokenizer)
+        warn_dropped_tool_calls(dataset, tokenizer)
     dataset = to_chat_training_form(dataset, tokenizer)
     trained_form = dataset
     tokenize = tokenize and not {"tools", "chat_template_kwargs"} & set(dataset.column_names)  # TRL's to apply

@@ -717,9 +717,18 @@ def _write(entries: list[_Entry], tokenizer, spec: dict, config, quantization: s
         for e in entries:  # one merged tensor alive at a time
             writer.write_tensor_data(_encode(e.load(), e.qtype))
         writer.close()
-    except BaseException:
-        writer.close()
+    except BaseException as exc:
+        import contextlib
+
+        from fastkit.export.verified import disk_full
+
+        needed = sum(t.nbytes for shard in writer.tensors for t in shard.values()) or None  # tensor data, if planned
+        with contextlib.suppress(OSError):  # closing flushes: a full disk fails again
+            writer.close()
         out.unlink(missing_ok=True)
+        full = disk_full(exc, out, needed)
+        if full is not None:
+            raise full from exc
         raise
     return len(entries)
 

@@ -212,7 +212,6 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
     4-bit experts have no parameter for PEFT to wrap. ``is_trainable=True`` continues training. Returns the
     PEFT model.
     """
-    import json
 
     from peft import LoraConfig, PeftModel
 
@@ -224,10 +223,7 @@ def load_lora(model: torch.nn.Module, path: str | Path, is_trainable: bool = Tru
     config_file = Path(checks.check_save_target(path, "load_lora path")) / "adapter_config.json"
     if not config_file.is_file():
         raise FastkitError(f"load_lora({str(path)!r}): no adapter_config.json there; give the folder save_lora wrote.")
-    try:
-        values = json.loads(config_file.read_text())
-    except ValueError as exc:
-        raise FastkitError(f"load_lora: {config_file} is not valid JSON ({exc}); save the adapter again.") from exc
+    values = checks.read_adapter_config(config_file.parent, "load_lora")
     if values.get("peft_type", "LORA") != "LORA":
         raise FastkitError(f"load_lora: {config_file} is a {values.get('peft_type')} adapter; fastkit loads LoRA.")
     _check_adapter_file(config_file.parent)

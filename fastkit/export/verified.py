@@ -103,6 +103,23 @@ def scratch_sibling(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def disk_full(exc: BaseException, file: Path, needed: int | None = None) -> FastkitError | None:
+    """The FastkitError for a save that ran out of disk space (ENOSPC, or a quota's EDQUOT) writing ``file``, or None
+    for any other error. The caller has removed the partial file; ``needed``: the bytes the file takes, if known."""
+    import errno
+
+    if not (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))):
+        return None
+    try:
+        free = f"{shutil.disk_usage(file.parent if file.parent.exists() else Path.cwd()).free:,} bytes free now"
+    except OSError:
+        free = "free space unknown"
+    size = f"it needs {needed:,} bytes" if needed else "its size is not known beforehand"
+    return FastkitError(f"The disk is full: writing {file.name} stopped ({exc.strerror or exc}); {size}, {free} on "
+                        f"{file.parent}'s disk. The partial file was removed; free space (or save elsewhere) and "
+                        "save again.")
+
+
 @contextmanager
 def staged_folder(path: Path, what: str, model: torch.nn.Module | None = None, prune: bool = True) -> Iterator[Path]:
     """Yield an empty temporary folder; on success its files go into ``path`` as :func:`fastkit.export.owned.commit`

@@ -28,6 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from fastkit import checks
 from fastkit.errors import FastkitError
 from fastkit.patching import unwrap
 
@@ -168,6 +169,8 @@ def check_complete(trainer, folder: Path) -> None:
     name = _named(folder)
     check_optimizer_state(folder)
     read_trainer_state(folder)
+    if (folder / "adapter_config.json").is_file():  # PEFT's load would raise a raw JSONDecodeError
+        checks.read_adapter_config(folder, "resume=True")
     missing = missing_pieces(trainer, folder)
     if missing:
         raise FastkitError(f"resume=True: {name} is incomplete (an interrupted save, or files moved): missing "

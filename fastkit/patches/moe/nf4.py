@@ -483,13 +483,15 @@ def _quantize_param(m: nn.Module, pname: str, blocksize: int, double_quant: bool
 
 
 def _dequantize_on_undo(m: nn.Module, pname: str, swap) -> None:
-    """Revert of experts that were stored 4-bit as the checkpoint was read: a dequantized parameter back."""
-    def put_back():
-        q = getattr(m, pname)
-        delattr(m, pname)
-        m.register_parameter(pname, nn.Parameter(q.dequantize(), requires_grad=True))
+    """Revert of experts that were stored 4-bit as the checkpoint was read: a dequantized parameter back (``m`` is
+    the undo's argument, not a closure's: a deepcopy's revert dequantizes the copy, not the original)."""
+    swap.on_undo(_put_back_dequantized, m, pname)
 
-    swap.on_undo(put_back)
+
+def _put_back_dequantized(m: nn.Module, pname: str) -> None:
+    q = getattr(m, pname)
+    delattr(m, pname)
+    m.register_parameter(pname, nn.Parameter(q.dequantize(), requires_grad=True))
 
 
 def quantize_experts(model: nn.Module, blocksize: int = BLOCKSIZE, double_quant: bool = True, swap=None) -> int:

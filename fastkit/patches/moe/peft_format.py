@@ -80,8 +80,9 @@ def add_to_peft_adapter(model: torch.nn.Module, directory: str) -> list[str]:
     if not (os.path.exists(config_path) and os.path.exists(weights_path)):
         raise FastkitError(f"No PEFT adapter in {directory!r} to add the expert factors to "
                            "(save the PEFT model there first).")
-    with open(config_path) as f:
-        config = json.load(f)
+    from fastkit.checks import read_adapter_config
+
+    config = read_adapter_config(directory, "load_lora")
 
     if peft_adapts_experts(model):
         raise FastkitError(f"{config_path} already adapts expert parameters {config['target_parameters'][:2]}; "
@@ -128,8 +129,9 @@ def factors_from_adapter(directory: str) -> tuple[dict, dict[str, dict[str, torc
     config_path = os.path.join(directory, CONFIG_FILE)
     if not os.path.exists(config_path):
         return None
-    with open(config_path) as f:
-        config = json.load(f)
+    from fastkit.checks import read_adapter_config
+
+    config = read_adapter_config(directory, "load_lora")
     if not config.get("target_parameters"):
         return None
     return config, load_file(os.path.join(directory, WEIGHTS_FILE))
