@@ -82,7 +82,7 @@ def test_nothing_is_uploaded_when_a_save_fails_its_check(trained, hub, tmp_path,
     model, tok, _ = trained
     from dataclasses import replace
 
-    from fastkit.export.gguf import QUANTS
+    from fastkit.export.gguf.writer import QUANTS
 
     monkeypatch.setitem(QUANTS, "q8_0", replace(QUANTS["q8_0"], tolerance=0.0))  # the read-back cannot match: refused
     with pytest.raises(FastkitError, match="does not match the model in memory"):

@@ -67,7 +67,7 @@ def _flag(name: str, value: Any) -> None:
 
 
 def _gguf(name: str, value: Any) -> None:
-    from fastkit.export.quants import QUANTIZATIONS
+    from fastkit.export.gguf.quants import QUANTIZATIONS
 
     items = [value] if isinstance(value, str) else value
     if value is not None and not (isinstance(items, list) and items and all(q in QUANTIZATIONS for q in items)):
@@ -252,7 +252,7 @@ def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: boo
     """Every option as a flag on ``p`` (defaults suppressed: :func:`resolve` knows what was given).
 
     ``common_only``: the help shows :data:`COMMON` only (the others still parse); for ``fastkit train --help``."""
-    from fastkit.export.quants import QUANTIZATIONS
+    from fastkit.export.gguf.quants import QUANTIZATIONS
 
     run = p.add_argument_group("what to train and save")
     train = p.add_argument_group("training (fastkit.TrainOptions)")
