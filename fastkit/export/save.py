@@ -17,6 +17,7 @@ import torch
 
 from fastkit import checks
 from fastkit.errors import FastkitError
+from fastkit.export import hub
 from fastkit.export import verified as saving
 from fastkit.export.adapter_checks import write_info
 from fastkit.export.gguf.save import save_gguf  # the GGUF package's entry, importable here as before
@@ -139,6 +140,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
         tokenizer.save_pretrained(str(tmp))
         if check_verify:
             _verify_adapter(model, tmp)
+        hub.write_card(tmp, "lora", model, str(path), check_verify)  # not PEFT's "[More Information Needed]"
     return str(path)
 
 
@@ -297,6 +299,7 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torc
             # error; then the check is that the folder loads and runs with the right vocabulary
             tol = float("inf") if quantized else saving.TOLERANCE[dtype]
             saving.verify_reload(model, lambda: _reload(tmp, dtype), tol, "save_merged", reference=reference)
+        hub.write_card(tmp, "merged", model, str(path), check_verify)
     return str(path)
 
 
