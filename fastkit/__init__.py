@@ -58,13 +58,21 @@ def fit(trainer, **kwargs):
 __getattr__, __dir__ = _exports(globals(), "fastkit", _LAZY)
 
 
-# ---- Old module paths users import (README / docs before the round-3 moves), served by the new modules ----------
+# ---- Old module paths users import (README / docs before the round-3 / round-4 moves), served by the new modules --
 _MOVED = {
     "fastkit.twins": "fastkit.families.twins",
     "fastkit.census": "fastkit.families.census",
     "fastkit.trainer": "fastkit.training.trainer",
     "fastkit.chat_template": "fastkit.data.chat_template",
     "fastkit.linear_4bit": "fastkit.patches.moe.linear_4bit",
+    # round 4: the GGUF writer became the package fastkit.export.gguf (the old module's names: its __init__)
+    "fastkit.export.gguf_vocab": "fastkit.export.gguf.vocab",
+    "fastkit.export.gguf_spm": "fastkit.export.gguf.spm",
+    "fastkit.export.gguf_hybrid": "fastkit.export.gguf.hybrid",
+    "fastkit.export.gguf_moe": "fastkit.export.gguf.moe",
+    "fastkit.export.gguf_more": "fastkit.export.gguf.more",
+    "fastkit.export.modelfile": "fastkit.export.gguf.modelfile",
+    "fastkit.export.quants": "fastkit.export.gguf.quants",
 }
 """Old path -> the module now there; ``import`` of an old path gives that very module (tests/test_public_paths.py)."""
 

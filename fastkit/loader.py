@@ -191,7 +191,7 @@ def _restore_gguf_split(tok, name_or_path: str, gguf_file: str, hub: dict) -> No
     names, so the tokenizer cuts text as the vocabulary was trained to (SmolLM2's digits, Qwen's, Llama-3's)."""
     from transformers.utils import cached_file
 
-    from fastkit.export.gguf_vocab import restore_from_gguf
+    from fastkit.export.gguf.vocab import restore_from_gguf
 
     path = cached_file(name_or_path, gguf_file, **hub)  # the file the weights were just read from
     if path is not None and (pre := restore_from_gguf(tok, path)) is not None:

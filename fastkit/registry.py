@@ -94,7 +94,7 @@ class GGUFRules:
     reader_config: bool = True
     """transformers' GGUF reader lacks some of this family's config keys (qwen3's head_dim, MoE sizes): the
     read-back check passes the model's config. False: the reader rebuilds the whole config from the file."""
-    # MoE families (gguf-moe): read by fastkit/export/gguf_moe.py
+    # MoE families (gguf-moe): read by fastkit/export/gguf/moe.py
     renames: tuple[tuple[str, str], ...] = ()
     """``(regex, replacement)`` applied to a transformers tensor name before gguf-py's map, where the family names a
     tensor differently from the names gguf-py knows (GraniteMoe's ``block_sparse_moe.router`` is llama.cpp's
@@ -189,7 +189,7 @@ class GGUFRules:
     """The KV head count written where transformers does not read ``num_key_value_heads`` (GPT-BigCode's
     ``multi_query``: one shared key / value head, src/models/starcoder.cpp sizes ``attn_qkv`` from it); 0: the
     config's (all heads where it has none)."""
-    # hybrid families (gguf-hybrid): read by fastkit/export/gguf_hybrid.py
+    # hybrid families (gguf-hybrid): read by fastkit/export/gguf/hybrid.py
     eps_attr: str = "rms_norm_eps"
     """Config attribute of the RMSNorm epsilon, written as ``attention.layer_norm_rms_epsilon`` (LFM2: ``norm_eps``)."""
     kv_heads_by_layer: tuple[str, str] = ()

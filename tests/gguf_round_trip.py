@@ -607,7 +607,7 @@ def quickstart_texts(tokenizer) -> list[str]:
 
 def all_rows(tmp: Path) -> list[Row]:
     """Every family twin in f16 / q8_0, the 4-bit-expert MoE, then SmolLM2 in f16, q8_0 and llama.cpp's k-quants."""
-    from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
+    from fastkit.export.gguf.writer import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
 
     rows = []
     for label in TWINS:

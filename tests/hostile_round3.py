@@ -407,7 +407,7 @@ def _corrupt_written(ctx, kind):
     """The writer writes wrong numbers (a perturbed tensor): the save must refuse, the old output untouched."""
     {"merged": _merged, "gguf": _gguf, "lora": _lora}[kind](ctx)  # an earlier, good output
     if kind == "gguf":
-        import fastkit.export.gguf as ge
+        import fastkit.export.gguf.writer as ge
 
         real = ge._encode
         ctx.monkeypatch.setattr(ge, "_encode", lambda w, q: real(w * 1.5, q))
@@ -546,7 +546,7 @@ def _no_injection(path, ctx):
     modelfile = Path(path).parent / "Modelfile"
     assert Path(path).is_file()
     if not modelfile.exists():  # no chat template: no TEMPLATE can be written, so no Modelfile at all (nothing to
-        return                  # inject into; fastkit.export.modelfile refuses rather than let Ollama guess one)
+        return                  # inject into; fastkit.export.gguf.modelfile refuses rather than let Ollama guess one)
     lines = modelfile.read_text().splitlines()
     assert lines[0] == f"FROM ./{Path(path).name}", lines
     assert [line for line in lines if line.startswith("FROM")] == lines[:1], lines  # no second FROM injected

@@ -17,7 +17,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from fastkit.export import modelfile as mf
+from fastkit.export.gguf import modelfile as mf
 from fastkit.families.twins import CHATML_TEMPLATE
 
 GO_SOURCE = Path(__file__).parent / "ollama" / "render.go"

@@ -82,7 +82,7 @@ def test_nothing_is_uploaded_when_a_save_fails_its_check(trained, hub, tmp_path,
     model, tok, _ = trained
     from dataclasses import replace
 
-    from fastkit.export.gguf import QUANTS
+    from fastkit.export.gguf.writer import QUANTS
 
     monkeypatch.setitem(QUANTS, "q8_0", replace(QUANTS["q8_0"], tolerance=0.0))  # the read-back cannot match: refused
     with pytest.raises(FastkitError, match="does not match the model in memory"):
@@ -165,3 +165,26 @@ def test_cli_train_without_a_token_stops_before_loading(hub, tmp_path, monkeypat
     rc = cli.main([*TRAIN, "--output-dir", str(tmp_path / "run"), "--push-to-hub", "tester/tiny"])
     assert rc == 2 and "huggingface-cli login" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and _uploads(hub) == []
+
+
+def test_each_saved_folder_has_a_model_card_not_peft_template(trained, tmp_path):
+    """save_lora / save_merged write a ``huggingface_hub.ModelCard`` (metadata from ModelCardData), not PEFT's
+    "[More Information Needed]" template; the card is a file of the save (in its manifest)."""
+    import json
+
+    from huggingface_hub import ModelCard
+
+    from fastkit.export import save_lora, save_merged
+
+    model, tok, _ = trained
+    for kind, save, library in (("lora", save_lora, "peft"), ("merged", save_merged, "transformers")):
+        folder = tmp_path / kind
+        save(model, tok, folder)
+        text = (folder / "README.md").read_text()
+        card = ModelCard.load(folder / "README.md")
+        assert "[More Information Needed]" not in text, text[:400]
+        assert card.data.library_name == library and {"fastkit", kind} <= set(card.data.tags), card.data
+        listed = "- `config.json`" in text or "- `adapter_config.json`" in text
+        assert f'from_pretrained("{folder}")' in text and listed, text
+        assert "README.md" in json.loads((folder / "fastkit_manifest.json").read_text())["files"]
+    assert "| r | `4` |" in (tmp_path / "lora" / "README.md").read_text()

@@ -12,7 +12,7 @@ import pytest
 
 from fastkit import cli
 from fastkit.export import chat, export
-from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTS
+from fastkit.export.gguf.writer import LLAMA_CPP_QUANTS, QUANTS
 from tests import gguf_round_trip as rt
 from tests.export_twin import trained_twin
 from tests.helpers import require_llama_cpp

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fastkit import FastkitError, FastModel
-from fastkit.export.gguf import merged_parameters, write_gguf
-from fastkit.export.gguf_vocab import pre_tokenizer_name
+from fastkit.export.gguf.vocab import pre_tokenizer_name
+from fastkit.export.gguf.writer import merged_parameters, write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer, twin_tokenizer
 from tests import gguf_round_trip as rt
 from tests.helpers import save_twin, train_lora_steps
@@ -132,7 +132,7 @@ def test_metadata_tokenizer_chat_template_and_modelfile(tmp_path):
     assert len(reader.fields["tokenizer.ggml.merges"].data) == len(json.loads(tok.backend_tokenizer.to_str())[
         "model"]["merges"]) > 0
     # A TEMPLATE (Ollama ignores the embedded Jinja; tests/test_modelfile.py renders it in Go), then the stop token.
-    from fastkit.export.modelfile import chat_layout, go_template
+    from fastkit.export.gguf.modelfile import chat_layout, go_template
 
     template = go_template(chat_layout(tok)[0])
     assert (tmp_path / "Modelfile").read_text() == (
@@ -177,7 +177,7 @@ def test_tokenizer_llama_cpp_cannot_load_is_refused(tmp_path):
 
 
 def test_stop_tokens_come_from_the_template():
-    from fastkit.export.modelfile import modelfile, stop_tokens
+    from fastkit.export.gguf.modelfile import modelfile, stop_tokens
 
     tok = twin_bpe_tokenizer()
     assert stop_tokens(tok) == ["<|im_end|>"]
@@ -326,7 +326,7 @@ def test_4bit_experts_are_dequantized_into_the_file(tmp_path):
 
 
 def test_moe_without_its_experts_is_refused(tmp_path, monkeypatch):
-    import fastkit.export.gguf as ge
+    import fastkit.export.gguf.writer as ge
 
     model = twin("qwen3_moe")
     monkeypatch.setattr(ge, "_dequantized_experts", lambda base: [])  # a storage fastkit cannot read
@@ -496,7 +496,7 @@ def test_family_facts_are_read_off_the_row_at_call_time(tmp_path, monkeypatch):
 
 
 def test_every_quantization_name_is_one_quant_spec():
-    from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTS, WRITTEN
+    from fastkit.export.gguf.writer import LLAMA_CPP_QUANTS, QUANTS, WRITTEN
 
     for name, spec in QUANTS.items():
         assert gguf.GGMLQuantizationType[spec.ggml_type].name.lower() in (name, name[:4])  # q4_k_m -> Q4_K
@@ -511,8 +511,8 @@ def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
     """A trained qwen3_moe twin at q8_0: rounding flips 1 of 32 probe tokens' expert choice (0.09 of the logit scale
     in any q8_0 file of it), so the read-back compares every tensor within q8_0's rounding; it saves. Gate and up
     halves swapped in the file: refused."""
-    from fastkit.export import gguf as writer
     from fastkit.export import save_gguf as save_verified
+    from fastkit.export.gguf import writer
 
     model, tok = rt.twin_model("qwen3_moe (qwen2)")
     assert os.path.exists(save_verified(model, tok, tmp_path / "ok", quantization="q8_0"))

@@ -1,4 +1,4 @@
-"""save_gguf for the hybrid families (recurrent layers beside attention; fastkit/export/gguf_hybrid.py): the file's
+"""save_gguf for the hybrid families (recurrent layers beside attention; fastkit/export/gguf/hybrid.py): the file's
 tensors and metadata as llama.cpp's graphs read them, what those graphs cannot compute refused before anything is
 written, and the hybrid families not written yet refused naming why. The real llama.cpp round trip of each family
 written is its row in tests/test_llamacpp_round_trip.py (tests/gguf_round_trip.py TWINS).
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastkit import FastkitError, registry
-from fastkit.export.gguf import merged_parameters, write_gguf
+from fastkit.export.gguf.writer import merged_parameters, write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer
 from tests import gguf_round_trip as rt
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fastkit import FastkitError, registry
-from fastkit.export import gguf_moe
-from fastkit.export.gguf import merged_parameters, write_gguf
+from fastkit.export.gguf import moe as gguf_moe
+from fastkit.export.gguf.writer import merged_parameters, write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer
 from tests import gguf_round_trip as rt
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastkit import FastkitError
-from fastkit.export.gguf import write_gguf
+from fastkit.export.gguf.writer import write_gguf
 from fastkit.families.twins import twin, twin_bpe_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""SentencePiece-style vocabularies in the GGUF (fastkit/export/gguf_spm.py), without llama.cpp: what the file says
+"""SentencePiece-style vocabularies in the GGUF (fastkit/export/gguf/spm.py), without llama.cpp: what the file says
 (llama.cpp's SPM model, scores from merge ranks, token types, the space prefix) and what is refused. That llama.cpp
 then tokenizes as HF does is tests/test_llamacpp_round_trip.py's SPM rows."""
 
@@ -11,8 +11,8 @@ import gguf
 import pytest
 
 from fastkit import FastkitError
-from fastkit.export.gguf import write_gguf
-from fastkit.export.gguf_spm import check_spm, interleaved, spm_layout, spm_scores
+from fastkit.export.gguf.spm import check_spm, interleaved, spm_layout, spm_scores
+from fastkit.export.gguf.writer import write_gguf
 from fastkit.families.twins import twin, twin_spm_tokenizer
 from tests.gguf_round_trip import texts_raw
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from fastkit.export.gguf import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
+from fastkit.export.gguf.writer import LLAMA_CPP_QUANTS, quantize_with_llama_cpp, write_gguf
 from tests import gguf_round_trip as rt
 from tests.helpers import require_llama_cpp
 

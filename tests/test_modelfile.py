@@ -1,4 +1,4 @@
-"""fastkit/export/modelfile.py: the Modelfile TEMPLATE, rendered by Go's text/template as Ollama renders it
+"""fastkit/export/gguf/modelfile.py: the Modelfile TEMPLATE, rendered by Go's text/template as Ollama renders it
 (tests/ollama/render.go), equals ``apply_chat_template`` for every conversation shape and family of
 tests/ollama_templates.py, the default system prompt included; what Ollama cannot render alike is said.
 
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from fastkit.export import modelfile as mf
+from fastkit.export.gguf import modelfile as mf
 from tests import ollama_templates as ot
 
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -104,7 +104,7 @@ def test_a_template_go_cannot_express_gets_no_modelfile(caplog):
                 "{% endif %}")
     tok = ot._styled(numbered, ot._CHATML)
     assert "user 1\n" in tok.apply_chat_template([mf._m("user", "x")], tokenize=False)
-    with caplog.at_level(logging.WARNING, logger="fastkit.export.modelfile"):
+    with caplog.at_level(logging.WARNING, logger="fastkit.export.gguf.modelfile"):
         assert mf.modelfile(tok, "m.gguf") is None
     assert "depends on more than the turns around it" in caplog.text
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}|{{ m['content'] }}{% endfor %}"

@@ -1,7 +1,7 @@
 """Every import path users are shown keeps working when modules move.
 
 The ``from fastkit... import ...`` / ``import fastkit...`` lines of README.md, docs/*.md and the notebooks run
-here one by one, and so do the old paths of modules moved in the round-3 restructure (served by
+here one by one, and so do the old paths of modules moved in the round-3 / round-4 restructures (served by
 ``fastkit._MOVED``: the old path is the very module now at the new one).
 """
 
@@ -29,6 +29,16 @@ OLD_PATHS = (
     "from fastkit.linear_4bit import quantize_linears_4bit",
     "from fastkit.training import fit, make_trainer, run_coverage",  # the module became a package
     "import fastkit.cli",  # the module became a package
+    # round 4: the GGUF writer's modules moved into the package fastkit.export.gguf
+    "from fastkit.export.gguf import write_gguf, merged_parameters, QUANTS, QUANTIZATIONS, LLAMA_CPP_QUANTS, WRITTEN",
+    "from fastkit.export.gguf import quantize_with_llama_cpp, check_weights, num_experts, save_gguf",
+    "import fastkit.export.gguf as ge",  # the old module's names as attributes
+    "from fastkit.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_name, restore_pre_tokenizer",
+    "from fastkit.export.gguf_spm import check_spm, spm_layout",
+    "from fastkit.export import gguf_moe, gguf_hybrid, gguf_more",
+    "from fastkit.export.modelfile import modelfile, stop_tokens",
+    "from fastkit.export import modelfile",
+    "from fastkit.export.quants import QUANTS, K_QUANTS",
 )
 
 
@@ -82,6 +92,15 @@ def test_old_path_still_imports(statement):
 def test_an_old_path_is_the_moved_module_itself(old, new):
     assert importlib.import_module(old) is importlib.import_module(new)
     assert sys.modules[new].__spec__.name == new  # the module keeps its own identity
+
+
+def test_the_old_gguf_module_names_are_the_writers():
+    import fastkit.export.gguf as package
+    from fastkit.export.gguf import quants, save, writer
+
+    assert package.write_gguf is writer.write_gguf and package.QUANTS is quants.QUANTS
+    assert package.save_gguf is save.save_gguf
+    assert importlib.import_module("fastkit.export").save_gguf is save.save_gguf
 
 
 def test_every_top_level_name_resolves():

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1] / "fastkit"
 
 # Literals that spell a model type but compare something else (permanent, each with its reason).
 NOT_MODEL_TYPES: dict[tuple[str, str], str] = {
-    ("export/gguf_vocab.py", "gpt2"): "GGUF's tokenizer.ggml.model (the tokenizer kind), not a config.model_type",
+    ("export/gguf/vocab.py", "gpt2"): "GGUF's tokenizer.ggml.model (the tokenizer kind), not a config.model_type",
 }
 
 

@@ -32,7 +32,7 @@ import gguf
 import pytest
 
 from fastkit.errors import FastkitError
-from fastkit.export.gguf_vocab import (
+from fastkit.export.gguf.vocab import (
     PRE_TOKENIZERS,
     add_tokenizer_kv,
     pre_tokenizer_name,

@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from fastkit.export.quants import K_QUANTS, QUANTIZATIONS
+from fastkit.export.gguf.quants import K_QUANTS, QUANTIZATIONS
 
 logger = logging.getLogger(__name__)
 

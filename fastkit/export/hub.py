@@ -2,11 +2,13 @@
 
 Through ``huggingface_hub`` itself: ``create_repo`` (private unless asked otherwise; an existing repo keeps its
 visibility, as the Hub does) then ``upload_folder`` of the saved folder, restricted to the files this export
-wrote and verified (``allow_patterns``), plus the model card (README.md: the base model, the data and the
-fastkit options of the run). The token is the one ``huggingface_hub`` finds (``HF_TOKEN``, or what
-``huggingface-cli login`` / ``hf auth login`` stored) or the one given; it is checked (``whoami``) before
-anything is saved, so a missing or refused token never costs a save. The endpoint is ``huggingface_hub``'s
-(``HF_ENDPOINT``); tests point it at a recording server on 127.0.0.1 (tests/test_export_hub.py).
+wrote and verified (``allow_patterns``), plus the model card (README.md, a ``huggingface_hub.ModelCard``: its
+metadata from ``ModelCardData``, the base model, the data and the fastkit options of the run; ``save_lora`` /
+``save_merged`` write a first one, :func:`write_card`, in place of PEFT's template). The token is the one
+``huggingface_hub`` finds (``HF_TOKEN``, or what ``huggingface-cli login`` / ``hf auth login`` stored) or the one
+given; it is checked (``whoami``) before anything is saved, so a missing or refused token never costs a save. The
+endpoint is ``huggingface_hub``'s (``HF_ENDPOINT``); tests point it at a recording server on 127.0.0.1
+(tests/test_export_hub.py).
 """
 
 from __future__ import annotations
@@ -117,45 +119,67 @@ _WHAT = {"lora": "LoRA adapters (PEFT format)", "merged": "a merged 16-bit model
 
 
 def model_card(kind: str, repo: str, files: list[str], *, base: str, data: str | None, run: dict,
-               adapter: dict, quantizations: list[str]) -> str:
-    """The README.md of an uploaded folder: base model, data, fastkit options, files, how to load it."""
+               adapter: dict, quantizations: list[str], upload: bool = True):
+    """The README.md of a saved or uploaded folder, a ``huggingface_hub.ModelCard``: its metadata from
+    ``ModelCardData`` (base_model, datasets, library_name, tags), its text the data, fastkit options, files and how
+    to load it. ``repo``: the Hub repo id, or the local folder (``save_lora`` / ``save_merged``)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     # a --twin run: a tiny random model, not a fine-tune of the model it stands in for (families.twins.TWIN_PREFIX,
     # spelled here: families imports export)
     twin_of = base[len(_TWIN_PREFIX):] if isinstance(base, str) and base.startswith(_TWIN_PREFIX) else None
-    meta = ["---", "tags:", "- fastkit", f"- {kind}"]
-    if _hub_id(base) and twin_of is None:
-        meta.append(f"base_model: {base}")
-    meta.append(f"library_name: {'peft' if kind == 'lora' else 'transformers'}" if kind != "gguf" else "")
-    if _hub_id(data):
-        meta += ["datasets:", f"- {data}"]
-    meta = [m for m in meta if m] + ["---", ""]
+    meta = ModelCardData(base_model=base if _hub_id(base) and twin_of is None else None,
+                         datasets=[data] if _hub_id(data) else None,
+                         library_name={"lora": "peft", "merged": "transformers"}.get(kind),
+                         pipeline_tag="text-generation",
+                         tags=["fastkit", kind, *(["lora"] if kind == "lora" else [])])
     hyper = {k: v for k, v in (run.get("hyperparameters") or {}).items() if v is not None}
     origin = (f"trained on a tiny random twin of `{twin_of}` (a smoke test, not a fine-tune of it)" if twin_of
               else f"fine-tuned from `{base}`" if base else "fine-tuned (base model not recorded)")
-    lines = [f"# {repo.split('/')[-1]}", "", f"{_WHAT[kind]}, {origin} with fastkit.", "",
-             "## Data", "", f"- dataset: {data or 'not recorded'}"]
+    lines = [f"# {repo.replace(chr(92), '/').rstrip('/').split('/')[-1]}", "", f"{_WHAT[kind]}, {origin} with fastkit.",
+             "", "## Data", "", f"- dataset: {data or 'not recorded'}"]
     if run.get("data"):
         lines.append(f"- fingerprint of the token ids trained on: `{run['data']}`")
-    lines += ["", "## fastkit options", "", "| option | value |", "|---|---|"]
-    lines += [f"| {k} | `{json.dumps(v)}` |" for k, v in {**adapter, **hyper}.items()]
-    lines += ["", "## Files", "", "Each was reloaded after saving and its logits compared with the trained model "
-              "before upload.", ""] + [f"- `{f}`" for f in files]
+    options = {**adapter, **hyper}
+    if options:
+        lines += ["", "## fastkit options", "", "| option | value |", "|---|---|"]
+        lines += [f"| {k} | `{json.dumps(v)}` |" for k, v in options.items()]
+    lines += ["", "## Files", "", "Each was reloaded after saving and its logits compared with the trained model"
+              f"{' before upload' if upload else ''}.", ""] + [f"- `{f}`" for f in files]
     use = _USE[kind].format(repo=repo, quant=(quantizations or ["q8_0"])[0].upper())
     lines += ["", "## Use", "", "```", use, "```", ""]
-    return "\n".join(meta + lines)
+    return ModelCard(f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(lines))
+
+
+def write_card(folder: Path, kind: str, model, where: str, verified: bool) -> None:
+    """A save's own README.md (``save_lora``: instead of PEFT's "[More Information Needed]" template;
+    ``save_merged``): the base model, the adapter's options and the files; ``export(push_to_hub=...)`` writes the
+    full card (data, the run's options) when it uploads."""
+    from fastkit.patching import unwrap
+
+    base = str(getattr(unwrap(model).config, "name_or_path", "") or "")
+    files = [f for f in sorted(p.name for p in folder.iterdir() if p.is_file()) if f != "README.md"]
+    card = model_card(kind, where, files, base=base, data=None, run={}, adapter=_adapter_options(model),
+                      quantizations=[], upload=False)
+    text = str(card)
+    if not verified:
+        text = text.replace("Each was reloaded after saving and its logits compared with the trained model.",
+                            "Saved with verify=False: not reloaded and compared.")
+    (folder / "README.md").write_text(text, encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------- upload
 
 
-def push_folder(folder: Path, repo: str, files: list[str], card: str, *, private: bool,
+def push_folder(folder: Path, repo: str, files: list[str], card, *, private: bool,
                 token: str | None) -> str:
-    """Create ``repo`` (private by default) and upload ``files`` of ``folder`` plus the card; the repo URL."""
+    """Create ``repo`` (private by default) and upload ``files`` of ``folder`` plus the card (a ``ModelCard`` or
+    its text); the repo URL."""
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
     url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
-    (folder / "README.md").write_text(card)
+    (folder / "README.md").write_text(str(card), encoding="utf-8")
     api.upload_folder(repo_id=url.repo_id, folder_path=str(folder), repo_type="model",
                       allow_patterns=sorted(set(files) | {"README.md"}),
                       commit_message=f"fastkit export: {', '.join(sorted(files))[:200]}")
@@ -186,4 +210,4 @@ def push_result(result, repos: dict[str, str], *, model, data: str | None, run: 
             a.hub_url = url
 
 
-__all__ = ["SUFFIX", "check_can_push", "model_card", "push_folder", "push_result", "repos_for"]
+__all__ = ["SUFFIX", "check_can_push", "model_card", "push_folder", "push_result", "repos_for", "write_card"]

@@ -30,8 +30,7 @@ import torch
 from fastkit import checks, registry
 from fastkit.errors import FastkitError
 from fastkit.export import verified as saving
-from fastkit.export.gguf import LLAMA_CPP_QUANTS, QUANTIZATIONS
-from fastkit.export.quants import K_QUANTS
+from fastkit.export.gguf.quants import K_QUANTS, LLAMA_CPP_QUANTS, QUANTIZATIONS
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
@@ -186,7 +185,7 @@ def _save_merged(model, tokenizer, out: Path, check: bool, dtype: torch.dtype) -
 
 
 def _save_gguf(model, tokenizer, out: Path, check: bool, quantization: str, name: str | None) -> Artifact:
-    from fastkit.export.save import save_gguf
+    from fastkit.export.gguf.save import save_gguf
 
     file = Path(save_gguf(model, tokenizer, out / FOLDERS["gguf"], quantization=quantization, name=name,
                           verify=check))
@@ -212,7 +211,7 @@ def _modelfile(tokenizer, ggufs: list[Artifact]) -> tuple[str | None, str | None
     """The Modelfile for the first quantization of the call, and the ``ollama create`` line for it."""
     if not ggufs:
         return None, None
-    from fastkit.export.modelfile import modelfile
+    from fastkit.export.gguf.modelfile import modelfile
     from fastkit.export.owned import record_own
 
     first = Path(ggufs[0].path)

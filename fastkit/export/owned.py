@@ -10,7 +10,7 @@ folder (:func:`commit`)
   one folder keeps both), and never an earlier GGUF (one file per quantization, each kept);
 - keeps every other file byte-identical, and refuses, naming them, where it would overwrite a file it
   did not write (a user's notes, a model's own weights, a file edited since fastkit wrote it);
-- keeps the user's ``README.md`` instead of PEFT's model card (:data:`OPTIONAL`).
+- keeps the user's ``README.md`` instead of the save's model card (:data:`OPTIONAL`).
 
 Into a folder that does not exist yet the staged folder is renamed whole (atomic). Into an existing
 folder each file is swapped in with ``os.replace`` after the old version was moved aside; an exception
@@ -36,7 +36,7 @@ MANIFEST = "fastkit_manifest.json"
 """The file, in each output folder, listing what fastkit wrote there."""
 FORMAT = "fastkit-manifest/1"
 OPTIONAL = frozenset({"README.md"})
-"""Files a save may leave out when the folder already holds the user's own (PEFT's model card)."""
+"""Files a save may leave out when the folder already holds the user's own (the save's model card)."""
 
 
 def sha256(file: Path) -> str:
@@ -138,7 +138,7 @@ def plan(staged: Path, target: Path, what: str, own: dict[str, dict],
         elif is_ours(target, name, own):
             replaced.append(name)
         elif name in OPTIONAL:
-            (staged / name).unlink()  # the user's README.md stays; PEFT's model card is left out
+            (staged / name).unlink()  # the user's README.md stays; the save's model card is left out
             logger.info("fastkit: %s: %s in %s is yours (not in %s); kept, the model card is not written",
                         what, name, target, MANIFEST)
         else:

@@ -1,14 +1,13 @@
 """After training: chat through the chat template (streamed, greedy or sampled), and saving (LoRA or merged).
 
 :func:`save_lora` writes PEFT's adapter file (fastkit's expert-LoRA factors included, in PEFT's
-``target_parameters`` format) and :func:`load_lora` reads it back onto a fastkit model; :func:`save_gguf`
-writes a GGUF for llama.cpp / Ollama; :func:`save_merged` a plain transformers model with the adapters
-folded in, which runs without fastkit.
+``target_parameters`` format) and :func:`load_lora` reads it back onto a fastkit model; :func:`save_merged` a plain
+transformers model with the adapters folded in, which runs without fastkit. ``save_gguf`` is the GGUF package's
+(:mod:`fastkit.export.gguf`), importable here too.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from pathlib import Path
@@ -16,10 +15,12 @@ from typing import Any
 
 import torch
 
-from fastkit import _hf, checks, registry
+from fastkit import checks
 from fastkit.errors import FastkitError
+from fastkit.export import hub
 from fastkit.export import verified as saving
 from fastkit.export.adapter_checks import write_info
+from fastkit.export.gguf.save import save_gguf  # the GGUF package's entry, importable here as before
 from fastkit.patching import revert, unwrap
 
 logger = logging.getLogger("fastkit")
@@ -139,6 +140,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
         tokenizer.save_pretrained(str(tmp))
         if check_verify:
             _verify_adapter(model, tmp)
+        hub.write_card(tmp, "lora", model, str(path), check_verify)  # not PEFT's "[More Information Needed]"
     return str(path)
 
 
@@ -293,6 +295,7 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torc
             # error; then the check is that the folder loads and runs with the right vocabulary
             tol = float("inf") if quantized else saving.TOLERANCE[dtype]
             saving.verify_reload(model, lambda: _reload(tmp, dtype), tol, "save_merged", reference=reference)
+        hub.write_card(tmp, "merged", model, str(path), check_verify)
     return str(path)
 
 
@@ -343,87 +346,6 @@ def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     if deltas is not None:
         add_expert_deltas(merged, deltas)  # 4-bit experts dequantized (by revert, or here), then the update
     return merged
-
-
-def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
-              name: str | None = None, verify: bool | None = None) -> str:
-    """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
-    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
-    ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
-    .gguf path. See :mod:`fastkit.export.gguf` and docs/export.md.
-
-    Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
-    transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
-    quantization's tolerance), then each file replaces its earlier version with ``os.replace`` (other files in
-    ``path``, a merged model saved there included, are kept: :mod:`fastkit.export.owned`). ``name``
-    is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
-    """
-    from fastkit.export.gguf import QUANTS, write_gguf
-    from fastkit.export.gguf import num_experts as _num_experts
-
-    path = checks.check_save_target(path)
-    config = unwrap(model).config
-    check_verify = saving.should_verify(model, torch.float16, verify, "save_gguf")
-    if check_verify and not _gguf_reader_loads(config):
-        check_verify = False
-        logger.warning("fastkit: save_gguf: transformers' GGUF reader cannot load a %s file, so its read-back check "
-                       "is skipped (tests/test_llamacpp_round_trip.py runs this family in llama.cpp)",
-                       config.model_type)
-    reference = None
-    if check_verify:
-        reference = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
-    with saving.staged_folder(path, "save_gguf", model, prune=False) as tmp:  # other quantizations stay
-        written = Path(write_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
-        if check_verify:
-            quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
-                                                                                      "is_loaded_in_8bit", False)
-            tol = float("inf") if quantized else QUANTS[quantization].tolerance
-            if _num_experts(config) and not quantized:  # routing flips under rounding: weights, not logits
-                _check_gguf_weights(model, written, config, quantization)
-            else:
-                saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf",
-                                     reference=reference)
-        modelfile = (tmp / "Modelfile").exists()
-    out = saving.output_folder(path, "save_gguf")
-    if not modelfile:  # its template cannot be a TEMPLATE: no stale Modelfile of ours beside the new GGUF
-        from fastkit.export.owned import remove_own
-
-        remove_own(out, "Modelfile")
-    return str(out / written.name)
-
-
-def _check_gguf_weights(model: torch.nn.Module, written: Path, config, quantization: str) -> None:
-    from fastkit.export.gguf import check_weights
-
-    try:
-        reloaded = _reload_gguf(written, config)
-    except Exception as exc:  # noqa: BLE001 -- whatever the reader says, the save is refused with it
-        raise FastkitError(f"save_gguf: the output does not load back ({type(exc).__name__}: {str(exc)[:200]}); "
-                           "nothing was replaced.") from exc
-    check_weights(model, reloaded, quantization)
-
-
-def _gguf_reader_loads(config) -> bool:
-
-    row = registry.MODEL_TABLE.get(getattr(config, "model_type", None))
-    return row is None or row.gguf.reader
-
-
-def _reload_gguf(file: Path, config) -> torch.nn.Module:
-    """transformers' GGUF reader. Its metadata table lacks qwen3's head_dim / MoE sizes: those get the config."""
-    from transformers import AutoModelForCausalLM
-
-
-    kw = {}
-    facts = registry.facts_for(config.model_type)
-    if facts is None or facts.gguf.reader_config:
-        plain = copy.deepcopy(config)
-        for key in ("quantization_config",):
-            if hasattr(plain, key):
-                delattr(plain, key)
-        kw["config"] = plain
-    with _hf.quiet_gguf_reader():  # its tqdm bar ("Converting and de-quantizing GGUF tensors") would be the only one
-        return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32, **kw)
 
 
 __all__ = ["chat", "load_lora", "save_gguf", "save_lora", "save_merged"]

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 """Allowed ``max|Δlogit| / max|logit|`` between the reloaded output and the in-memory model, per saved dtype (a
-GGUF's, per quantization: ``fastkit.export.gguf.QUANTS``)."""
+GGUF's, per quantization: ``fastkit.export.gguf.quants.QUANTS``)."""
 
 PARTIAL_PREFIX = ".fk-partial-"
 """Prefix of the temporary sibling a save writes into (short: a 255-byte folder name still fits beside it)."""

@@ -248,7 +248,7 @@ def twin_bpe_tokenizer(pre: str = "gpt-2", corpus: tuple[str, ...] = TWIN_BPE_CO
     from tokenizers import Tokenizer, decoders, models, trainers
     from tokenizers import pre_tokenizers as pt
 
-    from fastkit.export.gguf_vocab import PRE_TOKENIZERS, pre_tokenizer_object
+    from fastkit.export.gguf.vocab import PRE_TOKENIZERS, pre_tokenizer_object
 
     facts = next(p for p in PRE_TOKENIZERS if p.name == pre)
     backend = Tokenizer(models.BPE(ignore_merges=facts.ignore_merges))

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from fastkit.errors import FastkitError
+from fastkit.units import GiB
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,32 @@ def gpu_name(gpu):
                                "or a GPU name such as 't4'.")
         return gpu
     return gpu
+
+
+# -- budgets -----------------------------------------------------------------------------------------
+def gpu_budget(gpu: str | float | int) -> int | None:
+    """Usable bytes of a GPU name or a number of GiB; None for ``"cpu"``."""
+    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+        return int(gpu_name(gpu) * GiB)
+    name = str(gpu).strip().lower()
+    if name == "cpu":
+        return None
+    if name in CARDS:
+        return int(CARDS[name].gib * GiB)
+    try:
+        gib = float(name.removesuffix("gib").removesuffix("gb"))
+    except ValueError:
+        gib = -1.0
+    if gib > 0:
+        return int(gpu_name(gib) * GiB)  # "inf" / "1e400" refused there, naming the size
+    raise FastkitError(f"gpu={gpu!r} is not a GPU the planner knows. Use one of {', '.join(GPUS)}, "
+                       "'cpu', or a number of GiB (e.g. 24).")
+
+
+def is_unified(gpu: str | float | int) -> bool:
+    """True for a GPU name in :data:`UNIFIED` (a number of GiB is planned as a discrete card)."""
+    return isinstance(gpu, str) and gpu.strip().lower() in UNIFIED
+
+
+UNIFIED_NOTE = ("unified memory: host and GPU share one pool, so activation offload and host weights save nothing "
+                "and are counted against it; FastModel never turns them on here")

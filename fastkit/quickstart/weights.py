@@ -53,7 +53,7 @@ def smollm2_135m_instruct() -> str:
     logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from fastkit.export.gguf_vocab import restore_pre_tokenizer
+    from fastkit.export.gguf.vocab import restore_pre_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -74,7 +74,7 @@ def _repair_tokenizer(target: Path) -> None:
     """A folder cached before the pre-tokenizer was restored splits like GPT-2: give it SmolLM2's split."""
     import json
 
-    from fastkit.export.gguf_vocab import pre_tokenizer_name, restore_pre_tokenizer
+    from fastkit.export.gguf.vocab import pre_tokenizer_name, restore_pre_tokenizer
 
     spec = json.loads((target / "tokenizer.json").read_text())
     try:

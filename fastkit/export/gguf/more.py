@@ -1,5 +1,5 @@
 """GGUF rules of the dense families added in the gguf-more round that need more than a flag in
-:mod:`fastkit.export.gguf`: per-layer scalars that llama.cpp reads as metadata arrays, not tensors
+:mod:`fastkit.export.gguf.writer`: per-layer scalars that llama.cpp reads as metadata arrays, not tensors
 (:attr:`fastkit.registry.GGUFRules.layer_arrays`: Apertus's xIELU activation, src/models/apertus.cpp).
 
 What must not change: llama.cpp reproduces the transformers model's tokens, greedy text and logits from the file

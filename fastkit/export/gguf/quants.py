@@ -1,5 +1,6 @@
-"""The GGUF quantization names fastkit takes, as data: what :func:`fastkit.export.gguf.write_gguf` stores, who makes
-each one (fastkit or llama.cpp's own quantizer) and the read-back tolerances. No torch here: the CLI's flags read it.
+"""The GGUF quantization names fastkit takes, as data: what :func:`fastkit.export.gguf.writer.write_gguf` stores, who
+makes each one (fastkit or llama.cpp's own quantizer) and the read-back tolerances. No torch here: the CLI's flags
+read it.
 """
 
 from __future__ import annotations

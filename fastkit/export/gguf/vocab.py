@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from fastkit import _hf
 from fastkit.errors import FastkitError
-from fastkit.export.gguf_spm import add_spm_tokenizer_kv, check_spm, is_spm_style
+from fastkit.export.gguf.spm import add_spm_tokenizer_kv, check_spm, is_spm_style
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def chat_template(tokenizer) -> str | None:
 
 def check_tokenizer(spec: dict) -> str:
     """Refuse what llama.cpp cannot load or would tokenize differently; returns the pre-tokenizer name ("" for a
-    SentencePiece-style vocabulary, written as llama.cpp's SPM model by :mod:`fastkit.export.gguf_spm`)."""
+    SentencePiece-style vocabulary, written as llama.cpp's SPM model by :mod:`fastkit.export.gguf.spm`)."""
     if is_spm_style(spec):
         check_spm(spec)
         return ""

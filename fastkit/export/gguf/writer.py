@@ -6,8 +6,8 @@ What it writes. ``<path>/<name>-<quantization>.gguf`` with LoRA merged in (PEFT 
 as llama.cpp's ``convert_hf_to_gguf.py`` lays them out (names from ``gguf.get_tensor_name_map``;
 q/k rows permuted for llama-style rope; fused expert ``gate_up_proj`` split into ``ffn_gate_exps`` /
 ``ffn_up_exps``; norms, biases and the router in f32; Llama-3 rope scaling as ``rope_freqs``), the
-tokenizer (byte-level BPE, :mod:`fastkit.export.gguf_vocab`; SentencePiece-style as llama.cpp's SPM model,
-:mod:`fastkit.export.gguf_spm`) and the chat template in the metadata; and an
+tokenizer (byte-level BPE, :mod:`fastkit.export.gguf.vocab`; SentencePiece-style as llama.cpp's SPM model,
+:mod:`fastkit.export.gguf.spm`) and the chat template in the metadata; and an
 Ollama ``Modelfile`` beside it (``ollama create my-model -f <path>/Modelfile``).
 
 Memory. Tensors are merged, converted and written one at a time (the GGUF header is planned from
@@ -19,9 +19,9 @@ Families: llama, mistral, mixtral, granite, qwen2, qwen3, qwen3_moe, qwen2_moe (
 gate too), gemma2, gemma3_text, phi3, gpt_oss; dense: smollm3, olmo2, olmo3, starcoder2, glm4, cohere2, exaone4,
 ernie4_5 (LayerNorm graphs, no-rope layers, post-norms, parallel blocks), and gemma, phi (phi2), olmo, cohere
 (command-r), arcee, seed_oss, hunyuan_v1_dense, apertus, gpt_neox, gpt2, gpt_bigcode (starcoder), ministral3, and
-ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf_more`); and the MoE / MLA families of
-:mod:`fastkit.export.gguf_moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
-solar_open, minimax_m2, ernie4_5_moe); the hybrid families of :mod:`fastkit.export.gguf_hybrid` (lfm2, lfm2_moe,
+ministral / exaone / internlm3 / helium (llama) (:mod:`fastkit.export.gguf.more`); and the MoE / MLA families of
+:mod:`fastkit.export.gguf.moe` (olmoe, granitemoe(shared), deepseek_v2, deepseek_v3, glm4_moe_lite, glm4_moe,
+solar_open, minimax_m2, ernie4_5_moe); the hybrid families of :mod:`fastkit.export.gguf.hybrid` (lfm2, lfm2_moe,
 qwen3_next, qwen3_5_text, qwen3_5_moe_text, falcon_h1, granitemoehybrid); how each differs from llama.cpp's graph for
 its architecture (norm +1, soft-caps, window patterns, per-layer-type rope, expert layouts, router renormalization,
 shared experts, biases the graph has or lacks, recurrent layers...) is its row's :class:`fastkit.registry.GGUFRules`,
@@ -31,7 +31,7 @@ layers or renormalized top-k (llama.cpp's qwen2moe has neither), rope types the 
 compute, a sliding window shorter than the context where llama.cpp's graph has none, whatever else a family's
 graph hard-codes differently (activation, soft-caps, query scale, tied head, SwiGLU clamp, expert groups scored
 otherwise, MLA with biases), and tokenizers llama.cpp would split or merge differently or cannot load
-(:mod:`fastkit.export.gguf_vocab`, :mod:`fastkit.export.gguf_spm`).
+(:mod:`fastkit.export.gguf.vocab`, :mod:`fastkit.export.gguf.spm`).
 
 4-bit experts (fastkit's NF4 / MXFP4 expert modules, whose codes are buffers) are dequantized into the
 file, one tensor at a time; a MoE file missing any layer's experts is refused. ``q4_k_m`` / ``q5_k_m`` /
@@ -59,12 +59,14 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
-from fastkit.export import gguf_hybrid, gguf_moe, gguf_more
-from fastkit.export.gguf_spm import check_ids_in_llama_cpp, is_spm_style
-from fastkit.export.gguf_vocab import add_tokenizer_kv, check_tokenizer
+from fastkit.export.gguf import hybrid as gguf_hybrid
+from fastkit.export.gguf import moe as gguf_moe
+from fastkit.export.gguf import more as gguf_more
+from fastkit.export.gguf.modelfile import modelfile
+from fastkit.export.gguf.quants import LLAMA_CPP_QUANTS, QUANTIZATIONS, QUANTS, WRITTEN, QuantSpec  # noqa: F401 (re-exported)
+from fastkit.export.gguf.spm import check_ids_in_llama_cpp, is_spm_style
+from fastkit.export.gguf.vocab import add_tokenizer_kv, check_tokenizer
 from fastkit.export.merge import merged_from_disk
-from fastkit.export.modelfile import modelfile
-from fastkit.export.quants import LLAMA_CPP_QUANTS, QUANTIZATIONS, QUANTS, WRITTEN, QuantSpec  # noqa: F401 (re-exported)
 from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 sit beside attention layers: LFM2 (llama.cpp's ``lfm2``: short convolutions), Qwen3-Next (``qwen3next``: gated
 DeltaNet, gated attention, MoE), Qwen3.5 (``qwen35`` / ``qwen35moe``: the same DeltaNet, value heads tiled) and
 Falcon-H1 / Granite 4.0-H / Nemotron-H (``falcon-h1``, ``granitehybrid``, ``nemotron_h``: Mamba2 beside attention).
-Each rule is a field of the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the
+Each rule is a field of the family's :class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf.writer` calls the
 functions here while it checks, plans and writes a file.
 
 What must not change: llama.cpp (src/models/lfm2.cpp, qwen3next.cpp, qwen35(moe).cpp, falcon-h1.cpp,

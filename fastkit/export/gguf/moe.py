@@ -2,9 +2,8 @@
 ERNIE-4.5 MoE (``ernie4_5-moe``: leading dense layers, shared experts, softmax routing with a selection bias),
 DeepSeek-V2 / V3 and GLM-4.7-Flash (llama.cpp's ``deepseek2``: multi-head latent attention, leading dense layers,
 shared experts, sigmoid routing with a selection bias, expert groups, YaRN), GLM-4.5 and Solar Open (``glm4moe``),
-MiniMax-M2 (``minimax-m2``). Each rule is a field of the family's
-:class:`fastkit.registry.GGUFRules`; :mod:`fastkit.export.gguf` calls the functions here while it checks, plans and
-writes a file.
+MiniMax-M2 (``minimax-m2``). Each rule is a field of the family's :class:`fastkit.registry.GGUFRules`;
+:mod:`fastkit.export.gguf.writer` calls the functions here while it checks, plans and writes a file.
 
 What must not change: llama.cpp (src/models/deepseek2.cpp, glm4-moe.cpp, olmoe.cpp, granite.cpp, minimax-m2.cpp,
 ernie4-5-moe.cpp, and ``build_moe_ffn`` in src/llama-graph.cpp) reproduces the transformers model's tokens, greedy
@@ -21,7 +20,7 @@ import torch
 
 from fastkit import registry
 from fastkit.errors import FastkitError
-from fastkit.export.gguf_hybrid import config_product
+from fastkit.export.gguf.hybrid import config_product
 from fastkit.patching import unwrap
 
 _GATING = {"softmax": "SOFTMAX", "sigmoid": "SIGMOID"}

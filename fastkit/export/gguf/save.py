@@ -1,0 +1,103 @@
+"""``save_gguf``: the GGUF package's one public entry (re-exported as :func:`fastkit.export.save_gguf`).
+
+It writes through :func:`fastkit.export.gguf.writer.write_gguf` into a staged folder, reads the file back with
+transformers' GGUF reader and compares it with the model (:mod:`fastkit.export.verified`), then swaps it in.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import torch
+
+from fastkit import _hf, checks, registry
+from fastkit.errors import FastkitError
+from fastkit.export import verified as saving
+from fastkit.patching import unwrap
+
+logger = logging.getLogger("fastkit")
+
+
+def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization: str = "q8_0",
+              name: str | None = None, verify: bool | None = None) -> str:
+    """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
+    folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
+    ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
+    .gguf path. See :mod:`fastkit.export.gguf.writer` and docs/export.md.
+
+    Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
+    transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
+    quantization's tolerance), then each file replaces its earlier version with ``os.replace`` (other files in
+    ``path``, a merged model saved there included, are kept: :mod:`fastkit.export.owned`). ``name``
+    is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
+    """
+    from fastkit.export.gguf.writer import QUANTS, num_experts, write_gguf
+
+    path = checks.check_save_target(path)
+    config = unwrap(model).config
+    check_verify = saving.should_verify(model, torch.float16, verify, "save_gguf")
+    if check_verify and not _gguf_reader_loads(config):
+        check_verify = False
+        logger.warning("fastkit: save_gguf: transformers' GGUF reader cannot load a %s file, so its read-back check "
+                       "is skipped (tests/test_llamacpp_round_trip.py runs this family in llama.cpp)",
+                       config.model_type)
+    reference = None
+    if check_verify:
+        reference = saving.logits_of(model, saving.probe_ids(unwrap(model).get_input_embeddings().weight.shape[0]))
+    with saving.staged_folder(path, "save_gguf", model, prune=False) as tmp:  # other quantizations stay
+        written = Path(write_gguf(model, tokenizer, tmp, quantization=quantization, name=name))
+        if check_verify:
+            quantized = getattr(unwrap(model), "is_loaded_in_4bit", False) or getattr(unwrap(model),
+                                                                                      "is_loaded_in_8bit", False)
+            tol = float("inf") if quantized else QUANTS[quantization].tolerance
+            if num_experts(config) and not quantized:  # routing flips under rounding: weights, not logits
+                _check_gguf_weights(model, written, config, quantization)
+            else:
+                saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf",
+                                     reference=reference)
+        modelfile = (tmp / "Modelfile").exists()
+    out = saving.output_folder(path, "save_gguf")
+    if not modelfile:  # its template cannot be a TEMPLATE: no stale Modelfile of ours beside the new GGUF
+        from fastkit.export.owned import remove_own
+
+        remove_own(out, "Modelfile")
+    return str(out / written.name)
+
+
+def _check_gguf_weights(model: torch.nn.Module, written: Path, config, quantization: str) -> None:
+    from fastkit.export.gguf.writer import check_weights
+
+    try:
+        reloaded = _reload_gguf(written, config)
+    except Exception as exc:  # noqa: BLE001 -- whatever the reader says, the save is refused with it
+        raise FastkitError(f"save_gguf: the output does not load back ({type(exc).__name__}: {str(exc)[:200]}); "
+                           "nothing was replaced.") from exc
+    check_weights(model, reloaded, quantization)
+
+
+def _gguf_reader_loads(config) -> bool:
+
+    row = registry.MODEL_TABLE.get(getattr(config, "model_type", None))
+    return row is None or row.gguf.reader
+
+
+def _reload_gguf(file: Path, config) -> torch.nn.Module:
+    """transformers' GGUF reader. Its metadata table lacks qwen3's head_dim / MoE sizes: those get the config."""
+    from transformers import AutoModelForCausalLM
+
+
+    kw = {}
+    facts = registry.facts_for(config.model_type)
+    if facts is None or facts.gguf.reader_config:
+        plain = copy.deepcopy(config)
+        for key in ("quantization_config",):
+            if hasattr(plain, key):
+                delattr(plain, key)
+        kw["config"] = plain
+    with _hf.quiet_gguf_reader():  # its tqdm bar ("Converting and de-quantizing GGUF tensors") would be the only one
+        return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32, **kw)
+
+
+__all__ = ["save_gguf"]
