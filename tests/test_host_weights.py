@@ -294,3 +294,29 @@ def test_make_trainer_refuses_trl_head_with_a_host_lm_head(tmp_path):
     with pytest.raises(FastkitError, match="chunked_loss=False"):
         make_trainer(model, twin_tokenizer(), _dataset(), max_steps=1, max_seq_length=64, output_dir=str(tmp_path),
                      chunked_loss=False, dashboard="none")
+
+
+def test_a_deepcopys_revert_moves_the_copy_not_the_original(monkeypatch):
+    """save_merged merges a deepcopy: its revert must move the copy's storage back, never the original's (the undo
+    holds the parameter as data, copied with the model, not in a closure). On a CPU the move is ``.to('cpu')``, so
+    which storages it reads is what is checked."""
+    import copy
+
+    model = twin("llama", num_hidden_layers=1, tie_word_embeddings=False).requires_grad_(False)
+    enable_host_weights(model, HostWeights(input_embedding=True, lm_head=True))
+    originals = {p.data_ptr() for p in model.parameters()}
+    duplicate = copy.deepcopy(model)
+    copies = {p.data_ptr() for p in duplicate.parameters()}
+    moved, to = [], torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        moved.append(self.data_ptr())
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    revert(duplicate)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    embedding, head = unwrap(duplicate).get_input_embeddings().weight, unwrap(duplicate).lm_head.weight
+    assert {embedding.data_ptr(), head.data_ptr()} <= set(moved) <= copies, (moved, originals & set(moved))
+    assert not originals & set(moved)  # the original's storage was never moved
+    assert HOST_EMBEDDING in active_patches(model) and HOST_LM_HEAD in active_patches(model)

@@ -125,3 +125,25 @@ def test_fp16_compute_of_a_bf16_checkpoint_plans_the_fp32_residual_stream():
     saved_fp16 = _qwen3_14b()
     saved_fp16.dtype = torch.float16  # a checkpoint saved in fp16: fastkit leaves its stream alone
     assert plan(saved_fp16, gpu="t4", load_in_4bit=True).components[key] == bf16
+
+
+def test_a_deepcopys_revert_refills_the_copy_not_the_original():
+    """save_merged merges a deepcopy: its revert must act on the copy. The undo holds the linear's weight and the NF4
+    layer as data (copied with the model), not in a closure over the original's objects."""
+    import copy
+
+    from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
+    from fastkit.patching import revert
+
+    model = twin("gpt_oss", num_hidden_layers=1).eval()
+    held = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and n.endswith("q_proj")}
+    assert quantize_linears_4bit(model, torch.float32) == 4
+    assert all(m.weight.numel() == 0 for m in held.values())  # the values live in the NF4 layers now
+    duplicate = copy.deepcopy(model)
+    revert(duplicate)
+    assert all(type(m) is torch.nn.Linear and m.weight.numel() > 0 for n, m in duplicate.named_modules()
+               if n.endswith("q_proj"))  # the copy refilled
+    assert all(m.weight.numel() == 0 for m in held.values())  # the original's held linears untouched
+    assert all(type(m) is not torch.nn.Linear for n, m in model.named_modules() if n.endswith("q_proj"))
+    revert(model)  # and the original's own revert still refills its own
+    assert all(dict(model.named_modules())[n] is m and m.weight.numel() > 0 for n, m in held.items())

@@ -1,4 +1,5 @@
-"""fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit plan MODEL,
+"""fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit dpo / fastkit grpo --model M
+--data D, fastkit plan MODEL,
 fastkit bench {packed,offload,moe,sft,data} (from a clone: the benchmarks live in the repository's benchmarks/
 folder, outside the wheel; python -m benchmarks is the same). python -m fastkit is the same command.
 
@@ -10,7 +11,7 @@ Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and t
 - 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
 - 130: interrupted (Ctrl-C).
 
-Under torchrun every rank of fastkit train exits with the same status; an error every rank learned of
+Under torchrun every rank of fastkit train (dpo, grpo) exits with the same status; an error every rank learned of
 (fastkit.ranks.agreed) is printed once, by the main process.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from fastkit.cli import chat as cli_chat
 from fastkit.cli import export as cli_export
+from fastkit.cli import rl as cli_rl
 from fastkit.cli import train as cli_train
 
 BENCHES = ("packed", "offload", "moe", "sft", "data")
@@ -156,6 +158,10 @@ def _main(argv: list[str]) -> int:
         short = train and bool({"-h", "--help"} & set(argv))
         cli_train.add_parser(sub, sft_flags=train and not short and needs_sft_flags(argv[1:]), full=train,
                              common_only=short)
+    if argv[:1] in (["dpo"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's config fields included
+        argv = [*argv, "--help"]
+    for name in ("dpo", "grpo"):
+        cli_rl.add_parser(sub, name, argv)
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
@@ -200,6 +206,8 @@ def _main(argv: list[str]) -> int:
         return _plan(args)
     if args.command == "train":
         return cli_train.run(args)
+    if args.command in ("dpo", "grpo"):
+        return cli_rl.run(args)
     if args.command in ("export", "chat"):
         return args.run(args)
     return _bench(args)

@@ -52,6 +52,7 @@ from fastkit.training.options import (
     check_sft_value,
     option,
     sft_fields,
+    trl_hints,
     type_words,
     unknown_name,
 )
@@ -205,23 +206,26 @@ def _is_number(text: str) -> bool:
 def _typed(f: dataclasses.Field, text: str) -> Any:
     """Text as the field's kind: strings stay text (``--name 007``), the rest as :func:`scalar` reads it."""
     if f.name in ("model", "output_dir", "name", "push_to_hub", "data", "target_modules", "report_to",
-                  "lr_scheduler_type", "dashboard") or f.name == "checkpointing" and text in ("on", "off"):
+                  "lr_scheduler_type", "dashboard", "reward") or f.name == "checkpointing" and text in ("on", "off"):
         return text
     return scalar(text)
 
 
 def _is_list(f: dataclasses.Field) -> bool:
-    return f.name in ("data", "gguf", "target_modules", "report_to")
+    return f.name in ("data", "gguf", "target_modules", "report_to", "reward")
 
 
 def _is_bool(f: dataclasses.Field) -> bool:
     return isinstance(f.default, bool) and f.name != "checkpointing" or f.name == "chunked_loss"
 
 
-def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...]) -> argparse.Action:
-    default = CLI_DEFAULTS.get(f.name, f.default)
+def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...], defaults: dict | None = None,
+               command: str = "train") -> argparse.Action:
+    """One option as a flag (``defaults``: where the command's defaults differ from the field's)."""
+    defaults = CLI_DEFAULTS if defaults is None else defaults
+    default = defaults.get(f.name, f.default)
     shown = "" if default is None or "default" in f.metadata["help"] else f" (default {default})"
-    shown = f" (fastkit train's default: {default})" if f.name in CLI_DEFAULTS else shown
+    shown = f" (fastkit {command}'s default: {default})" if f.name in defaults else shown
     kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"] + shown)
     if _is_bool(f):
         kwargs.update(nargs="?", const=True, metavar="BOOL")
@@ -299,18 +303,21 @@ def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: boo
         _add_sft_arguments(p)
 
 
-def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
-    """Every other trl.SFTConfig field as a flag (its first sentence as help), and ``--sft NAME=VALUE``."""
-    group = p.add_argument_group("trl.SFTConfig fields, passed to the trainer as given (see TRL's docs)")
-    group.add_argument("--sft", nargs="+", action="extend", default=argparse.SUPPRESS, metavar="NAME=VALUE",
-                       type=_sft_pair, dest="sft", help="any SFTConfig field by name, e.g. --sft max_grad_norm=0.5")
-    taken = set(_fields()) | set(aliases())
-    helps = _sft_helps()
-    for name, hint in sft_fields().items():
+def _add_sft_arguments(p: argparse.ArgumentParser, config: str = "SFTConfig", taken: set[str] | None = None,
+                       key: str = "sft") -> None:
+    """Every other field of the TRL ``config`` (trl.SFTConfig for fastkit train) as a flag (its first sentence as
+    help), and ``--<key> NAME=VALUE`` (``--sft``; ``--trl`` for DPO / GRPO). ``taken``: names fastkit's options set."""
+    group = p.add_argument_group(f"trl.{config} fields, passed to the trainer as given (see TRL's docs)")
+    group.add_argument(f"--{key}", nargs="+", action="extend", default=argparse.SUPPRESS, metavar="NAME=VALUE",
+                       type=lambda text: _sft_pair(text, config), dest=key,
+                       help=f"any {config} field by name, e.g. --{key} max_grad_norm=0.5")
+    taken = set(_fields()) | set(aliases()) if taken is None else taken
+    helps = _sft_helps(config)
+    for name, hint in trl_hints(config).items():
         if name in taken:
             continue
-        kwargs: dict[str, Any] = dict(dest=f"sft:{name}", default=argparse.SUPPRESS, help=helps.get(name, ""),
-                                      type=_sft_type(name, hint), metavar=name.upper())
+        kwargs: dict[str, Any] = dict(dest=f"{key}:{name}", default=argparse.SUPPRESS, help=helps.get(name, ""),
+                                      type=_sft_type(name, hint, config), metavar=name.upper())
         if hint is bool or accepts(hint, True) and not accepts(hint, "x"):
             kwargs.update(nargs="?", const=True, metavar="BOOL")
         elif accepts(hint, ["x"]):
@@ -318,21 +325,22 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
         group.add_argument(*dict.fromkeys([f"--{name.replace('_', '-')}", f"--{name}"]), **kwargs)
 
 
-def _sft_helps() -> dict[str, str]:
-    """Each SFTConfig field's help, first sentence, in plain text (no reST / Markdown markup)."""
-    from trl import SFTConfig
+def _sft_helps(config: str = "SFTConfig") -> dict[str, str]:
+    """Each field's help of the TRL ``config`` class, first sentence, in plain text (no reST / Markdown markup)."""
+    import trl
 
     out = {}
-    for f in dataclasses.fields(SFTConfig):
+    for f in dataclasses.fields(getattr(trl, config)):
         text = " ".join(str(f.metadata.get("help", "")).split())
         text = re.sub(r"`+([^`]*)`+", r"\1", text).replace("%", "%%")
         out[f.name] = re.split(r"(?<=\.)\s", text, maxsplit=1)[0][:200]
     return out
 
 
-def sft_value(name: str, text: str) -> Any:
-    """A flag's text as SFTConfig's field ``name`` takes it (a number, a bool, a JSON/YAML mapping, or text)."""
-    hint = sft_fields()[name]
+def sft_value(name: str, text: str, config: str = "SFTConfig") -> Any:
+    """A flag's text as the TRL ``config``'s field ``name`` takes it (a number, a bool, a JSON/YAML mapping, or
+    text)."""
+    hint = trl_hints(config)[name]
     if text.lstrip().startswith(("[", "{")):  # a mapping or list written out: it parses, or the flag is named
         import yaml
 
@@ -346,29 +354,29 @@ def sft_value(name: str, text: str) -> Any:
         return value
     if accepts(hint, text):
         return text
-    raise FastkitError(f"{name}={text!r}: trl.SFTConfig.{name} takes {type_words(hint)}.")
+    raise FastkitError(f"{name}={text!r}: trl.{config}.{name} takes {type_words(hint)}.")
 
 
-def _sft_type(name: str, hint):
+def _sft_type(name: str, hint, config: str = "SFTConfig"):
     def convert(text: str) -> Any:
         try:
-            return sft_value(name, text)
+            return sft_value(name, text, config)
         except FastkitError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from exc
 
     return convert
 
 
-def _sft_pair(text: str) -> tuple[str, Any]:
-    """``--sft NAME=VALUE``: the name checked against SFTConfig's fields, the value against its type."""
+def _sft_pair(text: str, config: str = "SFTConfig") -> tuple[str, Any]:
+    """``--sft NAME=VALUE``: the name checked against the TRL ``config``'s fields, the value against its type."""
     name, sep, value = text.partition("=")
     try:
         if not sep:
             raise FastkitError(f"{text!r}: give NAME=VALUE, e.g. max_grad_norm=0.5.")
-        if name not in sft_fields():
-            check_sft_value(name, None)  # the did-you-mean
-        converted = sft_value(name, value)
-        check_sft_value(name, converted)
+        if name not in trl_hints(config):
+            check_sft_value(name, None, config)  # the did-you-mean
+        converted = sft_value(name, value, config)
+        check_sft_value(name, converted, config)
         return name, converted
     except FastkitError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
@@ -559,10 +567,11 @@ def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return options, sft
 
 
-def _list_value(name: str, value: Any) -> Any:
+def _list_value(name: str, value: Any, config: str = "SFTConfig") -> Any:
+    """A list-valued TRL ``config`` field's flag: one value kept as such where the field takes it, checked."""
     if isinstance(value, list):
-        value = value[0] if len(value) == 1 and accepts(sft_fields()[name], value[0]) else value
-        check_sft_value(name, value)
+        value = value[0] if len(value) == 1 and accepts(trl_hints(config)[name], value[0]) else value
+        check_sft_value(name, value, config)
     return value
 
 

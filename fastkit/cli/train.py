@@ -205,7 +205,8 @@ FLAG_WORDS = (
     (r"(?<![-\w])save_gguf\(quantization=([^)]*)\)", r"--gguf \1"),
     (r"(?<![-\w])drop_invalid=True\b", "--drop-invalid"), (r"(?<![-\w])streaming=True\b", "--streaming"),
     (r"(?<![-\w])load_in_4bit=True\b", "--4bit"), (r"(?<![-\w])gpu=", "--gpu "),
-    (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps|target_modules)\b=?",
+    (r"(?<![-\w])(output_dir|max_seq_length|eval_split|report_to|batch_size|save_steps|target_modules|"
+     r"max_prompt_length|max_completion_length|num_generations)\b=?",
      lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])max_steps\b=?", lambda m: "--steps" + (" " if m.group(0).endswith("=") else "")),
     (r"(?<![-\w])(?<!\d )(num_train_epochs|epochs)\b=?",  # "1.00 epochs over ..." is a count, not the option

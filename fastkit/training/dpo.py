@@ -100,13 +100,14 @@ def check_pair_row(row: dict, i: int, where: str = "train_dataset", chat: bool |
 
 
 def check_pairs(dataset, tokenizer, where: str = "train_dataset") -> None:
-    """Every row a usable preference pair, one form for the whole set, a chat template for chat rows."""
+    """Every row a usable preference pair, one form for the whole set, a chat template for chat rows
+    (``tokenizer=None``: the rows only, before a model loads; ``fastkit dpo``'s preflight)."""
     if len(dataset) == 0:
         raise FastkitError(f"{where} is empty: give preference pairs (prompt, chosen, rejected).")
     chat = check_pair_row(dataset[0], 0, where)
     for i in range(1, len(dataset)):
         check_pair_row(dataset[i], i, where, chat)
-    if chat:
+    if chat and tokenizer is not None:
         from fastkit.data.chat_template import require_chat_template
 
         require_chat_template(tokenizer)

@@ -123,8 +123,8 @@ def wrap_reward_funcs(reward_funcs) -> list:
     return out
 
 
-def _check_prompt(prompt: Any, i: int) -> None:
-    where = f"train_dataset row {i} field 'prompt'"
+def _check_prompt(prompt: Any, i: int, dataset: str = "train_dataset") -> None:
+    where = f"{dataset} row {i} field 'prompt'"
     if isinstance(prompt, str):
         if not prompt.strip():
             raise FastkitError(f"{where} is empty.")
@@ -147,37 +147,50 @@ def _prompt_length(tokenizer, prompt: Any) -> int:
                ["input_ids"])
 
 
-def check_prompts(dataset, tokenizer, reward_funcs: Sequence, max_prompt_length: int) -> None:
+def check_prompts(dataset, tokenizer, reward_funcs: Sequence, max_prompt_length: int,
+                  where: str = "train_dataset") -> None:
     """Every row a usable GRPO prompt, every column a reward function needs present and filled (see the module)."""
-    if len(dataset) == 0:
-        raise FastkitError("train_dataset is empty: give prompts (a 'prompt' column).")
-    if "prompt" not in dataset.column_names:
-        raise FastkitError(f"train_dataset has no 'prompt' column (columns: {dataset.column_names}): GRPO generates "
-                           "answers to prompts.")
-    for fn in reward_funcs:
-        inner = fn.fn if isinstance(fn, CheckedReward) else fn
-        for col in needed_columns(inner) if callable(inner) else []:
-            if col not in dataset.column_names:
-                raise FastkitError(f"reward function {reward_name(inner)!r} needs the column {col!r}, but "
-                                   f"train_dataset has {dataset.column_names}: add it (or give it a default).")
-            for i, value in enumerate(dataset[col]):
-                if value is None or isinstance(value, str) and not value.strip():
-                    raise FastkitError(f"train_dataset row {i} field {col!r} is empty; reward function "
-                                       f"{reward_name(inner)!r} reads it.")
-    chat = any(isinstance(p, list) for p in dataset["prompt"])
+    chat = check_prompt_rows(dataset, reward_funcs, where)
     if chat:
         from fastkit.data.chat_template import require_chat_template
 
         require_chat_template(tokenizer)
     for i, prompt in enumerate(dataset["prompt"]):
-        _check_prompt(prompt, i)
-        if isinstance(prompt, list) != chat:
-            raise FastkitError(f"train_dataset row {i}: prompts mix text and chat messages; use one form.")
         n = _prompt_length(tokenizer, prompt)
         if n > max_prompt_length:
-            raise FastkitError(f"train_dataset row {i}: the prompt has {n} tokens, above max_prompt_length="
+            raise FastkitError(f"{where} row {i}: the prompt has {n} tokens, above max_prompt_length="
                                f"{max_prompt_length} (the context less max_completion_length). Shorten it or raise "
                                "max_prompt_length.")
+
+
+def check_prompt_rows(dataset, reward_funcs: Sequence, where: str = "train_dataset") -> bool:
+    """What :func:`check_prompts` checks without a tokenizer (``fastkit grpo``'s preflight, before the model loads):
+    the prompts' form and the reward functions' columns. Returns True for chat (message list) prompts."""
+    if len(dataset) == 0:
+        raise FastkitError(f"{where} is empty: give prompts (a 'prompt' column).")
+    if "prompt" not in dataset.column_names:
+        raise FastkitError(f"{where} has no 'prompt' column (columns: {dataset.column_names}): GRPO generates "
+                           "answers to prompts.")
+    for fn in reward_funcs:
+        _check_reward_columns(dataset, fn, where)
+    chat = any(isinstance(p, list) for p in dataset["prompt"])
+    for i, prompt in enumerate(dataset["prompt"]):
+        _check_prompt(prompt, i, where)
+        if isinstance(prompt, list) != chat:
+            raise FastkitError(f"{where} row {i}: prompts mix text and chat messages; use one form.")
+    return chat
+
+
+def _check_reward_columns(dataset, fn, where: str) -> None:
+    inner = fn.fn if isinstance(fn, CheckedReward) else fn
+    for col in needed_columns(inner) if callable(inner) else []:
+        if col not in dataset.column_names:
+            raise FastkitError(f"reward function {reward_name(inner)!r} needs the column {col!r}, but "
+                               f"{where} has {dataset.column_names}: add it (or give it a default).")
+        for i, value in enumerate(dataset[col]):
+            if value is None or isinstance(value, str) and not value.strip():
+                raise FastkitError(f"{where} row {i} field {col!r} is empty; reward function "
+                                   f"{reward_name(inner)!r} reads it.")
 
 
 def answer_scores(model, tokenizer, dataset, reward_funcs: Sequence, max_new_tokens: int = 256,
@@ -199,5 +212,5 @@ def answer_scores(model, tokenizer, dataset, reward_funcs: Sequence, max_new_tok
     return scores
 
 
-__all__ = ["CheckedReward", "TRL_REWARD_ARGS", "answer_scores", "check_prompts", "needed_columns", "reward_name",
-           "wrap_reward_funcs"]
+__all__ = ["CheckedReward", "TRL_REWARD_ARGS", "answer_scores", "check_prompt_rows", "check_prompts", "needed_columns",
+           "reward_name", "wrap_reward_funcs"]

@@ -379,13 +379,20 @@ def option_names() -> list[str]:
     return names + list(aliases())
 
 
-@functools.lru_cache(maxsize=1)
-def sft_hints() -> dict[str, Any]:
-    """trl.SFTConfig's field name -> resolved type (the installed TRL's own dataclass)."""
-    from trl import SFTConfig
+@functools.lru_cache(maxsize=4)
+def trl_hints(config: str = "SFTConfig") -> dict[str, Any]:
+    """The TRL config class ``config``'s (``SFTConfig``, ``DPOConfig``, ``GRPOConfig``) field name -> resolved type
+    (the installed TRL's own dataclass)."""
+    import trl
 
-    hints = typing.get_type_hints(SFTConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(SFTConfig) if f.init}
+    cls = getattr(trl, config)
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def sft_hints() -> dict[str, Any]:
+    """trl.SFTConfig's field name -> resolved type (:func:`trl_hints`)."""
+    return trl_hints("SFTConfig")
 
 
 def sft_fields() -> dict[str, Any]:
@@ -393,15 +400,16 @@ def sft_fields() -> dict[str, Any]:
     return sft_hints()
 
 
-def check_sft_value(name: str, value: Any) -> None:
-    """``value`` has a type SFTConfig's field ``name`` takes (unknown names refused with the closest one)."""
-    hints = sft_hints()
+def check_sft_value(name: str, value: Any, config: str = "SFTConfig") -> None:
+    """``value`` has a type the TRL ``config``'s field ``name`` takes (unknown names refused with the closest one)."""
+    hints = trl_hints(config)
     if name not in hints:
         close = difflib.get_close_matches(name, list(hints), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise FastkitError(f"sft: {name!r} is not a trl.SFTConfig field{hint or '.'}")
+        where = "sft" if config == "SFTConfig" else "trl"
+        raise FastkitError(f"{where}: {name!r} is not a trl.{config} field{hint or '.'}")
     if not accepts(hints[name], value):
-        raise FastkitError(f"{name}={value!r}: trl.SFTConfig.{name} takes {type_words(hints[name])}.")
+        raise FastkitError(f"{name}={value!r}: trl.{config}.{name} takes {type_words(hints[name])}.")
 
 
 def _union_args(hint: Any) -> tuple | None:
@@ -469,19 +477,20 @@ def dump_yaml(config: dict[str, Any], header: str = "") -> str:
     return "".join(f"# {line}\n" for line in header.splitlines()) + text
 
 
-def write_config(folder: str, config: dict[str, Any]) -> str:
-    """``folder/fastkit_config.yaml`` (written whole, then renamed into place); returns its path."""
+def write_config(folder: str, config: dict[str, Any], command: str = "train") -> str:
+    """``folder/fastkit_config.yaml`` (written whole, then renamed into place); returns its path. ``command``: the
+    fastkit command that reads it back (train, dpo, grpo)."""
     import os
 
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, CONFIG_FILE)
     partial = f"{path}.partial"
     with open(partial, "w", encoding="utf-8") as f:
-        f.write(dump_yaml(config, "The options of this run (fastkit train --config FILE reads them back)."))
+        f.write(dump_yaml(config, f"The options of this run (fastkit {command} --config FILE reads them back)."))
     os.replace(partial, path)
     return path
 
 
 __all__ = ["CONFIG_FILE", "DEFAULT_MAX_STEPS", "TRACKERS", "LoraOptions", "TrainOptions", "accepts", "aliases",
            "available_trackers", "check_report_to", "check_sft_value", "dump_yaml", "option", "option_names",
-           "sft_fields", "split_names", "trackers", "type_words", "unknown_name", "write_config"]
+           "sft_fields", "split_names", "trackers", "trl_hints", "type_words", "unknown_name", "write_config"]

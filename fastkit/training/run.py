@@ -567,7 +567,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     note = _resume_or_new(trainer, resume, train_kwargs, extend)
     config = getattr(trainer, "fastkit_config", None)
     if config is not None and trainer.is_world_process_zero():  # the options this run used, beside its checkpoints
-        write_config(trainer.args.output_dir, config)
+        write_config(trainer.args.output_dir, config, getattr(trainer, "fastkit_command", "train"))
     continued = note.startswith("continued")  # extend=True, from a checkpoint
     callback.run_note = note if continued else None
     guard = RunGuard(trainer, note)

@@ -137,14 +137,15 @@ class HostIdsCollator:
 
 
 def _move_storage(param: torch.Tensor, swap) -> None:
-    """Move ``param``'s storage to (pinned) host memory; revert moves it back to where it was."""
+    """Move ``param``'s storage to (pinned) host memory; revert moves it back to where it was (``param`` is the undo's
+    argument, not a closure's: a deepcopy's revert moves the copy's storage, not the original's)."""
     device = param.device
     param.data = to_host(param.data)
+    swap.on_undo(_move_back, param, device)
 
-    def back(param=param, device=device):
-        param.data = param.data.to(device)
 
-    swap.on_undo(back)
+def _move_back(param: torch.Tensor, device: torch.device) -> None:
+    param.data = param.data.to(device)
 
 
 def _keep_on_host(param: torch.Tensor, name: str, stats: HostStats | None) -> None:

@@ -52,16 +52,17 @@ def _dequantized(q: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
 
 def _swap_in(parent: torch.nn.Module, name: str, linear: torch.nn.Linear, q: torch.nn.Module, swap: Swapper) -> None:
     """``parent.<name> = q`` through ``swap``; ``linear`` keeps its objects but drops its 16-bit values, which
-    revert refills from ``q`` (newest first: refilled, then put back)."""
+    revert refills from ``q`` (newest first: refilled, then put back). The weight and ``q`` are the undo's
+    arguments, not a closure's: a deepcopy's revert refills the copy's weight, not the original's."""
     swap.setattr(parent, name, q)
     weight = linear.weight
     dtype = weight.dtype
     weight.data = torch.empty(0, dtype=dtype, device=weight.device)  # q holds the values now (NF4)
+    swap.on_undo(_refill, weight, q, dtype)
 
-    def refill(weight=weight, q=q, dtype=dtype):
-        weight.data = _dequantized(q, dtype)
 
-    swap.on_undo(refill)
+def _refill(weight: torch.nn.Parameter, q: torch.nn.Module, dtype: torch.dtype) -> None:
+    weight.data = _dequantized(q, dtype)
 
 
 def _quantize_all(model: torch.nn.Module, compute_dtype: torch.dtype, swap: Swapper) -> int:

@@ -1,0 +1,237 @@
+"""``fastkit dpo`` and ``fastkit grpo``: preference tuning and reasoning RL from a terminal, as ``fastkit train``.
+
+Load (FastModel, patches where they fit) -> LoRA -> ``make_dpo_trainer`` / ``make_grpo_trainer`` -> ``fit`` with the
+progress line -> save (LoRA adapters, verified; ``--merged``, ``--gguf`` on request). Options, ``--config`` and
+``--print-config``: :mod:`fastkit.cli.rl_options`. Everything that needs no model is checked before it loads (the
+options, TRL's config, the model folder, the output folder, the data row by row, the reward functions): a bad input
+exits 2 naming the flag or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fastkit train``.
+
+``--data sample`` is fastkit's shipped set: preference pairs for DPO, math word problems with an ``answer`` column
+for GRPO (:mod:`fastkit.quickstart.rl_data`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastkit.cli import export as cli_export
+from fastkit.cli import rl_options
+from fastkit.cli import train as cli_train
+from fastkit.cli.config import OneSpellingFormatter
+from fastkit.cli.rl_options import COMMANDS, Command
+
+logger = logging.getLogger(__name__)
+
+HELP = {"dpo": "DPO: LoRA-tune a model on preference pairs (prompt, chosen, rejected)",
+        "grpo": "GRPO: LoRA-tune a model on prompts, scored by reward functions"}
+
+
+def add_parser(sub, name: str, argv: list[str]) -> argparse.ArgumentParser:
+    """Register ``fastkit dpo`` / ``fastkit grpo`` on ``sub``; the flags only when that command runs (``argv``):
+    ``--help`` shows the usual options without importing TRL, ``--help-all`` every one (TRL's config fields too)."""
+    command = COMMANDS[name]
+    p = sub.add_parser(name, help=HELP[name], allow_abbrev=False, formatter_class=OneSpellingFormatter,
+                       description=f"{HELP[name]}, as the notebooks do, with a progress line in the terminal. Every "
+                                   "option is also a key of a --config YAML file (flags override it); --print-config "
+                                   "shows the resolved file.",
+                       usage=f"fastkit {name} --model MODEL --data DATA [--config FILE] [options] (--help: the usual "
+                             "options; --help-all: every one)")
+    if argv[:1] != [name]:
+        return p  # another command runs: nothing of the training stack is imported
+    short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
+    trl = "--help-all" in argv or not short and rl_options.needs_trl_flags(command, argv[1:])
+    rl_options.add_arguments(p, command, trl=trl, common_only=short)
+    return p
+
+
+def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags, the ``--config`` file and the defaults as one checked namespace (what preflight and the export
+    menu read by name)."""
+    control = ("config", "print_config", "resume", "extend", "help_all", "command", "run")
+    given = {k: v for k, v in vars(args).items() if k not in control}
+    resolved = rl_options.resolve(COMMANDS[args.command], given, args.config)
+    out = argparse.Namespace(print_config=args.print_config, resume=args.resume, extend=args.extend)
+    vars(out).update(vars(resolved.run))
+    out.resolved, out.options, out.lora = resolved, resolved.options, resolved.lora
+    out.output_dir, out.report_to = resolved.options.output_dir, resolved.options.report_to
+    out.steps = resolved.options.max_steps if resolved.options.epochs is None else None
+    out.data_label = _data_label(resolved.command, resolved.run.data)
+    return out
+
+
+def _data_label(command: Command, data: Any) -> str:
+    if data == "sample":
+        return {"dpo": "fastkit's shipped preference pairs", "grpo": "fastkit's shipped math prompts"}[command.name]
+    return str(data)
+
+
+@dataclass
+class Prepared:
+    """What ``fastkit dpo`` / ``fastkit grpo`` checked before the model loads."""
+
+    rows: Any
+    """The training rows (a ``datasets.Dataset``), every row checked."""
+    rewards: list | None
+    """GRPO: the reward functions ``--reward`` names, imported."""
+    resume_from: str | None
+    """The checkpoint ``--resume`` continues; None for a new run."""
+
+
+def preflight(args: argparse.Namespace) -> Prepared:
+    """Every check that needs no model, before it loads: options, TRL's config, the model and output folders, the
+    export menu, the data row by row, the reward functions, the resume state."""
+    from fastkit.training import check_report_to
+
+    command = args.resolved.command
+    if args.extend and not args.resume:
+        from fastkit.errors import FastkitError
+
+        raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
+    check_report_to(args.report_to)
+    cli_train._check_model(args.model, args.twin)
+    cli_train._check_model_config(args.model, args.twin, args.lora.target_modules)
+    cli_train._check_gguf(args.gguf)
+    cli_export.check_menu_arguments(args)
+    cli_train._check_output_dir(args.output_dir)
+    _check_trl_config(command, args.resolved.trl)
+    rows = read_data(command, args.data)
+    rewards = None
+    if command.name == "dpo":
+        from fastkit.training.dpo import check_pairs
+
+        check_pairs(rows, None, where=f"--data {args.data}")
+    else:
+        from fastkit.training.grpo import check_prompt_rows, wrap_reward_funcs
+
+        rewards = reward_functions(args.options.reward)
+        check_prompt_rows(rows, wrap_reward_funcs(rewards), where=f"--data {args.data}")
+    return Prepared(rows=rows, rewards=rewards, resume_from=cli_train._check_resume(args) if args.resume else None)
+
+
+def _check_trl_config(command: Command, trl: dict[str, Any]) -> None:
+    """TRL's DPOConfig / GRPOConfig with the pass-through fields, built once before the model loads (its own
+    refusals: a scheduler or optimizer name, a loss type...)."""
+    import tempfile
+
+    import torch
+    import trl as trl_module
+
+    from fastkit.errors import FastkitError
+
+    cuda = torch.cuda.is_available()
+    base = dict(output_dir=tempfile.gettempdir(), report_to=[], bf16=False, fp16=False,
+                activation_checkpointing=False, **({} if cuda else {"use_cpu": True}))
+    try:
+        getattr(trl_module, command.trl_config)(**{**base, **trl})
+    except (ValueError, TypeError) as exc:
+        raise FastkitError(f"trl.{command.trl_config} refuses the options: {' '.join(str(exc).split())}") from exc
+
+
+def read_data(command: Command, data: Any):
+    """``--data``: a file, a folder or a Hub dataset id (``fastkit.data.read.as_dataset``), or ``sample``."""
+    if data == "sample":
+        from fastkit.quickstart.rl_data import math_dataset, preference_dataset
+
+        return preference_dataset() if command.name == "dpo" else math_dataset()
+    from fastkit.data.read import as_dataset
+
+    return as_dataset(data, where=f"--data {data}")
+
+
+def reward_functions(value: Any) -> list:
+    """``--reward``'s functions: the shipped ones by name, others imported from ``module:function`` or
+    ``path/to/file.py:function``; a FastkitError naming the one that cannot be found."""
+    from fastkit.training import rewards
+
+    out = []
+    for name in rl_options.reward_names(value):
+        if name in rl_options.SHIPPED_REWARDS or name in rl_options.SHIPPED_REWARDS.values():
+            out.append(getattr(rewards, rl_options.SHIPPED_REWARDS.get(name, name)))
+        else:
+            out.append(_import_reward(name))
+    return out
+
+
+def _import_reward(spec: str):
+    from fastkit.errors import FastkitError
+
+    where, _, attr = spec.rpartition(":")
+    try:
+        module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
+    except (ImportError, OSError, SyntaxError) as exc:
+        raise FastkitError(f"--reward {spec}: cannot import {where!r} ({type(exc).__name__}: {exc}).") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise FastkitError(f"--reward {spec}: {where!r} has no function {attr!r}.")
+    return fn
+
+
+def _load_file(path: str):
+    import importlib.util
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    spec = importlib.util.spec_from_file_location(f"fastkit_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(args: argparse.Namespace, prepared: Prepared):
+    """(model, tokenizer, trainer) of a resolved run: load, LoRA, make_dpo_trainer / make_grpo_trainer (which
+    check the rows again with the tokenizer: the chat template, lengths), nothing trained yet."""
+    from fastkit import FastModel
+    from fastkit.training import make_dpo_trainer, make_grpo_trainer
+
+    options = args.options
+    model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=options.max_seq_length,
+                                                 load_in_4bit=args.load_in_4bit, twin=args.twin)
+    model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)
+    kwargs = {**options.trainer_kwargs(), **args.resolved.trl}
+    if args.resolved.command.name == "dpo":
+        trainer = make_dpo_trainer(model, tokenizer, prepared.rows, **kwargs)
+    else:
+        trainer = make_grpo_trainer(model, tokenizer, prepared.rows, reward_funcs=prepared.rewards,
+                                    **_grpo_kwargs(kwargs))
+    trainer.fastkit_data = args.data_label  # what the run folder's model card names
+    trainer.fastkit_config = args.resolved.to_dict()  # fit saves it as output_dir/fastkit_config.yaml
+    trainer.fastkit_command = args.resolved.command.name  # which command reads it back
+    return model, tokenizer, trainer
+
+
+def _grpo_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """make_grpo_trainer's keywords: max_seq_length is the load's (the prompt limit follows from it); the reward
+    functions are imported by the preflight."""
+    return {k: v for k, v in kwargs.items() if k not in ("max_seq_length", "reward")}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``fastkit dpo`` / ``fastkit grpo`` with parsed ``args``; the exit status (0 done, 130 stopped by Ctrl-C
+    after the adapters trained so far are saved). Rank-aware as ``fastkit train``."""
+    args = resolved_args(args)
+    if args.print_config:  # nothing is loaded; TRL's fields given were checked against its dataclass's types
+        print(rl_options.print_config(args.resolved), end="")
+        return 0
+    from fastkit import ranks
+    from fastkit.training import fit
+
+    ranks.quiet_replicas()  # a torchrun job: the main process prints, the others warn only
+    prepared = ranks.agreed(preflight, args)  # before the model loads; a refusal on any rank ends every rank
+    model, tokenizer, trainer = build(args, prepared)
+    metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
+    if metrics.status == "interrupted":
+        ranks.agreed(cli_train._save_interrupted, args, model, tokenizer, main_only=True)
+        return cli_train.INTERRUPTED
+    if metrics.status != "finished":
+        raise RuntimeError(f"training ended with status {metrics.status!r}, not 'finished'")
+    ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # each verified
+    return 0
+
+
+__all__ = ["Prepared", "add_parser", "build", "preflight", "read_data", "resolved_args", "reward_functions", "run"]
