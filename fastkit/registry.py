@@ -323,6 +323,9 @@ class VisionFacts:
     """That processor's options on the twin (image tokens per image)."""
     twin_text: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     """The twin's ``text_config`` overrides on top of the shrunk defaults."""
+    packing_refusal: str = ""
+    """Why packing is refused on this vision-language model although its positions are 1-D (shown in the banner;
+    the model stays as it was)."""
     gguf_refusal: str = ""
     """Why ``save_gguf`` refuses this vision-language model (said in the refusal)."""
 
@@ -441,6 +444,9 @@ _GEMMA3_VISION = VisionFacts(
     twin_top=dict(mm_tokens_per_image=4),
     image_processor="Gemma3ImageProcessorPil", twin_images=dict(size={"height": 28, "width": 28}),
     processor="Gemma3Processor", twin_processor=dict(image_seq_length=4),
+    packing_refusal="an image's tokens attend to each other bidirectionally (token_type_ids, Gemma 3's mask "
+                    "function), which fastkit's per-document causal kernels do not express; packed batches are "
+                    "refused, padded batches train as usual",
     twin_text=dict(_TWIN_TEXT, query_pre_attn_scalar=16, sliding_window=8,
                    layer_types=["sliding_attention", "full_attention"]),
     gguf_refusal=_VLM_GGUF.format(what="Gemma 3"))

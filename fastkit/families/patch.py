@@ -128,7 +128,9 @@ def vision_refusals(model: torch.nn.Module, facts: registry.ModelFacts) -> dict[
     """Patch name -> why it is refused on this vision-language model (nothing is applied, the model stays as is)."""
     if not is_vision_model(model, facts):
         return {}
-    return {registry.PACKING: MROPE_REFUSAL} if facts.vision.rope == registry.MROPE else {}
+    if facts.vision.rope == registry.MROPE:
+        return {registry.PACKING: MROPE_REFUSAL}
+    return {registry.PACKING: facts.vision.packing_refusal} if facts.vision.packing_refusal else {}
 
 
 __all__ = ["LoadReport", "is_vision_model", "patch_with_facts", "vision_refusals"]
