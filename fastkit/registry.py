@@ -326,8 +326,6 @@ class VisionFacts:
     packing_refusal: str = ""
     """Why packing is refused on this vision-language model although its positions are 1-D (shown in the banner;
     the model stays as it was)."""
-    gguf_refusal: str = ""
-    """Why ``save_gguf`` refuses this vision-language model (said in the refusal)."""
 
 
 @dataclass(frozen=True)
@@ -423,16 +421,14 @@ _QWEN2_5_VL_VISION = VisionFacts(
     twin_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
                      window_size=56, fullatt_block_indexes=[1]),
     twin_images=dict(patch_size=14, merge_size=2, size={"shortest_edge": 56 * 56, "longest_edge": 56 * 56}),
-    processor="Qwen2_5_VLProcessor", twin_text=dict(_TWIN_TEXT, rope_parameters=_QWEN_MROPE),
-    gguf_refusal=_VLM_GGUF.format(what="Qwen2.5-VL"))
+    processor="Qwen2_5_VLProcessor", twin_text=dict(_TWIN_TEXT, rope_parameters=_QWEN_MROPE))
 _QWEN3_VL_VISION = VisionFacts(
     tower="model.visual", projector="model.visual.merger", **_QWEN_VISION,
     twin_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                      num_position_embeddings=16, deepstack_visual_indexes=[0]),
     twin_images=dict(patch_size=16, merge_size=2, size={"shortest_edge": 64 * 64, "longest_edge": 64 * 64}),
     processor="Qwen3VLProcessor",
-    twin_text=dict(_TWIN_TEXT, rope_parameters=dict(_QWEN_MROPE, mrope_interleaved=True)),
-    gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL"))
+    twin_text=dict(_TWIN_TEXT, rope_parameters=dict(_QWEN_MROPE, mrope_interleaved=True)))
 _GEMMA3_VISION = VisionFacts(
     tower="model.vision_tower", projector="model.multi_modal_projector", language_model="model.language_model",
     image_token="<image_soft_token>", image_token_key="image_token_index", image_part="<start_of_image>",
@@ -448,8 +444,7 @@ _GEMMA3_VISION = VisionFacts(
                     "function), which fastkit's per-document causal kernels do not express; packed batches are "
                     "refused, padded batches train as usual",
     twin_text=dict(_TWIN_TEXT, query_pre_attn_scalar=16, sliding_window=8,
-                   layer_types=["sliding_attention", "full_attention"]),
-    gguf_refusal=_VLM_GGUF.format(what="Gemma 3"))
+                   layer_types=["sliding_attention", "full_attention"]))
 _IDEFICS3_VISION = VisionFacts(
     tower="model.vision_model", projector="model.connector", language_model="model.text_model",
     image_token="<image>", image_token_key="image_token_id", image_part="<image>",
@@ -459,8 +454,7 @@ _IDEFICS3_VISION = VisionFacts(
     image_processor="Idefics3ImageProcessorPil",
     twin_images=dict(do_image_splitting=False, size={"longest_edge": 64}, max_image_size={"longest_edge": 64}),
     processor="Idefics3Processor", twin_processor=dict(image_seq_len=4),
-    twin_text=dict(_TWIN_TEXT, tie_word_embeddings=False),
-    gguf_refusal=_VLM_GGUF.format(what="SmolVLM / Idefics3"))
+    twin_text=dict(_TWIN_TEXT, tie_word_embeddings=False))
 """SmolVLM (v1: model_type idefics3) and SmolVLM2 (smolvlm): one layout. The smolvlm twin's processor is
 Idefics3Processor (the same prompt for an unsplit image; SmolVLMProcessor needs num2words and a torchvision
 video processor)."""
@@ -574,7 +568,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(**_GEMMA_GGUF, final_softcap="optional", rope_by_layer_type=True,
                                   rope_types=("default", "linear"), query_scale_wide_at=62)),
         ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
-                   vision=_GEMMA3_VISION,
+                   vision=_GEMMA3_VISION, gguf_refusal=_VLM_GGUF.format(what="Gemma 3") + " (vision=False loads "
+                   "its text model, which save_gguf writes as gemma3)",
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only, "
                         "unless vision=True"),
         ModelFacts("glm"),
@@ -678,14 +673,19 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                   fixed=(("use_bias", True),))),
         ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
         ModelFacts("youtu", mla=True),
-        ModelFacts("qwen2_5_vl", vision=_QWEN2_5_VL_VISION, note="vision-language: mrope (3-D positions)"),
-        ModelFacts("qwen3_vl", vision=_QWEN3_VL_VISION, note="vision-language: mrope (3-D positions)"),
-        ModelFacts("qwen3_vl_moe", moe=True, note="vision-language: mrope (3-D positions)", vision=dataclasses.replace(
+        ModelFacts("qwen2_5_vl", vision=_QWEN2_5_VL_VISION, note="vision-language: mrope (3-D positions)",
+                   gguf_refusal=_VLM_GGUF.format(what="Qwen2.5-VL")),
+        ModelFacts("qwen3_vl", vision=_QWEN3_VL_VISION, note="vision-language: mrope (3-D positions)",
+                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL")),
+        ModelFacts("qwen3_vl_moe", moe=True, note="vision-language: mrope (3-D positions)",
+                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE"), vision=dataclasses.replace(
             _QWEN3_VL_VISION, twin_text=dict(_QWEN3_VL_VISION.twin_text, moe_intermediate_size=32, num_experts=4,
                                              num_experts_per_tok=2, decoder_sparse_step=1),
-            gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE"))),
-        ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)"),
-        ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)"),
+)),
+        ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)",
+                   gguf_refusal=_VLM_GGUF.format(what="SmolVLM / Idefics3")),
+        ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)",
+                   gguf_refusal=_VLM_GGUF.format(what="SmolVLM2")),
     ]
 }
 
