@@ -139,12 +139,7 @@ HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
     "google/gemma-3-4b-it": ("gemma3_text", {}),  # composite checkpoint: fastkit trains its text model
     "microsoft/Phi-3-mini-4k-instruct": ("phi3", {}),
     # vision-language (fastkit.families.vision builds these twins and their processors)
-    "Qwen/Qwen2.5-VL-3B-Instruct": ("qwen2_5_vl", {}),
-    "unsloth/Qwen2.5-VL-3B-Instruct-bnb-4bit": ("qwen2_5_vl", {}),
-    "Qwen/Qwen3-VL-2B-Instruct": ("qwen3_vl", {}),
-    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl_moe", {}),
-    "HuggingFaceTB/SmolVLM-256M-Instruct": ("idefics3", {}),
-    "HuggingFaceTB/SmolVLM2-256M-Video-Instruct": ("smolvlm", {}),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ("qwen2_5_vl", {}),  # the other vision rows: twin=True on their model_type
 }
 
 
