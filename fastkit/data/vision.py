@@ -160,5 +160,51 @@ class VisionCollator:
         return dict(batch)
 
 
-__all__ = ["VisionCollator", "check_vision_rows", "encode_row", "image_parts", "is_processor", "open_image",
-           "row_images"]
+SHAPES = "shapes"
+"""The name of :func:`shape_rows`' offline sample as a ``caption_rows`` source."""
+_COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
+            "white": (245, 245, 245), "black": (15, 15, 15)}
+
+
+def shape_rows(n: int = 16, instruction: str = "Describe this image.") -> list[dict]:
+    """``n`` offline image + caption rows: a coloured square on another colour, captioned with both (a set to see
+    that training runs, not to learn anything)."""
+    from PIL import Image, ImageDraw
+
+    names = list(_COLOURS)
+    rows = []
+    for i in range(n):
+        fg, bg = names[i % len(names)], names[(i // len(names) + i + 1) % len(names)]
+        if fg == bg:
+            bg = names[(names.index(bg) + 1) % len(names)]
+        image = Image.new("RGB", (64, 64), _COLOURS[bg])
+        ImageDraw.Draw(image).rectangle((16 + i % 8, 16, 44 + i % 8, 44), fill=_COLOURS[fg])
+        rows.append(caption_row(image, instruction, f"A {fg} square on a {bg} background."))
+    return rows
+
+
+def caption_row(image, instruction: str, caption: str) -> dict:
+    """One row: the user sends ``image`` and ``instruction``, the assistant answers ``caption``."""
+    return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]},
+                         {"role": "assistant", "content": caption}],
+            "images": [image]}
+
+
+def caption_rows(source: str, instruction: str, image_column: str = "image", text_column: str = "text",
+                 limit: int | None = None) -> list[dict]:
+    """Image + caption rows from a Hub dataset (or a local one ``datasets.load_dataset`` reads) with an image
+    column and a text column, or :data:`SHAPES` (offline); at most ``limit`` rows."""
+    if source == SHAPES:
+        return shape_rows(limit or 16, instruction)
+    from datasets import load_dataset
+
+    data = load_dataset(source, split=f"train[:{limit}]" if limit else "train")
+    missing = [c for c in (image_column, text_column) if c not in data.column_names]
+    if missing:
+        raise FastkitError(f"{source}: no column {', '.join(missing)} (it has {', '.join(data.column_names)}); "
+                           "pass image_column= / text_column=.")
+    return [caption_row(row[image_column], instruction, row[text_column]) for row in data]
+
+
+__all__ = ["SHAPES", "VisionCollator", "caption_row", "caption_rows", "check_vision_rows", "encode_row",
+           "image_parts", "is_processor", "open_image", "row_images", "shape_rows"]
