@@ -796,6 +796,29 @@ def byte_level_bpe(spec: dict) -> bool:
     return spec.get("model", {}).get("type") == "BPE" and BYTE_LEVEL in json.dumps(spec.get("pre_tokenizer"))
 
 
+
+def processor_class(name: str) -> type:
+    """transformers' processor class ``name``; where torchvision is missing, a same-named subclass without its video
+    processor: ``ProcessorMixin`` checks, saves and loads every attribute its ``__init__`` names, and without
+    torchvision ``VIDEO_PROCESSOR_MAPPING`` is a placeholder whose lookup raises (``_extra_content``) even for
+    ``video_processor=None``. Images need no torchvision (the ``*ImageProcessorPil`` classes); saves keep the
+    upstream class name (a machine with torchvision loads them with ``AutoProcessor``).
+    checked: transformers 5.24, 5.25. Can go when ``ProcessorMixin`` accepts a missing video processor without
+    torchvision (or fastkit requires torchvision).
+    """
+    import importlib.util
+
+    import transformers
+
+    cls = getattr(transformers, name)
+    if importlib.util.find_spec("torchvision") is not None:
+        return cls
+
+    def get_attributes(klass):
+        return [a for a in cls.get_attributes() if a != "video_processor"]
+
+    return type(cls.__name__, (cls,), {"get_attributes": classmethod(get_attributes), "__module__": cls.__module__})
+
 __all__ = [
     "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
     "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_json_feature", "has_masked_lm_head",
@@ -805,7 +828,7 @@ __all__ = [
     "hub_function", "kernel_global", "kernel_reference",
     "checkpoint_function", "checkpointed_layers", "enable_activation_checkpointing", "experts_implementation",
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
-    "on_param_loaded",
+    "on_param_loaded", "processor_class",
     "peft_delta",
     "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",

@@ -104,7 +104,8 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1 is set: only cached or local models load)" if offline else ""
         raise FastkitError(f"Could not read a config for {name_or_path!r}{hint}: {exc}") from exc
-    if not _hf.has_causal_lm_head(config.model_type):
+    row = registry.facts_for(config.model_type)
+    if not _hf.has_causal_lm_head(config.model_type) and (row is None or row.vision is None):
         raise FastkitError(f"model_type {config.model_type!r} has no causal-LM head in transformers; FastModel "
                            "fine-tunes causal language models (AutoModelForCausalLM).")
     return config
@@ -252,6 +253,62 @@ def _quantization_mode(config, facts, device: torch.device, load_in_4bit: bool, 
     return Quantization(linear, mxfp4, experts_4bit=load_in_4bit and facts is not None and facts.moe)
 
 
+def wants_vision(facts: registry.ModelFacts | None, vision: bool | None, model_type: str) -> bool:
+    """Load as a vision-language model (``AutoModelForImageTextToText`` + ``AutoProcessor``)? ``vision=None``: where
+    the row has vision facts and is not a composite loaded as text by default (Gemma 3: ``vision=True``)."""
+    row_vision = facts is not None and facts.vision is not None
+    if vision is None:
+        return row_vision and not facts.text_config
+    if not isinstance(vision, bool):
+        raise FastkitError(f"vision must be True, False or None, got {vision!r}.")
+    if vision and not row_vision:
+        known = ", ".join(t for t, f in registry.MODEL_TABLE.items() if f.vision is not None)
+        raise FastkitError(f"vision=True: {model_type} is not a vision-language family fastkit knows (its rows: "
+                           f"{known}); load it without vision=True.")
+    if not vision and row_vision and not facts.text_config:
+        raise FastkitError(f"vision=False: {model_type} loads only as a vision-language model (its text model alone "
+                           "is not a checkpoint fastkit loads); drop vision=False and train on text rows.")
+    return vision
+
+
+def _load_processor(name_or_path: str, trust_remote_code: bool, hf_kwargs: dict):
+    """The family's processor (tokenizer + image processor), with a pad token like the text loader's."""
+    import importlib.util
+
+    from transformers import AutoProcessor
+
+    hub = {k: v for k, v in (hf_kwargs or {}).items() if k in ("revision", "token")}
+    try:
+        try:
+            processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hub)
+        except (ImportError, AttributeError, OSError):  # a video processor without torchvision: images only
+            if importlib.util.find_spec("torchvision") is not None:
+                raise
+            processor = _hf.processor_class(_processor_name(name_or_path, hub)).from_pretrained(name_or_path, **hub)
+    except (OSError, ValueError, ImportError) as exc:
+        raise FastkitError(f"Could not load a processor from {name_or_path!r} (preprocessor_config.json / "
+                           f"tokenizer files missing or unreadable): {str(exc).splitlines()[0]}") from exc
+    tok = processor.tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return processor
+
+
+def _processor_name(name_or_path: str, hub: dict) -> str:
+    """The processor class a checkpoint names (``processor_config.json``, else ``tokenizer_config.json``)."""
+    import json
+
+    from transformers.utils import cached_file
+
+    for file in ("processor_config.json", "tokenizer_config.json"):
+        path = cached_file(name_or_path, file, _raise_exceptions_for_missing_entries=False, **hub)
+        if path is not None:
+            with open(path, encoding="utf-8") as f:
+                if name := json.load(f).get("processor_class"):
+                    return name
+    raise FastkitError(f"{name_or_path!r} names no processor class (processor_config.json / tokenizer_config.json).")
+
+
 def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, max_seq_length, load_in_4bit, gpu):
     """Everything checked before a weight is read: the files, the options, the config, the memory plan."""
     from fastkit.plan.planner import check_fits
@@ -270,16 +327,18 @@ def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, ma
     return config, facts, quant, memory_plan
 
 
-def _load(name_or_path: str, load_kwargs: dict, quant: Quantization, may_fall_back: bool) -> torch.nn.Module:
+def _load(name_or_path: str, load_kwargs: dict, quant: Quantization, may_fall_back: bool,
+          vision: bool = False) -> torch.nn.Module:
     """The transformers load; 4-bit experts are stored as each tensor is read (Note: [quantize as read]).
 
     ``may_fall_back``: the backend was fastkit's pick, so a family with no sdpa upstream loads eager instead.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto_cls = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     loading = QuantizeWhileLoading(keep_mxfp4=quant.mxfp4) if quant.experts_4bit else None
     with _hf.on_param_loaded(loading) if loading else contextlib.nullcontext():
-        model = _from_pretrained(AutoModelForCausalLM, name_or_path, load_kwargs, may_fall_back)
+        model = _from_pretrained(auto_cls, name_or_path, load_kwargs, may_fall_back)
     if loading is not None:
         logger.info("fastkit: 4-bit experts stored as read: %s", loading.summary())
     return model
@@ -301,6 +360,7 @@ class FastModel:
         trust_remote_code: bool = False,
         twin: bool = False,
         gpu: str | float | None = None,
+        vision: bool | None = None,
         **hf_kwargs: Any,
     ):
         """Load ``(model, tokenizer)`` with fastkit's patches applied where they fit.
@@ -321,6 +381,10 @@ class FastModel:
         ``"t4"`` or GiB) when given: the verdict goes into the banner, and a run that cannot fit
         stops here with the knob to turn. A checkpoint already quantized with bitsandbytes 4-bit
         (``quantization_config`` in its config.json) loads as it is, ~4x smaller to download.
+
+        Vision-language families (a row with ``vision`` facts: Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, SmolVLM /
+        Idefics3, Gemma 3 with ``vision=True``) load as ``AutoModelForImageTextToText`` and return
+        ``(model, processor)`` (``processor.tokenizer`` is the tokenizer); see docs/vision.md.
         """
         from fastkit import ranks
 
@@ -330,19 +394,20 @@ class FastModel:
         checks.check_hf_kwargs(hf_kwargs)
         if twin:
             checks.check_twin_options(dtype, load_in_4bit)
-            return _load_twin(str(name_or_path), device, max_seq_length, patches, dtype)
+            return _load_twin(str(name_or_path), device, max_seq_length, patches, dtype, vision)
         config, facts, quant, memory_plan = _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device,
                                                        max_seq_length, load_in_4bit, gpu)
         _check_4bit_patches(patches, quant)
+        vlm = wants_vision(facts, vision, config.model_type)
         dtype = dtype or auto_dtype(device)
         load_kwargs = dict(dtype=dtype, attn_implementation=attn_implementation or _pick_attention(facts, device),
                            trust_remote_code=trust_remote_code, **quant.load_kwargs(dtype, device))
         load_kwargs.update({"gguf_file": gguf_file} if gguf_file else {"use_safetensors": True})
-        composite = facts.text_config if facts is not None else None
+        composite = facts.text_config if facts is not None and not vlm else None
         if composite:  # vision + text checkpoint: load the text model alone, under its own keys
             load_kwargs.update(config=getattr(config, composite), key_mapping=dict(facts.text_keys))
         load_kwargs.update(hf_kwargs)
-        model = _load(name_or_path, load_kwargs, quant, may_fall_back=attn_implementation is None)
+        model = _load(name_or_path, load_kwargs, quant, may_fall_back=attn_implementation is None, vision=vlm)
         if not quant.on_device_map and device.type != "cpu" and "device_map" not in hf_kwargs:
             model.to(device)
         if quant.experts_4bit:
@@ -352,7 +417,8 @@ class FastModel:
             from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
 
             quantize_linears_4bit(model, dtype)
-        tokenizer = _load_tokenizer(name_or_path, gguf_file, trust_remote_code, hf_kwargs)
+        tokenizer = (_load_processor(name_or_path, trust_remote_code, hf_kwargs) if vlm
+                     else _load_tokenizer(name_or_path, gguf_file, trust_remote_code, hf_kwargs))
         _patch(model, max_seq_length, patches, log=False)
         _protect_fp16(model, config, dtype)
         if composite and facts.note not in report(model).notes:
@@ -396,6 +462,7 @@ class FastModel:
         target_experts: bool = False,
         host_weights: HostWeights | str = "auto",
         options=None,
+        finetune_vision_layers: bool = False,
         **lora_kwargs: Any,
     ):
         """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
@@ -418,6 +485,10 @@ class FastModel:
         ``host_weights``: a :class:`fastkit.HostWeights` saying which frozen weights stay in host memory (the
         input embedding, the lm_head streamed in vocabulary chunks: :mod:`fastkit.patches.host`), or
         ``"auto"`` (the default): those the load-time memory plan needs to fit, else none.
+
+        Vision-language models: ``"all-linear"`` adapts the language model only (the vision tower and projector get
+        no LoRA); ``finetune_vision_layers=True`` (Unsloth's name) adds them, as does a ``target_modules`` naming
+        them.
         """
         from peft import LoraConfig, get_peft_model
 
@@ -426,7 +497,8 @@ class FastModel:
                          use_gradient_checkpointing=use_gradient_checkpointing, target_experts=target_experts)
             kwargs = {**_lora_options(options), **_changed_from_defaults(given, lora_kwargs)}
             return FastModel.get_peft_model(model, **kwargs, bias=bias, random_state=random_state,
-                                            offload_config=offload_config, host_weights=host_weights)
+                                            offload_config=offload_config, host_weights=host_weights,
+                                            finetune_vision_layers=finetune_vision_layers)
         checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                            bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
         if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
@@ -437,7 +509,8 @@ class FastModel:
             model = prepare_kbit_training(model)
         check_target_modules(model, target_modules)
         lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, task_type="CAUSAL_LM",
-                          target_modules=_table_targets(model, target_modules), **lora_kwargs)
+                          target_modules=_table_targets(model, target_modules, finetune_vision_layers),
+                          **lora_kwargs)
         peft_model = get_peft_model(model, lora)
         object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
         # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
@@ -460,12 +533,37 @@ class FastModel:
 ASKED_TARGETS = "fastkit_target_modules"  # on the LoraConfig: target_modules as asked (PEFT resolves 'all-linear')
 
 
-def _table_targets(model: torch.nn.Module, target_modules):
-    """``"all-linear"`` as the family's table row says (``ModelFacts.default_lora_targets``), else every linear
-    layer but the routers (:func:`_router_linears`), else as given."""
+def _vision_targets(model: torch.nn.Module, facts: registry.ModelFacts, vision_layers: bool) -> list[str]:
+    """``"all-linear"`` on a vision-language model: the linear layers of its language model (and, with
+    ``finetune_vision_layers=True``, of its vision tower and projector), by full module name; the routers and the
+    lm_head stay out."""
+    base = unwrap(model)
+    roots = [facts.vision.language_model] + ([facts.vision.tower, facts.vision.projector] if vision_layers else [])
+    routers = _router_linears(model)
+    output = base.get_output_embeddings()
+    names = []
+    for root in dict.fromkeys(roots):
+        names += [f"{root}.{n}" for n, m in base.get_submodule(root).named_modules()
+                  if isinstance(m, torch.nn.Linear) and m is not output and f"{root}.{n}" not in routers]
+    logger.info("fastkit: LoRA 'all-linear' on a vision-language model: %s", "language model and vision tower"
+                if vision_layers else "language model only (finetune_vision_layers=True adds the vision tower)")
+    return sorted(dict.fromkeys(names))
+
+
+def _table_targets(model: torch.nn.Module, target_modules, vision_layers: bool = False):
+    """``"all-linear"`` as the family's table row says (``ModelFacts.default_lora_targets``; a vision-language
+    model: its language model, :func:`_vision_targets`), else every linear layer but the routers
+    (:func:`_router_linears`), else as given."""
     if target_modules != "all-linear":
         return target_modules
     facts = registry.facts_for(getattr(unwrap(model).config, "model_type", ""))
+    from fastkit.families.patch import is_vision_model
+
+    if is_vision_model(model, facts):
+        return _vision_targets(model, facts, vision_layers)
+    if vision_layers:
+        raise FastkitError("finetune_vision_layers=True: this model has no vision tower (a text model, or a "
+                           "vision-language family loaded as text); drop the flag.")
     if facts is not None and facts.default_lora_targets:
         return list(facts.default_lora_targets)
     routers = _router_linears(model)
@@ -627,7 +725,8 @@ def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
     logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
 
 
-def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None):
+def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None,
+               vision: bool | None = None):
     from fastkit.families.twins import TWIN_PREFIX, twin, twin_bpe_tokenizer, twin_family
 
     checks.check_max_seq_length(max_seq_length, _real_config(name))  # the real model's context, where known
@@ -636,13 +735,43 @@ def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dt
         family, overrides = twin_family(name)
     except ValueError as exc:
         raise FastkitError(str(exc)) from exc
+    family = _twin_vision_family(family, vision)
     logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
+    if wants_vision(registry.facts_for(family), vision, family):
+        return _load_vision_twin(name, family, device, max_seq_length, patches, dtype)
     model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
     # its saves say which twin to rebuild (twins are deterministic): PEFT reads the instance attribute
     model.config._name_or_path = model.name_or_path = TWIN_PREFIX + name
     tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
     _patch(model, max_seq_length, patches, log=True)
     return model, tokenizer
+
+
+def _twin_vision_family(family: str, vision: bool | None) -> str:
+    """``vision=True`` on a twin whose stand-in is a composite's text model (``google/gemma-3-4b-it`` ->
+    ``gemma3_text``): the vision row whose config builds that text model (``gemma3``)."""
+    row = registry.facts_for(family)
+    if vision is not True or (row is not None and row.vision is not None):
+        return family
+    from transformers import CONFIG_MAPPING
+
+    for model_type, facts in registry.MODEL_TABLE.items():
+        if facts.vision is not None and CONFIG_MAPPING[model_type]().get_text_config().model_type == family:
+            return model_type
+    return family
+
+
+def _load_vision_twin(name: str, family: str, device: torch.device, max_seq_length: int, patches,
+                      dtype: torch.dtype | None):
+    """A tiny random vision-language twin and its processor (:mod:`fastkit.families.vision`)."""
+    from fastkit.families.twins import TWIN_PREFIX
+    from fastkit.families.vision import vision_twin, vision_twin_processor
+
+    model = vision_twin(family).to(device, dtype=dtype or torch.float32)
+    model.config._name_or_path = model.name_or_path = TWIN_PREFIX + name
+    processor = vision_twin_processor(family)
+    _patch(model, max_seq_length, patches, log=True)
+    return model, processor
 
 
 def _real_config(name: str):

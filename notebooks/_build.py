@@ -643,6 +643,129 @@ TRL's own `DPOTrainer` / `GRPOTrainer`, built by `fastkit.training.make_dpo_trai
 """
 
 
+# -- vision-language (09): image + caption rows through the model's processor --------------------------------
+
+VISION_SPEC = Spec(
+    "09_qwen2.5_vl_3b_vision.ipynb", "Qwen2.5-VL-3B: vision-language fine-tuning (LoRA on the language model)",
+    "Qwen/Qwen2.5-VL-3B-Instruct",
+    "Fine-tunes Qwen2.5-VL-3B-Instruct to write LaTeX for images of formulas (`unsloth/LaTeX_OCR`, a small public "
+    "image-to-text set). `FastModel` loads the model with its processor; LoRA goes on the language model only (the "
+    "vision tower and projector stay frozen: `FINETUNE_VISION_LAYERS = True` adds them); every row is checked "
+    "before training (its image readable, one image per image part, within `MAX_SEQ_LENGTH` with its image "
+    "tokens); the loss is on the assistant's answer only. Qwen's multi-axis rope makes packing refused (the load "
+    "banner says why), so rows are padded. See docs/vision.md.",
+    "Fits a free Colab T4 in 4-bit (the language model NF4, the vision tower 16-bit).", "~7 GB (T4 ✓)",
+    "vision-language LoRA: image + caption rows, the language model adapted, the tower frozen",
+    1024, 60, dataset="unsloth/LaTeX_OCR", load_args=", load_in_4bit=not USE_TWIN", extras="vision")
+
+
+def _vision_parameters(s: Spec):
+    return [
+        _md("## Parameters", "", "The cell to edit for a run. `DATASET` is a Hub id with an image column and a text "
+            "column (`IMAGE_COLUMN`, `TEXT_COLUMN`), or \"shapes\" (a small offline set of coloured squares). Each "
+            "row becomes a chat: the user sends the image and `INSTRUCTION`, the assistant answers the text."),
+        _code("import os", "",
+              'USE_TWIN = os.environ.get("FASTKIT_TWIN") == "1"  # CI: a tiny random twin of MODEL, offline',
+              f'MODEL = "{s.model}"',
+              f'DATASET = "{s.dataset}"',
+              'IMAGE_COLUMN, TEXT_COLUMN = "image", "text"',
+              'INSTRUCTION = "Write the LaTeX representation for this image."',
+              "ROWS = 500  # rows read from DATASET",
+              f"MAX_SEQ_LENGTH = {s.max_seq_length}  # tokens per row, its image tokens included",
+              f"MAX_STEPS = {s.max_steps}  # optimizer steps",
+              "BATCH_SIZE = 2",
+              f"LEARNING_RATE = {s.learning_rate}",
+              f"LORA_R = {s.lora_r}",
+              "FINETUNE_VISION_LAYERS = False  # True: LoRA on the vision tower and projector too",
+              f'OUTPUT_DIR = "outputs/{Path(s.filename).stem}"  # Colab: a Drive folder outlives the runtime',
+              "",
+              "if USE_TWIN:  # seconds on a CPU",
+              '    DATASET, ROWS, MAX_SEQ_LENGTH, MAX_STEPS = "shapes", 8, 256, 4',
+              tags=("parameters",)),
+    ]
+
+
+def _vision_load(s: Spec):
+    return [
+        _md("## Load", "", "`FastModel` loads the model as `AutoModelForImageTextToText` with its processor (the "
+            "tokenizer and the image processor) and prints which patches apply and why the others do not."),
+        _code("from fastkit import FastModel", "",
+              "model, processor = FastModel.from_pretrained(MODEL, max_seq_length=MAX_SEQ_LENGTH"
+              f"{s.load_args},", "                                             twin=USE_TWIN)"),
+    ]
+
+
+def _vision_data(s: Spec):
+    return [
+        _md("## Data", "", "Image + text rows, checked against the processor before any training: a missing or "
+            "unreadable image, a count of image parts that is not the count of images, or a row longer than "
+            "`MAX_SEQ_LENGTH` once its image tokens are counted is refused naming the row."),
+        _code("from fastkit.data.vision import caption_rows, check_vision_rows", "",
+              "rows = caption_rows(DATASET, INSTRUCTION, IMAGE_COLUMN, TEXT_COLUMN, limit=ROWS)",
+              "longest = check_vision_rows(rows, processor, MAX_SEQ_LENGTH)",
+              'print(f"{len(rows)} rows, the longest {longest} tokens")'),
+    ]
+
+
+def _vision_lora(s: Spec):
+    return [
+        _md("## LoRA", "", "`target_modules=\"all-linear\"` (the default) adapts the language model's linear layers "
+            "only; no vision-tower or projector parameter gets LoRA unless `FINETUNE_VISION_LAYERS` is True."),
+        _code("model = FastModel.get_peft_model(model, r=LORA_R, finetune_vision_layers=FINETUNE_VISION_LAYERS)",
+              "model.print_trainable_parameters()"),
+    ]
+
+
+def _vision_train(s: Spec):
+    return [
+        _md("## Train", "", "TRL's `SFTTrainer` (through `make_trainer`) with the processor: each batch is the rows' "
+            "chats rendered, their images expanded into image tokens, the loss on the assistant's answers only. "
+            "`packing=False`: Qwen's multi-axis rope is not packed."),
+        _code("from fastkit.training import make_trainer", "",
+              "trainer = make_trainer(model, processor, rows, max_steps=MAX_STEPS, batch_size=BATCH_SIZE,",
+              "                       learning_rate=LEARNING_RATE, packing=False, output_dir=OUTPUT_DIR)",
+              "result = trainer.train()",
+              'print(f"{result.global_step} steps, final loss {result.training_loss:.3f}")'),
+    ]
+
+
+def _vision_save(s: Spec):
+    return [
+        _md("## Save", "", "The LoRA adapter with the processor, and the merged 16-bit model (plain transformers); "
+            "each is reloaded and its logits compared with the trained model before it replaces an earlier save. "
+            "No GGUF: llama.cpp runs Qwen2.5-VL as a text GGUF plus an `mmproj` vision file, which fastkit does "
+            "not write yet (`save_gguf` refuses, naming that); llama.cpp's `convert_hf_to_gguf.py` converts the "
+            "merged folder."),
+        _code("from fastkit.export import save_lora, save_merged", "",
+              'print(save_lora(model, processor, f"{OUTPUT_DIR}/lora"))',
+              'print(save_merged(model, processor, f"{OUTPUT_DIR}/merged_16bit"))'),
+    ]
+
+
+VISION_SECTIONS = (_install, _vision_parameters, _vision_load, _vision_data, _vision_lora, _vision_train, _vision_save)
+
+
+def build_vision(s: Spec = VISION_SPEC) -> nbformat.NotebookNode:
+    nb = build(s)  # the metadata and the intro; the cells are the vision ones
+    nb.cells = [_intro(s)] + [cell for section in VISION_SECTIONS for cell in section(s)]
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"{s.filename[:2]}-{i:02d}"
+    return nb
+
+
+def vision_readme() -> str:
+    s = VISION_SPEC
+    return f"""
+## Vision-language
+
+Image + text rows on a vision-language model and its processor (docs/vision.md).
+
+| Notebook | Model | VRAM needed | What it shows |
+|---|---|---|---|
+| [{Path(s.filename).stem}]({s.filename}) | `{s.model}` | {s.vram} | {s.short} |
+"""
+
+
 def build(s: Spec) -> nbformat.NotebookNode:
     nb = new_notebook()
     nb.cells = [_intro(s)] + [cell for section in SECTIONS for cell in section(s)]
@@ -757,7 +880,8 @@ def expected_files() -> dict[Path, str]:
         kept = _executed_on_disk(HERE / s.filename, nb) if s.filename in EXECUTED else None
         outputs[HERE / s.filename] = kept or nbformat.writes(nb) + "\n"
     outputs.update({HERE / r.spec.filename: nbformat.writes(build_rl(r)) + "\n" for r in RL_SPECS})
-    outputs[HERE / "README.md"] = readme() + rl_readme()
+    outputs[HERE / VISION_SPEC.filename] = nbformat.writes(build_vision()) + "\n"
+    outputs[HERE / "README.md"] = readme() + rl_readme() + vision_readme()
     return outputs
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastkit import _hf
+from fastkit import _hf, registry
 from fastkit.families.twins import twin, twin_tokenizer
 from fastkit.patching import Swapper
 from fastkit.registry import facts_for
@@ -590,6 +590,15 @@ def check_has_json_feature():
     if hasattr(features, "Json"):  # a column mixing a string and a number (datasets 5.2's Json type)
         mixed = Dataset.from_dict({"x": ["a"]}).features
         assert _hf.has_json_feature(Features({"outer": List(features.Json())})) and not _hf.has_json_feature(mixed)
+
+
+def check_processor_class():
+    from fastkit.families.vision import vision_twin_processor
+
+    cls = _hf.processor_class("Qwen2_5_VLProcessor")
+    assert cls.__name__ == "Qwen2_5_VLProcessor" and "image_processor" in cls.get_attributes()
+    assert vision_twin_processor(next(t for t, f in registry.MODEL_TABLE.items()
+                                      if f.vision is not None and f.vision.processor == "Qwen2_5_VLProcessor"))
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}

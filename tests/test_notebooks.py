@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
-                   if not p.stem.endswith(("_dpo", "_grpo")))  # DPO / GRPO ones: tests/test_notebooks_rl.py
+                   if not p.stem.endswith(("_dpo", "_grpo", "_vision")))  # DPO / GRPO: tests/test_notebooks_rl.py,
+# vision: tests/test_notebooks_vision.py
 SECTIONS = ["## Install", "## Parameters", "## Load", "## Data", "## Answers before training", "## LoRA",
             "## Train with the dashboard", "## Memory and time", "## Answers after training", "## Save"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

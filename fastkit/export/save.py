@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fastkit import checks
+from fastkit.data.vision import is_processor
 from fastkit.errors import FastkitError
 from fastkit.export import hub
 from fastkit.export import verified as saving
@@ -294,16 +295,18 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path, dtype: torc
             # 4/8-bit in memory: the merge is into the 16-bit base, so logits differ by the quantization
             # error; then the check is that the folder loads and runs with the right vocabulary
             tol = float("inf") if quantized else saving.TOLERANCE[dtype]
-            saving.verify_reload(model, lambda: _reload(tmp, dtype), tol, "save_merged", reference=reference)
+            vision = is_processor(tokenizer)  # a vision-language model saves its processor
+            saving.verify_reload(model, lambda: _reload(tmp, dtype, vision), tol, "save_merged", reference=reference)
         hub.write_card(tmp, "merged", model, str(path), check_verify)
     return str(path)
 
 
-def _reload(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def _reload(folder: Path, dtype: torch.dtype, vision: bool = False) -> torch.nn.Module:
+    """The folder as transformers loads it: a causal LM, or (``vision``) an image-text-to-text model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, device_map={"": "cpu"},
-                                                use_safetensors=True)
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    return auto.from_pretrained(str(folder), dtype=dtype, device_map={"": "cpu"}, use_safetensors=True)
 
 
 def _write_merged(model: torch.nn.Module, folder: Path, dtype: torch.dtype, why_not: str | None,

@@ -91,7 +91,9 @@ def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, 
             rep.notes.append(facts.note)
         wanted = checks.resolve_patches(patches, registry.PATCH_FACTORIES)
         wanted = registry.patch_names_for(facts) if wanted == "auto" else wanted
-        for name in wanted:
+        refused = vision_refusals(model, facts)
+        rep.skipped.update({name: why for name, why in refused.items() if name in wanted})
+        for name in [n for n in wanted if n not in refused]:
             ok, how = apply_patch(model, registry.build_patch(name, facts))
             (rep.active if ok else rep.skipped)[name] = how
         rep.attn_implementation = str(_hf.attn_implementation(config))
@@ -105,4 +107,30 @@ def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, 
     return model
 
 
-__all__ = ["LoadReport", "patch_with_facts"]
+MROPE_REFUSAL = ("multi-axis rope (mrope): position_ids are 3-D (time, height, width from each image's grid), "
+                 "and a packed row's per-document restart of those positions is not proven exact; packed batches "
+                 "are refused, padded batches train as usual")
+"""Why packing is refused on an mrope vision-language model (the banner's line)."""
+
+
+def is_vision_model(model: torch.nn.Module, facts: registry.ModelFacts | None) -> bool:
+    """``model`` is the vision-language model of its row (the row's vision tower is there), not its text model."""
+    if facts is None or facts.vision is None:
+        return False
+    try:
+        unwrap(model).get_submodule(facts.vision.tower)
+    except AttributeError:
+        return False
+    return True
+
+
+def vision_refusals(model: torch.nn.Module, facts: registry.ModelFacts) -> dict[str, str]:
+    """Patch name -> why it is refused on this vision-language model (nothing is applied, the model stays as is)."""
+    if not is_vision_model(model, facts):
+        return {}
+    if facts.vision.rope == registry.MROPE:
+        return {registry.PACKING: MROPE_REFUSAL}
+    return {registry.PACKING: facts.vision.packing_refusal} if facts.vision.packing_refusal else {}
+
+
+__all__ = ["LoadReport", "is_vision_model", "patch_with_facts", "vision_refusals"]

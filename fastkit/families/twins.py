@@ -138,6 +138,8 @@ HUB_TWINS: dict[str, tuple[str, dict[str, Any]]] = {
     "Qwen/Qwen3-30B-A3B": ("qwen3_moe", {}),
     "google/gemma-3-4b-it": ("gemma3_text", {}),  # composite checkpoint: fastkit trains its text model
     "microsoft/Phi-3-mini-4k-instruct": ("phi3", {}),
+    # vision-language (fastkit.families.vision builds these twins and their processors)
+    "Qwen/Qwen2.5-VL-3B-Instruct": ("qwen2_5_vl", {}),  # the other vision rows: twin=True on their model_type
 }
 
 

@@ -69,6 +69,18 @@ KNOWN_CONFIGS: dict[str, dict] = {
                                  tie_word_embeddings=True),
     "openai/gpt-oss-20b": GPT_OSS_20B,
     "Qwen/Qwen3-30B-A3B": QWEN3_30B_A3B,
+    # vision-language: the language model in text_config, the vision tower in vision_config (counted apart)
+    "Qwen/Qwen2.5-VL-3B-Instruct": dict(
+        model_type="qwen2_5_vl", image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+        vision_end_token_id=151653, tie_word_embeddings=True,
+        text_config=dict(model_type="qwen2_5_vl_text", hidden_size=2048, intermediate_size=11008,
+                         num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=128000, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                          "mrope_section": [16, 24, 24]}),
+        vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                           fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)),
 }
 """Hub id -> the memory-relevant ``config.json`` values (checked against the published files, 2026)."""
 KNOWN_CONFIGS["unsloth/Qwen3-14B-bnb-4bit"] = dict(  # the pre-quantized NF4 checkpoint of Qwen3-14B

@@ -166,6 +166,11 @@ def _check_rl_inputs(inputs: PlanInputs) -> None:
                            f"max_seq_length={inputs.max_seq_length}: raise max_seq_length or give max_prompt_length.")
 
 
+def _vision_weights(shape: ModelShape, dtype: str, size: int) -> dict[str, int]:
+    """A vision-language model's tower and projector: frozen, 16-bit (no LoRA, no optimizer state by default)."""
+    return {f"weights: vision tower + projector, {dtype}": shape.vision_params * size} if shape.vision_params else {}
+
+
 def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
     """Bytes at the training peak, by component (see the module docstring)."""
     dtype, size = _dtype(inputs, cuda)
@@ -183,6 +188,7 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
         experts_16 = experts
     what = "norms, router, experts, other" if experts_16 else "norms, router, other"
     out[f"weights: {what}, {dtype}"] = (shape.other_params - experts + experts_16) * size
+    out.update(_vision_weights(shape, dtype, size))
     out.update(rl.reference_weights(shape, inputs, size, dtype))
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer

@@ -127,6 +127,10 @@ def _shape(config) -> ModelShape:
 def _result(name: str, shape: ModelShape, inputs: PlanInputs, budget: int | None) -> Plan:
     result = Plan(name, inputs, budget=budget)
     result.components = components(shape, inputs, cuda=budget is not None)
+    if shape.vision_params:
+        result.vision = (f"vision tower + projector: {shape.vision_params:,} parameters (frozen, no LoRA; "
+                         f"finetune_vision_layers=True adapts them too); one image is {shape.image_tokens:,} tokens "
+                         f"of a row, counted in max_seq_length")
     host = host_terms(shape, inputs, cuda=budget is not None)
     if inputs.unified:  # the pinned bytes are in the components (same pool); the traffic stays listed here
         host = {k: v for k, v in host.items() if not k.startswith("host (pinned)")}

@@ -44,6 +44,8 @@ class Plan:
     longest: dict[str, int | None] = field(default_factory=dict)
     """``max_seq_length="max"``: setup name (:data:`SETUPS`) -> the longest packed row that fits (None: not even
     :data:`MIN_SEARCH` tokens). Empty otherwise."""
+    vision: str = ""
+    """A vision-language model: its vision tower's parameters and the tokens of one image (a line of the table)."""
     largest: dict[str, int | None] = field(default_factory=dict)
     """GRPO on a GPU: ``"num_generations"`` -> the most completions per prompt that fit at this completion length,
     ``"max_completion_length"`` -> the longest completions that fit at this G (None: not even the smallest)."""
@@ -90,7 +92,8 @@ class Plan:
             card = CARDS.get(str(self.inputs.gpu).strip().lower())
             source = card.source if card else "as given"
             where = f"on {self.inputs.gpu}: {self.budget / GiB:.2f} GiB ({source}; the CUDA context is a row below)"
-        return f"{self.model} {where}\nPlanned for: {self.assumption()}"
+        vision = f"\nVision: {self.vision}" if self.vision else ""
+        return f"{self.model} {where}\nPlanned for: {self.assumption()}{vision}"
 
     def longest_table(self) -> str:
         """``max_seq_length="max"``: the longest packed row per setup (markdown)."""

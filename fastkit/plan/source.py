@@ -155,8 +155,11 @@ def _check_decoder(config) -> None:
     """The planner models decoder-only causal LMs."""
     if isinstance(config, ShippedConfig):  # every shipped model is one (tests/test_plan_shipped.py)
         return
-    from fastkit import _hf
+    from fastkit import _hf, registry
 
+    row = registry.facts_for(config.model_type)
+    if row is not None and row.vision is not None:  # a vision-language row: its language model is the decoder
+        return
     # BERT-style encoders have a causal-LM head class too (BertLMHeadModel); they are masked LMs first
     if not _hf.has_causal_lm_head(config.model_type) or _hf.has_masked_lm_head(config.model_type) \
             or getattr(config, "is_encoder_decoder", False):

@@ -62,7 +62,7 @@ class ModelShape:
     @property
     def total_params(self) -> int:
         """All parameters."""
-        return self.linear_params + self.embedding_params + self.other_params
+        return self.linear_params + self.embedding_params + self.other_params + self.vision_params
 
     expert_params_per_layer: int = 0
     """Weights of one layer's routed experts (fused 3-D)."""
@@ -73,6 +73,12 @@ class ModelShape:
     """The lm_head is the input embedding's weight (``tie_word_embeddings``): one matrix, never kept on the host."""
     input_embedding_params: int = 0
     """Weights of the input embedding alone (``vocab x hidden``)."""
+    vision_params: int = 0
+    """Weights of a vision-language model's vision tower and projector (frozen, 16-bit, no LoRA by default);
+    not in the three counts above."""
+    image_tokens: int = 0
+    """Tokens one image takes in a row (at :data:`IMAGE_SIDE` pixels where the count depends on the image size);
+    they count toward ``max_seq_length`` like text."""
     saved_fp16: bool = False
     """The checkpoint was saved in float16. Otherwise fp16 compute keeps the residual stream fp32
     (``patches/fp16/patch.py``), so the checkpointed layer inputs take 4 bytes per value."""
@@ -82,21 +88,72 @@ class ModelShape:
         return sum(r * (i + o) * n for i, o, n in self.lora_dims)
 
 
+IMAGE_SIDE = 448
+"""The image side (pixels) the planner counts an image's tokens at, for families whose count follows the size."""
+
+
+def image_tokens(config) -> int:
+    """Tokens one image takes: the config's fixed count (Gemma 3's ``mm_tokens_per_image``), a tile's count after
+    pixel shuffle (Idefics3 / SmolVLM: ``(image_size / patch)² / scale_factor²``, one tile), or a
+    :data:`IMAGE_SIDE`-pixel image's patches merged ``spatial_merge_size``² to one (Qwen-VL)."""
+    vision = getattr(config, "vision_config", None)
+    if vision is None:
+        return 0
+    if getattr(config, "mm_tokens_per_image", None):
+        return int(config.mm_tokens_per_image)
+    patch = getattr(vision, "patch_size", 14)
+    if getattr(config, "scale_factor", None):
+        return (vision.image_size // patch) ** 2 // config.scale_factor ** 2
+    side = IMAGE_SIDE // (patch * getattr(vision, "spatial_merge_size", 1))
+    return side * side
+
+
+def _vision_modules(model, config) -> set[int]:
+    """ids of the modules of a vision-language model's tower and projector (its row's ``vision`` paths)."""
+    from fastkit import registry
+
+    facts = registry.facts_for(config.model_type)
+    if facts is None or facts.vision is None:
+        return set()
+    out = set()
+    for path in (facts.vision.tower, facts.vision.projector):
+        try:
+            out |= {id(m) for m in model.get_submodule(path).modules()}
+        except AttributeError:  # a row whose paths this model does not have: counted as the rest
+            continue
+    return out
+
+
+def _build_meta(config):
+    """The model ``config`` builds, on the meta device: a causal LM, or a vision row's image-text-to-text model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from fastkit import _hf, registry
+
+    facts = registry.facts_for(config.model_type)
+    vision = facts is not None and facts.vision is not None and not _hf.has_causal_lm_head(config.model_type)
+    with torch.device("meta"):
+        return (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
+
+
 def shape_of(config) -> ModelShape:
     """Count ``config``'s parameters by kind on the meta device (no memory, no weights)."""
     import torch  # here, not at import: a shipped model's plan reads its shape from fastkit/plan/shapes.json
-    from transformers import AutoModelForCausalLM
 
     from fastkit import _hf
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = _build_meta(config)
     head = model.get_output_embeddings()
+    tower = _vision_modules(model, config)
     seen: set[int] = set()
-    linear = embedding = other = largest = 0
+    linear = embedding = other = largest = vision = 0
     lora_dims: list[tuple[int, int, int]] = []
     experts_in_layer = 0
     for module in model.modules():
+        if id(module) in tower:  # frozen, no LoRA (finetune_vision_layers=True adds some: not planned)
+            vision += sum(p.numel() for p in module.parameters(recurse=False))
+            continue
         for p in module.parameters(recurse=False):
             if id(p) in seen:
                 continue
@@ -124,6 +181,7 @@ def shape_of(config) -> ModelShape:
     if shape.experts:
         shape.expert_params_per_layer = experts_in_layer // (shape.layers - shape.dense_layers)
     shape.mxfp4 = mxfp4_checkpoint(config)
+    shape.vision_params, shape.image_tokens = vision, image_tokens(config) if tower else 0
     saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
     shape.saved_fp16 = saved is not None and dtype_name(saved) == "float16"
     return shape
@@ -154,7 +212,8 @@ def _with_sizes(config, model, linear, embedding, other, lora_dims, largest) -> 
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     layers = config.num_hidden_layers
-    decoder = getattr(getattr(model, "model", model), "layers", [])
+    inner = getattr(model, "model", model)
+    decoder = getattr(inner, "layers", None) or getattr(getattr(inner, "language_model", None), "layers", [])
     moe_layers = sum(1 for layer in decoder if hasattr(getattr(layer, "mlp", None), "experts"))
     experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or \
         getattr(config, "n_routed_experts", None) or 0

@@ -27,6 +27,7 @@ from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.data.read import stream_source
 from fastkit.data.stream import is_stream
+from fastkit.data.vision import VisionCollator, check_vision_rows, is_processor
 from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
@@ -131,6 +132,8 @@ def make_trainer(
     _log_processes(config)
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
+    if is_processor(tokenizer):  # a vision-language model: image + text rows, its processor collates them
+        return _vision_trainer(model, tokenizer, train_dataset, args, callbacks, max_seq_length)
     given_eval = eval_dataset
     with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
         dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
@@ -162,6 +165,25 @@ def make_trainer(
     _name_in_model_card(trainer, train_dataset)
     _route_loss(trainer, model, _host_weights_in_trainer(trainer, options.chunked_loss))
     return trainer
+
+
+def _vision_trainer(model, processor, train_dataset, args, callbacks, max_seq_length: int):
+    """The SFT trainer of a vision-language model: rows checked (:func:`fastkit.data.vision.check_vision_rows`),
+    then handed to TRL as they are, collated by the processor with the loss on assistant turns only."""
+    from fastkit.training.trainer import ZeroSyncSFTTrainer
+
+    rows = list(train_dataset)
+    check_vision_rows(rows, processor, max_seq_length)
+    args.remove_unused_columns = False  # the collator reads messages and images
+    args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    from datasets import Dataset
+
+    from fastkit.data.vision import ROW_KEY
+
+    indices = Dataset.from_dict({ROW_KEY: list(range(len(rows)))})  # the rows stay Python objects (PIL images)
+    return ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
+                              data_collator=VisionCollator(processor, max_seq_length, rows), callbacks=[*callbacks])
 
 
 def every_parameter_used(model: torch.nn.Module) -> bool:

@@ -418,6 +418,21 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
     return inner if isinstance(inner, torch.nn.Module) else None
 
 
+def _decoder_config(model: torch.nn.Module, inner: torch.nn.Module | None, facts) -> Any:
+    """The config the decoder runs under: the model's own, or, on a vision-language row with 1-D positions, its
+    language model's text config (the vision tower keeps its own attention); None: no decoder to patch."""
+    config = getattr(inner, "config", None)
+    if inner is None or config is None:
+        return None
+    if config is model.config:
+        return config
+    vision = getattr(facts, "vision", None)
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    if vision is not None and vision.rope == registry.ROPE_1D and config is text:
+        return config
+    return None
+
+
 class PackedAttentionPatch:
     """Registry patch ``"packing"``: packed batches attend per document with metadata built once per batch."""
 
@@ -430,12 +445,13 @@ class PackedAttentionPatch:
         if self.facts is not None and not self.facts.packing:
             return f"{self.facts.model_type}: packed attention not supported for this family"
         inner = _decoder(model)
-        if inner is None or getattr(inner, "config", None) is not model.config:
+        config = _decoder_config(model, inner, self.facts)
+        if config is None:
             return "no decoder module sharing the model's config"
-        orig = _hf.attn_implementation(model.config)
+        orig = _hf.attn_implementation(config)
         if orig not in SUPPORTED_BACKENDS:
             return f"attention backend {orig!r} is not one fastkit can delegate to ({', '.join(SUPPORTED_BACKENDS)})"
-        if getattr(model.config, "is_causal", True) is False:
+        if getattr(config, "is_causal", True) is False:
             return "bidirectional attention (config.is_causal=False)"
         if "kwargs" not in inspect.signature(inner.forward).parameters:
             return "the decoder forward takes no **kwargs (metadata cannot reach the layers)"
@@ -445,7 +461,8 @@ class PackedAttentionPatch:
         return tuple(getattr(self.facts, "stateful", ()) or ())
 
     def apply(self, model: torch.nn.Module, swap: Swapper) -> None:
-        config, inner = model.config, _decoder(model)
+        inner = _decoder(model)
+        config = _decoder_config(model, inner, self.facts)
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)
         swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))

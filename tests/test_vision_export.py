@@ -1,0 +1,55 @@
+"""Export of a vision-language twin: save_lora and save_merged reload-verified (and the folders give the in-memory
+model's logits on an image + text batch), GGUF refused naming the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastkit import FastModel, registry
+from fastkit.errors import FastkitError
+from fastkit.export import save_gguf, save_lora, save_merged
+from tests.test_vision import image_batch
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+    with torch.no_grad():  # a trained-looking adapter: non-zero B
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    return model.eval(), processor
+
+
+def test_save_merged_reloads_as_a_vision_model_with_the_same_image_logits(tuned, tmp_path):
+    model, processor = tuned
+    save_merged(model, processor, tmp_path / "merged", dtype=torch.float32)
+    loaded, loaded_processor = FastModel.from_pretrained(str(tmp_path / "merged"), max_seq_length=256, dtype="fp32")
+    assert type(loaded).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    batch = image_batch(loaded_processor, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_save_lora_reloads_onto_a_fresh_twin_with_the_same_image_logits(tuned, tmp_path):
+    from peft import PeftModel
+
+    model, processor = tuned
+    save_lora(model, processor, tmp_path / "lora")
+    assert (tmp_path / "lora" / "preprocessor_config.json").exists() or (tmp_path / "lora" / "processor_config.json"
+                                                                         ).exists()
+    base, _ = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "lora")).eval()
+    batch = image_batch(processor)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_gguf_is_refused_for_a_vision_model_naming_the_reason(tuned, tmp_path):
+    model, processor = tuned
+    why = registry.MODEL_TABLE["qwen2_5_vl"].gguf_refusal
+    assert "mmproj" in why
+    with pytest.raises(FastkitError, match="mmproj"):
+        save_gguf(model, processor, tmp_path / "gguf")
