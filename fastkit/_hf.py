@@ -421,6 +421,16 @@ def peft_lora_factors(module: torch.nn.Module, name: str
     return plist.original, proxy.lhs, proxy.rhs, proxy.scaling
 
 
+def peft_target_matches(config: Any, module_name: str) -> bool:
+    """Whether a LoRA ``config``'s ``target_modules`` selects the module named ``module_name``, matched as PEFT
+    matches when it wraps a model (a list of names: the name's last parts; a string: a regex over the full name).
+    ``check_target_module_exists`` lives in ``peft.tuners.tuners_utils``. checked: peft 0.21.2.
+    Can go when PEFT exports the matcher from its top level (``peft.tuners.tuners_utils`` is deep)."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    return bool(check_target_module_exists(config, module_name))
+
+
 def peft_param_wrappers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
     """``(qualified name, wrapper)`` of every PEFT ``ParamWrapper`` (``target_parameters`` LoRA) in ``model``.
 
@@ -830,7 +840,8 @@ __all__ = [
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded", "processor_class",
     "peft_delta",
-    "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "prepare_inputs",
+    "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "peft_target_matches",
+    "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",
     "set_experts_implementation", "set_sft_token_total", "sft_metrics", "sft_token_total", "sft_tp_size",
     "steps_since_log", "trainer_loss_accumulator",

@@ -586,11 +586,10 @@ def check_target_modules(model: torch.nn.Module, target_modules) -> None:
     if target_modules == "all-linear":
         return
     from peft import LoraConfig
-    from peft.tuners.tuners_utils import check_target_module_exists
 
     config = LoraConfig(target_modules=target_modules)
     names = [n for n, _ in unwrap(model).named_modules() if n]
-    if any(check_target_module_exists(config, n) for n in names):
+    if any(_hf.peft_target_matches(config, n) for n in names):
         return
     output = unwrap(model).get_output_embeddings()
     linears = sorted({n.rsplit(".", 1)[-1] for n, m in unwrap(model).named_modules()

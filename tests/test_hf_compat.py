@@ -601,6 +601,17 @@ def check_processor_class():
                                       if f.vision is not None and f.vision.processor == "Qwen2_5_VLProcessor"))
 
 
+def check_peft_target_matches():
+    from peft import LoraConfig
+
+    names = LoraConfig(target_modules=["q_proj"])
+    assert _hf.peft_target_matches(names, "model.layers.0.self_attn.q_proj")
+    assert not _hf.peft_target_matches(names, "model.layers.0.self_attn.k_proj")
+    regex = LoraConfig(target_modules=r".*\.0\.self_attn\.q_proj")
+    assert _hf.peft_target_matches(regex, "model.layers.0.self_attn.q_proj")
+    assert not _hf.peft_target_matches(regex, "model.layers.1.self_attn.q_proj")
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 ACCESSORS = sorted(n for n in _hf.__all__ if n != "CHECKED")
 
