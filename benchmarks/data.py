@@ -259,9 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[20_000], help="row counts to measure")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="which variants to run (default: all)")
+    parser.add_argument("--with-results", type=Path, default=None, metavar="FILE.jsonl",
+                        help="results of an earlier run (the JSON lines it printed) to put in the same table")
     args = parse_bench_args(parser, argv)
     counts = [2_000] if args.quick else args.rows
-    results = []
+    results = [] if args.with_results is None else [
+        json.loads(line) for line in args.with_results.read_text().splitlines() if line.startswith("{")]
     with tempfile.TemporaryDirectory(prefix="fastkit-bench-data-") as tmp:
         for n in counts:
             file = str(write_file(Path(tmp) / f"chats-{n}.jsonl", n))
