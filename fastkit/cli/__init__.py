@@ -46,13 +46,16 @@ def _plan(args: argparse.Namespace) -> int:
     gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
     result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
                   load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
-                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head, **_rl_options(args))
+                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head, gpus=args.gpus, fsdp=args.fsdp,
+                  **_rl_options(args))
     if result.longest:  # --max-seq-length max: the longest row per setup, then the asked setup's table at its own
         print(result.longest_table() + f"\n\nThe asked setup at {result.inputs.max_seq_length:,} tokens:\n")
     print(result.table())
     asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head) and args.kind == "sft"
     if not result.fits and asked_defaults and args.expert_lora and args.r == 16 and args.batch_size == 1:
         _print_auto(args.model, gpu, result.inputs.max_seq_length, args.load_in_4bit)
+    if result.across is not None:
+        _print_across(result)
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
 
 
@@ -81,6 +84,16 @@ def _print_auto(model: str, gpu, max_seq_length: int, load_in_4bit: bool) -> Non
     print(f"\nFastModel's default (get_peft_model(use_gradient_checkpointing=\"auto\")) turns on {what}: "
           f"predicted {better.total / GiB:.2f} GiB, fits on {better.inputs.gpu}. The table for it: add "
           f"{_flags(better.inputs)}.")
+
+
+def _print_across(result) -> None:
+    """One GPU does not fit: the fewest GPUs of this kind that do (``Plan.across``)."""
+    from fastkit.units import GiB
+
+    n, fsdp, total = result.across
+    how, flag = ("FSDP2", " --fsdp") if fsdp else ("DDP", "")
+    print(f"\nAcross GPUs: {n} x {result.inputs.gpu} with {how} fit ({total / GiB:.2f} GiB per GPU). The table for "
+          f"it: add --gpus {n}{flag}.")
 
 
 def _flags(inputs) -> str:
@@ -184,6 +197,10 @@ def _main(argv: list[str]) -> int:
     pl.add_argument("--max-prompt-length", type=cli_train.positive_int, default=None,
                     help="GRPO: tokens per prompt (default: --max-seq-length less --max-completion-length)")
     pl.add_argument("--beta", type=float, default=0.04, help="GRPO: KL strength; 0 skips the reference pass")
+    pl.add_argument("--gpus", type=cli_train.positive_int, default=1,
+                    help="GPUs the run trains on: the peak per GPU (default 1); DDP unless --fsdp")
+    pl.add_argument("--fsdp", action="store_true",
+                    help="with --gpus N: FSDP2, parameters, gradients and optimizer state sharded by N")
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")
