@@ -151,6 +151,7 @@ def make_trainer(
         trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    _fsdp_processes(trainer)
     trainer.fastkit_options = options
     trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
     if epochs is not None:  # the step counts that depend on the run's length, now that the packed rows are known
@@ -173,13 +174,20 @@ def every_parameter_used(model: torch.nn.Module) -> bool:
     return bool(getattr(base, "is_activation_checkpointing", False)) and not routed
 
 
+def _fsdp_processes(trainer) -> None:
+    """``accelerate launch --use_fsdp`` on CPU processes: accelerate drops the FSDP plugin there and the Trainer
+    would run DDP without a word (issue 43); fastkit gives it back (FSDP2 over gloo), and says which one runs."""
+    if _hf.fsdp_dropped_on_cpu(trainer):
+        _hf.fsdp_on_cpu(trainer)
+    if trainer.is_fsdp_enabled:
+        plugin = trainer.accelerator.state.fsdp_plugin
+        logger.info("fastkit: %d processes (FSDP%s)", ranks.world_size(), plugin.fsdp_version)
+
+
 def _log_processes(config: dict[str, Any]) -> None:
     """One line for a multi-process run: how many processes, and the unused-parameter search DDP does."""
-    if ranks.world_size() == 1:
-        return
-    if config.get("fsdp"):
-        logger.info("fastkit: %d processes (FSDP)", ranks.world_size())
-        return
+    if ranks.world_size() == 1 or config.get("fsdp") or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return  # FSDP: said once the Trainer made its accelerator (_fsdp_processes)
     found = config.get("ddp_find_unused_parameters")
     how = {False: "off (every trainable parameter gets a gradient each step: LoRA with fastkit's checkpointing)",
            True: "on"}.get(found, "the Trainer's choice")
