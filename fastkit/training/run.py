@@ -430,10 +430,21 @@ def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> No
     fsdp = " ".join(fsdp) if isinstance(fsdp, (list, tuple)) else str(fsdp)
     fsdp_config = config.get("fsdp_config") or {}
     cpu_offload = "offload" in fsdp.split() or bool(fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params"))
+    cpu_offload = cpu_offload or (ranks.fsdp_asked() and os.environ.get("FSDP_OFFLOAD_PARAMS", "").lower() == "true")
+    _check_no_deepspeed(config)
     if cpu_offload and "offload" in active_patches(unwrap(model)):
         raise FastkitError("Activation offload (use_gradient_checkpointing='offload') and FSDP CPU offload both move "
                            "data over the same host link with pinned buffers and would fight for it. Choose one: "
                            "use_gradient_checkpointing=True with FSDP cpu_offload, or drop FSDP's cpu_offload.")
+
+
+def _check_no_deepspeed(config: dict[str, Any]) -> None:
+    """DeepSpeed (``accelerate launch --use_deepspeed``, ``deepspeed=...``) is refused: not tested with fastkit."""
+    if config.get("deepspeed") or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        raise FastkitError("DeepSpeed is not supported by fastkit yet: it has not been tested with fastkit's patches "
+                           "(ZeRO-3 replaces each parameter with an empty placeholder, which the packing, "
+                           "checkpointing and LoRA patches read), and it is not installed where fastkit is tested. "
+                           "Use FSDP2: `accelerate launch --config_file fsdp2.yaml -m fastkit train ...`.")
 
 
 def _check_packing_supported(model: torch.nn.Module, packing: bool) -> None:
