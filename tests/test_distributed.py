@@ -180,3 +180,33 @@ def test_save_lora_refuses_a_sharded_model(monkeypatch):
     model.peft_config = {}
     with pytest.raises(Exception, match="save_sharded_lora"):
         save.save_lora(model, None, "x")
+
+
+@pytest.mark.slow
+def test_resume_under_another_world_size_is_refused_naming_both(tmp_path, monkeypatch, capsys):
+    from fastkit.cli import main
+
+    proc = _launch([*TRAIN, "--output-dir", "out", "--save-steps", "1"], cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    import shutil
+
+    shutil.rmtree(tmp_path / "out/checkpoint-2")  # checkpoint-1: a run of 2 steps, half done, on 2 processes
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN[1:], "--output-dir", "out", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint-1 was saved by a run on 2 processes, global batch 2; this run has 1 process, global batch 1" \
+        in err, err[-2000:]
+    assert "torchrun --nproc_per_node 2" in err
+
+
+def test_world_size_check_both_ways():
+    from fastkit.errors import FastkitError
+    from fastkit.training.identity import check_same_processes
+
+    one, two = {"world_size": 1, "global_batch": 2}, {"world_size": 2, "global_batch": 2}
+    check_same_processes({"processes": two}, two, "checkpoint-5")
+    check_same_processes({}, one, "checkpoint-5")  # a record from before: one process
+    with pytest.raises(FastkitError, match="saved by a run on 1 process, global batch 2; this run has 2 processes"):
+        check_same_processes({"processes": one}, two, "checkpoint-5")
+    with pytest.raises(FastkitError, match="on 2 processes, global batch 2; this run has 1 process, global batch 2"):
+        check_same_processes({"processes": two}, one, "checkpoint-5")
