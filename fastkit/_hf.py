@@ -781,6 +781,18 @@ def is_progress_callback(callback: Any) -> bool:
     return any((cls.__module__, cls.__name__) in PROGRESS_CALLBACKS for cls in type(callback).__mro__)
 
 
+def accelerate_state_made() -> bool:
+    """True once accelerate's process state (``PartialState``, shared by every ``Accelerator``) was made in this
+    process: processes forked from it would inherit it.
+    checked: accelerate 1.16 (``PartialState._shared_state``, the dict its ``initialized`` property reads).
+    Can go when accelerate offers a module-level check for ``PartialState`` (``accelerate.state.is_initialized``
+    reads ``AcceleratorState`` only).
+    """
+    from accelerate.state import PartialState
+
+    return bool(PartialState._shared_state)
+
+
 def fsdp_dropped_on_cpu(trainer) -> bool:
     """True when the job asked for FSDP (``accelerate launch --use_fsdp``, ``ACCELERATE_USE_FSDP=true``) and
     accelerate dropped it: on CPU processes (``DistributedType.MULTI_CPU``) ``AcceleratorState`` keeps no FSDP
@@ -828,9 +840,9 @@ def byte_level_bpe(spec: dict) -> bool:
 
 
 __all__ = [
-    "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
-    "byte_level_bpe", "class_name_in", "fsdp_dropped_on_cpu",
-    "fsdp_on_cpu", "grpo_tokenizer", "has_json_feature", "has_masked_lm_head",
+    "CHECKED", "AttentionView", "accelerate_state_made", "apply_gate", "attention_function", "attention_registered",
+    "attn_implementation", "byte_level_bpe", "class_name_in", "fsdp_dropped_on_cpu", "fsdp_on_cpu", "grpo_tokenizer",
+    "has_json_feature", "has_masked_lm_head",
     "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
     "modules_of_classes", "package_version", "quiet_gguf_reader", "resolved_kernel", "varlen_unavailable",

@@ -592,6 +592,14 @@ def check_has_json_feature():
         assert _hf.has_json_feature(Features({"outer": List(features.Json())})) and not _hf.has_json_feature(mixed)
 
 
+def check_accelerate_state_made():
+    from accelerate.state import PartialState
+
+    assert _hf.accelerate_state_made() == (PartialState._shared_state != {})
+    PartialState()
+    assert _hf.accelerate_state_made()
+
+
 def _fake_trainer(kind):
     from types import SimpleNamespace
 
