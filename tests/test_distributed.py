@@ -210,3 +210,32 @@ def test_world_size_check_both_ways():
         check_same_processes({"processes": one}, two, "checkpoint-5")
     with pytest.raises(FastkitError, match="on 2 processes, global batch 2; this run has 1 process, global batch 2"):
         check_same_processes({"processes": two}, one, "checkpoint-5")
+
+
+def _accelerate_fsdp2(args, cwd, timeout=400):
+    """``ACCELERATE_USE_CPU=1 accelerate launch --config_file docs/fsdp2.yaml --mixed_precision no -m ...`` (the
+    shipped config, on CPU processes: ``--cpu`` would make accelerate start one process)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="1")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "docs/fsdp2.yaml"),
+           "--mixed_precision", "no", "--main_process_port", "0", "-m", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_fastkit_train_with_the_shipped_fsdp2_config_saves_once_and_resumes(tmp_path):
+    import shutil
+
+    proc = _accelerate_fsdp2([*TRAIN, "--output-dir", "out", "--save-steps", "1"], tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    for line in ("fastkit: 2 processes (FSDP2)", "fastkit: new run", "save_lora verified (FSDP)",
+                 "LoRA adapters: out/lora (verified)"):
+        assert output.count(line) == 1, (line, output[-4000:])
+    assert "effective batch 2" in output and "(DDP)" not in output
+    assert (tmp_path / "out/checkpoint-1/pytorch_model_fsdp_0").is_dir()  # accelerate's sharded checkpoint
+    shutil.rmtree(tmp_path / "out/checkpoint-2")
+    proc = _accelerate_fsdp2([*TRAIN, "--output-dir", "out", "--save-steps", "1", "--resume"], tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert output.count("fastkit: resumed from checkpoint-1") == 1, output[-4000:]
