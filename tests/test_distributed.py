@@ -168,7 +168,7 @@ def test_exports_under_fsdp_are_refused_before_loading(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main([*TRAIN[1:], "--output-dir", "out", "--merged"]) == 2
     err = capsys.readouterr().err
-    assert "--merged under FSDP: the model is sharded" in err and "fastkit export out/lora" in err
+    assert "--merged under FSDP: the model is sharded" in err and "fastkit export --model out/lora" in err
 
 
 def test_save_lora_refuses_a_sharded_model(monkeypatch):

@@ -105,7 +105,7 @@ def _check_fsdp_exports(args: argparse.Namespace) -> None:
     if asked and ranks.fsdp_asked():
         raise FastkitError(f"{', '.join(asked)} under FSDP: the model is sharded across the processes, and merging "
                            "or exporting needs it whole in one. Train with FSDP (the LoRA is saved, gathered), then "
-                           f"run `fastkit export {args.output_dir}/lora ...` in one process.")
+                           f"run `fastkit export --model {args.output_dir}/lora ...` in one process.")
 
 
 def _check_sft_config(options, load_in_4bit: bool) -> None:
