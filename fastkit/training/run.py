@@ -186,7 +186,7 @@ def _fsdp_processes(trainer) -> None:
 
 def _log_processes(config: dict[str, Any]) -> None:
     """One line for a multi-process run: how many processes, and the unused-parameter search DDP does."""
-    if ranks.world_size() == 1 or config.get("fsdp") or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+    if ranks.world_size() == 1 or config.get("fsdp") or ranks.fsdp_asked():
         return  # FSDP: said once the Trainer made its accelerator (_fsdp_processes)
     found = config.get("ddp_find_unused_parameters")
     how = {False: "off (every trainable parameter gets a gradient each step: LoRA with fastkit's checkpointing)",
