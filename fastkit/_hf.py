@@ -791,6 +791,49 @@ def is_progress_callback(callback: Any) -> bool:
     return any((cls.__module__, cls.__name__) in PROGRESS_CALLBACKS for cls in type(callback).__mro__)
 
 
+def accelerate_state_made() -> bool:
+    """True once accelerate's process state (``PartialState``, shared by every ``Accelerator``) was made in this
+    process: processes forked from it would inherit it.
+    checked: accelerate 1.16 (``PartialState._shared_state``, the dict its ``initialized`` property reads).
+    Can go when accelerate offers a module-level check for ``PartialState`` (``accelerate.state.is_initialized``
+    reads ``AcceleratorState`` only).
+    """
+    from accelerate.state import PartialState
+
+    return bool(PartialState._shared_state)
+
+
+def fsdp_dropped_on_cpu(trainer) -> bool:
+    """True when the job asked for FSDP (``accelerate launch --use_fsdp``, ``ACCELERATE_USE_FSDP=true``) and
+    accelerate dropped it: on CPU processes (``DistributedType.MULTI_CPU``) ``AcceleratorState`` keeps no FSDP
+    plugin and the Trainer wraps the model in DDP, silently.
+    checked: accelerate 1.16 (``AcceleratorState.__init__`` takes ``fsdp_plugin`` only in its GPU-type branch).
+    Can go when accelerate keeps the FSDP plugin for ``DistributedType.MULTI_CPU``.
+    """
+    from accelerate.utils import DistributedType, parse_flag_from_env
+
+    state = trainer.accelerator.state
+    return (parse_flag_from_env("ACCELERATE_USE_FSDP", default=False) and getattr(state, "fsdp_plugin", None) is None
+            and state.distributed_type == DistributedType.MULTI_CPU)
+
+
+def fsdp_on_cpu(trainer) -> None:
+    """Give the Trainer's accelerator the FSDP plugin accelerate dropped on CPU (:func:`fsdp_dropped_on_cpu`), from
+    the same environment (``FSDP_VERSION``, ``FSDP_AUTO_WRAP_POLICY``, ...), so ``accelerator.prepare`` shards the
+    model with torch's ``fully_shard`` over the gloo group instead of wrapping it in DDP.
+    checked: accelerate 1.16, transformers 5.25 (``AcceleratorState.fsdp_plugin`` / ``distributed_type``, the
+    Trainer's ``is_fsdp_enabled`` read after it made its accelerator). Can go when accelerate keeps the FSDP plugin
+    for ``DistributedType.MULTI_CPU``.
+    """
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType
+
+    state = trainer.accelerator.state
+    state.fsdp_plugin = FullyShardedDataParallelPlugin()
+    state.distributed_type = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+
+
 BYTE_LEVEL = "ByteLevel"
 """tokenizers' ``"type"`` of its byte-level pre-tokenizer / decoder in ``tokenizer.json`` (tokenizers 0.22)."""
 
@@ -830,8 +873,9 @@ def processor_class(name: str) -> type:
     return type(cls.__name__, (cls,), {"get_attributes": classmethod(get_attributes), "__module__": cls.__module__})
 
 __all__ = [
-    "CHECKED", "AttentionView", "apply_gate", "attention_function", "attention_registered", "attn_implementation",
-    "byte_level_bpe", "class_name_in", "grpo_tokenizer", "has_json_feature", "has_masked_lm_head",
+    "CHECKED", "AttentionView", "accelerate_state_made", "apply_gate", "attention_function", "attention_registered",
+    "attn_implementation", "byte_level_bpe", "class_name_in", "fsdp_dropped_on_cpu", "fsdp_on_cpu", "grpo_tokenizer",
+    "has_json_feature", "has_masked_lm_head",
     "has_no_4bit_layout", "is_bnb_linear",
     "is_fused_experts_class", "is_pandas_dataframe", "is_progress_callback", "looped_experts_kind",
     "modules_of_classes", "package_version", "quiet_gguf_reader", "resolved_kernel", "varlen_unavailable",

@@ -222,9 +222,14 @@ class Quantization:
         if self.linear == "bnb_4bit":
             from transformers import BitsAndBytesConfig
 
+            from fastkit import ranks
+
+            # FSDP flattens and shards the 4-bit weights with the others: stored in the compute dtype (the recipe
+            # accelerate and PEFT document), not bitsandbytes' default uint8
+            storage = {"bnb_4bit_quant_storage": dtype} if ranks.fsdp_asked() else {}
             kwargs["quantization_config"] = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=dtype)
+                bnb_4bit_compute_dtype=dtype, **storage)
         if self.mxfp4:
             from transformers import Mxfp4Config
 

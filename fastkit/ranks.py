@@ -91,6 +91,14 @@ def world_size() -> int:
     return int(state().num_processes)
 
 
+def fsdp_asked() -> bool:
+    """True when the launcher asked for FSDP (``accelerate launch --use_fsdp`` or a config with
+    ``distributed_type: FSDP``: both set ``ACCELERATE_USE_FSDP=true``)."""
+    import os
+
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").strip().lower() in ("true", "1", "yes")
+
+
 def quiet_replicas() -> None:
     """The ``fastkit`` loggers at WARNING on every rank but the main one (their warnings still show)."""
     if not is_main():

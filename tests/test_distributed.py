@@ -117,3 +117,125 @@ def test_agreed_failure_reaches_every_rank(tmp_path):
     assert (tmp_path / "agree-1.txt").read_text() == "own FileNotFoundError: no such file on rank 1"
     # fastkit destroyed the groups before the interpreter's finalization (a live gloo group can SIGABRT it)
     assert [(tmp_path / f"groups-at-exit-{r}.txt").read_text() for r in (0, 1)] == ["destroyed", "destroyed"]
+
+
+def _run_worker(launcher, out, *extra, timeout=400):
+    """tests/dist/fsdp_worker.py one process (``python``), under ``torchrun`` (DDP) or ``accelerate launch
+    --use_fsdp --fsdp_version 2`` on CPU processes (FSDP2 over gloo); its result.pt and output."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="1",
+               FSDP_AUTO_WRAP_POLICY="TRANSFORMER_BASED_WRAP")
+    start = {"one": [sys.executable],
+             "ddp": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+             "fsdp2": [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
+                       "--num_processes", "2", "--main_process_port", "0"]}[launcher]
+    proc = subprocess.run([*start, "-m", "tests.dist.fsdp_worker", "--out", str(out), *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    return torch.load(out / "result.pt"), output
+
+
+LOSS_ATOL = 1e-5
+"""fp32, 3 steps, lr 1e-2: two processes sum each half of the global batch and average, one process sums once;
+measured on this CPU: losses within 4.8e-7, LoRA weights within 9.2e-7 (lora_B moved to ~0.02 from 0)."""
+
+
+@pytest.mark.slow
+def test_fsdp2_and_ddp_train_like_one_process(tmp_path):
+    from safetensors.torch import load_file
+
+    one, _ = _run_worker("one", tmp_path / "one", "--batch", "2")  # the same global batch: 2 rows per step
+    weights = load_file(tmp_path / "one/lora/adapter_model.safetensors")
+    assert max(w.abs().max().item() for k, w in weights.items() if "lora_B" in k) > 1e-3  # the adapters moved
+    for launcher in ("ddp", "fsdp2"):
+        result, output = _run_worker(launcher, tmp_path / launcher)
+        assert result["world"] == 2 and result["sharded"] == (launcher == "fsdp2"), launcher
+        assert output.count("fastkit: 2 processes (FSDP2)") == (launcher == "fsdp2"), output[-3000:]
+        assert output.count("save_lora verified") == 1, output[-3000:]
+        assert len(result["losses"]) == len(one["losses"]) == 3
+        assert result["losses"] == pytest.approx(one["losses"], abs=LOSS_ATOL), launcher
+        saved = load_file(tmp_path / launcher / "lora/adapter_model.safetensors")
+        assert set(saved) == set(weights)
+        for name, tensor in weights.items():
+            torch.testing.assert_close(saved[name], tensor, rtol=0, atol=LOSS_ATOL, msg=f"{launcher} {name}")
+
+
+def test_exports_under_fsdp_are_refused_before_loading(tmp_path, monkeypatch, capsys):
+    from fastkit.cli import main
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN[1:], "--output-dir", "out", "--merged"]) == 2
+    err = capsys.readouterr().err
+    assert "--merged under FSDP: the model is sharded" in err and "fastkit export --model out/lora" in err
+
+
+def test_save_lora_refuses_a_sharded_model(monkeypatch):
+    from fastkit.export import save
+    from fastkit.export import sharded as sharded_module
+
+    monkeypatch.setattr(sharded_module, "is_sharded", lambda model: True)
+    model = torch.nn.Linear(2, 2)
+    model.peft_config = {}
+    with pytest.raises(Exception, match="save_sharded_lora"):
+        save.save_lora(model, None, "x")
+
+
+@pytest.mark.slow
+def test_resume_under_another_world_size_is_refused_naming_both(tmp_path, monkeypatch, capsys):
+    from fastkit.cli import main
+
+    proc = _launch([*TRAIN, "--output-dir", "out", "--save-steps", "1"], cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    import shutil
+
+    shutil.rmtree(tmp_path / "out/checkpoint-2")  # checkpoint-1: a run of 2 steps, half done, on 2 processes
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN[1:], "--output-dir", "out", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint-1 was saved by a run on 2 processes, global batch 2; this run has 1 process, global batch 1" \
+        in err, err[-2000:]
+    assert "torchrun --nproc_per_node 2" in err
+
+
+def test_world_size_check_both_ways():
+    from fastkit.errors import FastkitError
+    from fastkit.training.identity import check_same_processes
+
+    one, two = {"world_size": 1, "global_batch": 2}, {"world_size": 2, "global_batch": 2}
+    check_same_processes({"processes": two}, two, "checkpoint-5")
+    check_same_processes({}, one, "checkpoint-5")  # a record from before: one process
+    with pytest.raises(FastkitError, match="saved by a run on 1 process, global batch 2; this run has 2 processes"):
+        check_same_processes({"processes": one}, two, "checkpoint-5")
+    with pytest.raises(FastkitError, match="on 2 processes, global batch 2; this run has 1 process, global batch 2"):
+        check_same_processes({"processes": two}, one, "checkpoint-5")
+
+
+def _accelerate_fsdp2(args, cwd, timeout=400):
+    """``ACCELERATE_USE_CPU=1 accelerate launch --config_file docs/fsdp2.yaml --mixed_precision no -m ...`` (the
+    shipped config, on CPU processes: ``--cpu`` would make accelerate start one process)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="1")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "docs/fsdp2.yaml"),
+           "--mixed_precision", "no", "--main_process_port", "0", "-m", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_fastkit_train_with_the_shipped_fsdp2_config_saves_once_and_resumes(tmp_path):
+    import shutil
+
+    proc = _accelerate_fsdp2([*TRAIN, "--output-dir", "out", "--save-steps", "1"], tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    for line in ("fastkit: 2 processes (FSDP2)", "fastkit: new run", "save_lora verified (FSDP)",
+                 "LoRA adapters: out/lora (verified)"):
+        assert output.count(line) == 1, (line, output[-4000:])
+    assert "effective batch 2" in output and "(DDP)" not in output
+    assert (tmp_path / "out/checkpoint-1/pytorch_model_fsdp_0").is_dir()  # accelerate's sharded checkpoint
+    shutil.rmtree(tmp_path / "out/checkpoint-2")
+    proc = _accelerate_fsdp2([*TRAIN, "--output-dir", "out", "--save-steps", "1", "--resume"], tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert output.count("fastkit: resumed from checkpoint-1") == 1, output[-4000:]

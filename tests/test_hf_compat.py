@@ -612,6 +612,45 @@ def check_peft_target_matches():
     assert not _hf.peft_target_matches(regex, "model.layers.1.self_attn.q_proj")
 
 
+def check_accelerate_state_made():
+    from accelerate.state import PartialState
+
+    assert _hf.accelerate_state_made() == (PartialState._shared_state != {})
+    PartialState()
+    assert _hf.accelerate_state_made()
+
+
+def _fake_trainer(kind):
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(distributed_type=kind, fsdp_plugin=None)
+    return SimpleNamespace(accelerator=SimpleNamespace(state=state), is_fsdp_enabled=False)
+
+
+def check_fsdp_dropped_on_cpu():
+    from accelerate.utils import DistributedType
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ACCELERATE_USE_FSDP", "true")
+        assert _hf.fsdp_dropped_on_cpu(_fake_trainer(DistributedType.MULTI_CPU))
+        assert not _hf.fsdp_dropped_on_cpu(_fake_trainer(DistributedType.MULTI_GPU))
+        mp.setenv("ACCELERATE_USE_FSDP", "false")
+        assert not _hf.fsdp_dropped_on_cpu(_fake_trainer(DistributedType.MULTI_CPU))
+
+
+def check_fsdp_on_cpu():
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType
+
+    trainer = _fake_trainer(DistributedType.MULTI_CPU)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FSDP_VERSION", "2")
+        _hf.fsdp_on_cpu(trainer)
+    assert isinstance(trainer.accelerator.state.fsdp_plugin, FullyShardedDataParallelPlugin)
+    assert trainer.accelerator.state.fsdp_plugin.fsdp_version == 2
+    assert trainer.accelerator.state.distributed_type == DistributedType.FSDP and trainer.is_fsdp_enabled
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 ACCESSORS = sorted(n for n in _hf.__all__ if n != "CHECKED")
 

@@ -95,3 +95,30 @@ def test_target_experts_lora_saves_and_merges(tmp_path):
     assert any(t.endswith("experts.gate_up_proj") for t in config["target_parameters"])
     save_merged(model, tok, tmp_path / "merged", dtype=torch.float32)
     _assert_merged_matches(tmp_path / "merged", x, ref)
+
+
+def test_offload_with_accelerate_fsdp_offload_params_is_refused(tmp_path, monkeypatch):
+    model, tok = _model("offload")
+    train, _ = quickstart_dataset()
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # accelerate launch --use_fsdp --fsdp_offload_params true
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    with pytest.raises(FastkitError, match="FSDP CPU offload"):
+        make_trainer(model, tok, train, max_steps=1, output_dir=str(tmp_path))
+
+
+def test_deepspeed_is_refused_with_its_reason(tmp_path, monkeypatch):
+    model, tok = _model(True)
+    train, _ = quickstart_dataset()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what accelerate launch --use_deepspeed sets
+    with pytest.raises(FastkitError, match="DeepSpeed is not supported by fastkit yet: it has not been tested"):
+        make_trainer(model, tok, train, max_steps=1, output_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_qlora_under_fsdp_stores_4bit_weights_in_the_compute_dtype(monkeypatch, fsdp):
+    from fastkit.loader import Quantization
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true" if fsdp else "false")
+    config = Quantization(linear="bnb_4bit").load_kwargs(torch.bfloat16, torch.device("cuda", 0))["quantization_config"]
+    assert config.bnb_4bit_compute_dtype == torch.bfloat16
+    assert config.bnb_4bit_quant_storage == (torch.bfloat16 if fsdp else torch.uint8)

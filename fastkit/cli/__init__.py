@@ -48,13 +48,16 @@ def _plan(args: argparse.Namespace) -> int:
     gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
     result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
                   load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
-                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head, **_rl_options(args))
+                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head, gpus=args.gpus, fsdp=args.fsdp,
+                  **_rl_options(args))
     if result.longest:  # --max-seq-length max: the longest row per setup, then the asked setup's table at its own
         print(result.longest_table() + f"\n\nThe asked setup at {result.inputs.max_seq_length:,} tokens:\n")
     print(result.table())
     asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head) and args.kind == "sft"
     if not result.fits and asked_defaults and args.expert_lora and args.r == 16 and args.batch_size == 1:
         _print_auto(args.model, gpu, result.inputs.max_seq_length, args.load_in_4bit)
+    if result.across is not None:
+        _print_across(result)
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
 
 
@@ -83,6 +86,16 @@ def _print_auto(model: str, gpu, max_seq_length: int, load_in_4bit: bool) -> Non
     print(f"\nFastModel's default (get_peft_model(use_gradient_checkpointing=\"auto\")) turns on {what}: "
           f"predicted {better.total / GiB:.2f} GiB, fits on {better.inputs.gpu}. The table for it: add "
           f"{_flags(better.inputs)}.")
+
+
+def _print_across(result) -> None:
+    """One GPU does not fit: the fewest GPUs of this kind that do (``Plan.across``)."""
+    from fastkit.units import GiB
+
+    n, fsdp, total = result.across
+    how, flag = ("FSDP2", " --fsdp") if fsdp else ("DDP", "")
+    print(f"\nAcross GPUs: {n} x {result.inputs.gpu} with {how} fit ({total / GiB:.2f} GiB per GPU). The table for "
+          f"it: add --gpus {n}{flag}.")
 
 
 def _flags(inputs) -> str:
@@ -141,13 +154,7 @@ def _error_line(exc: Exception) -> tuple[int, str]:
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fastkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    qs = sub.add_parser("quickstart", help="LoRA-tune SmolLM2-135M-Instruct offline and show before/after answers")
-    qs.add_argument("--steps", type=cli_train.positive_int, default=20, help="optimizer steps (default 20)")
-    qs.add_argument("--max-seq-length", type=cli_train.positive_int, default=256,
-                    help="tokens per packed row (default 256)")
-    qs.add_argument("--output-dir", default="outputs/quickstart",
-                    help="where the LoRA adapters are saved, in <dir>/lora (default outputs/quickstart)")
-    qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
+    _add_quickstart_parser(sub)
     train = argv[:1] == ["train"]  # its flags (TRL's fields among them) are built when it runs
     if train and "--help-all" in argv:  # every option, TRL's SFTConfig fields included
         argv = [a for a in argv if a != "--help-all"] + ["--help"]
@@ -164,6 +171,41 @@ def _main(argv: list[str]) -> int:
         cli_rl.add_parser(sub, name, argv)
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
+    _add_plan_parser(sub)
+    bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
+    bench.add_argument("name", choices=BENCHES)
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from fastkit import _quiet
+
+    if args.command != "plan" and not getattr(args, "print_config", False):  # those load nothing (no datasets)
+        _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
+    if args.command == "quickstart":
+        return _quickstart(args)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "train":
+        return cli_train.run(args)
+    if args.command in ("dpo", "grpo"):
+        return cli_rl.run(args)
+    if args.command in ("export", "chat"):
+        return args.run(args)
+    return _bench(args)
+
+
+def _add_quickstart_parser(sub) -> None:
+    qs = sub.add_parser("quickstart", help="LoRA-tune SmolLM2-135M-Instruct offline and show before/after answers")
+    qs.add_argument("--steps", type=cli_train.positive_int, default=20, help="optimizer steps (default 20)")
+    qs.add_argument("--max-seq-length", type=cli_train.positive_int, default=256,
+                    help="tokens per packed row (default 256)")
+    qs.add_argument("--output-dir", default="outputs/quickstart",
+                    help="where the LoRA adapters are saved, in <dir>/lora (default outputs/quickstart)")
+    qs.add_argument("--twin", action="store_true", help="tiny random twin instead of the real weights (smoke test)")
+
+
+def _add_plan_parser(sub) -> None:
     pl = sub.add_parser("plan", help="predict a LoRA/QLoRA run's GPU memory from the model's config alone")
     pl.add_argument("model", help="local folder, config.json, or Hub id (only its config.json is read)")
     pl.add_argument("--gpu", default="t4", help="t4, l4, a10g, rtx-8g, rtx-12g, rtx-16g, rtx-24g, a100-40, l40s, "
@@ -190,27 +232,10 @@ def _main(argv: list[str]) -> int:
     pl.add_argument("--max-prompt-length", type=cli_train.positive_int, default=None,
                     help="GRPO: tokens per prompt (default: --max-seq-length less --max-completion-length)")
     pl.add_argument("--beta", type=float, default=0.04, help="GRPO: KL strength; 0 skips the reference pass")
-    bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
-    bench.add_argument("name", choices=BENCHES)
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from fastkit import _quiet
-
-    if args.command != "plan" and not getattr(args, "print_config", False):  # those load nothing (no datasets)
-        _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
-    if args.command == "quickstart":
-        return _quickstart(args)
-    if args.command == "plan":
-        return _plan(args)
-    if args.command == "train":
-        return cli_train.run(args)
-    if args.command in ("dpo", "grpo"):
-        return cli_rl.run(args)
-    if args.command in ("export", "chat"):
-        return args.run(args)
-    return _bench(args)
+    pl.add_argument("--gpus", type=cli_train.positive_int, default=1,
+                    help="GPUs the run trains on: the peak per GPU (default 1); DDP unless --fsdp")
+    pl.add_argument("--fsdp", action="store_true",
+                    help="with --gpus N: FSDP2, parameters, gradients and optimizer state sharded by N")
 
 
 def _bench(args: argparse.Namespace) -> int:

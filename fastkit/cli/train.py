@@ -86,12 +86,26 @@ def preflight(args: argparse.Namespace) -> Prepared:
     _check_gguf(args.gguf)
     cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
     _check_output_dir(args.output_dir)
+    _check_fsdp_exports(args)
     _check_sft_config(args.train, args.load_in_4bit)
     rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming,
                       mix=args.data_mix)
     check_stream_options(rows, args.train, args.train.epochs)  # a stream's limits, before the model loads
     return Prepared(rows=rows, resume_from=_check_resume(args) if args.resume else None)
 
+
+def _check_fsdp_exports(args: argparse.Namespace) -> None:
+    """Under FSDP the model is sharded across the processes: fastkit train saves the LoRA (gathered, once); the
+    merged weights, GGUF files and the upload are made afterwards, from that folder, in one process."""
+    from fastkit import ranks
+    from fastkit.errors import FastkitError
+
+    asked = [flag for flag, on in (("--merged", args.merged), ("--gguf", args.gguf),
+                                   ("--push-to-hub", args.push_to_hub)) if on]
+    if asked and ranks.fsdp_asked():
+        raise FastkitError(f"{', '.join(asked)} under FSDP: the model is sharded across the processes, and merging "
+                           "or exporting needs it whole in one. Train with FSDP (the LoRA is saved, gathered), then "
+                           f"run `fastkit export --model {args.output_dir}/lora ...` in one process.")
 
 
 def _check_sft_config(options, load_in_4bit: bool) -> None:
@@ -278,13 +292,19 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
-    if metrics.status == "interrupted":  # the adapters trained so far; the menu's exports are not made
-        ranks.agreed(_save_interrupted, args, model, tokenizer, main_only=True)
-        return INTERRUPTED
-    if metrics.status != "finished":
+    if metrics.status not in ("interrupted", "finished"):
         raise RuntimeError(f"training ended with status {metrics.status!r}, not 'finished'")
-    ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # each verified
-    return 0
+    from fastkit.export.sharded import is_sharded, save_sharded_lora
+
+    if is_sharded(trainer.model):  # FSDP: every rank gathers, the main one saves (exports refused in preflight)
+        path = save_sharded_lora(trainer.model, tokenizer, f"{args.output_dir}/lora")
+        if path is not None:
+            print(f"LoRA adapters: {path} (verified)")
+    elif metrics.status == "interrupted":  # the adapters trained so far; the menu's exports are not made
+        ranks.agreed(_save_interrupted, args, model, tokenizer, main_only=True)
+    else:
+        ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # verified
+    return INTERRUPTED if metrics.status == "interrupted" else 0
 
 
 def _save_interrupted(args: argparse.Namespace, model, tokenizer) -> None:

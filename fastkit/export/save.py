@@ -127,6 +127,7 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
     if not hasattr(model, "peft_config"):
         raise FastkitError("save_lora needs a PEFT model (FastModel.get_peft_model); use save_merged for full "
                            "weights.")
+    _check_not_sharded(model)
     _check_tokenizer(tokenizer, "save_lora")
     path = checks.check_save_target(path)
     _check_adapter_names(model)
@@ -143,6 +144,16 @@ def save_lora(model: torch.nn.Module, tokenizer, path: str | Path, verify: bool 
             _verify_adapter(model, tmp)
         hub.write_card(tmp, "lora", model, str(path), check_verify)  # not PEFT's "[More Information Needed]"
     return str(path)
+
+
+def _check_not_sharded(model: torch.nn.Module) -> None:
+    """An FSDP-sharded model is saved by every rank together (one process holds a slice of each adapter)."""
+    from fastkit.export.sharded import is_sharded
+
+    if is_sharded(model):
+        raise FastkitError("save_lora: the model is sharded by FSDP (each process holds a slice of every adapter); "
+                           "call fastkit.export.sharded.save_sharded_lora(model, tokenizer, path) on every process: "
+                           "it gathers the adapters and the main process saves them once.")
 
 
 def _check_tokenizer(tokenizer, what: str) -> None:

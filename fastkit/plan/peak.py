@@ -28,6 +28,7 @@ from fastkit.errors import FastkitError
 from fastkit.patches.sizes import DEQUANT_BYTES_PER_WEIGHT, group_size  # the bound the forward uses
 from fastkit.plan import rl
 from fastkit.plan.gpus import NO_BF16
+from fastkit.plan.multi import parallel_terms
 from fastkit.plan.terms import ModelShape, activation_bytes, loss_bytes
 from fastkit.units import DTYPE_BYTES, GiB, compute_dtype_name, dtype_name
 
@@ -100,6 +101,11 @@ class PlanInputs:
     """GRPO: tokens per prompt (P); None: ``max_seq_length - max_completion_length`` (make_grpo_trainer's limit)."""
     beta: float = 0.04
     """GRPO: KL strength; 0 skips the reference pass (DPO always runs it)."""
+    gpus: int = 1
+    """GPUs the run trains on, the plan per GPU (:mod:`fastkit.plan.multi`): each runs its own micro-batch."""
+    fsdp: bool = False
+    """With ``gpus`` > 1: FSDP2 (parameters, gradients and optimizer state sharded across the GPUs); False: DDP
+    (a full copy on each GPU)."""
     gradient_accumulation_steps: int = 1
     """GRPO: TRL generates for a whole optimizer step at once (``steps_per_generation`` = this), so the
     generation batch is ``batch_size x num_generations x gradient_accumulation_steps`` completions."""
@@ -146,6 +152,15 @@ def _check_inputs(inputs: PlanInputs) -> None:  # max_seq_length: once, with the
         raise FastkitError("host_embedding / host_lm_head keep FROZEN weights on the host: full fine-tuning (r=None) "
                            "trains them. Give a LoRA rank r, or leave them on the GPU.")
     _check_rl_inputs(inputs)
+    _check_gpus(inputs)
+
+
+def _check_gpus(inputs: PlanInputs) -> None:
+    checks.check_positive("gpus", inputs.gpus)
+    if not isinstance(inputs.fsdp, bool):
+        raise FastkitError(f"fsdp must be True or False, got {inputs.fsdp!r}.")
+    if inputs.fsdp and inputs.gpus < 2:
+        raise FastkitError("fsdp=True shards the model across GPUs: give gpus=2 or more (one GPU: fsdp=False).")
 
 
 def _check_rl_inputs(inputs: PlanInputs) -> None:
@@ -171,9 +186,8 @@ def _vision_weights(shape: ModelShape, dtype: str, size: int) -> dict[str, int]:
     return {f"weights: vision tower + projector, {dtype}": shape.vision_params * size} if shape.vision_params else {}
 
 
-def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
-    """Bytes at the training peak, by component (see the module docstring)."""
-    dtype, size = _dtype(inputs, cuda)
+def _weights(shape: ModelShape, inputs: PlanInputs, dtype: str, size: int) -> tuple[dict[str, int], int]:
+    """``(terms, expert parameters)``: the model's weights by kind, as loaded (NF4 where 4-bit, else ``dtype``)."""
     out: dict[str, int] = {}
     if inputs.load_in_4bit:  # MXFP4 (GPT-OSS) too: patches.moe.linear_4bit quantizes them after load
         out["weights: linear layers, NF4 + absmax (double quant)"] = int(shape.linear_params * NF4_BYTES)
@@ -190,6 +204,13 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     out[f"weights: {what}, {dtype}"] = (shape.other_params - experts + experts_16) * size
     out.update(_vision_weights(shape, dtype, size))
     out.update(rl.reference_weights(shape, inputs, size, dtype))
+    return out, experts
+
+
+def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, int]:
+    """Bytes at the training peak, by component (see the module docstring)."""
+    dtype, size = _dtype(inputs, cuda)
+    out, experts = _weights(shape, inputs, dtype, size)
     trainable = shape.lora_params(inputs.r) if inputs.r is not None else shape.total_params
     optimizer = inputs.optimizer
     if optimizer == "auto":
@@ -209,6 +230,8 @@ def components(shape: ModelShape, inputs: PlanInputs, cuda: bool) -> dict[str, i
     else:  # the parameters are the weights above
         out[f"gradients (full fine-tuning, {dtype})"] = trainable * size
     out[f"optimizer state ({optimizer})"] = trainable * OPTIMIZER_STATE_BYTES[optimizer]
+    out = parallel_terms(out, shape, inputs, size, weight=NF4_BYTES if inputs.load_in_4bit else size,
+                         grad=4 if inputs.r is not None else size)
     stream = 4 if dtype == "float16" and not shape.saved_fp16 else size  # patches/fp16 keeps it fp32
     kept, phases = _step_terms(shape, inputs, size, adapter=size if cuda else 4, stream=stream)
     out.update(kept)

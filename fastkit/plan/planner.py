@@ -34,6 +34,7 @@ from fastkit.plan.peak import (  # noqa: F401 (re-exported: the names of the sin
     OPTIMIZER_STATE_BYTES,
     PlanInputs,
     _check_inputs,
+    _peak,
     components,
     default_optimizer,
     dequant_group_bytes,
@@ -62,7 +63,8 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
     """Predict the training peak of ``model_or_config`` on ``gpu``, by component, with a verdict and advice.
 
     ``options`` are the other fields of :class:`PlanInputs` (``checkpointing``, ``optimizer``, ``loss``,
-    ``dtype``, ``attn``). Nothing is downloaded but a Hub id's ``config.json`` (none for the models in
+    ``dtype``, ``attn``; ``gpus=N`` and ``fsdp=True``: the peak per GPU of N GPUs, DDP or FSDP2). Nothing is
+    downloaded but a Hub id's ``config.json`` (none for the models in
     :data:`fastkit.plan.configs.KNOWN_CONFIGS`); no weights are built. ``max_seq_length="max"``: the longest
     packed row that fits, per setup of :data:`SETUPS` (``Plan.longest``, found with this same model), and the
     plan of the asked setup at its own longest row.
@@ -137,7 +139,26 @@ def _result(name: str, shape: ModelShape, inputs: PlanInputs, budget: int | None
     result.host = host
     if not result.fits:
         result.advice = advise(shape, inputs, budget)
+    if inputs.gpus > 1:
+        result.single = _peak(components(shape, PlanInputs(**{**inputs.__dict__, "gpus": 1, "fsdp": False}),
+                                         cuda=budget is not None))
+    elif not result.fits:
+        result.across = across_gpus(shape, inputs, budget)
     return result
+
+
+ACROSS = (2, 4, 8)
+"""The GPU counts :func:`across_gpus` tries."""
+
+
+def across_gpus(shape: ModelShape, inputs: PlanInputs, budget: int) -> tuple[int, bool, int] | None:
+    """The fewest GPUs of this kind that fit the run one does not: ``(gpus, fsdp, bytes per GPU)``, DDP first."""
+    for n in ACROSS:
+        for fsdp in (False, True):
+            total = _peak(components(shape, PlanInputs(**{**inputs.__dict__, "gpus": n, "fsdp": fsdp}), cuda=True))
+            if total <= budget:
+                return n, fsdp, total
+    return None
 
 
 CONTEXT_GPUS = ("t4", "l4", "rtx-24g", "a100-80", "h100", "spark")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from fastkit.plan import rl
 from fastkit.plan.gpus import CARDS, UNIFIED_NOTE
+from fastkit.plan.multi import setup_words
 from fastkit.plan.peak import (
     EIGHT_BIT,
     OFF_PEAK,
@@ -47,6 +48,11 @@ class Plan:
     vision: str = ""
     """A vision-language model: its vision tower's parameters and the tokens of one image (a line of the table)."""
     largest: dict[str, int | None] = field(default_factory=dict)
+    single: int | None = None
+    """``gpus`` > 1: the predicted peak of the same run on one GPU (bytes), for the comparison line."""
+    across: tuple[int, bool, int] | None = None
+    """One GPU that does not fit: ``(gpus, fsdp, bytes per GPU)`` of the fewest GPUs that fit (DDP before FSDP2 at
+    the same count), or None. Not in :meth:`table` (``fastkit plan`` prints it below)."""
     """GRPO on a GPU: ``"num_generations"`` -> the most completions per prompt that fit at this completion length,
     ``"max_completion_length"`` -> the longest completions that fit at this G (None: not even the smallest)."""
 
@@ -117,7 +123,19 @@ class Plan:
             parts += ["Not at the peak (another phase of the step; shown, not added):", _rows(off, unit, scale)]
         if self.host:
             parts += ["Off the GPU (not added):", _rows(self.host, unit, scale)]
-        return "\n\n".join(parts) + "\n\n" + self.verdict() + self._largest_line()
+        return "\n\n".join(parts) + "\n\n" + self.verdict() + self._largest_line() + self._gpus_line()
+
+    def _gpus_line(self) -> str:
+        """``gpus`` > 1: the same run on one GPU, and whether the N GPUs are what makes it fit."""
+        if self.single is None:
+            return ""
+        how = "FSDP2" if self.inputs.fsdp else "DDP"
+        line = f"\nOne GPU: predicted {self.single / GiB:.2f} GiB"
+        if self.budget is None:
+            return line + f"; {self.inputs.gpus} GPUs with {how}: {self.total / GiB:.2f} GiB per GPU."
+        one = "fits" if self.single <= self.budget else "does NOT fit"
+        many = "fits" if self.fits else "does NOT fit"
+        return line + f", {one}; {self.inputs.gpus} GPUs with {how}: {self.total / GiB:.2f} GiB per GPU, {many}."
 
     def _largest_line(self) -> str:
         """GRPO on a GPU: the most completions per prompt and the longest completions that fit (``largest``)."""
@@ -169,7 +187,7 @@ def _setup_line(inputs: PlanInputs, cuda: bool) -> str:
     optimizer = inputs.optimizer
     if optimizer == "auto":
         optimizer = default_optimizer("cuda" if cuda else "cpu", inputs.load_in_4bit)
-    return f"{adapter}, {weights}, {ckpt}{where}, loss {inputs.loss}, optimizer {optimizer}"
+    return f"{adapter}, {weights}, {ckpt}{where}, loss {inputs.loss}, optimizer {optimizer}{setup_words(inputs)}"
 
 
 def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:

@@ -87,7 +87,33 @@ def run_identity(trainer) -> dict[str, Any]:
                for name, c in peft.items()}
     hyper = {k: _plain(getattr(trainer.args, k, None)) for k in HYPERPARAMETERS}
     return {"model": model, "adapter": adapter or None, "data": data_fingerprint(trainer.train_dataset),
-            "hyperparameters": hyper}
+            "hyperparameters": hyper, "processes": processes(trainer)}
+
+
+def processes(trainer) -> dict[str, int]:
+    """How many processes train (``world_size``) and the rows of one optimizer step across them (``global_batch``:
+    per-device batch x gradient accumulation x processes)."""
+    world = int(getattr(trainer.args, "world_size", 1) or 1)
+    per_step = int(trainer.args.per_device_train_batch_size) * int(trainer.args.gradient_accumulation_steps)
+    return {"world_size": world, "global_batch": per_step * world}
+
+
+def check_same_processes(saved: dict, now: dict, name: str) -> None:
+    """Refuse a checkpoint saved by another number of processes, naming both (a record without them: before
+    fastkit wrote them, one process)."""
+    before = saved.get("processes") or {"world_size": 1, "global_batch": None}
+    if before["world_size"] == now["world_size"]:
+        return
+
+    def words(p: dict) -> str:
+        batch = f", global batch {p['global_batch']}" if p.get("global_batch") else ""
+        return f"{p['world_size']} process{'es' if p['world_size'] > 1 else ''}{batch}"
+
+    raise FastkitError(f"resume=True: {name} was saved by a run on {words(before)}; this run has {words(now)}. The "
+                       "data order, the random states (one file per process) and how many rows a step is all follow "
+                       f"the number of processes: resume it on {before['world_size']} "
+                       f"(torchrun --nproc_per_node {before['world_size']}, accelerate launch --num_processes "
+                       f"{before['world_size']}), or start a new run (resume=False, or another output_dir).")
 
 
 def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
@@ -121,9 +147,12 @@ def check_resumable(trainer, folder: str | Path, extend_to: int | None = None) -
     only its :data:`SCHEDULE` may differ, to a schedule that ends past the checkpoint's step."""
     folder = Path(folder)
     name = folder.name
-    check_complete(trainer, folder)
     saved = read_run_file(folder)
-    diff = differences(saved, run_identity(trainer))
+    now = run_identity(trainer)
+    check_same_processes(saved, now["processes"], name)  # before the per-process files are looked for
+    saved.setdefault("processes", now["processes"])  # a record from before they were written: one process
+    check_complete(trainer, folder)
+    diff = differences(saved, now)
     if extend_to is not None:
         diff = [d for d in diff if not d.startswith(tuple(f"hyperparameters.{k}:" for k in SCHEDULE))]
     if diff:
@@ -372,6 +401,6 @@ def non_finite_message(key: str, value: float, step: int, args) -> str:
             f"(no checkpoint was written for it).{why}")
 
 
-__all__ = ["RUN_FILE", "SCHEDULE", "ExtendedSchedule", "RunGuard", "check_complete", "check_resumable", "checkpoints",
-           "data_fingerprint", "differences", "missing_pieces", "read_run_file", "restart_schedule_at",
-           "run_identity", "set_aside_old_checkpoints"]
+__all__ = ["RUN_FILE", "SCHEDULE", "ExtendedSchedule", "RunGuard", "check_complete", "check_resumable",
+           "check_same_processes", "checkpoints", "data_fingerprint", "differences", "missing_pieces", "processes",
+           "read_run_file", "restart_schedule_at", "run_identity", "set_aside_old_checkpoints"]

@@ -154,6 +154,7 @@ def make_trainer(
         trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    _fsdp_processes(trainer)
     trainer.fastkit_options = options
     trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
     if epochs is not None:  # the step counts that depend on the run's length, now that the packed rows are known
@@ -195,13 +196,20 @@ def every_parameter_used(model: torch.nn.Module) -> bool:
     return bool(getattr(base, "is_activation_checkpointing", False)) and not routed
 
 
+def _fsdp_processes(trainer) -> None:
+    """``accelerate launch --use_fsdp`` on CPU processes: accelerate drops the FSDP plugin there and the Trainer
+    would run DDP without a word (issue 43); fastkit gives it back (FSDP2 over gloo), and says which one runs."""
+    if _hf.fsdp_dropped_on_cpu(trainer):
+        _hf.fsdp_on_cpu(trainer)
+    if trainer.is_fsdp_enabled:
+        plugin = trainer.accelerator.state.fsdp_plugin
+        logger.info("fastkit: %d processes (FSDP%s)", ranks.world_size(), plugin.fsdp_version)
+
+
 def _log_processes(config: dict[str, Any]) -> None:
     """One line for a multi-process run: how many processes, and the unused-parameter search DDP does."""
-    if ranks.world_size() == 1:
-        return
-    if config.get("fsdp"):
-        logger.info("fastkit: %d processes (FSDP)", ranks.world_size())
-        return
+    if ranks.world_size() == 1 or config.get("fsdp") or ranks.fsdp_asked():
+        return  # FSDP: said once the Trainer made its accelerator (_fsdp_processes)
     found = config.get("ddp_find_unused_parameters")
     how = {False: "off (every trainable parameter gets a gradient each step: LoRA with fastkit's checkpointing)",
            True: "on"}.get(found, "the Trainer's choice")
@@ -444,10 +452,21 @@ def check_distributed_mode(model: torch.nn.Module, config: dict[str, Any]) -> No
     fsdp = " ".join(fsdp) if isinstance(fsdp, (list, tuple)) else str(fsdp)
     fsdp_config = config.get("fsdp_config") or {}
     cpu_offload = "offload" in fsdp.split() or bool(fsdp_config.get("cpu_offload") or fsdp_config.get("offload_params"))
+    cpu_offload = cpu_offload or (ranks.fsdp_asked() and os.environ.get("FSDP_OFFLOAD_PARAMS", "").lower() == "true")
+    _check_no_deepspeed(config)
     if cpu_offload and "offload" in active_patches(unwrap(model)):
         raise FastkitError("Activation offload (use_gradient_checkpointing='offload') and FSDP CPU offload both move "
                            "data over the same host link with pinned buffers and would fight for it. Choose one: "
                            "use_gradient_checkpointing=True with FSDP cpu_offload, or drop FSDP's cpu_offload.")
+
+
+def _check_no_deepspeed(config: dict[str, Any]) -> None:
+    """DeepSpeed (``accelerate launch --use_deepspeed``, ``deepspeed=...``) is refused: not tested with fastkit."""
+    if config.get("deepspeed") or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        raise FastkitError("DeepSpeed is not supported by fastkit yet: it has not been tested with fastkit's patches "
+                           "(ZeRO-3 replaces each parameter with an empty placeholder, which the packing, "
+                           "checkpointing and LoRA patches read), and it is not installed where fastkit is tested. "
+                           "Use FSDP2: `accelerate launch --config_file fsdp2.yaml -m fastkit train ...`.")
 
 
 def _check_packing_supported(model: torch.nn.Module, packing: bool) -> None:
