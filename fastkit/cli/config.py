@@ -271,6 +271,20 @@ def needs_sft_flags(argv: list[str]) -> bool:
     return any(a.startswith("--") and a.split("=", 1)[0] not in own for a in argv if a != "--")
 
 
+def add_run_flags(p: argparse.ArgumentParser, help_all: str) -> None:
+    """The flags every training command has beside its options: the options file, printing it, resuming."""
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
+                        "flags override it")
+    p.add_argument("--print-config", "--print_config", action="store_true",
+                   help="write the resolved options as YAML to stdout and exit (nothing is loaded)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
+    p.add_argument("--extend", action="store_true",
+                   help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
+                        "--epochs given now; the adapter and optimizer state carry over, only the schedule changes")
+    p.add_argument("--help-all", action="store_true", help=help_all)
+
+
 def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: bool = False) -> None:
     """Every option as a flag on ``p`` (defaults suppressed: :func:`resolve` knows what was given).
 
@@ -288,17 +302,7 @@ def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: boo
         action = _add_field(group, f, QUANTIZATIONS)
         if common_only and name not in COMMON:
             action.help = argparse.SUPPRESS
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
-                        "flags override it")
-    p.add_argument("--print-config", "--print_config", action="store_true",
-                   help="write the resolved options as YAML to stdout and exit (nothing is loaded)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
-    p.add_argument("--extend", action="store_true",
-                   help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
-                        "--epochs given now; the adapter and optimizer state carry over, only the schedule changes")
-    p.add_argument("--help-all", action="store_true",
-                   help="every option: the ones above, the rest of TrainOptions / LoraOptions and TRL's SFTConfig")
+    add_run_flags(p, "every option: the ones above, the rest of TrainOptions / LoraOptions and TRL's SFTConfig")
     if sft:
         _add_sft_arguments(p)
 

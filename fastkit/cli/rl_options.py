@@ -233,21 +233,9 @@ def add_arguments(p: argparse.ArgumentParser, command: Command, trl: bool, commo
             action.nargs, action.help = None, DATA_HELP[command.name]
         if common_only and name not in command.common:
             action.help = argparse.SUPPRESS
-    _add_own_flags(p)
+    cli_config.add_run_flags(p, "every option, TRL's config fields included")
     if trl:
         cli_config._add_sft_arguments(p, command.trl_config, taken(command), key="trl")
-
-
-def _add_own_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
-                        "flags override it")
-    p.add_argument("--print-config", "--print_config", action="store_true",
-                   help="write the resolved options as YAML to stdout and exit (nothing is loaded)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
-    p.add_argument("--extend", action="store_true",
-                   help="with --resume: continue a run (finished or not) for the longer --steps or --epochs given now")
-    p.add_argument("--help-all", action="store_true", help="every option, TRL's config fields included")
 
 
 OWN_FLAGS = ("-h", "--help", "--help-all", "--config", "--print-config", "--print_config", "--resume", "--extend")
