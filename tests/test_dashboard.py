@@ -145,7 +145,8 @@ class FakeTrainer:
         self.model.config = SimpleNamespace(model_type="fake", name_or_path="fake")  # what the run identity reads
         self.train_dataset = [{"input_ids": [1, 2, 3]}]
         self.args = SimpleNamespace(output_dir=tempfile.mkdtemp(prefix="fastkit-fake-run-"),
-                                    logging_nan_inf_filter=True)
+                                    logging_nan_inf_filter=True, world_size=1,  # the run identity's processes
+                                    per_device_train_batch_size=1, gradient_accumulation_steps=1)
         self.state = TrainerState(max_steps=steps)
         self.callback_handler = SimpleNamespace(callbacks=[PrinterCallback()])
         self.seen_during_train: list[str] = []

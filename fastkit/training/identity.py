@@ -147,6 +147,7 @@ def check_resumable(trainer, folder: str | Path, extend_to: int | None = None) -
     only its :data:`SCHEDULE` may differ, to a schedule that ends past the checkpoint's step."""
     folder = Path(folder)
     name = folder.name
+    check_optimizer_state(folder)  # an interrupted save says so first (the same in any world size)
     saved = read_run_file(folder)
     now = run_identity(trainer)
     check_same_processes(saved, now["processes"], name)  # before the per-process files are looked for
