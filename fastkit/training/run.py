@@ -133,7 +133,10 @@ def make_trainer(
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
     if is_processor(tokenizer):  # a vision-language model: image + text rows, its processor collates them
-        return _vision_trainer(model, tokenizer, train_dataset, args, callbacks, max_seq_length)
+        if evaluate:
+            raise FastkitError("make_trainer: eval_dataset / eval_split are not supported for image + text rows yet; "
+                               "train without them and evaluate the saved adapter.")
+        return _vision_trainer(model, tokenizer, train_dataset, args, options, callbacks, max_seq_length)
     given_eval = eval_dataset
     with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
         dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
@@ -168,9 +171,10 @@ def make_trainer(
     return trainer
 
 
-def _vision_trainer(model, processor, train_dataset, args, callbacks, max_seq_length: int):
+def _vision_trainer(model, processor, train_dataset, args, options: TrainOptions, callbacks, max_seq_length: int):
     """The SFT trainer of a vision-language model: rows checked (:func:`fastkit.data.vision.check_vision_rows`),
-    then handed to TRL as they are, collated by the processor with the loss on assistant turns only."""
+    then handed to TRL as they are, collated by the processor with the loss on assistant turns only; the dashboard
+    attached and the options kept as for text (:func:`fit` runs it)."""
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
     rows = list(train_dataset)
@@ -183,8 +187,15 @@ def _vision_trainer(model, processor, train_dataset, args, callbacks, max_seq_le
     from fastkit.data.vision import ROW_KEY
 
     indices = Dataset.from_dict({ROW_KEY: list(range(len(rows)))})  # the rows stay Python objects (PIL images)
-    return ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
-                              data_collator=VisionCollator(processor, max_seq_length, rows), callbacks=[*callbacks])
+    trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
+                                 data_collator=VisionCollator(processor, max_seq_length, rows),
+                                 callbacks=[*callbacks])
+    dash = dashboard_callback(options.dashboard, examples=len(rows), measure_syncs=options.measure_syncs,
+                              log_every_step=options.logging_steps is None)
+    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    trainer.fastkit_options = options
+    trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
+    return trainer
 
 
 def every_parameter_used(model: torch.nn.Module) -> bool:
