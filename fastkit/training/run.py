@@ -27,7 +27,7 @@ from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.data.read import stream_source
 from fastkit.data.stream import is_stream
-from fastkit.data.vision import VisionCollator, check_vision_rows, is_processor
+from fastkit.data.vision import VisionCollator, check_vision_rows, fetch_images, is_processor
 from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
@@ -177,7 +177,7 @@ def _vision_trainer(model, processor, train_dataset, args, options: TrainOptions
     attached and the options kept as for text (:func:`fit` runs it)."""
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
-    rows = list(train_dataset)
+    rows = fetch_images(list(train_dataset))  # every URL fetched once, before any step
     check_vision_rows(rows, processor, max_seq_length)
     args.remove_unused_columns = False  # the collator reads messages and images
     args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
