@@ -40,3 +40,19 @@ def test_an_eval_set_for_image_rows_is_refused(tmp_path):
     with pytest.raises(FastkitError, match="eval_dataset / eval_split are not supported for image"):
         make_trainer(model, processor, [_row()], eval_dataset=[_row()], max_steps=1, packing=False,
                      output_dir=str(tmp_path))
+
+
+def test_the_data_fingerprint_tells_other_image_rows_apart(tmp_path):
+    from fastkit.families.vision import twin_image
+    from fastkit.training.identity import data_fingerprint
+
+    model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
+
+    def fingerprint(rows):
+        trainer = make_trainer(model, processor, rows, max_steps=1, packing=False, output_dir=str(tmp_path))
+        return data_fingerprint(trainer.train_dataset)
+
+    rows = [_row(), _row(answer="A dog.")]
+    assert fingerprint(rows) == fingerprint([_row(), _row(answer="A dog.")])
+    assert fingerprint(rows) != fingerprint([_row(), _row(answer="A cat.")])  # other text
+    assert fingerprint(rows) != fingerprint([_row(), _row(answer="A dog.", images=[twin_image(5)])])  # other image

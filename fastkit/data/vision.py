@@ -255,6 +255,24 @@ class VisionCollator:
         return dict(batch)
 
 
+def row_digest(row: dict) -> str:
+    """A hash of one row's content: its messages and its images (a file's bytes, a PIL image's pixels), so a resumed
+    run's data fingerprint (fastkit.training.identity) tells other rows from these."""
+    import hashlib
+    import json
+
+    h = hashlib.blake2b(json.dumps(row.get("messages"), sort_keys=True, default=str).encode(), digest_size=12)
+    for image in row.get("images") or []:
+        if isinstance(image, (str, os.PathLike)) and os.path.isfile(os.path.expanduser(str(image))):
+            with open(os.path.expanduser(str(image)), "rb") as f:
+                h.update(f.read())
+        elif hasattr(image, "tobytes"):
+            h.update(image.tobytes())
+        else:
+            h.update(str(image).encode())
+    return h.hexdigest()
+
+
 SHAPES = "shapes"
 """The name of :func:`shape_rows`' offline sample as a ``caption_rows`` source."""
 _COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
@@ -303,4 +321,4 @@ def caption_rows(source: str, instruction: str, image_column: str = "image", tex
 
 __all__ = ["MAX_IMAGE_BYTES", "SHAPES", "URL_TIMEOUT", "VisionCollator", "caption_row", "caption_rows",
            "check_vision_rows", "encode_row", "fetch_image", "fetch_images", "image_cache_dir", "image_parts",
-           "is_processor", "is_url", "open_image", "row_images", "shape_rows"]
+           "is_processor", "is_url", "open_image", "row_digest", "row_images", "shape_rows"]

@@ -184,9 +184,10 @@ def _vision_trainer(model, processor, train_dataset, args, options: TrainOptions
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     from datasets import Dataset
 
-    from fastkit.data.vision import ROW_KEY
+    from fastkit.data.vision import ROW_KEY, row_digest
 
-    indices = Dataset.from_dict({ROW_KEY: list(range(len(rows)))})  # the rows stay Python objects (PIL images)
+    # the rows stay Python objects (PIL images); their digests make the run's data fingerprint (resume checks it)
+    indices = Dataset.from_dict({ROW_KEY: list(range(len(rows))), "fastkit_row_digest": [row_digest(r) for r in rows]})
     trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
                                  data_collator=VisionCollator(processor, max_seq_length, rows),
                                  callbacks=[*callbacks])
