@@ -720,12 +720,13 @@ def _vision_train(s: Spec):
     return [
         _md("## Train", "", "TRL's `SFTTrainer` (through `make_trainer`) with the processor: each batch is the rows' "
             "chats rendered, their images expanded into image tokens, the loss on the assistant's answers only. "
-            "`packing=False`: Qwen's multi-axis rope is not packed."),
-        _code("from fastkit.training import make_trainer", "",
+            "`packing=False`: Qwen's multi-axis rope is not packed. `fit` runs it under the live dashboard "
+            "(loss, steps/s, tokens/s with the image tokens counted); the stop button ends it cleanly."),
+        _code("from fastkit.training import fit, make_trainer", "",
               "trainer = make_trainer(model, processor, rows, max_steps=MAX_STEPS, batch_size=BATCH_SIZE,",
               "                       learning_rate=LEARNING_RATE, packing=False, output_dir=OUTPUT_DIR)",
-              "result = trainer.train()",
-              'print(f"{result.global_step} steps, final loss {result.training_loss:.3f}")'),
+              "metrics = fit(trainer)",
+              'print(f"{metrics.step} steps, final loss {metrics.loss:.3f}, {metrics.tokens_seen:,} tokens")'),
     ]
 
 

@@ -3,9 +3,10 @@ assistant turns only.
 
 A row is ``{"messages": [...], "images": [...]}``: messages as for text, where a message's ``content`` may be a
 list of parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``), and ``images`` the images those parts
-stand for, in order (local paths or PIL images). :func:`check_vision_rows` names the first bad row: a missing or
-unreadable image, a count of image parts that is not the count of images, a row whose image tokens (what the
-processor expands each image into) push it past ``max_seq_length``. :class:`VisionCollator` renders each row with
+stand for, in order (local paths, http(s) URLs: :func:`fetch_images`, or PIL images). :func:`check_vision_rows`
+names the first bad row: a missing or unreadable image, a URL that could not be fetched, a count of image parts
+that is not the count of images, a row whose image tokens (what the processor expands each image into) push it
+past ``max_seq_length``. :class:`VisionCollator` renders each row with
 the processor's chat template, expands and tokenizes it with its images, and trains the assistant turns only
 (each turn's span: where the render of the messages before it with the generation prompt ends, to where the
 render through it ends, as for text chats in :mod:`fastkit.data.chat_masks`).
@@ -41,16 +42,18 @@ def image_parts(messages: Sequence[dict]) -> int:
 
 
 def open_image(image: Any, row: int, index: int):
-    """``image`` (a path or a PIL image) as an RGB PIL image; a FastkitError naming the row and the image."""
+    """``image`` (a path, an http(s) URL: :func:`fetch_image`, or a PIL image) as an RGB PIL image; a FastkitError
+    naming the row and the image."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if not isinstance(image, (str, os.PathLike)):
-        raise FastkitError(f"row {row}: images[{index}] is a {type(image).__name__}; give a local path or a PIL image.")
+        raise FastkitError(f"row {row}: images[{index}] is a {type(image).__name__}; give a local path, an http(s) "
+                           "URL or a PIL image.")
+    if is_url(image):
+        image = fetch_image(str(image), row, index)
     path = os.path.expanduser(str(image))
-    if str(image).startswith(("http://", "https://")):
-        raise FastkitError(f"row {row}: images[{index}] is a URL ({image}); download it first and give its path.")
     if not os.path.isfile(path):
         raise FastkitError(f"row {row}: images[{index}] {path!r} does not exist.")
     try:
@@ -58,6 +61,98 @@ def open_image(image: Any, row: int, index: int):
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError) as exc:
         raise FastkitError(f"row {row}: images[{index}] {path!r} is not a readable image ({exc}).") from exc
+
+
+URL_TIMEOUT = 30.0
+"""Seconds :func:`fetch_image` waits for an image URL to answer."""
+MAX_IMAGE_BYTES = 64 * 2**20
+"""The largest answer :func:`fetch_image` reads (larger is refused: not an image a model takes)."""
+
+
+def is_url(image: Any) -> bool:
+    return isinstance(image, str) and image.startswith(("http://", "https://"))
+
+
+def image_cache_dir(cache_dir: str | os.PathLike | None = None) -> str:
+    """Where fetched images are kept: ``cache_dir``, or ``fastkit_images`` under the datasets cache."""
+    if cache_dir is None:
+        from datasets import config
+
+        cache_dir = os.path.join(str(config.HF_DATASETS_CACHE), "fastkit_images")
+    return os.path.expanduser(str(cache_dir))
+
+
+def fetch_image(url: str, row: int, index: int, cache_dir: str | os.PathLike | None = None,
+                timeout: float = URL_TIMEOUT) -> str:
+    """The local path of the image at ``url``: fetched once into :func:`image_cache_dir` (named by the URL's hash),
+    then read from there. An unreachable URL, an error answer or an answer that is not an image raises a
+    FastkitError naming the row and the URL."""
+    import hashlib
+
+    folder = image_cache_dir(cache_dir)
+    path = os.path.join(folder, hashlib.sha256(url.encode()).hexdigest()[:32])
+    if os.path.isfile(path):
+        return path
+    body = _download(url, row, index, timeout)
+    _check_image_bytes(body, url, row, index)
+    os.makedirs(folder, exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "wb") as f:
+        f.write(body)
+    os.replace(partial, path)  # whole or absent: a stopped fetch leaves no half image behind
+    logger.info("fastkit: fetched %s (%d bytes) into %s", url, len(body), folder)
+    return path
+
+
+def _download(url: str, row: int, index: int, timeout: float) -> bytes:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            body = answer.read(MAX_IMAGE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        raise FastkitError(f"row {row}: images[{index}] {url} could not be fetched (HTTP {exc.code} "
+                           f"{exc.reason}).") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise FastkitError(f"row {row}: images[{index}] {url} could not be fetched ({reason}; timeout "
+                           f"{timeout:g} s).") from exc
+    if len(body) > MAX_IMAGE_BYTES:
+        raise FastkitError(f"row {row}: images[{index}] {url} answered more than {MAX_IMAGE_BYTES >> 20} MiB; "
+                           "not an image to train on.")
+    return body
+
+
+def _check_image_bytes(body: bytes, url: str, row: int, index: int) -> None:
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(body)) as img:
+            img.verify()
+    except (OSError, UnidentifiedImageError, SyntaxError) as exc:
+        raise FastkitError(f"row {row}: images[{index}] {url} answered {len(body)} bytes that are not an image "
+                           f"({exc}).") from exc
+
+
+def fetch_images(rows: Sequence[dict], cache_dir: str | os.PathLike | None = None,
+                 timeout: float = URL_TIMEOUT) -> list[dict]:
+    """``rows`` with every http(s) URL in their ``images`` replaced by the local path of the image fetched there
+    (:func:`fetch_image`: each URL once, kept in ``cache_dir`` or the datasets cache). Call it before the model
+    loads; ``make_trainer`` calls it too, so training reads no URL."""
+    out, fetched = [], 0
+    for r, row in enumerate(rows):
+        images = row.get("images") if isinstance(row, dict) else None
+        if isinstance(images, (list, tuple)) and any(is_url(i) for i in images):
+            row = {**row, "images": [fetch_image(i, r, k, cache_dir, timeout) if is_url(i) else i
+                                     for k, i in enumerate(images)]}
+            fetched += 1
+        out.append(row)
+    if fetched:
+        logger.info("fastkit: image URLs of %d rows fetched into %s", fetched, image_cache_dir(cache_dir))
+    return out
 
 
 def row_images(row: dict, index: int) -> list:
@@ -160,6 +255,24 @@ class VisionCollator:
         return dict(batch)
 
 
+def row_digest(row: dict) -> str:
+    """A hash of one row's content: its messages and its images (a file's bytes, a PIL image's pixels), so a resumed
+    run's data fingerprint (fastkit.training.identity) tells other rows from these."""
+    import hashlib
+    import json
+
+    h = hashlib.blake2b(json.dumps(row.get("messages"), sort_keys=True, default=str).encode(), digest_size=12)
+    for image in row.get("images") or []:
+        if isinstance(image, (str, os.PathLike)) and os.path.isfile(os.path.expanduser(str(image))):
+            with open(os.path.expanduser(str(image)), "rb") as f:
+                h.update(f.read())
+        elif hasattr(image, "tobytes"):
+            h.update(image.tobytes())
+        else:
+            h.update(str(image).encode())
+    return h.hexdigest()
+
+
 SHAPES = "shapes"
 """The name of :func:`shape_rows`' offline sample as a ``caption_rows`` source."""
 _COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
@@ -206,5 +319,6 @@ def caption_rows(source: str, instruction: str, image_column: str = "image", tex
     return [caption_row(row[image_column], instruction, row[text_column]) for row in data]
 
 
-__all__ = ["SHAPES", "VisionCollator", "caption_row", "caption_rows", "check_vision_rows", "encode_row",
-           "image_parts", "is_processor", "open_image", "row_images", "shape_rows"]
+__all__ = ["MAX_IMAGE_BYTES", "SHAPES", "URL_TIMEOUT", "VisionCollator", "caption_row", "caption_rows",
+           "check_vision_rows", "encode_row", "fetch_image", "fetch_images", "image_cache_dir", "image_parts",
+           "is_processor", "is_url", "open_image", "row_digest", "row_images", "shape_rows"]

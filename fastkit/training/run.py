@@ -27,7 +27,7 @@ from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.data.read import stream_source
 from fastkit.data.stream import is_stream
-from fastkit.data.vision import VisionCollator, check_vision_rows, is_processor
+from fastkit.data.vision import VisionCollator, check_vision_rows, fetch_images, is_processor
 from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
@@ -133,7 +133,10 @@ def make_trainer(
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
     if is_processor(tokenizer):  # a vision-language model: image + text rows, its processor collates them
-        return _vision_trainer(model, tokenizer, train_dataset, args, callbacks, max_seq_length)
+        if evaluate:
+            raise FastkitError("make_trainer: eval_dataset / eval_split are not supported for image + text rows yet; "
+                               "train without them and evaluate the saved adapter.")
+        return _vision_trainer(model, tokenizer, train_dataset, args, options, callbacks, max_seq_length)
     given_eval = eval_dataset
     with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
         dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
@@ -168,23 +171,32 @@ def make_trainer(
     return trainer
 
 
-def _vision_trainer(model, processor, train_dataset, args, callbacks, max_seq_length: int):
+def _vision_trainer(model, processor, train_dataset, args, options: TrainOptions, callbacks, max_seq_length: int):
     """The SFT trainer of a vision-language model: rows checked (:func:`fastkit.data.vision.check_vision_rows`),
-    then handed to TRL as they are, collated by the processor with the loss on assistant turns only."""
+    then handed to TRL as they are, collated by the processor with the loss on assistant turns only; the dashboard
+    attached and the options kept as for text (:func:`fit` runs it)."""
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
-    rows = list(train_dataset)
+    rows = fetch_images(list(train_dataset))  # every URL fetched once, before any step
     check_vision_rows(rows, processor, max_seq_length)
     args.remove_unused_columns = False  # the collator reads messages and images
     args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     from datasets import Dataset
 
-    from fastkit.data.vision import ROW_KEY
+    from fastkit.data.vision import ROW_KEY, row_digest
 
-    indices = Dataset.from_dict({ROW_KEY: list(range(len(rows)))})  # the rows stay Python objects (PIL images)
-    return ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
-                              data_collator=VisionCollator(processor, max_seq_length, rows), callbacks=[*callbacks])
+    # the rows stay Python objects (PIL images); their digests make the run's data fingerprint (resume checks it)
+    indices = Dataset.from_dict({ROW_KEY: list(range(len(rows))), "fastkit_row_digest": [row_digest(r) for r in rows]})
+    trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
+                                 data_collator=VisionCollator(processor, max_seq_length, rows),
+                                 callbacks=[*callbacks])
+    dash = dashboard_callback(options.dashboard, examples=len(rows), measure_syncs=options.measure_syncs,
+                              log_every_step=options.logging_steps is None)
+    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    trainer.fastkit_options = options
+    trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
+    return trainer
 
 
 def every_parameter_used(model: torch.nn.Module) -> bool:
