@@ -605,21 +605,29 @@ def data_yaml(data: Any) -> Any:
     return listed[0] if len(listed) == 1 and isinstance(listed[0], str) else listed
 
 
-def resolve(given: dict[str, Any], config_path: str | None) -> Resolved:
-    """Defaults, then the file, then the flags: one checked :class:`Resolved`."""
-    values: dict[str, Any] = dict(CLI_DEFAULTS)
-    sft: dict[str, Any] = {}
-    layers = [file_layer(read_file(config_path), config_path)] if config_path else []
-    for options, extra in [*layers, flag_layer(given)]:
+def layered(defaults: dict[str, Any], layers: list[tuple[dict[str, Any], dict[str, Any]]],
+            groups) -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
+    """``(values split by options class, TRL fields)``: ``layers`` of ``(options, TRL fields)`` applied in order over
+    ``defaults`` (each command's file, then its flags), the step count resolved, ``model`` and ``data`` required."""
+    values: dict[str, Any] = dict(defaults)
+    trl: dict[str, Any] = {}
+    for options, extra in layers:
         _apply(values, options)
-        sft.update(extra)
+        trl.update(extra)
     if values.get("max_steps") is None and values.get("epochs") is None:
         values["max_steps"] = DEFAULT_MAX_STEPS  # resolved, so the YAML says it
     for needed in ("model", "data"):
         if values.get(needed) is None:
             raise FastkitError(f"give --{needed} (or {needed}: in the --config file).")
     split = {cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
-             for cls in GROUPS}
+             for cls in groups}
+    return split, trl
+
+
+def resolve(given: dict[str, Any], config_path: str | None) -> Resolved:
+    """Defaults, then the file, then the flags: one checked :class:`Resolved`."""
+    layers = [file_layer(read_file(config_path), config_path)] if config_path else []
+    split, sft = layered(CLI_DEFAULTS, [*layers, flag_layer(given)], GROUPS)
     return Resolved(run=RunOptions(**split[RunOptions]), train=TrainOptions(**split[TrainOptions], sft=sft),
                     lora=LoraOptions(**split[LoraOptions]))
 
@@ -640,4 +648,4 @@ def print_config(resolved: Resolved) -> str:
 
 
 __all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "data_yaml", "file_layer",
-           "flag_layer", "print_config", "read_file", "resolve", "scalar", "sft_value"]
+           "flag_layer", "layered", "print_config", "read_file", "resolve", "scalar", "sft_value"]

@@ -349,19 +349,8 @@ def _unknown(command: Command, where: str, key: str) -> str:
 
 def resolve(command: Command, given: dict[str, Any], config_path: str | None) -> Resolved:
     """Defaults, then the file, then the flags: one checked :class:`Resolved`."""
-    values: dict[str, Any] = dict(command.defaults)
-    trl: dict[str, Any] = {}
     layers = [file_layer(command, cli_config.read_file(config_path), config_path)] if config_path else []
-    for options, extra in [*layers, flag_layer(command, given)]:
-        cli_config._apply(values, options)
-        trl.update(extra)
-    if values.get("max_steps") is None and values.get("epochs") is None:
-        values["max_steps"] = DEFAULT_MAX_STEPS  # resolved, so the YAML says it
-    for needed in ("model", "data"):
-        if values.get(needed) is None:
-            raise FastkitError(f"give --{needed} (or {needed}: in the --config file).")
-    split = {cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
-             for cls in command.groups()}
+    split, trl = cli_config.layered(command.defaults, [*layers, flag_layer(command, given)], command.groups())
     return Resolved(command=command, run=RunOptions(**split[RunOptions]), options=command.options(
         **split[command.options]), lora=LoraOptions(**split[LoraOptions]), trl=trl)
 
