@@ -148,18 +148,13 @@ def make_trainer(
             _check_token_ids(checked, model, where)
     if args.dataset_num_proc is None and rows is not None:  # TRL's labels / packing passes: the cores there are
         args.dataset_num_proc = data_workers(rows)
-    # the dashboard asks for a log every step (live curves) unless the caller chose logging_steps: then it wins
-    dash = dashboard_callback(options.dashboard, examples=rows, measure_syncs=options.measure_syncs,
-                              log_every_step=options.logging_steps is None)
     # never mix documents through a KV cache while training (fastkit.revert puts the user's value back)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     with frozen_heap():  # TRL's passes fork dataset_num_proc workers too
         trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
-    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
+    _attach_run(trainer, options, rows)
     _fsdp_processes(trainer)
-    trainer.fastkit_options = options
-    trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
     if epochs is not None:  # the step counts that depend on the run's length, now that the packed rows are known
         total = planned_steps(trainer)
         trainer.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
@@ -191,12 +186,19 @@ def _vision_trainer(model, processor, train_dataset, args, options: TrainOptions
     trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
                                  data_collator=VisionCollator(processor, max_seq_length, rows),
                                  callbacks=[*callbacks])
-    dash = dashboard_callback(options.dashboard, examples=len(rows), measure_syncs=options.measure_syncs,
-                              log_every_step=options.logging_steps is None)
-    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
-    trainer.fastkit_options = options
-    trainer.fastkit_config = {**options.to_dict()}  # what fit saves as output_dir/fastkit_config.yaml
+    _attach_run(trainer, options, len(rows))
     return trainer
+
+
+def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
+    """The live dashboard (first among the callbacks: trackers after it see its fastkit/... log keys) and the
+    options :func:`fit` saves as output_dir/fastkit_config.yaml. The dashboard asks for a log every step (live
+    curves) unless the caller chose logging_steps: then it wins."""
+    dash = dashboard_callback(options.dashboard, examples=rows, measure_syncs=options.measure_syncs,
+                              log_every_step=options.logging_steps is None)
+    trainer.callback_handler.callbacks.insert(0, dash)
+    trainer.fastkit_options = options
+    trainer.fastkit_config = {**options.to_dict()}
 
 
 def every_parameter_used(model: torch.nn.Module) -> bool:
