@@ -52,7 +52,16 @@ def launch(train_fn: Callable[..., Any], *args: Any, num_processes: int | None =
                            "kernel and call fastkit.launch first, with the model loaded inside train_fn.")
     with tempfile.TemporaryDirectory(prefix="fastkit-launch-") as folder:
         result = Path(folder) / "rank0.pkl"
-        _start(_rank0(train_fn, result), args, num_processes, fsdp, port or _free_port(), mixed_precision)
+        try:
+            _start(_rank0(train_fn, result), args, num_processes, fsdp, port or _free_port(), mixed_precision)
+        except Exception as exc:  # noqa: BLE001 -- torch's ChildFailedError: said as what the process raised
+            failed, ours = _failures(Path(folder))
+            if not failed:
+                raise
+            error = FastkitError(f"fastkit.launch: {failed}")
+            if ours:  # fastkit's own refusals say all there is; torch's page of launcher frames would bury them
+                raise error from None
+            raise error from exc
         return pickle.loads(result.read_bytes()) if result.is_file() else None
 
 
@@ -82,13 +91,29 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _failures(folder: Path) -> tuple[str, bool]:
+    """What each failed process raised (``failed-<rank>.txt``, written by :func:`_rank0`'s wrapper), one line per
+    process, the first to fail first (``""`` when none wrote one: a process died without a Python exception), and
+    whether every one was a :class:`FastkitError` (a refusal whose message says what to do)."""
+    files = sorted(folder.glob("failed-*.txt"), key=lambda f: f.stat().st_mtime_ns)
+    lines = [f.read_text().split("\n", 1) for f in files]  # [ours flag, "Type: message"]
+    said = "\n".join(f"process {f.stem.split('-')[1]} raised {text}" for f, (_, text) in zip(files, lines))
+    return said, bool(lines) and all(flag == "1" for flag, _ in lines)
+
+
 def _rank0(fn: Callable[..., Any], path: Path) -> Callable[..., None]:
     """``fn`` in each process; rank 0 writes what it returned to ``path`` (pickled, when it can be)."""
 
     @functools.wraps(fn)  # torch's elastic launch names the run after the function
     def run(*args: Any) -> None:
-        value = fn(*args)
-        if os.environ.get("RANK", "0") != "0":
+        rank = os.environ.get("RANK", "0")
+        try:
+            value = fn(*args)
+        except BaseException as exc:
+            ours = int(isinstance(exc, FastkitError) or getattr(exc, "fastkit_agreed", False))
+            (path.parent / f"failed-{rank}.txt").write_text(f"{ours}\n{type(exc).__name__}: {exc}")
+            raise
+        if rank != "0":
             return
         try:
             path.write_bytes(pickle.dumps(value))

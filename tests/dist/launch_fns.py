@@ -32,3 +32,14 @@ def train_twin(out):
     metrics = fit(trainer)
     ranks.agreed(save_lora, model, tok, f"{out}/lora", main_only=True)
     return metrics.status, ranks.world_size()
+
+
+def refuse_on_rank1(kind):
+    """Rank 1 raises (a fastkit refusal, or a plain bug); rank 0 returns."""
+    import os
+
+    from fastkit.errors import FastkitError
+
+    if os.environ.get("RANK") == "1":
+        raise (FastkitError if kind == "fastkit" else ZeroDivisionError)(f"{kind} failure on rank 1")
+    return "rank 0 done"
