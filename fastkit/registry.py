@@ -682,10 +682,8 @@ MODEL_TABLE: dict[str, ModelFacts] = {
             _QWEN3_VL_VISION, twin_text=dict(_QWEN3_VL_VISION.twin_text, moe_intermediate_size=32, num_experts=4,
                                              num_experts_per_tok=2, decoder_sparse_step=1),
 )),
-        ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)",
-                   gguf_refusal=_VLM_GGUF.format(what="SmolVLM / Idefics3")),
-        ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)",
-                   gguf_refusal=_VLM_GGUF.format(what="SmolVLM2")),
+        ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)"),  # GGUF: text + mmproj
+        ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)"),  # (export/gguf/mmproj.py)
     ]
 }
 
