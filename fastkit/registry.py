@@ -568,8 +568,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(**_GEMMA_GGUF, final_softcap="optional", rope_by_layer_type=True,
                                   rope_types=("default", "linear"), query_scale_wide_at=62)),
         ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
-                   vision=_GEMMA3_VISION, gguf_refusal=_VLM_GGUF.format(what="Gemma 3") + " (vision=False loads "
-                   "its text model, which save_gguf writes as gemma3)",
+                   vision=_GEMMA3_VISION,  # GGUF: text + mmproj (export/gguf/mmproj.py)
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only, "
                         "unless vision=True"),
         ModelFacts("glm"),

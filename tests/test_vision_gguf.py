@@ -23,7 +23,8 @@ from tests.helpers import require_llama_cpp
 
 EMBD_TOL = 2e-3
 """Largest |Δ| between llama.cpp's and transformers' image embeddings, over their scale (max |x|): the mmproj is
-f16, the tower runs in f32 in both; measured 2.3e-4 to 1.0e-3 on the idefics3 twin (three images)."""
+f16, the tower runs in f32 in both; measured on five images: idefics3 twin 2.3e-4 to 1.0e-3, gemma3 twin
+6.1e-4 to 9.0e-4 (another image: 0.8 to 1.4)."""
 
 
 def _mtmd():
@@ -39,8 +40,13 @@ def _mtmd():
     return llama_cpp, mtmd_cpp
 
 
+SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28}
+"""Each twin's image size: an image of it passes llama.cpp's resize unchanged."""
+
+
 def _tuned(model_type: str):
-    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, dtype="fp32")
+    vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
+    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, dtype="fp32", **vision)
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, finetune_vision_layers=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained-looking adapter on the tower and the language model: non-zero B
@@ -50,20 +56,26 @@ def _tuned(model_type: str):
     return model.eval(), processor
 
 
-@pytest.fixture(scope="module")
-def idefics3(tmp_path_factory):
-    model, processor = _tuned("idefics3")
-    out = tmp_path_factory.mktemp("gguf")
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3"])
+def exported(request, tmp_path_factory):
+    model, processor = _tuned(request.param)
+    out = tmp_path_factory.mktemp(request.param)
     text = save_gguf(model, processor, out, quantization="f16")
-    return model, processor, text, str(out / text.rsplit("/", 1)[1].replace("-f16.gguf", "-mmproj-f16.gguf"))
+    mmproj = text.replace("-f16.gguf", "-mmproj-f16.gguf")
+    assert os.path.exists(mmproj)
+    return request.param, model, processor, text, mmproj
 
 
-def _hf_features(model, processor, image) -> np.ndarray:
-    """transformers' image features (after the connector), (tokens, H)."""
-    batch = processor(text=["<image>"], images=[[image]], return_tensors="pt")
+def _hf_features(model_type: str, model, processor, image) -> np.ndarray:
+    """transformers' image features (after the projector), (tokens, H), preprocessed by the family's processor."""
+    batch = processor.image_processor(images=[image], return_tensors="pt")
+    vlm = model.get_base_model().model
     with torch.no_grad():
-        out = model.get_base_model().model.get_image_features(batch["pixel_values"], batch["pixel_attention_mask"])
-    return torch.cat(list(out.pooler_output)).numpy()
+        if model_type == "gemma3":
+            out = vlm.get_image_features(batch["pixel_values"])
+        else:
+            out = vlm.get_image_features(batch["pixel_values"], batch["pixel_attention_mask"])
+    return torch.cat([f.reshape(-1, f.shape[-1]) for f in out.pooler_output]).numpy()
 
 
 def _mtmd_embeddings(text_file: str, mmproj_file: str, image) -> list[np.ndarray]:
@@ -102,21 +114,21 @@ def _mtmd_embeddings(text_file: str, mmproj_file: str, image) -> list[np.ndarray
         llama_cpp.llama_model_free(model)
 
 
-def test_llama_cpp_mtmd_encodes_an_image_as_transformers_does(idefics3):
-    model, processor, text_file, mmproj_file = idefics3
-    image = twin_image(3, size=(64, 64))  # the twin's image size: llama.cpp's resize is the identity
-    want = _hf_features(model, processor, image)  # (4, H): one image, 4 tokens after pixel shuffle
+def test_llama_cpp_mtmd_encodes_an_image_as_transformers_does(exported):
+    model_type, model, processor, text_file, mmproj_file = exported
+    image = twin_image(3, size=(SIZES[model_type],) * 2)  # the twin's image size: llama.cpp's resize is the identity
+    want = _hf_features(model_type, model, processor, image)  # (4, H): 4 tokens per image in both twins
     got = _mtmd_embeddings(text_file, mmproj_file, image)
-    # llama.cpp's idefics3 preprocessing: the overview and one tile, here both the image itself
-    assert [part.shape for part in got] == [want.shape, want.shape]
+    # idefics3's preprocessing in llama.cpp: the overview and one tile (both the image itself here); gemma3's: one
+    assert [part.shape for part in got] == [want.shape] * (1 if model_type == "gemma3" else 2)
     for part in got:
         err = np.abs(part - want).max() / np.abs(want).max()
         assert err < EMBD_TOL, f"llama.cpp's image embeddings are {err:.3g} of their scale away from transformers'"
 
 
-def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(idefics3):
+def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
     llama_cpp = require_llama_cpp()
-    model, processor, text_file, _ = idefics3
+    _, model, processor, text_file, _ = exported
     ids = processor.tokenizer("User: What is in the picture?\nAssistant:")["input_ids"]
     llm = llama_cpp.Llama(text_file, n_ctx=64, logits_all=True, verbose=False, n_threads=1)
     llm.eval(ids)
@@ -127,7 +139,7 @@ def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(idefics3):
     assert err < 5e-3, f"llama.cpp's logits are {err:.3g} of their scale away from transformers'"
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, tmp_path):
     why = registry.MODEL_TABLE[model_type].gguf_refusal
     assert "mmproj" in why and "not write" in why

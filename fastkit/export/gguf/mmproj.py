@@ -3,9 +3,11 @@
 multimodal library (``libmtmd``, tools/mtmd/clip.cpp) loads beside it.
 
 Families written: SmolVLM / Idefics3 (``idefics3``, ``smolvlm``): a SigLIP tower, pixel shuffle and one linear
-projection, llama.cpp's projector type ``idefics3``. The mmproj's keys (``clip.*``, ``clip.vision.*``) and tensor
-names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's ``convert_hf_to_gguf.py`` writes
-(names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases, norms and the embeddings f32.
+projection, llama.cpp's projector type ``idefics3``; Gemma 3 (``gemma3``): a SigLIP tower, average pooling, an RMS
+norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``. The mmproj's keys (``clip.*``,
+``clip.vision.*``) and tensor names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's
+``convert_hf_to_gguf.py`` writes (names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases,
+norms and the embeddings f32.
 Other vision rows are refused by their row's ``gguf_refusal`` (:mod:`fastkit.registry`).
 
 Proof: tests/test_vision_gguf.py loads both files in llama.cpp's libmtmd and compares its image embeddings with
@@ -15,6 +17,8 @@ transformers' image features of the same model on the same image.
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +31,12 @@ from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3"}
+PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3", "gemma3": "gemma3"}
 """model_type -> llama.cpp projector type fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
+
+_RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
+                       (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight"))}
+"""In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
 
 _ACTIVATIONS = ("gelu_pytorch_tanh",)  # clip.use_gelu: ggml_gelu, the tanh approximation
 _F32_STEMS = ("v.patch_embd", "v.position_embd")  # as convert_hf_to_gguf.py keeps SmolVLM's embeddings
@@ -49,7 +57,7 @@ def split(model: torch.nn.Module, processor) -> tuple[torch.nn.Module, object]:
                            "returned), not a tokenizer: the mmproj records its image size, mean and std.")
     act = getattr(config.vision_config, "hidden_act", None)
     if act not in _ACTIVATIONS:
-        raise FastkitError(f"save_gguf: the vision tower's hidden_act is {act!r}; llama.cpp's idefics3 projector "
+        raise FastkitError(f"save_gguf: the vision tower's hidden_act is {act!r}; llama.cpp's SigLIP graph "
                            f"computes {_ACTIVATIONS[0]} only. Export with save_merged instead.")
     return _text_model(base), processor.tokenizer
 
@@ -91,16 +99,26 @@ def _tensors(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tenso
     for hf_name, load, shape in merged_parameters(model):
         if not hf_name.startswith((facts.tower + ".", facts.projector + ".")):
             continue
-        stem, _, suffix = hf_name.rpartition(".")
+        name = hf_name
+        for pattern, repl in _RENAMES.get(base.config.model_type, ()):
+            name = re.sub(pattern, repl, name)
+        stem, _, suffix = name.rpartition(".")
         gname = names.get_name(stem)
         if gname is None or suffix not in ("weight", "bias"):
             unmapped.append(hf_name)
             continue
-        out.append((f"{gname}.{suffix}", load, tuple(shape)))
+        shift = 1.0 if gname == "mm.soft_emb_norm" else 0.0  # Gemma's RMSNorm x·(1 + w) -> clip.cpp's x·w
+        out.append((f"{gname}.{suffix}", _shifted(load, shift) if shift else load, tuple(shape)))
     if unmapped:
         raise FastkitError(f"save_gguf: no llama.cpp mmproj name for {unmapped[:4]} ({len(unmapped)} tensors); this "
                            "vision checkpoint layout is not supported.")
     return out
+
+
+def _shifted(load: Callable[[], torch.Tensor], shift: float) -> Callable[[], torch.Tensor]:
+    def fn() -> torch.Tensor:
+        return load() + shift
+    return fn
 
 
 def _qtype(name: str, shape: tuple[int, ...]):
@@ -131,8 +149,12 @@ def _add_kv(writer, config, processor, name: str) -> None:
     writer.add_vision_image_mean([float(x) for x in images.image_mean])
     writer.add_vision_image_std([float(x) for x in images.image_std])
     writer.add_vision_attention_layernorm_eps(vision.layer_norm_eps)
-    writer.add_vision_projector_scale_factor(int(getattr(config, "scale_factor", 2)))
     writer.add_vision_use_gelu(True)
+    if PROJECTORS[config.model_type] == "gemma3":  # the tower's patches per side over the tokens per side
+        per_side = vision.image_size // vision.patch_size
+        writer.add_vision_projector_scale_factor(per_side // math.isqrt(config.mm_tokens_per_image))
+        return
+    writer.add_vision_projector_scale_factor(int(getattr(config, "scale_factor", 2)))  # pixel shuffle
     size = getattr(images, "size", None)
     longest = size.get("longest_edge") if isinstance(size, dict) else getattr(size, "longest_edge", None)
     writer.add_vision_preproc_image_size(int(longest or vision.image_size))
