@@ -55,6 +55,11 @@ def split(model: torch.nn.Module, processor) -> tuple[torch.nn.Module, object]:
     if getattr(processor, "image_processor", None) is None or getattr(processor, "tokenizer", None) is None:
         raise FastkitError(f"save_gguf: a {config.model_type} model needs its processor (the one from_pretrained "
                            "returned), not a tokenizer: the mmproj records its image size, mean and std.")
+    from fastkit.export.gguf.writer import _quantized
+
+    if _quantized(model):  # the text writer would reload a causal LM from the composite checkpoint
+        raise FastkitError(f"save_gguf: this {config.model_type} model is 4/8-bit; its vision tower's codes are not "
+                           "weights. Save it with save_merged (16-bit), load that, then save_gguf.")
     act = getattr(config.vision_config, "hidden_act", None)
     if act not in _ACTIVATIONS:
         raise FastkitError(f"save_gguf: the vision tower's hidden_act is {act!r}; llama.cpp's SigLIP graph "
