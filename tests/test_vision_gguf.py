@@ -139,10 +139,12 @@ def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
     assert err < 5e-3, f"llama.cpp's logits are {err:.3g} of their scale away from transformers'"
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
-def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, tmp_path):
+@pytest.mark.parametrize(("model_type", "projector"), [("qwen2_5_vl", "qwen2.5vl_merger"),
+                                                       ("qwen3_vl", "qwen3vl_merger"),
+                                                       ("qwen3_vl_moe", "qwen3vl_merger")])
+def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, projector, tmp_path):
     why = registry.MODEL_TABLE[model_type].gguf_refusal
-    assert "mmproj" in why and "not write" in why
+    assert "mmproj" in why and "not write" in why and f"projector {projector}" in why  # llama.cpp's name for it
     vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
     model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, **vision)
     with pytest.raises(FastkitError, match="does not write"):
