@@ -406,8 +406,9 @@ _PHIMOE_REFUSAL = ("llama.cpp's phimoe graph (src/models/phi3.cpp, build_moe_ffn
 """Why phimoe is refused though llama.cpp has an architecture for it: its graph routes (and norms) otherwise."""
 
 # ---- Image-text-to-text families (docs/vision.md; proof: tests/test_vision.py on their twins). ----
-_VLM_GGUF = ("llama.cpp runs {what} as a text GGUF plus an mmproj vision file; fastkit does not write the mmproj "
-             "(vision tower + projector) yet, and a text-only GGUF would drop the vision the model was tuned with")
+_VLM_GGUF = ("llama.cpp runs {what} as a text GGUF plus an mmproj vision file (projector {projector}); fastkit "
+             "does not write that mmproj (vision tower + projector) yet, and a text-only GGUF would drop the vision "
+             "the model was tuned with")
 _TWIN_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 _TWIN_TEXT = dict(_ATTN, intermediate_size=128, num_hidden_layers=2, vocab_size=384, max_position_embeddings=32768)
 _QWEN_TOKENS = (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
@@ -568,8 +569,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    gguf=GGUFRules(**_GEMMA_GGUF, final_softcap="optional", rope_by_layer_type=True,
                                   rope_types=("default", "linear"), query_scale_wide_at=62)),
         ModelFacts("gemma3", sliding_window=True, text_config="text_config", text_keys=_TEXT_KEYS,
-                   vision=_GEMMA3_VISION, gguf_refusal=_VLM_GGUF.format(what="Gemma 3") + " (vision=False loads "
-                   "its text model, which save_gguf writes as gemma3)",
+                   vision=_GEMMA3_VISION,  # GGUF: text + mmproj (export/gguf/mmproj.py)
                    note="composite checkpoint (vision + text): fastkit loads and trains the text model only, "
                         "unless vision=True"),
         ModelFacts("glm"),
@@ -674,18 +674,17 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
         ModelFacts("youtu", mla=True),
         ModelFacts("qwen2_5_vl", vision=_QWEN2_5_VL_VISION, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen2.5-VL")),
+                   gguf_refusal=_VLM_GGUF.format(what="Qwen2.5-VL", projector="qwen2.5vl_merger")),
         ModelFacts("qwen3_vl", vision=_QWEN3_VL_VISION, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL")),
+                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL", projector="qwen3vl_merger")),
         ModelFacts("qwen3_vl_moe", moe=True, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE"), vision=dataclasses.replace(
+                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE", projector="qwen3vl_merger"),
+                   vision=dataclasses.replace(
             _QWEN3_VL_VISION, twin_text=dict(_QWEN3_VL_VISION.twin_text, moe_intermediate_size=32, num_experts=4,
                                              num_experts_per_tok=2, decoder_sparse_step=1),
 )),
-        ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)",
-                   gguf_refusal=_VLM_GGUF.format(what="SmolVLM / Idefics3")),
-        ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)",
-                   gguf_refusal=_VLM_GGUF.format(what="SmolVLM2")),
+        ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)"),  # GGUF: text + mmproj
+        ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)"),  # (export/gguf/mmproj.py)
     ]
 }
 

@@ -9,6 +9,8 @@
     more.py       per-layer metadata arrays, fused-qkv / Conv1D layouts of the other dense families
     vocab.py      the tokenizer keys (byte-level BPE, the pre-tokenizer names llama.cpp knows)
     spm.py        SentencePiece-style vocabularies, written as llama.cpp's SPM model
+    mmproj.py     vision-language models: the text model split off for writer.py, and the mmproj (vision tower +
+                  projector) llama.cpp's multimodal library loads beside it (SmolVLM / Idefics3, Gemma 3)
     modelfile.py  the Ollama Modelfile: a Go TEMPLATE that renders what apply_chat_template renders
     quants.py     the quantization names as data (``QUANTS``; no torch: the CLI's flags read it)
 

@@ -25,7 +25,9 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
     folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
     ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
-    .gguf path. See :mod:`fastkit.export.gguf.writer` and docs/export.md.
+    .gguf path. See :mod:`fastkit.export.gguf.writer` and docs/export.md. A SmolVLM / Idefics3 model (pass its
+    processor) is written as llama.cpp runs it: the text GGUF plus ``<name>-mmproj-f16.gguf``, the vision tower and
+    projector (:mod:`fastkit.export.gguf.mmproj`, docs/vision.md).
 
     Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
     transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
@@ -33,9 +35,14 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     ``path``, a merged model saved there included, are kept: :mod:`fastkit.export.owned`). ``name``
     is a file stem: folders, spaces and quotes are removed, so nothing lands outside ``path``.
     """
+    from fastkit.export.gguf import mmproj
     from fastkit.export.gguf.writer import QUANTS, num_experts, write_gguf
 
     path = checks.check_save_target(path)
+    vision, processor = None, None
+    if mmproj.writes(model):  # a vision-language model: its text model here, the mmproj beside it (mmproj.py)
+        vision, processor = model, tokenizer
+        model, tokenizer = mmproj.split(model, processor)
     config = unwrap(model).config
     check_verify = saving.should_verify(model, torch.float16, verify, "save_gguf")
     if check_verify and not _gguf_reader_loads(config):
@@ -57,6 +64,8 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
             else:
                 saving.verify_reload(model, lambda: _reload_gguf(written, config), tol, "save_gguf",
                                      reference=reference)
+        if vision is not None:
+            _write_mmproj(vision, processor, tmp / mmproj.file_name(written.name), written.stem)
         modelfile = (tmp / "Modelfile").exists()
     out = saving.output_folder(path, "save_gguf")
     if not modelfile:  # its template cannot be a TEMPLATE: no stale Modelfile of ours beside the new GGUF
@@ -64,6 +73,15 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
 
         remove_own(out, "Modelfile")
     return str(out / written.name)
+
+
+def _write_mmproj(model: torch.nn.Module, processor, file: Path, name: str) -> None:
+    """The vision tower + projector as llama.cpp's mmproj beside the text GGUF, read back and compared."""
+    from fastkit.export.gguf import mmproj
+
+    mmproj.write_mmproj(model, processor, file, name)
+    worst = mmproj.check_mmproj(model, file)
+    logger.info("fastkit: save_gguf: %s read back, every tensor within %.2g of its scale", file.name, worst)
 
 
 def _check_gguf_weights(model: torch.nn.Module, written: Path, config, quantization: str) -> None:

@@ -1,0 +1,226 @@
+"""A vision-language model as llama.cpp runs it: the language model as a text GGUF (the text writer,
+:mod:`fastkit.export.gguf.writer`) plus an mmproj GGUF, the vision tower and projector that llama.cpp's
+multimodal library (``libmtmd``, tools/mtmd/clip.cpp) loads beside it.
+
+Families written: SmolVLM / Idefics3 (``idefics3``, ``smolvlm``): a SigLIP tower, pixel shuffle and one linear
+projection, llama.cpp's projector type ``idefics3``; Gemma 3 (``gemma3``): a SigLIP tower, average pooling, an RMS
+norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``. The mmproj's keys (``clip.*``,
+``clip.vision.*``) and tensor names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's
+``convert_hf_to_gguf.py`` writes (names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases,
+norms and the embeddings f32.
+Other vision rows are refused by their row's ``gguf_refusal`` (:mod:`fastkit.registry`).
+
+Proof: tests/test_vision_gguf.py loads both files in llama.cpp's libmtmd and compares its image embeddings with
+transformers' image features of the same model on the same image.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastkit import registry
+from fastkit.errors import FastkitError
+from fastkit.patching import unwrap
+
+logger = logging.getLogger(__name__)
+
+PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3", "gemma3": "gemma3"}
+"""model_type -> llama.cpp projector type fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
+
+_RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
+                       (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight"))}
+"""In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
+
+_ACTIVATIONS = ("gelu_pytorch_tanh",)  # clip.use_gelu: ggml_gelu, the tanh approximation
+_F32_STEMS = ("v.patch_embd", "v.position_embd")  # as convert_hf_to_gguf.py keeps SmolVLM's embeddings
+
+
+def writes(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a vision-language model whose mmproj fastkit writes."""
+    return getattr(unwrap(model).config, "model_type", None) in PROJECTORS
+
+
+def split(model: torch.nn.Module, processor) -> tuple[torch.nn.Module, object]:
+    """The text model (a causal LM sharing the vision model's language model and head: nothing copied, LoRA layers
+    included) and the tokenizer to write it with. Bad input raises here, before any file is written."""
+    base = unwrap(model)
+    config = base.config
+    if getattr(processor, "image_processor", None) is None or getattr(processor, "tokenizer", None) is None:
+        raise FastkitError(f"save_gguf: a {config.model_type} model needs its processor (the one from_pretrained "
+                           "returned), not a tokenizer: the mmproj records its image size, mean and std.")
+    from fastkit.export.gguf.writer import _quantized
+
+    if _quantized(model):  # the text writer would reload a causal LM from the composite checkpoint
+        raise FastkitError(f"save_gguf: this {config.model_type} model is 4/8-bit; its vision tower's codes are not "
+                           "weights. Save it with save_merged (16-bit), load that, then save_gguf.")
+    act = getattr(config.vision_config, "hidden_act", None)
+    if act not in _ACTIVATIONS:
+        raise FastkitError(f"save_gguf: the vision tower's hidden_act is {act!r}; llama.cpp's SigLIP graph "
+                           f"computes {_ACTIVATIONS[0]} only. Export with save_merged instead.")
+    return _text_model(base), processor.tokenizer
+
+
+def _text_model(base: torch.nn.Module) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    facts = registry.MODEL_TABLE[base.config.model_type].vision
+    text_config = base.config.text_config.__class__.from_dict(base.config.text_config.to_dict())
+    body, head = base.get_submodule(facts.language_model), base.get_output_embeddings()
+    text_config.tie_word_embeddings = _weight(head) is _weight(body.get_input_embeddings())
+    text_config.name_or_path = base.config.name_or_path
+    with torch.device("meta"):  # a shell: its body and head are the vision model's own modules
+        text = AutoModelForCausalLM.from_config(text_config)
+    text.model, text.lm_head = body, head
+    return text.train(base.training)
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    return getattr(module, "base_layer", module).weight  # under a PEFT wrapper: the base weight
+
+
+def file_name(text_file: str) -> str:
+    """``<name>-<quant>.gguf`` -> ``<name>-mmproj-f16.gguf``, the mmproj beside it."""
+    return f"{text_file.rsplit('-', 1)[0]}-mmproj-f16.gguf"
+
+
+def _tensors(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tensor], tuple[int, ...]]]:
+    """``(llama.cpp name, load, shape)`` of the vision tower and projector, LoRA merged in."""
+    import gguf
+
+    from fastkit.export.gguf.writer import merged_parameters
+
+    base = unwrap(model)
+    facts = registry.MODEL_TABLE[base.config.model_type].vision
+    vision = base.config.vision_config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision.num_hidden_layers)
+    out, unmapped = [], []
+    for hf_name, load, shape in merged_parameters(model):
+        if not hf_name.startswith((facts.tower + ".", facts.projector + ".")):
+            continue
+        name = hf_name
+        for pattern, repl in _RENAMES.get(base.config.model_type, ()):
+            name = re.sub(pattern, repl, name)
+        stem, _, suffix = name.rpartition(".")
+        gname = names.get_name(stem)
+        if gname is None or suffix not in ("weight", "bias"):
+            unmapped.append(hf_name)
+            continue
+        shift = 1.0 if gname == "mm.soft_emb_norm" else 0.0  # Gemma's RMSNorm x·(1 + w) -> clip.cpp's x·w
+        out.append((f"{gname}.{suffix}", _shifted(load, shift) if shift else load, tuple(shape)))
+    if unmapped:
+        raise FastkitError(f"save_gguf: no llama.cpp mmproj name for {unmapped[:4]} ({len(unmapped)} tensors); this "
+                           "vision checkpoint layout is not supported.")
+    return out
+
+
+def _shifted(load: Callable[[], torch.Tensor], shift: float) -> Callable[[], torch.Tensor]:
+    def fn() -> torch.Tensor:
+        return load() + shift
+    return fn
+
+
+def _qtype(name: str, shape: tuple[int, ...]):
+    import gguf
+
+    if len(shape) == 1 or name.endswith(".bias") or name.startswith(_F32_STEMS) or "ln" in name.split(".")[-2]:
+        return gguf.GGMLQuantizationType.F32
+    return gguf.GGMLQuantizationType.F16
+
+
+def _add_kv(writer, config, processor, name: str) -> None:
+    import gguf
+
+    vision = config.vision_config
+    images = processor.image_processor
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type(PROJECTORS[config.model_type])
+    writer.add_vision_projection_dim(config.text_config.hidden_size)
+    writer.add_vision_image_size(vision.image_size)
+    writer.add_vision_patch_size(vision.patch_size)
+    writer.add_vision_embedding_length(vision.hidden_size)
+    writer.add_vision_feed_forward_length(vision.intermediate_size)
+    writer.add_vision_block_count(vision.num_hidden_layers)
+    writer.add_vision_head_count(vision.num_attention_heads)
+    writer.add_vision_image_mean([float(x) for x in images.image_mean])
+    writer.add_vision_image_std([float(x) for x in images.image_std])
+    writer.add_vision_attention_layernorm_eps(vision.layer_norm_eps)
+    writer.add_vision_use_gelu(True)
+    if PROJECTORS[config.model_type] == "gemma3":  # the tower's patches per side over the tokens per side
+        per_side = vision.image_size // vision.patch_size
+        writer.add_vision_projector_scale_factor(per_side // math.isqrt(config.mm_tokens_per_image))
+        return
+    writer.add_vision_projector_scale_factor(int(getattr(config, "scale_factor", 2)))  # pixel shuffle
+    size = getattr(images, "size", None)
+    longest = size.get("longest_edge") if isinstance(size, dict) else getattr(size, "longest_edge", None)
+    writer.add_vision_preproc_image_size(int(longest or vision.image_size))
+
+
+def _encode(w: torch.Tensor, qtype) -> np.ndarray:
+    import gguf
+
+    dtype = np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16
+    return w.float().contiguous().numpy().astype(dtype)
+
+
+@torch.no_grad()
+def write_mmproj(model: torch.nn.Module, processor, out: Path, name: str) -> Path:
+    """The vision tower and projector of ``model`` as llama.cpp's mmproj GGUF at ``out``; returns ``out``."""
+    import gguf
+
+    config = unwrap(model).config
+    tensors = _tensors(model)
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ])
+    try:
+        _add_kv(writer, config, processor, name)
+        for gname, _, shape in tensors:
+            dtype = np.float32 if _qtype(gname, shape) == gguf.GGMLQuantizationType.F32 else np.float16
+            writer.add_tensor_info(gname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for gname, load, shape in tensors:  # one merged tensor alive at a time
+            writer.write_tensor_data(_encode(load(), _qtype(gname, shape)))
+        writer.close()
+    except BaseException:
+        writer.close()
+        out.unlink(missing_ok=True)
+        raise
+    logger.info("fastkit: wrote %s (%d tensors, projector %s, %.1f MB)", out.name, len(tensors),
+                PROJECTORS[config.model_type], out.stat().st_size / 1e6)
+    return out
+
+
+def check_mmproj(model: torch.nn.Module, file: Path) -> float:
+    """Read ``file`` back (gguf's reader) and compare every tensor with the model's, LoRA merged: names, shapes and
+    values within f16 rounding. Returns the worst ``max|Δw| / max|w|``; raises a FastkitError otherwise."""
+    import gguf
+
+    got = {t.name: t for t in gguf.GGUFReader(str(file)).tensors}
+    worst = 0.0
+    for gname, load, shape in _tensors(model):
+        t = got.pop(gname, None)
+        if t is None:
+            raise FastkitError(f"save_gguf: {gname} is missing from the mmproj read back; nothing was replaced.")
+        back = torch.tensor(np.array(t.data, dtype=np.float32)).reshape(shape)
+        w = load()
+        err = ((back - w).abs().max() / w.abs().max().clamp_min(1e-12)).item()
+        worst = max(worst, err)
+        if err > 1e-3:  # f16 rounds to 2^-11 of the scale
+            raise FastkitError(f"save_gguf: mmproj tensor {gname} reads back {err:.3g} of its scale away from the "
+                               "model's; nothing was replaced. This is a fastkit bug for this model.")
+    if got:
+        raise FastkitError(f"save_gguf: the mmproj holds tensors fastkit did not plan ({sorted(got)[:3]}).")
+    return worst
+
+
+__all__ = ["PROJECTORS", "check_mmproj", "file_name", "split", "write_mmproj", "writes"]

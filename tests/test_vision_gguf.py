@@ -1,0 +1,167 @@
+"""GGUF export of a vision-language model, checked in llama.cpp itself: save_gguf writes the text GGUF plus the
+mmproj (fastkit/export/gguf/mmproj.py); llama.cpp's multimodal library (libmtmd) loads both, encodes an image, and
+its image embeddings must match transformers' image features of the same model on the same image; the text GGUF
+reproduces the model's logits in llama.cpp. Families whose mmproj fastkit does not write are refused, named.
+
+libmtmd: llama-cpp-python built with -DLLAVA_BUILD=ON (.ci/run), or ``MTMD_CPP_LIB`` naming a folder holding
+``libmtmd.so`` built from the same llama.cpp. Without it these tests skip, and fail in CI (CI=true)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fastkit import FastModel, registry
+from fastkit.errors import FastkitError
+from fastkit.export import save_gguf
+from fastkit.families.vision import twin_image
+from tests.helpers import require_llama_cpp
+
+EMBD_TOL = 2e-3
+"""Largest |Δ| between llama.cpp's and transformers' image embeddings, over their scale (max |x|): the mmproj is
+f16, the tower runs in f32 in both; measured on five images: idefics3 twin 2.3e-4 to 1.0e-3, gemma3 twin
+6.1e-4 to 9.0e-4 (another image: 0.8 to 1.4)."""
+
+
+def _mtmd():
+    llama_cpp = require_llama_cpp()
+    try:
+        from llama_cpp import mtmd_cpp
+    except (OSError, FileNotFoundError, RuntimeError) as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"llama.cpp's libmtmd is not loadable in CI ({exc}): .ci/run builds llama-cpp-python with "
+                        "-DLLAVA_BUILD=ON")
+        pytest.skip(f"llama.cpp's libmtmd is not built here ({exc}); build llama-cpp-python with "
+                    "-DLLAVA_BUILD=ON or set MTMD_CPP_LIB")
+    return llama_cpp, mtmd_cpp
+
+
+SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28}
+"""Each twin's image size: an image of it passes llama.cpp's resize unchanged."""
+
+
+def _tuned(model_type: str):
+    vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
+    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, dtype="fp32", **vision)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, finetune_vision_layers=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a trained-looking adapter on the tower and the language model: non-zero B
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model.eval(), processor
+
+
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3"])
+def exported(request, tmp_path_factory):
+    model, processor = _tuned(request.param)
+    out = tmp_path_factory.mktemp(request.param)
+    text = save_gguf(model, processor, out, quantization="f16")
+    mmproj = text.replace("-f16.gguf", "-mmproj-f16.gguf")
+    assert os.path.exists(mmproj)
+    return request.param, model, processor, text, mmproj
+
+
+def _hf_features(model_type: str, model, processor, image) -> np.ndarray:
+    """transformers' image features (after the projector), (tokens, H), preprocessed by the family's processor."""
+    batch = processor.image_processor(images=[image], return_tensors="pt")
+    vlm = model.get_base_model().model
+    with torch.no_grad():
+        if model_type == "gemma3":
+            out = vlm.get_image_features(batch["pixel_values"])
+        else:
+            out = vlm.get_image_features(batch["pixel_values"], batch["pixel_attention_mask"])
+    return torch.cat([f.reshape(-1, f.shape[-1]) for f in out.pooler_output]).numpy()
+
+
+def _mtmd_embeddings(text_file: str, mmproj_file: str, image) -> list[np.ndarray]:
+    """llama.cpp's image embeddings, one (tokens, H) array per image chunk: its preprocessing, its graph."""
+    llama_cpp, mtmd = _mtmd()
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(text_file.encode(), params)
+    assert model, "llama.cpp did not load the text GGUF"
+    ctx_params = mtmd.mtmd_context_params_default()
+    ctx_params.use_gpu, ctx_params.n_threads, ctx_params.warmup = False, 1, False
+    ctx = mtmd.mtmd_init_from_file(mmproj_file.encode(), model, ctx_params)
+    assert ctx, "llama.cpp's mtmd did not load the mmproj"
+    try:
+        rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)  # (H, W, 3)
+        data = (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes())
+        bitmap = mtmd.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], data)
+        chunks = mtmd.mtmd_input_chunks_init()
+        prompt = b"User:" + mtmd.mtmd_default_marker() + b"What is it?"
+        text = mtmd.mtmd_input_text(prompt, len(prompt), True, True)
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+        images = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
+        images = [c for c in images if mtmd.mtmd_input_chunk_get_type(c) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+        n_embd, out = llama_cpp.llama_model_n_embd(model), []
+        for chunk in images:  # idefics3: the overview, then each tile
+            assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
+            n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+            embd = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(ctx), shape=(n_tokens * n_embd,))
+            out.append(embd.reshape(n_tokens, n_embd).copy())  # (tokens, H)
+        mtmd.mtmd_input_chunks_free(chunks)
+        mtmd.mtmd_bitmap_free(bitmap)
+        return out
+    finally:
+        mtmd.mtmd_free(ctx)
+        llama_cpp.llama_model_free(model)
+
+
+def test_llama_cpp_mtmd_encodes_an_image_as_transformers_does(exported):
+    model_type, model, processor, text_file, mmproj_file = exported
+    image = twin_image(3, size=(SIZES[model_type],) * 2)  # the twin's image size: llama.cpp's resize is the identity
+    want = _hf_features(model_type, model, processor, image)  # (4, H): 4 tokens per image in both twins
+    got = _mtmd_embeddings(text_file, mmproj_file, image)
+    # idefics3's preprocessing in llama.cpp: the overview and one tile (both the image itself here); gemma3's: one
+    assert [part.shape for part in got] == [want.shape] * (1 if model_type == "gemma3" else 2)
+    for part in got:
+        err = np.abs(part - want).max() / np.abs(want).max()
+        assert err < EMBD_TOL, f"llama.cpp's image embeddings are {err:.3g} of their scale away from transformers'"
+
+
+def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
+    llama_cpp = require_llama_cpp()
+    _, model, processor, text_file, _ = exported
+    ids = processor.tokenizer("User: What is in the picture?\nAssistant:")["input_ids"]
+    llm = llama_cpp.Llama(text_file, n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(ids)
+    got = np.asarray(llm.scores[: len(ids)])
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    err = np.abs(got - want).max() / np.abs(want).max()  # f16 weights; measured 8.8e-4 (idefics3), 2.2e-3 (gemma3)
+    assert err < 5e-3, f"llama.cpp's logits are {err:.3g} of their scale away from transformers'"
+
+
+@pytest.mark.parametrize(("model_type", "projector"), [("qwen2_5_vl", "qwen2.5vl_merger"),
+                                                       ("qwen3_vl", "qwen3vl_merger"),
+                                                       ("qwen3_vl_moe", "qwen3vl_merger")])
+def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, projector, tmp_path):
+    why = registry.MODEL_TABLE[model_type].gguf_refusal
+    assert "mmproj" in why and "not write" in why and f"projector {projector}" in why  # llama.cpp's name for it
+    vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
+    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, **vision)
+    with pytest.raises(FastkitError, match="does not write"):
+        save_gguf(model, processor, tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()
+
+
+def test_a_tokenizer_instead_of_the_processor_is_refused_before_writing(tmp_path):
+    model, processor = FastModel.from_pretrained("idefics3", twin=True, max_seq_length=256)
+    with pytest.raises(FastkitError, match="processor"):
+        save_gguf(model, processor.tokenizer, tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()
+
+
+def test_a_4bit_vision_model_is_refused_before_writing(tmp_path):
+    model, processor = FastModel.from_pretrained("idefics3", twin=True, max_seq_length=256)
+    model.is_loaded_in_4bit = True  # what a bitsandbytes load sets
+    with pytest.raises(FastkitError, match="4/8-bit"):
+        save_gguf(model, processor, tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()
