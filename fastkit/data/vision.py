@@ -367,6 +367,8 @@ def read_image_rows(source: Any, where: str = "data") -> list[dict] | None:
     if path is None:
         _refuse_image_mix(source, where)
         return None
+    if not looks_like_images(path):
+        return None
     rows = read_rows(path)
     if not any(is_image_row(r) for r in rows):
         return None
@@ -379,6 +381,40 @@ def read_image_rows(source: Any, where: str = "data") -> list[dict] | None:
             raise FastkitError(f"{where} {path}: row {i} is a {type(row).__name__}, not an object "
                                "({\"messages\": [...], \"images\": [...]}).")
     return [beside(row, path.parent) for row in rows]
+
+
+PEEK_ROWS = 100
+"""How many leading rows of a .jsonl file :func:`looks_like_images` reads (a text file is not parsed twice)."""
+
+
+def looks_like_images(path: Path) -> bool:
+    """A cheap look before the whole file is read: a Parquet file with an ``images`` column, a .jsonl file with an
+    image row among its first :data:`PEEK_ROWS`, a .json file naming ``"images"`` in its first MiB."""
+    import importlib
+    import json
+    import re
+
+    from fastkit.data.read import _data_suffix
+
+    suffix, compression = _data_suffix(path)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return "images" in pq.read_schema(path).names
+        except Exception:  # noqa: BLE001 -- not readable: the text reader names the problem
+            return False
+    if suffix not in (".jsonl", ".json"):
+        return False
+    opener = importlib.import_module(compression).open if compression else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace") as f:
+            if suffix == ".json":
+                return re.search(r'"images"\s*:', f.read(1 << 20)) is not None
+            lines = (line for _, line in zip(range(PEEK_ROWS), f) if line.strip())
+            return any(is_image_row(json.loads(line)) for line in lines)
+    except (OSError, EOFError, ValueError):  # a bad line or file: the text reader names it
+        return False
 
 
 def _refuse_image_mix(source: Any, where: str) -> None:

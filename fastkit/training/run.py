@@ -116,7 +116,7 @@ def make_trainer(
     options = _options(options, kwargs)
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
     if is_processor(tokenizer):  # image + text rows: what does not apply to them, before anything is read
-        _check_vision_options(options)
+        check_vision_options(options)
     if options.streaming and not is_stream(train_dataset):  # a path, a Hub id or rows, read as the trainer draws
         train_dataset = stream_source(train_dataset, where="train_dataset")
     check_stream_options(train_dataset, options, epochs)
@@ -187,7 +187,7 @@ def _vision_trainer(model, processor, data, args, options: TrainOptions, callbac
     return trainer
 
 
-def _check_vision_options(options: TrainOptions) -> None:
+def check_vision_options(options: TrainOptions) -> None:
     """What does not apply to image + text rows, refused before they are read (packing: the model's own check)."""
     if options.streaming:
         raise FastkitError("streaming=True: image + text rows are read whole (each row's images are checked before "
@@ -778,5 +778,5 @@ def _settle(trainer, callback: MetricsCallback) -> int:
 
 
 __all__ = ["TRACKERS", "available_trackers", "build_sft_config", "check_distributed_mode", "check_report_to",
-           "every_parameter_used", "fit", "last_checkpoint", "make_trainer", "planned_steps", "run_coverage",
-           "steps_per_epoch"]
+           "check_vision_options", "every_parameter_used", "fit", "last_checkpoint", "make_trainer", "planned_steps",
+           "run_coverage", "split_rows", "steps_per_epoch"]
