@@ -90,12 +90,15 @@ def preflight(args: argparse.Namespace) -> Prepared:
     _check_output_dir(args.output_dir)
     _check_fsdp_exports(args)
     images = _image_data(args)  # image + text rows: checked here, every image opened
-    _vision_defaults(args, images is not None)
+    vlm = images is not None or _loads_as_vision(args.model, args.twin)
+    if vlm:
+        _vision_defaults(args, images is not None)
     _check_sft_config(args.train, args.load_in_4bit)
     if images is None:
         rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming,
                           mix=args.data_mix)
         check_stream_options(rows, args.train, args.train.epochs)  # a stream's limits, before the model loads
+        rows = _as_chats(rows, args.model) if vlm else rows
     return Prepared(rows=images if images is not None else rows,
                     resume_from=_check_resume(args) if args.resume else None, images=images is not None)
 
@@ -107,7 +110,7 @@ def _image_data(args: argparse.Namespace) -> list[dict] | None:
     path), the --eval-split count; None for text data."""
     from fastkit.data.vision import check_image_files, read_image_rows
     from fastkit.errors import FastkitError
-    from fastkit.training.run import check_vision_options, split_rows
+    from fastkit.training.run import split_rows
 
     rows = read_image_rows(args.data, "--data")
     if rows is None:
@@ -117,23 +120,25 @@ def _image_data(args: argparse.Namespace) -> list[dict] | None:
         raise FastkitError(f"--data {args.data_label} holds image + text rows, but --model {args.model} is a text "
                            f"model ({model_type}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, "
                            "Idefics3, Gemma 3: docs/vision.md), or text rows.")
-    check_vision_options(args.train)
     check_image_files(rows, "--data")
     split_rows(rows, args.train.eval_split, args.train.seed)  # the count, as make_trainer splits them
     return rows
 
 
 def _vision_family(model_type: str, facts, twin: bool) -> bool:
-    """Whether ``model_type`` loads as a vision-language model (a twin of a composite's text model: its row)."""
+    """Whether ``model_type`` loads as a vision-language model (a twin of a composite's text model, as Gemma 3's
+    ``gemma3_text``: its composite's row)."""
     if facts is not None and facts.vision is not None:
         return True
-    if twin:
-        from fastkit import registry
-        from fastkit.loader import _twin_vision_family
+    if not twin:
+        return False
+    from transformers import CONFIG_MAPPING
 
-        row = registry.facts_for(_twin_vision_family(model_type, True))
-        return row is not None and row.vision is not None
-    return False
+    from fastkit import registry
+
+    return any(row.vision is not None and row.text_config
+               and CONFIG_MAPPING[name]().get_text_config().model_type == model_type
+               for name, row in registry.MODEL_TABLE.items())
 
 
 def _model_facts(model: str, twin: bool):
@@ -165,15 +170,22 @@ def _model_facts(model: str, twin: bool):
     return model_type, registry.facts_for(model_type) if isinstance(model_type, str) else None
 
 
-def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
-    """A run that trains a vision-language model (image rows, or a family that loads only as one) trains padded
-    rows: packing is off unless --packing was given (then refused: its rows cannot be packed)."""
-    from fastkit.errors import FastkitError
+def _loads_as_vision(model: str, twin: bool) -> bool:
+    """``--model`` is a family that loads only as a vision-language model (Qwen2.5-VL, SmolVLM, ...; Gemma 3 loads
+    its text model for text rows)."""
+    _, facts = _model_facts(model, twin)
+    return facts is not None and facts.vision is not None and not facts.text_config
 
+
+def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
+    """A run that trains a vision-language model (image rows, or a family that loads only as one): the options that
+    do not apply refused (--streaming, --drop-invalid), and packing off unless --packing was given (then refused:
+    its rows train padded, one example each)."""
+    from fastkit.errors import FastkitError
+    from fastkit.training.run import check_vision_options
+
+    check_vision_options(args.train)
     if not args.train.packing:
-        return
-    _, facts = _model_facts(args.model, args.twin) if not images else (None, None)
-    if not images and (facts is None or facts.vision is None or facts.text_config):
         return
     what = "image + text rows" if images else f"--model {args.model} (a vision-language model)"
     if "packing" in args.explicit:
@@ -182,6 +194,21 @@ def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
     args.train = args.train.replace(packing=False)
     args.resolved.train = args.train  # the saved fastkit_config.yaml says so
     logger.info("fastkit: %s: packing off (padded rows, one example each)", what)
+
+
+def _as_chats(rows, model: str):
+    """Text rows for a vision-language model, which trains on chats: prompt / completion rows as chats; plain text
+    and pre-tokenized rows refused (its processor renders chats)."""
+    from fastkit.data.sources import kind_of, to_kind
+    from fastkit.errors import FastkitError
+
+    kind = kind_of(rows)
+    if kind in ("text", "tokenized"):
+        held = "plain text" if kind == "text" else "token ids"
+        raise FastkitError(f"--model {model} is a vision-language model: it trains on chats ('messages', or "
+                           f"prompt / completion rows), and --data holds {held} rows. Give chat rows, or a text "
+                           "model.")
+    return rows if kind == "messages" else to_kind(rows, "messages")
 
 
 def _check_fsdp_exports(args: argparse.Namespace) -> None:
