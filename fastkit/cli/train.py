@@ -189,8 +189,8 @@ def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
         return
     what = "image + text rows" if images else f"--model {args.model} (a vision-language model)"
     if "packing" in args.explicit:
-        raise FastkitError(f"--packing: {what} train as padded rows, one example each (a packed row's image "
-                           "positions are not proven exact); drop --packing.")
+        raise FastkitError(f"--packing: {what} train as padded rows, one example each (fastkit train does not "
+                           "pack them); drop --packing.")
     args.train = args.train.replace(packing=False)
     args.resolved.train = args.train  # the saved fastkit_config.yaml says so
     logger.info("fastkit: %s: packing off (padded rows, one example each)", what)

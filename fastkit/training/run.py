@@ -170,6 +170,8 @@ def _vision_trainer(model, processor, data, args, options: TrainOptions, callbac
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
     rows, eval_rows = _vision_rows(data, processor, options, max_seq_length)
+    if options.packing:  # the family's packing patch is active, but this collator pads
+        logger.info("fastkit: packing=True: image + text rows are collated as padded rows, one example each")
     args.remove_unused_columns = False  # the collator reads messages and images
     args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
