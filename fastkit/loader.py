@@ -501,9 +501,10 @@ class FastModel:
             given = dict(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                          use_gradient_checkpointing=use_gradient_checkpointing, target_experts=target_experts)
             kwargs = {**_lora_options(options), **_changed_from_defaults(given, lora_kwargs)}
+            vision_layers = kwargs.pop("finetune_vision_layers", False) or finetune_vision_layers
             return FastModel.get_peft_model(model, **kwargs, bias=bias, random_state=random_state,
                                             offload_config=offload_config, host_weights=host_weights,
-                                            finetune_vision_layers=finetune_vision_layers)
+                                            finetune_vision_layers=vision_layers)
         checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                            bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
         if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one

@@ -70,3 +70,37 @@ def test_one_sft_step_trains_the_language_models_lora_only(model_type, tmp_path)
     for n, p in model.named_parameters():
         if f"{facts.tower}." in n or f"{facts.projector}." in n:
             assert not p.requires_grad and p.grad is None and torch.equal(p, before[n]), n
+
+
+def test_image_rows_are_read_from_a_file_beside_their_images(tmp_path):
+    """JSON / JSONL / Parquet files of image rows: relative paths from the file's folder, Parquet images stored as
+    ``datasets`` stores them ({"bytes", "path"}); text files and several sources told apart."""
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastkit.data.vision import check_image_files, read_image_rows
+
+    twin_image(1).save(tmp_path / "a.png")
+    row = {**_row(), "images": ["a.png"]}
+    (tmp_path / "rows.json").write_text(json.dumps([row, row]))
+    rows = read_image_rows(str(tmp_path / "rows.json"))
+    assert [r["images"] for r in rows] == [[str(tmp_path / "a.png")]] * 2
+    check_image_files(rows)
+    png = io.BytesIO()
+    twin_image(2).save(png, format="PNG")
+    messages = [row["messages"][0], {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]
+    stored = {"messages": messages, "images": [{"bytes": png.getvalue(), "path": None}]}  # one type per column
+    pq.write_table(pa.Table.from_pylist([stored, {**stored, "images": [{"bytes": b"nope", "path": None}]}]),
+                   tmp_path / "rows.parquet")
+    with pytest.raises(FastkitError, match=r"^data: row 1: images\[0\] holds 4 bytes that are not a readable image"):
+        check_image_files(read_image_rows(str(tmp_path / "rows.parquet")))
+    (tmp_path / "text.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                                  {"role": "assistant", "content": "yo"}]}) + "\n")
+    assert read_image_rows(str(tmp_path / "text.jsonl")) is None  # text rows: the text reader's
+    with pytest.raises(FastkitError, match="rows.json holds image \\+ text rows, and image rows come from one"):
+        read_image_rows([str(tmp_path / "text.jsonl"), str(tmp_path / "rows.json")], "--data")
+    with pytest.raises(FastkitError, match="columns, weight, max_rows and split apply to text data only"):
+        read_image_rows(f"{tmp_path / 'rows.json'}?weight=2")

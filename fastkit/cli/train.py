@@ -69,6 +69,8 @@ class Prepared:
     """The training rows: read, format detected, every row's fields checked (tokens are counted after the load)."""
     resume_from: str | None
     """The checkpoint ``--resume`` continues; None for a new run."""
+    images: bool = False
+    """``rows`` are image + text rows (a list of dicts, images checked): the model loads as vision-language."""
 
 
 def preflight(args: argparse.Namespace) -> Prepared:
@@ -87,11 +89,126 @@ def preflight(args: argparse.Namespace) -> Prepared:
     cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
     _check_output_dir(args.output_dir)
     _check_fsdp_exports(args)
+    images = _image_data(args)  # image + text rows: checked here, every image opened
+    vlm = images is not None or _loads_as_vision(args.model, args.twin)
+    if vlm:
+        _vision_defaults(args, images is not None)
     _check_sft_config(args.train, args.load_in_4bit)
-    rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming,
-                      mix=args.data_mix)
-    check_stream_options(rows, args.train, args.train.epochs)  # a stream's limits, before the model loads
-    return Prepared(rows=rows, resume_from=_check_resume(args) if args.resume else None)
+    if images is None:
+        rows = _read_data(args.data, args.drop_invalid, args.train.seed, streaming=args.train.streaming,
+                          mix=args.data_mix)
+        check_stream_options(rows, args.train, args.train.epochs)  # a stream's limits, before the model loads
+        rows = _as_chats(rows, args.model) if vlm else rows
+    return Prepared(rows=images if images is not None else rows,
+                    resume_from=_check_resume(args) if args.resume else None, images=images is not None)
+
+
+def _image_data(args: argparse.Namespace) -> list[dict] | None:
+    """``--data`` of image + text rows (a .jsonl / .json / .parquet file, image paths relative to its folder:
+    :func:`fastkit.data.vision.read_image_rows`), checked before the model loads: a text model refused, the options
+    that do not apply to image rows refused, every image opened (a missing or unreadable one named by row and
+    path), the --eval-split count; None for text data."""
+    from fastkit.data.vision import check_image_files, read_image_rows
+    from fastkit.errors import FastkitError
+    from fastkit.training.run import split_rows
+
+    rows = read_image_rows(args.data, "--data")
+    if rows is None:
+        return None
+    model_type, facts = _model_facts(args.model, args.twin)
+    if model_type is not None and not _vision_family(model_type, facts, args.twin):
+        raise FastkitError(f"--data {args.data_label} holds image + text rows, but --model {args.model} is a text "
+                           f"model ({model_type}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, "
+                           "Idefics3, Gemma 3: docs/vision.md), or text rows.")
+    check_image_files(rows, "--data")
+    split_rows(rows, args.train.eval_split, args.train.seed)  # the count, as make_trainer splits them
+    return rows
+
+
+def _vision_family(model_type: str, facts, twin: bool) -> bool:
+    """Whether ``model_type`` loads as a vision-language model (a twin of a composite's text model, as Gemma 3's
+    ``gemma3_text``: its composite's row)."""
+    if facts is not None and facts.vision is not None:
+        return True
+    if not twin:
+        return False
+    from transformers import CONFIG_MAPPING
+
+    from fastkit import registry
+
+    return any(row.vision is not None and row.text_config
+               and CONFIG_MAPPING[name]().get_text_config().model_type == model_type
+               for name, row in registry.MODEL_TABLE.items())
+
+
+def _model_facts(model: str, twin: bool):
+    """``(model_type, table row)`` of ``--model`` read without loading it (a local config.json, a twin's family, a
+    cached Hub config); ``(None, None)`` when it cannot be told here (the load decides)."""
+    from fastkit import registry
+
+    config = Path(os.path.expanduser(model)) / "config.json"
+    model_type = None
+    if config.is_file():
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            return None, None
+    elif twin:
+        from fastkit.families.twins import twin_family
+
+        try:
+            model_type = twin_family(model)[0]
+        except ValueError:
+            return None, None
+    else:
+        try:
+            from transformers import AutoConfig
+
+            model_type = AutoConfig.from_pretrained(model).model_type
+        except Exception:  # noqa: BLE001 -- not here or not readable offline: FastModel.from_pretrained says why
+            return None, None
+    return model_type, registry.facts_for(model_type) if isinstance(model_type, str) else None
+
+
+def _loads_as_vision(model: str, twin: bool) -> bool:
+    """``--model`` is a family that loads only as a vision-language model (Qwen2.5-VL, SmolVLM, ...; Gemma 3 loads
+    its text model for text rows)."""
+    _, facts = _model_facts(model, twin)
+    return facts is not None and facts.vision is not None and not facts.text_config
+
+
+def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
+    """A run that trains a vision-language model (image rows, or a family that loads only as one): the options that
+    do not apply refused (--streaming, --drop-invalid), and packing off unless --packing was given (then refused:
+    its rows train padded, one example each)."""
+    from fastkit.errors import FastkitError
+    from fastkit.training.run import check_vision_options
+
+    check_vision_options(args.train)
+    if not args.train.packing:
+        return
+    what = "image + text rows" if images else f"--model {args.model} (a vision-language model)"
+    if "packing" in args.explicit:
+        raise FastkitError(f"--packing: {what} train as padded rows, one example each (fastkit train does not "
+                           "pack them); drop --packing.")
+    args.train = args.train.replace(packing=False)
+    args.resolved.train = args.train  # the saved fastkit_config.yaml says so
+    logger.info("fastkit: %s: packing off (padded rows, one example each)", what)
+
+
+def _as_chats(rows, model: str):
+    """Text rows for a vision-language model, which trains on chats: prompt / completion rows as chats; plain text
+    and pre-tokenized rows refused (its processor renders chats)."""
+    from fastkit.data.sources import kind_of, to_kind
+    from fastkit.errors import FastkitError
+
+    kind = kind_of(rows)
+    if kind in ("text", "tokenized"):
+        held = "plain text" if kind == "text" else "token ids"
+        raise FastkitError(f"--model {model} is a vision-language model: it trains on chats ('messages', or "
+                           f"prompt / completion rows), and --data holds {held} rows. Give chat rows, or a text "
+                           "model.")
+    return rows if kind == "messages" else to_kind(rows, "messages")
 
 
 def _check_fsdp_exports(args: argparse.Namespace) -> None:
@@ -250,6 +367,9 @@ def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
     control = ("config", "print_config", "resume", "extend", "command", "run")
     given = {k: v for k, v in vars(args).items() if k not in control}
     resolved = resolve(given, args.config)
+    from fastkit.cli.config import read_file
+
+    explicit = set(given) | (set(read_file(args.config)) if args.config else set())
     out = argparse.Namespace(**{k: getattr(args, k, False) for k in control if k not in ("command", "run")})
     vars(out).update(vars(resolved.run))
     out.resolved, out.train, out.lora = resolved, resolved.train, resolved.lora
@@ -257,6 +377,7 @@ def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
         setattr(out, name, getattr(resolved.train, name))
     out.steps = resolved.train.max_steps if resolved.train.epochs is None else None
     out.data_label = data_label(resolved.run.data)
+    out.explicit = explicit  # the option names given as flags or in the --config file (not defaults)
     return out
 
 
@@ -320,13 +441,17 @@ def build(args: argparse.Namespace, prepared: Prepared):
     from fastkit import FastModel
     from fastkit.data import check_dataset
     from fastkit.data.stream import is_stream
+    from fastkit.data.vision import is_processor
     from fastkit.training import make_trainer
 
     options = args.train
     model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=options.max_seq_length,
-                                                 load_in_4bit=args.load_in_4bit, twin=args.twin)
+                                                 load_in_4bit=args.load_in_4bit, twin=args.twin,
+                                                 **({"vision": True} if prepared.images else {}))
     rows = prepared.rows
-    if not is_stream(rows):  # a stream is checked as drawn (its first rows by make_trainer, before any step)
+    # a stream is checked as drawn (its first rows by make_trainer, before any step); a processor's rows (image +
+    # text, or text on a vision-language model) by make_trainer with it
+    if not is_stream(rows) and not is_processor(tokenizer):
         rows = check_dataset(rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
                              drop_invalid=options.drop_invalid)
     for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step

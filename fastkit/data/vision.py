@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ def open_image(image: Any, row: int, index: int):
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")
+    if isinstance(image, dict) and (image.get("bytes") or image.get("path")):  # datasets' Image feature, stored
+        return _open_stored(image, row, index)
     if not isinstance(image, (str, os.PathLike)):
         raise FastkitError(f"row {row}: images[{index}] is a {type(image).__name__}; give a local path, an http(s) "
                            "URL or a PIL image.")
@@ -61,6 +64,22 @@ def open_image(image: Any, row: int, index: int):
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError) as exc:
         raise FastkitError(f"row {row}: images[{index}] {path!r} is not a readable image ({exc}).") from exc
+
+
+def _open_stored(image: dict, row: int, index: int):
+    """An image as ``datasets`` stores one in Parquet: ``{"bytes": ..., "path": ...}`` (the bytes win)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not image.get("bytes"):
+        return open_image(image["path"], row, index)
+    try:
+        with Image.open(io.BytesIO(image["bytes"])) as img:
+            return img.convert("RGB")
+    except (OSError, UnidentifiedImageError) as exc:
+        raise FastkitError(f"row {row}: images[{index}] holds {len(image['bytes'])} bytes that are not a readable "
+                           f"image ({exc}).") from exc
 
 
 URL_TIMEOUT = 30.0
@@ -203,24 +222,58 @@ def encode_row(row: dict, processor, index: int = 0) -> tuple[list[int], list[in
     return ids, mask
 
 
-def check_vision_rows(rows, processor, max_seq_length: int) -> int:
+def check_vision_rows(rows, processor, max_seq_length: int, where: str | None = None) -> int:
     """Check every row before the model loads (images readable, one per image part, each row within
-    ``max_seq_length`` with its image tokens); the first bad row raises a FastkitError naming it. Returns the
-    longest row's tokens."""
+    ``max_seq_length`` with its image tokens); the first bad row raises a FastkitError naming it (and ``where``,
+    e.g. ``eval_dataset``). Returns the longest row's tokens."""
+    kept = rows_within(rows, processor, max_seq_length, where=where)
+    return max((n for _, n in kept), default=0)
+
+
+def rows_within(rows, processor, max_seq_length: int, *, where: str | None = None,
+                drop_long: bool = False) -> list[tuple[dict, int]]:
+    """``(row, tokens)`` of every row, checked as :func:`check_vision_rows` says; ``drop_long``: a row past
+    ``max_seq_length`` is dropped (counted in the log) instead of refused."""
     image_token = getattr(processor, "image_token", None)
     image_id = processor.tokenizer.convert_tokens_to_ids(image_token) if image_token else None
-    longest = n = 0
+    kept, dropped = [], 0
     for index, row in enumerate(rows):
-        n += 1
-        ids, _ = encode_row(row, processor, index)
+        with named(where):
+            ids, _ = encode_row(row, processor, index)
+            if len(ids) > max_seq_length and not drop_long:
+                n_image = sum(1 for t in ids if t == image_id) if image_id is not None else 0
+                raise FastkitError(f"row {index}: {len(ids)} tokens ({n_image} of them image tokens, "
+                                   f"{len(row_images(row, index))} image(s)) is longer than max_seq_length="
+                                   f"{max_seq_length}; raise max_seq_length, use smaller images, or drop the row.")
         if len(ids) > max_seq_length:
-            n_image = sum(1 for t in ids if t == image_id) if image_id is not None else 0
-            raise FastkitError(f"row {index}: {len(ids)} tokens ({n_image} of them image tokens, "
-                               f"{len(row_images(row, index))} image(s)) is longer than max_seq_length="
-                               f"{max_seq_length}; raise max_seq_length, use smaller images, or drop the row.")
-        longest = max(longest, len(ids))
-    logger.info("fastkit: %d image + text rows checked; the longest is %d tokens", n, longest)
-    return longest
+            dropped += 1
+            continue
+        kept.append((row, len(ids)))
+    label = f"{where}: " if where else ""
+    if dropped:
+        logger.warning("fastkit: %s%d of %d image + text rows are longer than max_seq_length=%d and were dropped",
+                       label, dropped, dropped + len(kept), max_seq_length)
+    if dropped and not kept:
+        raise FastkitError(f"{label}every row is longer than max_seq_length={max_seq_length}; raise it or use "
+                           "smaller images.")
+    logger.info("fastkit: %s%d image + text rows checked; the longest is %d tokens", label, len(kept),
+                max((n for _, n in kept), default=0))
+    return kept
+
+
+class named:
+    """A context where a FastkitError's message starts with ``where: `` (``eval_dataset: row 3: ...``)."""
+
+    def __init__(self, where: str | None):
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if self.where and isinstance(exc, FastkitError) and not str(exc).startswith(f"{self.where}:"):
+            raise FastkitError(f"{self.where}: {exc}") from exc
+        return False
 
 
 class VisionCollator:
@@ -273,6 +326,133 @@ def row_digest(row: dict) -> str:
     return h.hexdigest()
 
 
+# -- image rows from a file (fastkit train --data rows.jsonl, make_trainer(model, processor, "rows.jsonl")) ----------
+def is_image_row(row: Any) -> bool:
+    """A row with images: a non-empty ``images`` column, or ``{"type": "image"}`` parts in its messages."""
+    if not isinstance(row, dict):
+        return False
+    messages = row.get("messages")
+    return bool(row.get("images")) or isinstance(messages, list) and image_parts(
+        [m for m in messages if isinstance(m, dict)]) > 0
+
+
+def image_file(source: Any) -> Path | None:
+    """The local JSON / JSONL / Parquet file ``source`` names (a path, or one data source without options), else
+    None (a Hub id, a folder, rows in memory: read as they are)."""
+    from fastkit.data.read import DATA_SUFFIXES, _data_suffix
+    from fastkit.data.sources import DataSource, as_sources
+
+    if not isinstance(source, (str, os.PathLike, DataSource, dict, list, tuple)):
+        return None
+    try:
+        listed = as_sources(source)
+    except FastkitError:
+        return None
+    if len(listed) != 1 or not isinstance(listed[0].path, str):
+        return None
+    path = Path(os.path.expanduser(listed[0].path))
+    return path if path.is_file() and _data_suffix(path)[0] in DATA_SUFFIXES else None
+
+
+def read_image_rows(source: Any, where: str = "data") -> list[dict] | None:
+    """The rows of ``source`` when it is a local ``.jsonl`` / ``.json`` / ``.parquet`` file of image + text rows
+    (:func:`is_image_row`), with each relative image path made relative to the file's folder (a folder of images
+    beside ``rows.jsonl`` works from any working directory); None when it is not such a file (text rows, a Hub id:
+    the text reader's). Several sources, or options on one (``?weight=``, ``columns``), are refused for image
+    rows."""
+    from fastkit.data.read import read_rows
+    from fastkit.data.sources import as_sources
+
+    path = image_file(source)
+    if path is None:
+        _refuse_image_mix(source, where)
+        return None
+    if not looks_like_images(path):
+        return None
+    rows = read_rows(path)
+    if not any(is_image_row(r) for r in rows):
+        return None
+    listed = as_sources(source)[0]
+    if listed.columns or listed.weight is not None or listed.max_rows is not None or listed.split != "train":
+        raise FastkitError(f"{where} {listed.label}: image + text rows are read as they are; columns, weight, "
+                           "max_rows and split apply to text data only. Drop them (or edit the file).")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise FastkitError(f"{where} {path}: row {i} is a {type(row).__name__}, not an object "
+                               "({\"messages\": [...], \"images\": [...]}).")
+    return [beside(row, path.parent) for row in rows]
+
+
+PEEK_ROWS = 100
+"""How many leading rows of a .jsonl file :func:`looks_like_images` reads (a text file is not parsed twice)."""
+
+
+def looks_like_images(path: Path) -> bool:
+    """A cheap look before the whole file is read: a Parquet file with an ``images`` column, a .jsonl file with an
+    image row among its first :data:`PEEK_ROWS`, a .json file naming ``"images"`` in its first MiB."""
+    import importlib
+    import json
+    import re
+
+    from fastkit.data.read import _data_suffix
+
+    suffix, compression = _data_suffix(path)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return "images" in pq.read_schema(path).names
+        except Exception:  # noqa: BLE001 -- not readable: the text reader names the problem
+            return False
+    if suffix not in (".jsonl", ".json"):
+        return False
+    opener = importlib.import_module(compression).open if compression else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace") as f:
+            if suffix == ".json":
+                return re.search(r'"images"\s*:', f.read(1 << 20)) is not None
+            lines = (line for _, line in zip(range(PEEK_ROWS), f) if line.strip())
+            return any(is_image_row(json.loads(line)) for line in lines)
+    except (OSError, EOFError, ValueError):  # a bad line or file: the text reader names it
+        return False
+
+
+def _refuse_image_mix(source: Any, where: str) -> None:
+    """Several sources where one is a file of image rows: mixing is for text data."""
+    from fastkit.data.sources import as_sources
+
+    if not isinstance(source, (list, tuple)) or len(source) < 2:
+        return
+    for item in as_sources(source):
+        path = image_file(item.path) if isinstance(item.path, str) else None
+        if path is not None and read_image_rows(item.path, where) is not None:
+            raise FastkitError(f"{where}: {item.label} holds image + text rows, and image rows come from one "
+                               "source; give that file alone (join the files into one to train on both).")
+
+
+def beside(row: dict, folder: Path) -> dict:
+    """``row`` with each relative image path taken from ``folder`` (URLs, absolute paths and ``~`` paths kept)."""
+    images = row.get("images")
+    if not isinstance(images, (list, tuple)):
+        return row
+
+    def placed(image: Any) -> Any:
+        if not isinstance(image, str) or is_url(image) or image.startswith("~") or os.path.isabs(image):
+            return image
+        return str(folder / image)
+
+    return {**row, "images": [placed(i) for i in images]}
+
+
+def check_image_files(rows: Sequence[dict], where: str = "data") -> None:
+    """Every row's images opened and counted against its image parts (no processor needed: before the model
+    loads); the first bad row raises naming ``where``, the row and the image."""
+    with named(where):
+        for index, row in enumerate(rows):
+            row_images(row, index)
+    logger.info("fastkit: %s: the images of %d rows are readable", where, len(rows))
+
+
 SHAPES = "shapes"
 """The name of :func:`shape_rows`' offline sample as a ``caption_rows`` source."""
 _COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
@@ -319,6 +499,7 @@ def caption_rows(source: str, instruction: str, image_column: str = "image", tex
     return [caption_row(row[image_column], instruction, row[text_column]) for row in data]
 
 
-__all__ = ["MAX_IMAGE_BYTES", "SHAPES", "URL_TIMEOUT", "VisionCollator", "caption_row", "caption_rows",
-           "check_vision_rows", "encode_row", "fetch_image", "fetch_images", "image_cache_dir", "image_parts",
-           "is_processor", "is_url", "open_image", "row_digest", "row_images", "shape_rows"]
+__all__ = ["MAX_IMAGE_BYTES", "SHAPES", "URL_TIMEOUT", "VisionCollator", "beside", "caption_row", "caption_rows",
+           "check_image_files", "check_vision_rows", "encode_row", "fetch_image", "fetch_images", "image_cache_dir",
+           "image_file", "image_parts", "is_image_row", "is_processor", "is_url", "named", "open_image",
+           "read_image_rows", "row_digest", "row_images", "rows_within", "shape_rows"]

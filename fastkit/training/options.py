@@ -303,6 +303,10 @@ class LoraOptions:
     """PEFT's rsLoRA scaling."""
     target_experts: bool = option(False, "also adapt MoE experts (fastkit's per-expert-group LoRA)", check=check_bool)
     """Adapt mixture-of-experts experts too."""
+    finetune_vision_layers: bool = option(False, "vision-language models: also adapt the vision tower and projector "
+                                          "(default: the language model only)", check=check_bool)
+    """A vision-language model's ``"all-linear"`` LoRA covers its vision tower and projector too (Unsloth's name);
+    False: the language model only. Refused on a text model."""
     checkpointing: bool | str = option("auto", "gradient checkpointing: auto (offload where the memory plan needs "
                                        "it), on, off, or offload (double-buffered CPU offload)",
                                        check=_checkpointing)
@@ -320,6 +324,8 @@ class LoraOptions:
                       use_gradient_checkpointing=CHECKPOINTING[self.checkpointing])
         if self.use_rslora:
             kwargs["use_rslora"] = True
+        if self.finetune_vision_layers:
+            kwargs["finetune_vision_layers"] = True
         return kwargs
 
     def replace(self, **changes: Any) -> LoraOptions:

@@ -27,7 +27,7 @@ from fastkit.dashboard.views import VIEWS
 from fastkit.data import check_dataset
 from fastkit.data.read import stream_source
 from fastkit.data.stream import is_stream
-from fastkit.data.vision import VisionCollator, check_vision_rows, fetch_images, is_processor
+from fastkit.data.vision import VisionCollator, fetch_images, is_processor
 from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.device import auto_dtype
 from fastkit.errors import FastkitError
@@ -115,6 +115,8 @@ def make_trainer(
     ranks.quiet_replicas()  # torchrun / accelerate launch: one process reports
     options = _options(options, kwargs)
     max_steps, epochs = _run_length(options.max_steps, options.epochs)
+    if is_processor(tokenizer):  # image + text rows: what does not apply to them, before anything is read
+        check_vision_options(options)
     if options.streaming and not is_stream(train_dataset):  # a path, a Hub id or rows, read as the trainer draws
         train_dataset = stream_source(train_dataset, where="train_dataset")
     check_stream_options(train_dataset, options, epochs)
@@ -133,10 +135,8 @@ def make_trainer(
     check_distributed_mode(model, config)
     args = build_sft_config(config)  # SFTConfig's own checks, before the data is read
     if is_processor(tokenizer):  # a vision-language model: image + text rows, its processor collates them
-        if evaluate:
-            raise FastkitError("make_trainer: eval_dataset / eval_split are not supported for image + text rows yet; "
-                               "train without them and evaluate the saved adapter.")
-        return _vision_trainer(model, tokenizer, train_dataset, args, options, callbacks, max_seq_length)
+        return _vision_trainer(model, tokenizer, (train_dataset, eval_dataset), args, options, callbacks,
+                               max_seq_length)
     given_eval = eval_dataset
     with frozen_heap():  # forked data workers share this process's pages (fastkit.data.workers)
         dataset, eval_dataset = _checked_data(options, train_dataset, eval_dataset, tokenizer, max_seq_length,
@@ -155,39 +155,112 @@ def make_trainer(
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     _attach_run(trainer, options, rows)
     _fsdp_processes(trainer)
-    if epochs is not None:  # the step counts that depend on the run's length, now that the packed rows are known
-        total = planned_steps(trainer)
-        trainer.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
-        if eval_dataset is not None and options.eval_steps is None:
-            trainer.args.eval_steps = max(1, total // 10)
+    _epoch_steps(trainer, options, eval_dataset is not None)  # now that the packed rows are known
     _attach_packed_metadata(trainer)
     _name_in_model_card(trainer, train_dataset)
     _route_loss(trainer, model, _host_weights_in_trainer(trainer, options.chunked_loss))
     return trainer
 
 
-def _vision_trainer(model, processor, train_dataset, args, options: TrainOptions, callbacks, max_seq_length: int):
-    """The SFT trainer of a vision-language model: rows checked (:func:`fastkit.data.vision.check_vision_rows`),
-    then handed to TRL as they are, collated by the processor with the loss on assistant turns only; the dashboard
-    attached and the options kept as for text (:func:`fit` runs it)."""
+def _vision_trainer(model, processor, data, args, options: TrainOptions, callbacks, max_seq_length: int):
+    """The SFT trainer of a vision-language model: ``data`` = (train, eval or None) rows checked
+    (:func:`fastkit.data.vision.rows_within`; ``eval_split`` rows held out of train, seeded), then handed to TRL as
+    they are, collated by the processor with the loss on assistant turns only; the dashboard attached and the
+    options kept as for text (:func:`fit` runs it)."""
     from fastkit.training.trainer import ZeroSyncSFTTrainer
 
-    rows = fetch_images(list(train_dataset))  # every URL fetched once, before any step
-    check_vision_rows(rows, processor, max_seq_length)
+    rows, eval_rows = _vision_rows(data, processor, options, max_seq_length)
+    if options.packing:  # the family's packing patch is active, but this collator pads
+        logger.info("fastkit: packing=True: image + text rows are collated as padded rows, one example each")
     args.remove_unused_columns = False  # the collator reads messages and images
     args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    # the rows stay Python objects (PIL images), the datasets hold their indices into train + eval rows; the
+    # digests make the run's data fingerprint (resume checks it)
+    train = _row_indices(rows, 0)
+    held = _row_indices(eval_rows, len(rows)) if eval_rows else None
+    trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=held,
+                                 processing_class=processor,
+                                 data_collator=VisionCollator(processor, max_seq_length, rows + eval_rows),
+                                 callbacks=[*callbacks, *_early_stopping(options)])
+    _attach_run(trainer, options, len(rows))
+    _epoch_steps(trainer, options, held is not None)
+    _name_in_model_card(trainer, data[0])
+    return trainer
+
+
+def check_vision_options(options: TrainOptions) -> None:
+    """What does not apply to image + text rows, refused before they are read (packing: the model's own check)."""
+    if options.streaming:
+        raise FastkitError("streaming=True: image + text rows are read whole (each row's images are checked before "
+                           "any step); drop streaming=True.")
+    if options.drop_invalid:
+        raise FastkitError("drop_invalid=True applies to text rows; a bad image + text row is refused by name: fix "
+                           "or remove it and drop drop_invalid=True.")
+
+
+def _vision_rows(data, processor, options: TrainOptions, max_seq_length: int) -> tuple[list, list]:
+    """(train rows, eval rows) read (a file: :func:`~fastkit.data.vision.read_image_rows`), URLs fetched, checked
+    (``drop_long`` drops the long ones), ``eval_split`` rows held out of train (seeded)."""
+    train, held = (_image_rows(d, where) for d, where in zip(data, ("train_dataset", "eval_dataset")))
+    train = _within(train, processor, options, max_seq_length, "train_dataset")
+    if held is not None:
+        return train, _within(held, processor, options, max_seq_length, "eval_dataset")
+    return split_rows(train, options.eval_split, options.seed)
+
+
+def _image_rows(data, where: str) -> list | None:
+    from fastkit.data.vision import read_image_rows
+
+    if data is None:
+        return None
+    read = read_image_rows(data, where) if isinstance(data, (str, os.PathLike)) else None
+    if read is None and isinstance(data, (str, os.PathLike)):
+        from fastkit.data.read import as_dataset
+
+        read = as_dataset(data, where=where)
+    return fetch_images(list(read if read is not None else data))  # every URL fetched once, before any step
+
+
+def _within(rows: list, processor, options: TrainOptions, max_seq_length: int, where: str) -> list:
+    from fastkit.data.vision import rows_within
+
+    return [row for row, _ in rows_within(rows, processor, max_seq_length, where=where, drop_long=options.drop_long)]
+
+
+def split_rows(rows: list, eval_split: float | int, seed: int) -> tuple[list, list]:
+    """(train, eval): ``eval_split`` rows (a fraction or a count) of ``rows`` held out, seeded; no split: (rows, [])."""
+    if not eval_split:
+        return rows, []
+    import random
+
+    n = len(rows)
+    count = round(eval_split * n) if isinstance(eval_split, float) and eval_split < 1 else eval_split
+    if isinstance(eval_split, bool) or not isinstance(count, int) or not 1 <= count < n:
+        raise FastkitError(f"eval_split must be a fraction in (0, 1) or a row count in [1, {n - 1}] of the "
+                           f"{n} training rows (at least one row each side), got {eval_split!r}.")
+    held = set(random.Random(seed).sample(range(n), count))
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def _row_indices(rows: list, start: int):
+    """The Dataset a vision trainer iterates: each row's index into the collator's rows, and its content digest."""
     from datasets import Dataset
 
     from fastkit.data.vision import ROW_KEY, row_digest
 
-    # the rows stay Python objects (PIL images); their digests make the run's data fingerprint (resume checks it)
-    indices = Dataset.from_dict({ROW_KEY: list(range(len(rows))), "fastkit_row_digest": [row_digest(r) for r in rows]})
-    trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=indices, processing_class=processor,
-                                 data_collator=VisionCollator(processor, max_seq_length, rows),
-                                 callbacks=[*callbacks])
-    _attach_run(trainer, options, len(rows))
-    return trainer
+    return Dataset.from_dict({ROW_KEY: list(range(start, start + len(rows))),
+                              "fastkit_row_digest": [row_digest(r) for r in rows]})
+
+
+def _epoch_steps(trainer, options: TrainOptions, evaluate: bool) -> None:
+    """An ``epochs`` run's step counts that depend on its length (known once the trainer holds the rows)."""
+    if options.epochs is None:
+        return
+    total = planned_steps(trainer)
+    trainer.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
+    if evaluate and options.eval_steps is None:
+        trainer.args.eval_steps = max(1, total // 10)
 
 
 def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
@@ -707,5 +780,5 @@ def _settle(trainer, callback: MetricsCallback) -> int:
 
 
 __all__ = ["TRACKERS", "available_trackers", "build_sft_config", "check_distributed_mode", "check_report_to",
-           "every_parameter_used", "fit", "last_checkpoint", "make_trainer", "planned_steps", "run_coverage",
-           "steps_per_epoch"]
+           "check_vision_options", "every_parameter_used", "fit", "last_checkpoint", "make_trainer", "planned_steps",
+           "run_coverage", "split_rows", "steps_per_epoch"]
