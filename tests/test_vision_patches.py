@@ -124,3 +124,22 @@ def test_moe_routing_on_qwen3_vl_moe_experts_equals_unpatched():
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     assert got.keys() == want.keys() and any(".experts." in n for n in got)
     assert_tensors_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", [t for t in PACKED_ROWS
+                                        if registry.MODEL_TABLE[t].vision.rope == registry.MROPE])
+def test_mrope_packed_by_lengths_equals_alone(model_type):
+    """The other way to mark a packed row (fastkit's per-row lengths, no position_ids, the processor's
+    mm_token_type_ids concatenated): each document's logits are its logits alone (measured 0.0)."""
+    from fastkit.patches.packing import LENGTHS_KWARG
+
+    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256)
+    docs = _docs(processor)
+    lens = [d["input_ids"].shape[1] for d in docs]
+    packed = {k: v for k, v in _pack(docs).items() if k != "position_ids"}
+    packed.update({LENGTHS_KWARG: [lens], "mm_token_type_ids": torch.cat([d["mm_token_type_ids"] for d in docs], 1)})
+    with torch.no_grad():
+        alone = [model(**d).logits for d in docs]
+        split = model(**packed).logits.split(lens, dim=1)
+    for a, b in zip(split, alone):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
