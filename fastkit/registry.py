@@ -304,7 +304,8 @@ class VisionFacts:
     image_part: str
     """What a chat template writes for one ``{"type": "image"}`` part before the processor expands it."""
     rope: str = ROPE_1D
-    """:data:`MROPE` or :data:`ROPE_1D`: packing is exact for 1-D positions; mrope rows are refused for packing."""
+    """:data:`MROPE` or :data:`ROPE_1D`. Packed rows of an mrope row get each document's 3-D rope positions computed
+    as if it were alone (:mod:`fastkit.patches.packing.mrope`); 1-D rows restart their positions per document."""
     twin_tokens: tuple[tuple[str, str], ...] = ()
     """The twin tokenizer's added special tokens as ``(config key, token)``; key ``""``: no config key."""
     twin_tokenizer_attrs: tuple[tuple[str, str], ...] = ()

@@ -49,4 +49,4 @@ def test_vision_notebook_runs_with_twin(tmp_path):
     out = tmp_path / "outputs" / PATH.stem
     assert (out / "lora" / "adapter_model.safetensors").exists() and any((out / "merged_16bit").glob("*.safetensors"))
     stderr = "".join(o.get("text", "") for c in nb.cells for o in _outputs(c) if o.get("name") == "stderr")
-    assert "packing: multi-axis rope (mrope)" in stderr  # the banner says why packing is refused
+    assert "+ packing: applied" in stderr  # mrope packs exactly (tests/test_vision_patches.py); the banner says so

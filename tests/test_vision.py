@@ -10,7 +10,7 @@ import torch
 from fastkit import FastModel, registry
 from fastkit.errors import FastkitError
 from fastkit.families.vision import twin_image, vision_twin, vision_twin_processor
-from fastkit.patching import active_patches, report
+from fastkit.patching import active_patches, report, revert
 
 VISION_ROWS = tuple(t for t, f in registry.MODEL_TABLE.items() if f.vision is not None)
 MROPE_ROWS = tuple(t for t in VISION_ROWS if registry.MODEL_TABLE[t].vision.rope == registry.MROPE)
@@ -54,15 +54,20 @@ def test_twin_loads_with_its_processor_and_trains_on_an_image(model_type):
 
 
 @pytest.mark.parametrize("model_type", MROPE_ROWS)
-def test_mrope_packing_is_refused_with_the_reason_and_the_model_untouched(model_type):
+def test_mrope_packing_is_applied_and_reverts(model_type):
+    """Packing is on for mrope rows (per-document 3-D positions: proven in tests/test_vision_patches.py); revert
+    gives back the forward of the module owning get_rope_index, and the weights are the twin's."""
     model, _ = _load(model_type)
-    assert registry.PACKING not in active_patches(model)
-    assert "mrope" in report(model).skipped[registry.PACKING]
-    assert "mrope" in report(model).banner()
+    assert registry.PACKING in active_patches(model) and registry.PACKING not in report(model).skipped
+    owner = model.get_submodule(registry.MODEL_TABLE[model_type].vision.language_model.rpartition(".")[0])
+    assert getattr(owner.forward, "_fastkit_packing", False)
+    revert(model)
+    assert not getattr(owner.forward, "_fastkit_packing", False) and "forward" not in vars(owner)
     plain = vision_twin(model_type)
     for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters()):
         assert torch.equal(a, b), name
-    assert str(model.config._attn_implementation) == str(plain.config._attn_implementation)
+    assert str(model.config.get_text_config()._attn_implementation) == str(
+        plain.config.get_text_config()._attn_implementation)
 
 
 def test_gemma3_stays_text_by_default_and_vision_is_refused_for_a_text_family():

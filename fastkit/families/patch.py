@@ -107,12 +107,6 @@ def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, 
     return model
 
 
-MROPE_REFUSAL = ("multi-axis rope (mrope): position_ids are 3-D (time, height, width from each image's grid), "
-                 "and a packed row's per-document restart of those positions is not proven exact; packed batches "
-                 "are refused, padded batches train as usual")
-"""Why packing is refused on an mrope vision-language model (the banner's line)."""
-
-
 def is_vision_model(model: torch.nn.Module, facts: registry.ModelFacts | None) -> bool:
     """``model`` is the vision-language model of its row (the row's vision tower is there), not its text model."""
     if facts is None or facts.vision is None:
@@ -128,8 +122,6 @@ def vision_refusals(model: torch.nn.Module, facts: registry.ModelFacts) -> dict[
     """Patch name -> why it is refused on this vision-language model (nothing is applied, the model stays as is)."""
     if not is_vision_model(model, facts):
         return {}
-    if facts.vision.rope == registry.MROPE:
-        return {registry.PACKING: MROPE_REFUSAL}
     return {registry.PACKING: facts.vision.packing_refusal} if facts.vision.packing_refusal else {}
 
 

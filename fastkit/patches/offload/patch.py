@@ -135,9 +135,32 @@ def decide(model: torch.nn.Module, config: OffloadConfig) -> Decision:
 
 
 def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers that gradient checkpointing wraps, in forward order (a PEFT wrapper is looked
-    through)."""
-    return _hf.checkpointed_layers(unwrap(model))
+    """The decoder layers whose checkpoint inputs are offloaded, in forward order (a PEFT wrapper is looked
+    through): every checkpointed layer of a text model; of a vision-language model (a row with vision facts whose
+    language model is there), the language model's decoder layers only.
+
+    Why not the vision tower's blocks too (transformers checkpoints them as well; they keep plain
+    checkpointing, their inputs stay on the device): the pipeline is one chain of layer inputs that every
+    forward runs from its layer 0 (:meth:`OffloadedCheckpoint.__call__` starts the chain there), and the tower
+    does not run on a text-only batch, so a chain starting in the tower would not restart on such a step; the
+    tower's inputs are ``(patches, vision hidden)``, not the ``(B, T, text hidden)`` the up-front host-RAM check
+    (:func:`check_host_budget`) counts per layer, and their size is known only once the images are seen. The
+    language model's layers are where a long row's activations are (text and image tokens alike, every layer).
+    """
+    base = unwrap(model)
+    return _hf.checkpointed_layers(_language_model(base) or base)
+
+
+def _language_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The language model of a vision-language ``model`` (its row's ``vision.language_model`` path), else None."""
+    config = getattr(model, "config", None)
+    facts = registry.facts_for(getattr(config, "model_type", None) or "")
+    if facts is None or facts.vision is None:
+        return None
+    try:
+        return model.get_submodule(facts.vision.language_model)
+    except AttributeError:  # the family's text model loaded alone (Gemma 3 without vision=True)
+        return None
 
 
 def _hidden_size(model: torch.nn.Module) -> int | None:
@@ -289,8 +312,10 @@ def enable_offload(model: torch.nn.Module, config: OffloadConfig | None = None) 
         logger.warning("fastkit: activation offload not applied (%s); training with plain gradient checkpointing.",
                        how)
         return f"checkpoint (offload skipped: {how})"
-    logger.info("fastkit: activation offload %s on %d checkpointed layers (%s)", decision.mode,
-                len(checkpointed_layers(model)), decision.reason)
+    where = ("the language model's decoder layers; the vision tower keeps plain checkpointing"
+             if _language_model(unwrap(model)) is not None else "checkpointed layers")
+    logger.info("fastkit: activation offload %s on %d %s (%s)", decision.mode, len(checkpointed_layers(model)),
+                where, decision.reason)
     return decision.mode
 
 

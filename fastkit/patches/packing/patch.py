@@ -50,6 +50,7 @@ import torch
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.patches.packing import attention as kernels
+from fastkit.patches.packing import mrope as packing_mrope
 from fastkit.patches.packing import state as packing_state
 from fastkit.patches.packing.attention import PackedBatch, lengths_from_cu, log_once
 from fastkit.patching import Swapper
@@ -244,6 +245,15 @@ def _from_positions(position_ids: torch.Tensor, attention_mask: torch.Tensor | N
     return lengths_from_positions(host[0], host[1]) if attention_mask is not None else lengths_from_positions(host)
 
 
+def _text_positions(positions: torch.Tensor | None) -> torch.Tensor | None:
+    """The 1-D text positions ``(B, T)`` document boundaries are read from: ``position_ids`` itself, or row 0 of
+    mrope's ``(4, B, T)`` (text positions, then the 3-D rope rows: transformers' own packed layout for Qwen-VL);
+    None for mrope's ``(3, B, T)`` alone (no text row: not a packed batch to fastkit, as to transformers)."""
+    if positions is None or positions.dim() < 3:
+        return positions
+    return positions[0] if positions.shape[0] == 4 else None
+
+
 def build_metadata(config, call: dict) -> PackedBatch | None:
     """The :class:`PackedBatch` for one decoder call, or None when the batch is not packed."""
     ref = call.get("input_ids") if call.get("input_ids") is not None else call.get("inputs_embeds")
@@ -252,7 +262,7 @@ def build_metadata(config, call: dict) -> PackedBatch | None:
     rows, row_len = ref.shape[0], ref.shape[1]
     cache = call.get("cache", call.get("past_key_values"))
     past = cache.get_seq_length() if cache is not None else 0
-    mask, positions = call.get("attention_mask"), call.get("position_ids")
+    mask, positions = call.get("attention_mask"), _text_positions(call.get("position_ids"))
     if isinstance(mask, dict) or (isinstance(mask, torch.Tensor) and mask.dim() != 2):
         return None  # a prepared mask (generate, custom): the caller decided, leave it alone
     host, cu = call.get(LENGTHS_KWARG), call.get("cu_seq_lens_q")
@@ -419,8 +429,8 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def _decoder_config(model: torch.nn.Module, inner: torch.nn.Module | None, facts) -> Any:
-    """The config the decoder runs under: the model's own, or, on a vision-language row with 1-D positions, its
-    language model's text config (the vision tower keeps its own attention); None: no decoder to patch."""
+    """The config the decoder runs under: the model's own, or, on a vision-language row, its language model's text
+    config (the vision tower keeps its own attention); None: no decoder to patch."""
     config = getattr(inner, "config", None)
     if inner is None or config is None:
         return None
@@ -428,7 +438,7 @@ def _decoder_config(model: torch.nn.Module, inner: torch.nn.Module | None, facts
         return config
     vision = getattr(facts, "vision", None)
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    if vision is not None and vision.rope == registry.ROPE_1D and config is text:
+    if vision is not None and config is text:
         return config
     return None
 
@@ -455,7 +465,16 @@ class PackedAttentionPatch:
             return "bidirectional attention (config.is_causal=False)"
         if "kwargs" not in inspect.signature(inner.forward).parameters:
             return "the decoder forward takes no **kwargs (metadata cannot reach the layers)"
+        if self._mrope() and self._rope_owner(model) is None:
+            return "mrope: no module owning get_rope_index next to the language model (per-document 3-D positions)"
         return packing_state.check(model, inner, self._stateful())
+
+    def _mrope(self) -> bool:
+        vision = getattr(self.facts, "vision", None)
+        return vision is not None and vision.rope == registry.MROPE
+
+    def _rope_owner(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        return packing_mrope.rope_owner(model, self.facts.vision.language_model)
 
     def _stateful(self) -> tuple[str, ...]:
         return tuple(getattr(self.facts, "stateful", ()) or ())
@@ -466,6 +485,10 @@ class PackedAttentionPatch:
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)
         swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))
+        if self._mrope():  # per-document 3-D rope positions, (4, B, T) down to the decoder (packing/mrope.py)
+            owner = self._rope_owner(model)
+            swap.setattr(owner, "forward", packing_mrope.wrap_rope_owner(owner.forward, owner, config, build_metadata,
+                                                                         _forward_args))
         if self._stateful():  # recurrent / conv / SSM layers restart at each document (packing/state.py)
             packing_state.apply(inner, self._stateful(), swap, getattr(self.facts, "varlen", ""))
         logger.debug("fastkit packing: %s -> %s (packed batches: %s)", type(model).__name__, permanent, packed)
