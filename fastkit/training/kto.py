@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from fastkit.errors import FastkitError
-from fastkit.training.dpo import _check_side, _is_messages, check_pairs
+from fastkit.training.dpo import _check_side, _is_messages, check_pairs, drop_long_rows
 
 logger = logging.getLogger(__name__)
 
@@ -136,16 +136,8 @@ def check_tokenized_rows(dataset, max_length: int, drop_long: bool, batch_size: 
             long_rows.append((i, len(p) + len(c)))
     if not long_rows:
         return dataset
-    if not drop_long:
-        i, n = long_rows[0]
-        raise FastkitError(f"{where} row {i} has {n} tokens (prompt + completion), above max_seq_length={max_length} "
-                           f"({len(long_rows)} row(s) in all); TRL would cut or drop it silently. Raise "
-                           "max_seq_length, shorten the rows, or pass drop_long=True to drop them.")
-    logger.info("fastkit: dropped %d KTO row(s) longer than %d tokens", len(long_rows), max_length)
-    keep = sorted(set(range(len(dataset))) - {i for i, _ in long_rows})
-    if not keep:
-        raise FastkitError(f"{where}: every row is longer than max_seq_length={max_length}.")
-    dataset = dataset.select(keep)
+    dataset = drop_long_rows(dataset, long_rows, max_length, drop_long, where, measure="prompt + completion",
+                             consequence="TRL would cut or drop it silently", rows="KTO row")
     if both_labels:
         check_both_labels(dataset["label"], f"{where} (after dropping the long rows)")
     if "KL_completion_ids" in dataset.column_names:
