@@ -138,6 +138,18 @@ def test_options_are_checked(tmp_path):
         make_kto_trainer(base, tok, _rows(), output_dir=str(tmp_path))
 
 
+def test_kto_resumes_only_its_own_run(tmp_path):
+    """fit(resume=True) continues a KTO run and refuses one with other loss weights, naming the difference."""
+    def trainer(weight):
+        model, tok = _lora()
+        return make_kto_trainer(model, tok, _rows(4), desirable_weight=weight, max_steps=2, save_steps=1,
+                                output_dir=str(tmp_path), dashboard="none")
+
+    fit(trainer(1.0), view="none")
+    with pytest.raises(FastkitError, match=r"desirable_weight: checkpoint 1.0, now 1.5"):
+        fit(trainer(1.5), view="none", resume=True)
+
+
 # -- fastkit kto ---------------------------------------------------------------------------------------------
 def test_kto_config_file_trains_two_steps_and_saves_a_verified_adapter(tmp_path, caplog, capsys):
     import json
