@@ -1,6 +1,7 @@
-"""``fastkit dpo`` and ``fastkit grpo`` (issue 45): the same options system as ``fastkit train`` (flags, ``--config``,
-``--print-config``, ``--help`` / ``--help-all``), the same preflight (bad input: exit 2 naming the flag or file,
-before the model loads, on every rank), and 2 steps on a twin with the shipped data, saving a verified adapter."""
+"""``fastkit dpo``, ``fastkit kto`` and ``fastkit grpo`` (issue 45): the same options system as ``fastkit train``
+(flags, ``--config``, ``--print-config``, ``--help`` / ``--help-all``), the same preflight (bad input: exit 2 naming
+the flag or file, before the model loads, on every rank), and 2 steps on a twin with the shipped data, saving a
+verified adapter."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def test_grpo_flags_train_two_steps_and_save_a_verified_adapter(tmp_path, caplog
     ("dpo", ["--beta", "0.3", "--drop-long", "--trl", "loss_type=[ipo]", "--max-grad-norm", "0.5"]),
     ("grpo", ["--reward", "format,exact_answer", "--num-generations", "3", "--temperature", "0.7",
               "--trl", "top_k=5"]),
+    ("kto", ["--undesirable-weight", "1.5", "--drop-long", "--trl", "loss_type=apo_zero_unpaired", "--max-grad-norm",
+             "0.5"]),
 ])
 def test_print_config_round_trips(tmp_path, capsys, command, extra):
     assert main([command, "--model", "m", "--data", "sample", "--steps", "3", "--lr", "1e-4", *extra,
@@ -90,6 +93,9 @@ def test_print_config_round_trips(tmp_path, capsys, command, extra):
     assert "max_steps: 3\n" in first and "learning_rate: 0.0001\n" in first
     if command == "grpo":
         assert "reward: [format, exact_answer]\n" in first and "trl: {top_k: 5}" in first, first
+    elif command == "kto":
+        assert "undesirable_weight: 1.5\n" in first and "batch_size: 2\n" in first and "packing" not in first
+        assert "trl: {loss_type: apo_zero_unpaired, max_grad_norm: 0.5}\n" in first, first
     else:
         assert "drop_long: true\n" in first and "trl:\n  loss_type: [ipo]\n  max_grad_norm: 0.5\n" in first, first
 
@@ -106,6 +112,9 @@ def test_config_file_refuses_unknown_keys_and_trl_names_fastkit_sets(tmp_path, c
 
 BAD_PAIRS = '{"prompt": "Hi", "chosen": "a", "rejected": "b"}\n{"prompt": "Yo", "chosen": "x", "rejected": "x"}\n'
 NO_ANSWER = '{"prompt": "What is 2 + 2?"}\n'
+ONE_LABEL = '{"prompt": "Hi", "completion": "Hello!", "label": true}\n{"prompt": "Yo", "completion": "Hey", ' \
+            '"label": true}\n'
+BAD_LABEL = '{"prompt": "Hi", "completion": "Hello!", "label": 1}\n{"prompt": "Yo", "completion": "Hey", "label": 3}\n'
 ASSISTANT_LAST = '{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}], ' \
                  '"answer": "1"}\n'
 
@@ -114,6 +123,10 @@ ASSISTANT_LAST = '{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assis
     ("dpo", BAD_PAIRS, [], "--data {data} row 1: 'chosen' and 'rejected' are the same"),
     ("dpo", None, [], "--data {data}: '{data}' does not exist"),
     ("dpo", "sample", ["--trl", "lr_scheduler_type=bogus"], "trl.DPOConfig refuses the options: bogus"),
+    ("kto", ONE_LABEL, [], "--data {data}: all 2 rows are desirable (label true)"),
+    ("kto", BAD_LABEL, [], "--data {data} row 1 field 'label' must be true or false (or 1 / 0)"),
+    ("kto", BAD_PAIRS, [], "--data {data} row 1: 'chosen' and 'rejected' are the same"),
+    ("kto", "sample", ["--trl", "lr_scheduler_type=bogus"], "trl.KTOConfig refuses the options: bogus"),
     ("grpo", NO_ANSWER, [], "reward function 'exact_answer' needs the column 'answer', but --data {data} has"),
     ("grpo", ASSISTANT_LAST, [], "--data {data} row 0 field 'prompt' ends with an assistant message"),
     ("grpo", NO_ANSWER, ["--reward", "json:no_such_fn"], "--reward json:no_such_fn: 'json' has no function"),
@@ -141,13 +154,15 @@ def test_bad_flag_values_exit_2_at_parse_time(capsys):
     for argv, said in ((["grpo", "--num-generations", "1"], "GRPO compares completions of the same prompt"),
                        (["grpo", "--reward", "format,nosuch"], "'nosuch' is neither a shipped reward"),
                        (["dpo", "--beta", "0"], "beta must be a positive"),
-                       (["dpo", "--reward", "format"], "unrecognized arguments: --reward")):
+                       (["dpo", "--reward", "format"], "unrecognized arguments: --reward"),
+                       (["kto", "--desirable-weight", "0"], "desirable_weight must be a positive"),
+                       (["kto", "--packing"], "unrecognized arguments: --packing")):
         with pytest.raises(SystemExit) as stop:
             main([*argv, "--model", "m", "--data", "sample", "--print-config"])
         assert stop.value.code == 2 and said in capsys.readouterr().err, argv
 
 
-@pytest.mark.parametrize("command", ["dpo", "grpo"])
+@pytest.mark.parametrize("command", ["dpo", "kto", "grpo"])
 def test_help_is_short_and_help_all_has_trl_fields(capsys, command):
     with pytest.raises(SystemExit):
         main([command, "--help"])
@@ -163,6 +178,7 @@ def test_help_is_short_and_help_all_has_trl_fields(capsys, command):
     for flag in ("--max-grad-norm", "--trl NAME=VALUE", "--lora-dropout", "--save-steps"):
         assert f"  {flag}" in full, flag
     assert ("--num-generations" in short) == (command == "grpo")
+    assert ("--desirable-weight" in short) == (command == "kto")
 
 
 def _heavy_modules_after(argv: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit dpo / fastkit grpo --model M
+"""fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit dpo / kto / grpo --model M
 --data D, fastkit plan MODEL,
 fastkit bench {packed,offload,moe,sft,data} (from a clone: the benchmarks live in the repository's benchmarks/
 folder, outside the wheel; python -m benchmarks is the same). python -m fastkit is the same command.
@@ -11,7 +11,7 @@ Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and t
 - 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
 - 130: interrupted (Ctrl-C).
 
-Under torchrun every rank of fastkit train (dpo, grpo) exits with the same status; an error every rank learned of
+Under torchrun every rank of fastkit train (dpo, kto, grpo) exits with the same status; an error every rank learned of
 (fastkit.ranks.agreed) is printed once, by the main process.
 """
 
@@ -165,10 +165,12 @@ def _main(argv: list[str]) -> int:
         short = train and bool({"-h", "--help"} & set(argv))
         cli_train.add_parser(sub, sft_flags=train and not short and needs_sft_flags(argv[1:]), full=train,
                              common_only=short)
-    if argv[:1] in (["dpo"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's config fields included
+    if argv[:1] in (["dpo"], ["kto"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's fields included
         argv = [*argv, "--help"]
-    for name in ("dpo", "grpo"):
+    for name in ("dpo", "kto", "grpo"):
         cli_rl.add_parser(sub, name, argv)
+    cli_rl.add_orpo_parser(sub)
+    cli_rl.refuse_orpo(argv)  # TRL 1.16 has ORPO only under trl.experimental: say so, whatever the flags
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
     _add_plan_parser(sub)
@@ -188,7 +190,7 @@ def _main(argv: list[str]) -> int:
         return _plan(args)
     if args.command == "train":
         return cli_train.run(args)
-    if args.command in ("dpo", "grpo"):
+    if args.command in ("dpo", "kto", "grpo"):
         return cli_rl.run(args)
     if args.command in ("export", "chat"):
         return args.run(args)

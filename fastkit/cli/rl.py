@@ -1,13 +1,15 @@
-"""``fastkit dpo`` and ``fastkit grpo``: preference tuning and reasoning RL from a terminal, as ``fastkit train``.
+"""``fastkit dpo``, ``fastkit kto`` and ``fastkit grpo``: preference tuning and reasoning RL from a terminal, as
+``fastkit train``.
 
-Load (FastModel, patches where they fit) -> LoRA -> ``make_dpo_trainer`` / ``make_grpo_trainer`` -> ``fit`` with the
+Load (FastModel, patches where they fit) -> LoRA -> ``make_dpo_trainer`` / ``make_kto_trainer`` /
+``make_grpo_trainer`` -> ``fit`` with the
 progress line -> save (LoRA adapters, verified; ``--merged``, ``--gguf`` on request). Options, ``--config`` and
 ``--print-config``: :mod:`fastkit.cli.rl_options`. Everything that needs no model is checked before it loads (the
 options, TRL's config, the model folder, the output folder, the data row by row, the reward functions): a bad input
 exits 2 naming the flag or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fastkit train``.
 
-``--data sample`` is fastkit's shipped set: preference pairs for DPO, math word problems with an ``answer`` column
-for GRPO (:mod:`fastkit.quickstart.rl_data`).
+``--data sample`` is fastkit's shipped set: preference pairs for DPO (and KTO, unpaired), math word problems with an
+``answer`` column for GRPO (:mod:`fastkit.quickstart.rl_data`).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from fastkit.cli.rl_options import COMMANDS, Command
 logger = logging.getLogger(__name__)
 
 HELP = {"dpo": "DPO: LoRA-tune a model on preference pairs (prompt, chosen, rejected)",
+        "kto": "KTO: LoRA-tune a model on unpaired feedback (prompt, completion, label: desirable or not)",
         "grpo": "GRPO: LoRA-tune a model on prompts, scored by reward functions"}
 
 
 def add_parser(sub, name: str, argv: list[str]) -> argparse.ArgumentParser:
-    """Register ``fastkit dpo`` / ``fastkit grpo`` on ``sub``; the flags only when that command runs (``argv``):
+    """Register ``fastkit dpo`` / ``kto`` / ``grpo`` on ``sub``; the flags only when that command runs (``argv``):
     ``--help`` shows the usual options without importing TRL, ``--help-all`` every one (TRL's config fields too)."""
     command = COMMANDS[name]
     p = sub.add_parser(name, help=HELP[name], allow_abbrev=False, formatter_class=OneSpellingFormatter,
@@ -47,6 +50,26 @@ def add_parser(sub, name: str, argv: list[str]) -> argparse.ArgumentParser:
     trl = "--help-all" in argv or not short and rl_options.needs_trl_flags(command, argv[1:])
     rl_options.add_arguments(p, command, trl=trl, common_only=short)
     return p
+
+
+ORPO_REFUSAL = ("ORPO is not available: TRL 1.16 ships ORPOTrainer only under trl.experimental (no stable API), so "
+                "fastkit does not wrap it. Use fastkit dpo on preference pairs (prompt, chosen, rejected), after "
+                "fastkit train for SFT, or fastkit kto on unpaired feedback (prompt, completion, label).")
+
+
+def add_orpo_parser(sub) -> argparse.ArgumentParser:
+    """``fastkit orpo``: listed, so that it says why it is not there and what to use instead."""
+    return sub.add_parser("orpo", help="ORPO: not available (TRL 1.16 has it only under trl.experimental); use dpo",
+                          description=ORPO_REFUSAL, add_help=True, prefix_chars="-")
+
+
+def refuse_orpo(argv: list[str]) -> None:
+    """``fastkit orpo ...`` (any flags): a FastkitError saying why, before argparse reads the flags; ``--help``
+    prints the same words."""
+    if argv[:1] == ["orpo"] and not {"-h", "--help"} & set(argv):
+        from fastkit.errors import FastkitError
+
+        raise FastkitError(ORPO_REFUSAL)
 
 
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -66,16 +89,17 @@ def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def _data_label(command: Command, data: Any) -> str:
     if data == "sample":
-        return {"dpo": "fastkit's shipped preference pairs", "grpo": "fastkit's shipped math prompts"}[command.name]
+        return {"dpo": "fastkit's shipped preference pairs", "kto": "fastkit's shipped preference pairs, unpaired",
+                "grpo": "fastkit's shipped math prompts"}[command.name]
     return str(data)
 
 
 @dataclass
 class Prepared:
-    """What ``fastkit dpo`` / ``fastkit grpo`` checked before the model loads."""
+    """What ``fastkit dpo`` / ``kto`` / ``grpo`` checked before the model loads."""
 
     rows: Any
-    """The training rows (a ``datasets.Dataset``), every row checked."""
+    """The training rows (a ``datasets.Dataset``), every row checked (KTO: unpaired, labels bool)."""
     rewards: list | None
     """GRPO: the reward functions ``--reward`` names, imported."""
     resume_from: str | None
@@ -99,22 +123,32 @@ def preflight(args: argparse.Namespace) -> Prepared:
     cli_export.check_menu_arguments(args)
     cli_train._check_output_dir(args.output_dir)
     _check_trl_config(command, args.resolved.trl)
-    rows = read_data(command, args.data)
-    rewards = None
-    if command.name == "dpo":
-        from fastkit.training.dpo import check_pairs
-
-        check_pairs(rows, None, where=f"--data {args.data}")
-    else:
-        from fastkit.training.grpo import check_prompt_rows, wrap_reward_funcs
-
-        rewards = reward_functions(args.options.reward)
-        check_prompt_rows(rows, wrap_reward_funcs(rewards), where=f"--data {args.data}")
+    rows, rewards = check_rows(command, read_data(command, args.data), args)
     return Prepared(rows=rows, rewards=rewards, resume_from=cli_train._check_resume(args) if args.resume else None)
 
 
+def check_rows(command: Command, rows, args: argparse.Namespace) -> tuple[Any, list | None]:
+    """``(rows, reward functions)``: the rows checked without a tokenizer (DPO's pairs, KTO's unpaired rows, GRPO's
+    prompts and the columns the rewards read); GRPO's reward functions imported."""
+    where = f"--data {args.data}"
+    if command.name == "dpo":
+        from fastkit.training.dpo import check_pairs
+
+        check_pairs(rows, None, where=where)
+        return rows, None
+    if command.name == "kto":
+        from fastkit.training import kto
+
+        return kto.check_rows(kto.unpaired(rows, where), None, where), None
+    from fastkit.training.grpo import check_prompt_rows, wrap_reward_funcs
+
+    rewards = reward_functions(args.options.reward)
+    check_prompt_rows(rows, wrap_reward_funcs(rewards), where=where)
+    return rows, rewards
+
+
 def _check_trl_config(command: Command, trl: dict[str, Any]) -> None:
-    """TRL's DPOConfig / GRPOConfig with the pass-through fields, built once before the model loads (its own
+    """TRL's DPOConfig / KTOConfig / GRPOConfig with the pass-through fields, built once before the model loads (its own
     refusals: a scheduler or optimizer name, a loss type...)."""
     import tempfile
 
@@ -137,7 +171,7 @@ def read_data(command: Command, data: Any):
     if data == "sample":
         from fastkit.quickstart.rl_data import math_dataset, preference_dataset
 
-        return preference_dataset() if command.name == "dpo" else math_dataset()
+        return math_dataset() if command.name == "grpo" else preference_dataset()  # KTO unpairs the pairs
     from fastkit.data.read import as_dataset
 
     return as_dataset(data, where=f"--data {data}")
@@ -184,18 +218,21 @@ def _load_file(path: str):
 
 
 def build(args: argparse.Namespace, prepared: Prepared):
-    """(model, tokenizer, trainer) of a resolved run: load, LoRA, make_dpo_trainer / make_grpo_trainer (which
-    check the rows again with the tokenizer: the chat template, lengths), nothing trained yet."""
+    """(model, tokenizer, trainer) of a resolved run: load, LoRA, make_dpo_trainer / make_kto_trainer /
+    make_grpo_trainer (which check the rows again with the tokenizer: the chat template, lengths), nothing trained
+    yet."""
     from fastkit import FastModel
-    from fastkit.training import make_dpo_trainer, make_grpo_trainer
+    from fastkit.training import make_dpo_trainer, make_grpo_trainer, make_kto_trainer
 
     options = args.options
     model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=options.max_seq_length,
                                                  load_in_4bit=args.load_in_4bit, twin=args.twin)
     model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)
     kwargs = {**options.trainer_kwargs(), **args.resolved.trl}
-    if args.resolved.command.name == "dpo":
-        trainer = make_dpo_trainer(model, tokenizer, prepared.rows, **kwargs)
+    name = args.resolved.command.name
+    if name in ("dpo", "kto"):
+        make = make_dpo_trainer if name == "dpo" else make_kto_trainer
+        trainer = make(model, tokenizer, prepared.rows, **kwargs)
     else:
         trainer = make_grpo_trainer(model, tokenizer, prepared.rows, reward_funcs=prepared.rewards,
                                     **_grpo_kwargs(kwargs))
@@ -212,7 +249,7 @@ def _grpo_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``fastkit dpo`` / ``fastkit grpo`` with parsed ``args``; the exit status (0 done, 130 stopped by Ctrl-C
+    """Run ``fastkit dpo`` / ``kto`` / ``grpo`` with parsed ``args``; the exit status (0 done, 130 stopped by Ctrl-C
     after the adapters trained so far are saved). Rank-aware as ``fastkit train``."""
     args = resolved_args(args)
     if args.print_config:  # nothing is loaded; TRL's fields given were checked against its dataclass's types
@@ -234,4 +271,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Prepared", "add_parser", "build", "preflight", "read_data", "resolved_args", "reward_functions", "run"]
+__all__ = ["ORPO_REFUSAL", "Prepared", "add_orpo_parser", "add_parser", "build", "check_rows", "preflight", "read_data",
+           "refuse_orpo", "resolved_args", "reward_functions", "run"]

@@ -1,9 +1,11 @@
-"""``fastkit dpo`` / ``fastkit grpo``'s options: the same options system as ``fastkit train`` (fastkit.cli.config).
+"""``fastkit dpo`` / ``fastkit kto`` / ``fastkit grpo``'s options: the same options system as ``fastkit train``
+(fastkit.cli.config).
 
 Each command's options are dataclass fields with their help text, flags and checks (:func:`fastkit.training.options.
-option`): :class:`fastkit.cli.config.RunOptions` (what to train and save, less ``data_mix``), :class:`DpoOptions` or
-:class:`GrpoOptions` (the keyword arguments of ``make_dpo_trainer`` / ``make_grpo_trainer``) and
-:class:`fastkit.training.options.LoraOptions`. Every other field of TRL's ``DPOConfig`` / ``GRPOConfig`` passes
+option`): :class:`fastkit.cli.config.RunOptions` (what to train and save, less ``data_mix``), :class:`DpoOptions`,
+:class:`KtoOptions` or :class:`GrpoOptions` (the keyword arguments of ``make_dpo_trainer`` / ``make_kto_trainer`` /
+``make_grpo_trainer``) and :class:`fastkit.training.options.LoraOptions`. Every other field of TRL's ``DPOConfig`` /
+``KTOConfig`` / ``GRPOConfig`` passes
 through by name (``--trl NAME=VALUE``, its own flag, or a key of the file; checked against the installed TRL's
 dataclass). Flags are generated as ``fastkit train``'s are (``--steps`` / ``--max-steps`` / ``--max_steps``, ...);
 ``--config FILE`` reads the same names (any spelling; flags win over the file, the file over the defaults) and
@@ -78,7 +80,7 @@ def reward_names(value: Any) -> list[str]:
 
 @dataclass
 class RlOptions:
-    """What ``fastkit dpo`` and ``fastkit grpo`` share: make_dpo_trainer's / make_grpo_trainer's run options."""
+    """What ``fastkit dpo``, ``kto`` and ``grpo`` share: the make_*_trainer run options."""
 
     max_steps: int | None = option(None, "optimizer steps to run (default 60 unless epochs is set)",
                                    flags=("--steps",), check=_positive_or_none)
@@ -86,16 +88,14 @@ class RlOptions:
                                   check=_number_or_none)
     learning_rate: float = option(5e-5, "AdamW learning rate (LoRA; TRL's 1e-6 default is for full fine-tuning)",
                                   flags=("--lr",), check=_number)
-    batch_size: int = option(1, "DPO: pairs per device step; GRPO: prompts per device step",
+    batch_size: int = option(1, "DPO: pairs per device step; KTO: rows (at least 2); GRPO: prompts",
                              aliases=("per_device_train_batch_size",), check=check_positive)
     gradient_accumulation_steps: int = option(1, "device steps per optimizer step", flags=("--grad-accumulation",),
                                               check=check_positive)
     max_seq_length: int | None = option(None, "tokens the model is loaded with (DPO: a pair's prompt + longer "
-                                        "answer at most)", check=_positive_or_none)
+                                        "answer at most; KTO: a row's prompt + completion)", check=_positive_or_none)
     beta: float = option(0.1, "KL strength against the reference (the adapter disabled)",
                          check=functools.partial(_number, low_open=False))
-    packing: bool = option(True, "run the rows of a step as one padding-free packed row (where fastkit's packing "
-                           "patch is active; exact against padded)", check=check_bool)
     seed: int = option(3407, "seed of the run (data order, sampling, LoRA init)",
                        check=check_non_negative_int)
     save_steps: int | None = option(None, "a checkpoint every that many steps in output_dir (2 kept; None: none)",
@@ -121,14 +121,37 @@ class RlOptions:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+def _packing() -> Any:
+    """DPO's and GRPO's ``packing`` option (KTO's rows are padded)."""
+    return option(True, "run the rows of a step as one padding-free packed row (where fastkit's packing patch is "
+                  "active; exact against padded)", check=check_bool)
+
+
+def _drop_long(rows: str) -> Any:
+    """DPO's and KTO's ``drop_long`` option."""
+    return option(False, f"drop {rows} longer than max_seq_length (logged) instead of refusing the data",
+                  check=check_bool)
+
+
 @dataclass
 class DpoOptions(RlOptions):
     """``fastkit dpo``: :func:`fastkit.training.make_dpo_trainer`'s options."""
 
     beta: float = option(0.1, "DPO's KL strength against the reference (the adapter disabled); positive",
                          check=_number)
-    drop_long: bool = option(False, "drop pairs longer than max_seq_length (logged) instead of refusing the data",
-                             check=check_bool)
+    packing: bool = _packing()
+    drop_long: bool = _drop_long("pairs")
+
+
+@dataclass
+class KtoOptions(RlOptions):
+    """``fastkit kto``: :func:`fastkit.training.make_kto_trainer`'s options."""
+
+    beta: float = option(0.1, "KTO's KL strength against the reference (the adapter disabled); positive",
+                         check=_number)
+    desirable_weight: float = option(1.0, "weight of the desirable rows' loss (label true)", check=_number)
+    undesirable_weight: float = option(1.0, "weight of the undesirable rows' loss (label false)", check=_number)
+    drop_long: bool = _drop_long("rows")
 
 
 @dataclass
@@ -137,6 +160,7 @@ class GrpoOptions(RlOptions):
 
     beta: float = option(0.04, "KL strength against the reference (the adapter disabled); 0 skips the reference "
                          "pass", check=functools.partial(_number, low_open=False))
+    packing: bool = _packing()
     reward: list[str] = option(help="reward functions: format, tags, exact_answer, length (fastkit.training."
                                "rewards), or module:function / path/to/file.py:function; several: format,length",
                                factory=lambda: ["format", "exact_answer"], check=_rewards)
@@ -173,13 +197,19 @@ COMMANDS = {
     "dpo": Command("dpo", DpoOptions, "DPOConfig", dict(max_seq_length=2048, save_steps=50,
                                                          output_dir="outputs/dpo", dashboard="none"),
                    _COMMON + ("drop_long",)),
+    "kto": Command("kto", KtoOptions, "KTOConfig", dict(max_seq_length=2048, save_steps=50, batch_size=2,
+                                                         output_dir="outputs/kto", dashboard="none"),
+                   _COMMON + ("desirable_weight", "undesirable_weight", "drop_long")),
     "grpo": Command("grpo", GrpoOptions, "GRPOConfig", dict(max_seq_length=2048, save_steps=50,
                                                             output_dir="outputs/grpo", dashboard="none"),
                     _COMMON + ("reward", "num_generations", "max_completion_length", "temperature")),
 }
-"""``fastkit dpo`` and ``fastkit grpo``."""
+"""``fastkit dpo``, ``fastkit kto`` and ``fastkit grpo``."""
 DATA_HELP = {"dpo": "preference pairs (prompt, chosen, rejected: text or chat messages): a .json/.jsonl/.csv/"
                     ".parquet file, a folder, a Hub dataset id, or 'sample' (fastkit's shipped pairs)",
+             "kto": "unpaired feedback (prompt, completion, label: true for a desirable completion; text or chat "
+                    "messages; or preference pairs, unpaired): a file, a folder, a Hub dataset id, or 'sample' "
+                    "(fastkit's shipped pairs, unpaired)",
              "grpo": "prompts (a 'prompt' column, text or chat messages, and the columns the rewards read): a file, a "
                      "folder, a Hub dataset id, or 'sample' (fastkit's shipped math prompts with an 'answer' column)"}
 """``--data``'s help: one source (fastkit train's mixes several)."""
@@ -196,7 +226,7 @@ def aliases(command: Command) -> dict[str, str]:
     """TRL's names of fastkit's options (``num_train_epochs`` -> ``epochs``), and the names make_*_trainer sets
     itself from them (``max_length``, ``per_device_train_batch_size``)."""
     out = {a: f.name for f in dataclasses.fields(command.options) for a in f.metadata.get("aliases", ())}
-    if command.name == "dpo":
+    if command.name in ("dpo", "kto"):
         out["max_length"] = "max_seq_length"
     return out
 
@@ -360,6 +390,6 @@ def print_config(resolved: Resolved) -> str:
     return dump_yaml(resolved.to_dict(), f"fastkit {resolved.command.name} --config FILE reproduces this run.")
 
 
-__all__ = ["COMMANDS", "SHIPPED_REWARDS", "Command", "DpoOptions", "GrpoOptions", "Resolved", "RlOptions",
+__all__ = ["COMMANDS", "SHIPPED_REWARDS", "Command", "DpoOptions", "GrpoOptions", "KtoOptions", "Resolved", "RlOptions",
            "add_arguments", "aliases", "fields", "file_layer", "flag_layer", "needs_trl_flags", "print_config",
            "resolve", "reward_names", "spellings", "taken"]

@@ -3,8 +3,9 @@
     run.py        ``make_trainer`` (a ``trl.SFTTrainer`` with fastkit's collator, loss and checks), ``fit``
                   (the live dashboard, new run / resume), ``run_coverage``, trackers
     trainer.py    ``ZeroSyncSFTTrainer``: TRL's step without its host-device reads
-    preference.py ``make_dpo_trainer`` / ``make_grpo_trainer``: TRL's DPOTrainer / GRPOTrainer on fastkit's model
-                  (dpo.py: pairs checked and packed; grpo.py: prompts and reward functions checked; grpo_pack.py:
+    preference.py ``make_dpo_trainer`` / ``make_kto_trainer`` / ``make_grpo_trainer``: TRL's DPOTrainer /
+                  KTOTrainer / GRPOTrainer on fastkit's model (dpo.py: pairs checked and packed; kto.py: KTO's
+                  unpaired rows checked; grpo.py: prompts and reward functions checked; grpo_pack.py:
                   the log-prob passes on packed prompt + completion rows; rewards.py:
                   reward functions to start from; rl_data.py: small shipped math and preference sets)
     options.py    ``TrainOptions`` / ``LoraOptions``: every knob with its help text and default, for make_trainer,
@@ -20,7 +21,7 @@ from fastkit._lazy import exports as _exports
 # Imported when first used: ``fastkit.training.options`` (the CLI's flags, the YAML) needs neither torch nor TRL.
 _LAZY = {
     "LoraOptions": "options", "TrainOptions": "options", "make_dpo_trainer": "preference",
-    "make_grpo_trainer": "preference", **dict.fromkeys(
+    "make_grpo_trainer": "preference", "make_kto_trainer": "preference", **dict.fromkeys(
         ("TRACKERS", "available_trackers", "check_distributed_mode", "check_report_to", "fit", "last_checkpoint",
          "make_trainer", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"), "run"),
 }
@@ -29,5 +30,5 @@ _LAZY = {
 __getattr__, __dir__ = _exports(globals(), "fastkit.training", _LAZY)
 
 __all__ = ["TRACKERS", "LoraOptions", "TrainOptions", "available_trackers", "check_distributed_mode",
-           "check_report_to", "fit", "last_checkpoint", "make_dpo_trainer", "make_grpo_trainer", "make_trainer",
-           "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]
+           "check_report_to", "fit", "last_checkpoint", "make_dpo_trainer", "make_grpo_trainer", "make_kto_trainer",
+           "make_trainer", "planned_steps", "run_coverage", "sft_config", "steps_per_epoch"]

@@ -123,16 +123,24 @@ def check_tokenized_pairs(dataset, max_length: int, drop_long: bool, where: str 
                                "after the chat template: nothing to compare.")
         if len(p) + max(len(c), len(r)) > max_length:
             long_rows.append((i, len(p) + max(len(c), len(r))))
+    return drop_long_rows(dataset, long_rows, max_length, drop_long, where, measure="prompt + longer answer",
+                          consequence="TRL would cut the answer", rows="preference pair")
+
+
+def drop_long_rows(dataset, long_rows: list[tuple[int, int]], max_length: int, drop_long: bool, where: str, *,
+                   measure: str, consequence: str, rows: str):
+    """``dataset`` without ``long_rows`` (``(row, tokens)`` above ``max_length``) when ``drop_long``, else a
+    FastkitError naming the first (DPO's pairs, KTO's rows); ``measure``, ``consequence``, ``rows``: the words."""
     if long_rows and not drop_long:
         i, n = long_rows[0]
-        raise FastkitError(f"{where} row {i} has {n} tokens (prompt + longer answer), above max_seq_length="
-                           f"{max_length} ({len(long_rows)} row(s) in all); TRL would cut the answer. Raise "
+        raise FastkitError(f"{where} row {i} has {n} tokens ({measure}), above max_seq_length="
+                           f"{max_length} ({len(long_rows)} row(s) in all); {consequence}. Raise "
                            "max_seq_length, shorten the rows, or pass drop_long=True to drop them.")
     if long_rows:
-        logger.info("fastkit: dropped %d preference pair(s) longer than %d tokens", len(long_rows), max_length)
+        logger.info("fastkit: dropped %d %s(s) longer than %d tokens", len(long_rows), rows, max_length)
         keep = sorted(set(range(len(dataset))) - {i for i, _ in long_rows})
         if not keep:
-            raise FastkitError(f"{where}: every pair is longer than max_seq_length={max_length}.")
+            raise FastkitError(f"{where}: every {rows} is longer than max_seq_length={max_length}.")
         dataset = dataset.select(keep)
     return dataset
 
@@ -267,4 +275,4 @@ def preference_accuracy(model: torch.nn.Module, tokenizer, pairs) -> tuple[float
 
 
 __all__ = ["PACK_CHANGE", "ROW_LENS_KWARG", "ROW_SPANS_KWARG", "PairLengthsCollator", "check_pair_row", "check_pairs",
-           "check_tokenized_pairs", "pack_pairs", "preference_accuracy"]
+           "check_tokenized_pairs", "drop_long_rows", "pack_pairs", "preference_accuracy"]

@@ -39,9 +39,9 @@ HYPERPARAMETERS = ("learning_rate", "max_steps", "num_train_epochs", "per_device
                    "gradient_accumulation_steps", "seed", "data_seed", "lr_scheduler_type", "warmup_steps",
                    "weight_decay", "max_grad_norm", "optim", "fp16", "bf16", "max_length", "packing",
                    "completion_only_loss", "beta", "loss_type", "num_generations", "max_completion_length",
-                   "temperature")
-"""TrainingArguments / SFTConfig / DPOConfig / GRPOConfig fields that are part of a run's identity (a field the
-trainer's config lacks reads None on both sides)."""
+                   "temperature", "desirable_weight", "undesirable_weight")
+"""TrainingArguments / SFTConfig / DPOConfig / KTOConfig / GRPOConfig fields that are part of a run's identity (a
+field the trainer's config lacks reads None on both sides)."""
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 
 

@@ -1,16 +1,17 @@
-"""Preference tuning (DPO) and reasoning RL (GRPO) with TRL's own trainers on fastkit's model.
+"""Preference tuning (DPO, KTO) and reasoning RL (GRPO) with TRL's own trainers on fastkit's model.
 
-:func:`make_dpo_trainer` returns a ``trl.DPOTrainer``, :func:`make_grpo_trainer` a ``trl.GRPOTrainer`` — TRL's
+:func:`make_dpo_trainer` returns a ``trl.DPOTrainer``, :func:`make_kto_trainer` a ``trl.KTOTrainer`` (unpaired
+feedback: :mod:`fastkit.training.kto`), :func:`make_grpo_trainer` a ``trl.GRPOTrainer`` — TRL's
 classes, unchanged, with fastkit's defaults around them (the same as :func:`fastkit.training.make_trainer`'s:
 precision and optimizer from the device, ``use_cpu`` on a CPU, checkpointing owned by fastkit, the dashboard
 attached) and their data checked at the door (:mod:`fastkit.training.dpo`, :mod:`fastkit.training.grpo`).
 :func:`fastkit.fit` runs either under the dashboard with the same new-run / resume rules as SFT.
 
 The reference model is the same PEFT model with its adapter disabled — no second model copy and no copy of the
-adapter: TRL 1.16's DPOTrainer copies a PEFT model's adapter into a frozen ``"ref"`` adapter; when that adapter
-is still at its initialization (LoRA B all zero: a fresh ``get_peft_model``) the copy equals the base model, so
-fastkit deletes it and TRL falls back to ``disable_adapter()``. A trained adapter (DPO after SFT) keeps TRL's
-``"ref"`` copy (the SFT model is the reference). GRPOTrainer disables the adapter itself.
+adapter: TRL 1.16's DPOTrainer (and KTOTrainer) copies a PEFT model's adapter into a frozen ``"ref"`` adapter;
+when that adapter is still at its initialization (LoRA B all zero: a fresh ``get_peft_model``) the copy equals the
+base model, so fastkit deletes it and TRL falls back to ``disable_adapter()``. A trained adapter (DPO after SFT)
+keeps TRL's ``"ref"`` copy (the SFT model is the reference). GRPOTrainer disables the adapter itself.
 
 DPO packs each batch's chosen and rejected rows into one padding-free row through fastkit's packing patch
 (:mod:`fastkit.training.dpo`); GRPO generates with transformers' ``generate`` (TRL's default; TRL's vLLM mode,
@@ -31,7 +32,7 @@ from fastkit.dashboard.views import VIEWS, dashboard_callback
 from fastkit.data.read import as_dataset
 from fastkit.errors import FastkitError
 from fastkit.patching import change, unwrap
-from fastkit.training import dpo, grpo, grpo_pack
+from fastkit.training import dpo, grpo, grpo_pack, kto
 from fastkit.training.run import _default_optim, _precision, _run_length, check_distributed_mode, check_report_to
 
 logger = logging.getLogger(__name__)
@@ -139,17 +140,17 @@ def use_disabled_adapter_as_reference(trainer) -> str:
         how = "the same model with its adapter disabled (fresh adapter: TRL's 'ref' adapter copy dropped)"
     else:
         how = "a frozen copy of the trained adapter ('ref', TRL's; the base weights are shared)"
-    logger.info("fastkit: DPO reference log-probs from %s", how)
+    logger.info("fastkit: reference log-probs from %s", how)
     return how
 
 
 def _drop_old_reference(model: torch.nn.Module) -> None:
-    """An earlier DPOTrainer's frozen ``"ref"`` adapter off the model (TRL refuses to add a second one; the new
-    trainer copies the adapter as it is now)."""
+    """An earlier DPOTrainer's / KTOTrainer's frozen ``"ref"`` adapter off the model (TRL refuses to add a second
+    one; the new trainer copies the adapter as it is now)."""
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")
         model.set_adapter("default")
-        logger.info("fastkit: an earlier DPO trainer's 'ref' adapter removed; the reference is the adapter now")
+        logger.info("fastkit: an earlier trainer's 'ref' adapter removed; the reference is the adapter now")
 
 
 def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: float = 0.1,
@@ -198,6 +199,67 @@ def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     if trainer.fastkit_packed:
         trainer.data_collator = dpo.PairLengthsCollator(trainer.data_collator)
     return _finish(trainer, run, len(dataset), overrides)
+
+
+def make_kto_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: float = 0.1,
+                     desirable_weight: float = 1.0, undesirable_weight: float = 1.0, max_seq_length: int | None = None,
+                     drop_long: bool = False, eval_dataset=None, callbacks: Sequence[Any] = (), **options: Any):
+    """A ``trl.KTOTrainer`` for a fastkit LoRA model on unpaired feedback (checked first, errors before any step).
+
+    ``train_dataset``: rows of ``prompt`` / ``completion`` / ``label`` (True: a desirable completion; 1 / 0 read as
+    True / False), text or lists of messages, anything :func:`fastkit.data.read.as_dataset` reads; preference pairs
+    (``prompt`` / ``chosen`` / ``rejected``) are unpaired first. Both labels must occur (:mod:`fastkit.training.kto`).
+    ``beta``: KTO's KL strength (TRL's default 0.1); ``desirable_weight`` / ``undesirable_weight``: the weights of
+    the two kinds of rows' losses (TRL logs the range it recommends when the labels are imbalanced). The reference
+    is the same model with its adapter disabled, as for :func:`make_dpo_trainer`. Rows are padded (no packing).
+    ``batch_size`` defaults to 2: KTO estimates its KL baseline from each row's prompt with its batch neighbour's
+    completion, so TRL needs at least 2 rows per device step (and reads the rows in order). ``drop_long=True`` drops
+    rows above ``max_seq_length`` instead of refusing them. Other run options as :func:`make_dpo_trainer`; anything
+    else is a ``KTOConfig`` field (refused by name when it is not one).
+    """
+    from trl import KTOConfig, KTOTrainer
+
+    run, overrides = _split_options({"batch_size": 2, **options})
+    _check_kto_options(model, run, overrides, beta, desirable_weight, undesirable_weight, drop_long)
+    max_seq_length = _max_length(tokenizer, max_seq_length, model)
+    dataset = kto.check_rows(kto.unpaired(as_dataset(train_dataset)), tokenizer)
+    if eval_dataset is not None:
+        eval_dataset = as_dataset(eval_dataset, where="eval_dataset")
+        eval_dataset = kto.check_rows(kto.unpaired(eval_dataset, "eval_dataset"), tokenizer, "eval_dataset", False)
+    config = _base_config(model, run, overrides, KTOConfig)
+    config.update(beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
+                  max_length=None, **_eval_config(eval_dataset, run, overrides))  # lengths: checked below
+    check_distributed_mode(model, config)
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    _drop_old_reference(model)
+    trainer = KTOTrainer(model=model, args=KTOConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
+                         processing_class=tokenizer, callbacks=list(callbacks))
+    trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
+    try:
+        trainer.train_dataset = kto.check_tokenized_rows(trainer.train_dataset, max_seq_length, drop_long,
+                                                         run.batch_size)
+        if trainer.eval_dataset is not None:
+            trainer.eval_dataset = kto.check_tokenized_rows(trainer.eval_dataset, max_seq_length, drop_long,
+                                                            run.batch_size, "eval_dataset", both_labels=False)
+    except FastkitError:
+        _drop_old_reference(model)  # the model as it came in
+        raise
+    trainer.args.max_length = trainer.data_collator.max_length = max_seq_length  # KL rows (a neighbour's completion)
+    keep_fastkit_checkpointing(trainer.model)
+    return _finish(trainer, run, len(trainer.train_dataset), overrides)
+
+
+def _check_kto_options(model, run: RunOptions, overrides: dict[str, Any], beta, desirable_weight, undesirable_weight,
+                       drop_long) -> None:
+    _check_peft(model, "make_kto_trainer")
+    checks.check_positive("beta", beta, integer=False)
+    checks.check_positive("desirable_weight", desirable_weight, integer=False)
+    checks.check_positive("undesirable_weight", undesirable_weight, integer=False)
+    checks.check_bool("drop_long", drop_long)
+    if overrides.get("loss_type", "kto") != "apo_zero_unpaired" and run.batch_size < 2:
+        raise FastkitError(f"batch_size={run.batch_size}: KTO estimates its KL baseline from each row's prompt with "
+                           "another row's completion of the same device batch: give batch_size >= 2 (or "
+                           "loss_type='apo_zero_unpaired', which has no KL term).")
 
 
 def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, reward_funcs, num_generations: int = 4,
@@ -281,4 +343,5 @@ def _eval_config(eval_dataset, run: RunOptions, overrides: dict[str, Any]) -> di
     return {"eval_strategy": "steps", "eval_steps": steps, "per_device_eval_batch_size": run.batch_size}
 
 
-__all__ = ["RunOptions", "make_dpo_trainer", "make_grpo_trainer", "use_disabled_adapter_as_reference"]
+__all__ = ["RunOptions", "make_dpo_trainer", "make_grpo_trainer", "make_kto_trainer",
+           "use_disabled_adapter_as_reference"]
