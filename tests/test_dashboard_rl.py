@@ -52,7 +52,16 @@ def test_dpo_margin_and_accuracy_are_shown():
     rows = rl_rows(m)
     assert rows["dpo_margin"].value == "0.03" and rows["dpo_accuracy"].value == "75%"
     assert "margin 0.03" in progress_line(m) and "acc 75%" in progress_line(m)
-    assert "DPO pair accuracy" in summary_text(m)
+    assert "Pair accuracy" in summary_text(m) and "Reward margin" in summary_text(m)
+
+
+def test_kto_margin_and_kl_are_shown_without_a_pair_accuracy():
+    """KTO logs a margin (desirable - undesirable reward) and a KL estimate, no pair accuracy: no DPO label."""
+    m = _log([{"loss": 0.5, "learning_rate": 1e-4, "grad_norm": 0.5, "kl": 0.25, "rewards/chosen": 0.5,
+               "rewards/rejected": 0.25, "rewards/margins": 0.25}])
+    rows = rl_rows(m)
+    assert rows["dpo_margin"].value == "0.25" and rows["kl"].value == "0.25" and "dpo_accuracy" not in rows
+    assert "Reward margin" in summary_text(m) and "DPO" not in summary_text(m)
 
 
 def test_sft_logs_add_no_rl_rows():

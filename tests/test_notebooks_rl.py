@@ -69,7 +69,7 @@ def test_rl_notebook_runs_with_twin(path, tmp_path):
             assert row in html[0], row
         want = ("well-formed", "correct")
     else:
-        assert "DPO reward margin" in html[0] and "DPO pair accuracy" in html[0]
+        assert "Reward margin" in html[0] and "Pair accuracy" in html[0]
         want = ("more likely on", "of held-out pairs")
     before = "".join(o.get("text", "") for o in _outputs(_cell_with(nb, "before = ")))
     after = "".join(o.get("text", "") for o in _outputs(_cell_with(nb, "after = ")))

@@ -125,7 +125,8 @@ def _mean_std(m: TrainingMetrics, mean: str, std: str, spec: str = ".3g") -> str
 def rl_rows(m: TrainingMetrics) -> Rows:
     """Rows for the preference / RL metrics TRL logged (none for SFT). Keys: ``reward`` and ``reward:<function>``
     (GRPO, mean ± std), ``kl``, ``completion_length``, ``clipped_ratio`` (completions cut at the length limit),
-    ``dpo_margin`` (chosen - rejected reward), ``dpo_accuracy`` (pairs where chosen wins)."""
+    ``dpo_margin`` (chosen - rejected reward: DPO's pairs, KTO's desirable - undesirable rows), ``dpo_accuracy``
+    (DPO pairs where chosen wins)."""
     rl, rows = m.rl, {}
     if "reward" in rl:
         rows["reward"] = Row("Reward (mean ± std)", _mean_std(m, "reward", "reward_std"))
@@ -136,8 +137,8 @@ def rl_rows(m: TrainingMetrics) -> Rows:
     for key, name, label, spec in (("kl", "kl", "KL to reference", ".3g"),
                                    ("completions/mean_length", "completion_length", "Completion length", ".4g"),
                                    ("completions/clipped_ratio", "clipped_ratio", "Clipped at max length", ".0%"),
-                                   ("rewards/margins", "dpo_margin", "DPO reward margin", ".3g"),
-                                   ("rewards/accuracies", "dpo_accuracy", "DPO pair accuracy", ".0%")):
+                                   ("rewards/margins", "dpo_margin", "Reward margin", ".3g"),
+                                   ("rewards/accuracies", "dpo_accuracy", "Pair accuracy", ".0%")):
         if key in rl:
             rows[name] = Row(label, format(rl[key], spec))
     return rows
