@@ -239,3 +239,20 @@ def test_fastkit_train_with_the_shipped_fsdp2_config_saves_once_and_resumes(tmp_
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert output.count("fastkit: resumed from checkpoint-1") == 1, output[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["dpo", "kto", "grpo"])
+def test_preference_commands_run_fsdp2_on_cpu_processes_and_save_once(tmp_path, command):
+    """``fastkit dpo / kto / grpo`` under the shipped FSDP2 config on CPU processes: FSDP2 runs (accelerate drops
+    its plugin there; fastkit gives it back as for ``fastkit train``), the LoRA is gathered and saved once."""
+    extra = ["--max-completion-length", "8", "--num-generations", "2"] if command == "grpo" else []
+    args = ["fastkit", command, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--twin", "--data", "sample",
+            "--steps", "2", "--max-seq-length", "256", "--output-dir", "out", *extra]
+    proc = _accelerate_fsdp2(args, tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    for line in ("fastkit: 2 processes (FSDP2)", "save_lora verified (FSDP)", "LoRA adapters: out/lora (verified)"):
+        assert output.count(line) == 1, (line, output[-4000:])
+    assert "(DDP)" not in output
+    assert (tmp_path / "out/lora/adapter_model.safetensors").is_file()

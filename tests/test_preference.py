@@ -211,23 +211,31 @@ def test_grpo_trains_with_shipped_rewards_and_shows_them(tmp_path):
 
 
 def test_grpo_refuses_prompts_and_columns_before_generating(tmp_path):
-    model, tok = _lora("Qwen/Qwen3-0.6B")
+    model, tok = _lora("Qwen/Qwen3-0.6B")  # 256 tokens: completions of 32 leave 224 for a prompt
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "solution": "2"}]
     with pytest.raises(FastkitError, match=r"reward function 'exact_answer' needs the column 'answer'"):
-        make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], output_dir=str(tmp_path))
+        make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], max_completion_length=32,
+                          output_dir=str(tmp_path))
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"},
             {"prompt": [{"role": "user", "content": "2+2?"}], "answer": " "}]
     with pytest.raises(FastkitError, match=r"row 1 field 'answer' is empty"):
-        make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], output_dir=str(tmp_path))
+        make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], max_completion_length=32,
+                          output_dir=str(tmp_path))
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}], "answer": "2"}]
     with pytest.raises(FastkitError, match=r"row 0 field 'prompt' ends with an assistant"):
-        make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], output_dir=str(tmp_path))
+        make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], max_completion_length=32,
+                          output_dir=str(tmp_path))
     with pytest.raises(FastkitError, match=r"num_generations=1"):
         make_grpo_trainer(model, tok, math_dataset(2), reward_funcs=[exact_answer], num_generations=1,
+                          max_completion_length=32,
                           output_dir=str(tmp_path))
     with pytest.raises(FastkitError, match=r"row 0: the prompt has \d+ tokens, above max_prompt_length=8"):
         make_grpo_trainer(model, tok, math_dataset(2), reward_funcs=[exact_answer], max_prompt_length=8,
+                          max_completion_length=32,
                           output_dir=str(tmp_path))
+    with pytest.raises(FastkitError, match=r"max_completion_length=256 leaves no room for a prompt within the "
+                                           r"model's 256 tokens"):  # the completions would fill max_seq_length
+        make_grpo_trainer(model, tok, math_dataset(2), reward_funcs=[exact_answer], output_dir=str(tmp_path))
 
 
 def test_trl_reference_pass_keeps_fastkit_offloaded_checkpointing(tmp_path):

@@ -122,6 +122,7 @@ def preflight(args: argparse.Namespace) -> Prepared:
     cli_train._check_gguf(args.gguf)
     cli_export.check_menu_arguments(args)
     cli_train._check_output_dir(args.output_dir)
+    cli_train._check_fsdp_exports(args)
     _check_trl_config(command, args.resolved.trl)
     rows, rewards = check_rows(command, read_data(command, args.data), args)
     return Prepared(rows=rows, rewards=rewards, resume_from=cli_train._check_resume(args) if args.resume else None)
@@ -262,13 +263,7 @@ def run(args: argparse.Namespace) -> int:
     prepared = ranks.agreed(preflight, args)  # before the model loads; a refusal on any rank ends every rank
     model, tokenizer, trainer = build(args, prepared)
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
-    if metrics.status == "interrupted":
-        ranks.agreed(cli_train._save_interrupted, args, model, tokenizer, main_only=True)
-        return cli_train.INTERRUPTED
-    if metrics.status != "finished":
-        raise RuntimeError(f"training ended with status {metrics.status!r}, not 'finished'")
-    ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # each verified
-    return 0
+    return cli_train.save_run(args, model, tokenizer, trainer, metrics.status)  # FSDP: gathered, saved once
 
 
 __all__ = ["ORPO_REFUSAL", "Prepared", "add_orpo_parser", "add_parser", "build", "check_rows", "preflight", "read_data",

@@ -175,6 +175,11 @@ class GrpoOptions(RlOptions):
         _rewards("reward", self.reward)
         self.reward = reward_names(self.reward)  # "format,length" -> ["format", "length"]
         super().__post_init__()
+        seq, completion = self.max_seq_length, self.max_completion_length
+        if self.max_prompt_length is None and seq is not None and completion >= seq:
+            raise FastkitError(f"max_completion_length={completion} leaves no room for a prompt within "
+                               f"max_seq_length={seq} (prompts get max_seq_length less max_completion_length): raise "
+                               "max_seq_length or lower max_completion_length.")
 
 
 @dataclass(frozen=True)

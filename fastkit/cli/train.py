@@ -413,19 +413,27 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
-    if metrics.status not in ("interrupted", "finished"):
-        raise RuntimeError(f"training ended with status {metrics.status!r}, not 'finished'")
+    return save_run(args, model, tokenizer, trainer, metrics.status)
+
+
+def save_run(args: argparse.Namespace, model, tokenizer, trainer, status: str) -> int:
+    """What a finished (or Ctrl-C'd) ``fastkit train`` / ``dpo`` / ``kto`` / ``grpo`` run saves, on every rank; its
+    exit status. FSDP: every rank gathers the LoRA, the main one saves it (the menu's exports were refused in the
+    preflight); one process or DDP: the main process saves, the others wait for its verdict."""
+    from fastkit import ranks
     from fastkit.export.sharded import is_sharded, save_sharded_lora
 
-    if is_sharded(trainer.model):  # FSDP: every rank gathers, the main one saves (exports refused in preflight)
+    if status not in ("interrupted", "finished"):
+        raise RuntimeError(f"training ended with status {status!r}, not 'finished'")
+    if is_sharded(trainer.model):
         path = save_sharded_lora(trainer.model, tokenizer, f"{args.output_dir}/lora")
         if path is not None:
             print(f"LoRA adapters: {path} (verified)")
-    elif metrics.status == "interrupted":  # the adapters trained so far; the menu's exports are not made
+    elif status == "interrupted":  # the adapters trained so far; the menu's exports are not made
         ranks.agreed(_save_interrupted, args, model, tokenizer, main_only=True)
     else:
         ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # verified
-    return INTERRUPTED if metrics.status == "interrupted" else 0
+    return INTERRUPTED if status == "interrupted" else 0
 
 
 def _save_interrupted(args: argparse.Namespace, model, tokenizer) -> None:
@@ -465,5 +473,5 @@ def build(args: argparse.Namespace, prepared: Prepared):
     return model, tokenizer, trainer
 
 
-__all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "data_label", "flag_words",
+__all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "save_run", "data_label", "flag_words",
            "preflight", "resolved_args", "run"]

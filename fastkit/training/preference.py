@@ -33,7 +33,14 @@ from fastkit.data.read import as_dataset
 from fastkit.errors import FastkitError
 from fastkit.patching import change, unwrap
 from fastkit.training import dpo, grpo, grpo_pack, kto
-from fastkit.training.run import _default_optim, _precision, _run_length, check_distributed_mode, check_report_to
+from fastkit.training.run import (
+    _default_optim,
+    _fsdp_processes,
+    _precision,
+    _run_length,
+    check_distributed_mode,
+    check_report_to,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +101,8 @@ def _base_config(model: torch.nn.Module, run: RunOptions, overrides: dict[str, A
 
 
 def _finish(trainer, run: RunOptions, examples: int, overrides: dict[str, Any]):
-    """The dashboard attached, first among the callbacks."""
+    """The dashboard attached, first among the callbacks; FSDP given back on CPU processes, as for SFT."""
+    _fsdp_processes(trainer)
     dash = dashboard_callback(run.dashboard, examples=examples, log_every_step="logging_steps" not in overrides)
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     return trainer
@@ -296,7 +304,7 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
                            "at least 2.")
     funcs = grpo.wrap_reward_funcs(reward_funcs)
     dataset = as_dataset(train_dataset)
-    limit = max_prompt_length or _max_length(tokenizer, None, model) - max_completion_length
+    limit = max_prompt_length or _prompt_room(_max_length(tokenizer, None, model), max_completion_length)
     grpo.check_prompts(dataset, tokenizer, funcs, limit)
     config = _base_config(model, run, overrides, GRPOConfig)
     prompts_per_step = config["per_device_train_batch_size"]
@@ -313,6 +321,16 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
     if packing and not trainer.fastkit_packed:
         logger.info("fastkit: GRPO log-prob passes padded (no active fastkit packing patch on this model)")
     return _finish(trainer, run, len(dataset), overrides)
+
+
+def _prompt_room(context: int, max_completion_length: int) -> int:
+    """Tokens left for a GRPO prompt in the model's ``context`` after ``max_completion_length``; a FastkitError
+    when none are."""
+    if max_completion_length >= context:
+        raise FastkitError(f"max_completion_length={max_completion_length} leaves no room for a prompt within the "
+                           f"model's {context} tokens (max_seq_length): lower max_completion_length, raise "
+                           "max_seq_length, or give max_prompt_length.")
+    return context - max_completion_length
 
 
 def _split_options(options: dict[str, Any]) -> tuple[RunOptions, dict[str, Any]]:

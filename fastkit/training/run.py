@@ -154,7 +154,6 @@ def make_trainer(
         trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     _attach_run(trainer, options, rows)
-    _fsdp_processes(trainer)
     _epoch_steps(trainer, options, eval_dataset is not None)  # now that the packed rows are known
     _attach_packed_metadata(trainer)
     _name_in_model_card(trainer, train_dataset)
@@ -266,7 +265,9 @@ def _epoch_steps(trainer, options: TrainOptions, evaluate: bool) -> None:
 def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
     """The live dashboard (first among the callbacks: trackers after it see its fastkit/... log keys) and the
     options :func:`fit` saves as output_dir/fastkit_config.yaml. The dashboard asks for a log every step (live
-    curves) unless the caller chose logging_steps: then it wins."""
+    curves) unless the caller chose logging_steps: then it wins. FSDP given back on CPU processes
+    (:func:`_fsdp_processes`)."""
+    _fsdp_processes(trainer)
     dash = dashboard_callback(options.dashboard, examples=rows, measure_syncs=options.measure_syncs,
                               log_every_step=options.logging_steps is None)
     trainer.callback_handler.callbacks.insert(0, dash)
