@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -189,18 +189,13 @@ def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
         dpo.check_pairs(eval_dataset, tokenizer, "eval_dataset")
     config = _base_config(model, run, overrides, DPOConfig)
     config.update(beta=beta, max_length=max_seq_length, **_eval_config(eval_dataset, run, overrides))
-    check_distributed_mode(model, config)
-    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
-    _drop_old_reference(model)
-    trainer = DPOTrainer(model=model, args=DPOConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
-                         processing_class=tokenizer, callbacks=list(callbacks))
-    trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
-    try:
+    trainer = _reference_free_trainer(DPOTrainer, DPOConfig, config, model, tokenizer, dataset, eval_dataset,
+                                      callbacks)
+
+    def check(trainer) -> None:
         trainer.train_dataset = dpo.check_tokenized_pairs(trainer.train_dataset, max_seq_length, drop_long)
-    except FastkitError:
-        _drop_old_reference(model)  # the model as it came in
-        raise
-    keep_fastkit_checkpointing(trainer.model)
+
+    _checked_tokenized(trainer, model, check)
     trainer.fastkit_packed = packing and dpo.pack_pairs(trainer.model)
     if packing and not trainer.fastkit_packed:
         logger.info("fastkit: DPO pairs padded (no active fastkit packing patch on this model)")
@@ -237,24 +232,43 @@ def make_kto_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     config = _base_config(model, run, overrides, KTOConfig)
     config.update(beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
                   max_length=None, **_eval_config(eval_dataset, run, overrides))  # lengths: checked below
-    check_distributed_mode(model, config)
-    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
-    _drop_old_reference(model)
-    trainer = KTOTrainer(model=model, args=KTOConfig(**config), train_dataset=dataset, eval_dataset=eval_dataset,
-                         processing_class=tokenizer, callbacks=list(callbacks))
-    trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
-    try:
+    trainer = _reference_free_trainer(KTOTrainer, KTOConfig, config, model, tokenizer, dataset, eval_dataset,
+                                      callbacks)
+
+    def check(trainer) -> None:
         trainer.train_dataset = kto.check_tokenized_rows(trainer.train_dataset, max_seq_length, drop_long,
                                                          run.batch_size)
         if trainer.eval_dataset is not None:
             trainer.eval_dataset = kto.check_tokenized_rows(trainer.eval_dataset, max_seq_length, drop_long,
                                                             run.batch_size, "eval_dataset", both_labels=False)
-    except FastkitError:
-        _drop_old_reference(model)  # the model as it came in
-        raise
+
+    _checked_tokenized(trainer, model, check)
     trainer.args.max_length = trainer.data_collator.max_length = max_seq_length  # KL rows (a neighbour's completion)
-    keep_fastkit_checkpointing(trainer.model)
     return _finish(trainer, run, len(trainer.train_dataset), overrides)
+
+
+def _reference_free_trainer(trainer_cls, config_cls, config: dict[str, Any], model: torch.nn.Module, tokenizer,
+                            dataset, eval_dataset, callbacks: Sequence[Any]):
+    """TRL's DPO / KTO trainer on ``model`` with no second model: the reference is the same model with its adapter
+    disabled (:func:`use_disabled_adapter_as_reference`); the KV cache off while training."""
+    check_distributed_mode(model, config)
+    change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
+    _drop_old_reference(model)
+    trainer = trainer_cls(model=model, args=config_cls(**config), train_dataset=dataset, eval_dataset=eval_dataset,
+                          processing_class=tokenizer, callbacks=list(callbacks))
+    trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
+    return trainer
+
+
+def _checked_tokenized(trainer, model: torch.nn.Module, check: Callable[[Any], None]) -> None:
+    """``check(trainer)`` on the rows TRL tokenized (a refusal leaves the model as it came in: TRL's reference
+    adapter dropped), then fastkit's checkpointing put back (TRL's init set transformers' own)."""
+    try:
+        check(trainer)
+    except FastkitError:
+        _drop_old_reference(model)
+        raise
+    keep_fastkit_checkpointing(trainer.model)
 
 
 def _check_kto_options(model, run: RunOptions, overrides: dict[str, Any], beta, desirable_weight, undesirable_weight,
