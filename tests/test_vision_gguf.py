@@ -40,13 +40,26 @@ def _mtmd():
     return llama_cpp, mtmd_cpp
 
 
-SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28}
-"""Each twin's image size: an image of it passes llama.cpp's resize unchanged."""
+SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28, "qwen2_5_vl": 224}
+"""Each twin's image size: an image of it passes llama.cpp's resize unchanged (Qwen: a multiple of 28 within
+llama.cpp's 8 to 4096 tokens, 2x2 of its 112-pixel windows, so the windowed block differs from the full one)."""
+QWEN_WINDOW = 112
+"""The window llama.cpp's qwen2.5vl_merger computes (Qwen2.5-VL's window_size); the twin's 56 is refused."""
+QWEN_EPS = 1e-6
+"""Qwen2.5-VL's text ``rms_norm_eps``. llama.cpp's qwen2vl graph (llama-cpp-python 0.3.36) reads no epsilon key and
+norms with 0: at 1e-6 that is below f16's rounding (logits 2.3e-3 of their scale), at the twin's 1e-5 on its tiny
+hidden states it would be 1.3e-2 (the same file under llama.cpp's qwen2 graph: 1.7e-3)."""
 
 
 def _tuned(model_type: str):
     vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
     model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, dtype="fp32", **vision)
+    if model_type == "qwen2_5_vl":  # Qwen2.5-VL's window (the twin's 56 covers its whole 56-pixel images), its eps
+        model.config.vision_config.window_size = model.model.visual.window_size = QWEN_WINDOW
+        model.config.text_config.rms_norm_eps = QWEN_EPS
+        for module in model.model.language_model.modules():
+            if hasattr(module, "variance_epsilon"):
+                module.variance_epsilon = QWEN_EPS
     model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False, finetune_vision_layers=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained-looking adapter on the tower and the language model: non-zero B
@@ -56,7 +69,7 @@ def _tuned(model_type: str):
     return model.eval(), processor
 
 
-@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3"])
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3", "qwen2_5_vl"])
 def exported(request, tmp_path_factory):
     model, processor = _tuned(request.param)
     out = tmp_path_factory.mktemp(request.param)
@@ -68,10 +81,14 @@ def exported(request, tmp_path_factory):
 
 def _hf_features(model_type: str, model, processor, image) -> np.ndarray:
     """transformers' image features (after the projector), (tokens, H), preprocessed by the family's processor."""
-    batch = processor.image_processor(images=[image], return_tensors="pt")
+    side = image.size[0]
+    size = {"size": {"shortest_edge": side * side, "longest_edge": side * side}} if model_type == "qwen2_5_vl" else {}
+    batch = processor.image_processor(images=[image], return_tensors="pt", **size)  # Qwen: this size, unresized
     vlm = model.get_base_model().model
     with torch.no_grad():
-        if model_type == "gemma3":
+        if model_type == "qwen2_5_vl":
+            out = vlm.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
+        elif model_type == "gemma3":
             out = vlm.get_image_features(batch["pixel_values"])
         else:
             out = vlm.get_image_features(batch["pixel_values"], batch["pixel_attention_mask"])
@@ -117,13 +134,15 @@ def _mtmd_embeddings(text_file: str, mmproj_file: str, image) -> list[np.ndarray
 def test_llama_cpp_mtmd_encodes_an_image_as_transformers_does(exported):
     model_type, model, processor, text_file, mmproj_file = exported
     image = twin_image(3, size=(SIZES[model_type],) * 2)  # the twin's image size: llama.cpp's resize is the identity
-    want = _hf_features(model_type, model, processor, image)  # (4, H): 4 tokens per image in both twins
+    want = _hf_features(model_type, model, processor, image)  # (4, H) (idefics3, gemma3), (64, H) (qwen2_5_vl)
     got = _mtmd_embeddings(text_file, mmproj_file, image)
-    # idefics3's preprocessing in llama.cpp: the overview and one tile (both the image itself here); gemma3's: one
-    assert [part.shape for part in got] == [want.shape] * (1 if model_type == "gemma3" else 2)
+    # idefics3's preprocessing in llama.cpp: the overview and one tile (both the image itself here); the others': one
+    assert [part.shape for part in got] == [want.shape] * (2 if model_type in ("idefics3", "smolvlm") else 1)
+    other = _hf_features(model_type, model, processor, twin_image(4, size=image.size))  # another image: far
     for part in got:
         err = np.abs(part - want).max() / np.abs(want).max()
         assert err < EMBD_TOL, f"llama.cpp's image embeddings are {err:.3g} of their scale away from transformers'"
+        assert np.abs(part - other).max() / np.abs(other).max() > 0.1
 
 
 def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
@@ -139,8 +158,7 @@ def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
     assert err < 5e-3, f"llama.cpp's logits are {err:.3g} of their scale away from transformers'"
 
 
-@pytest.mark.parametrize(("model_type", "projector"), [("qwen2_5_vl", "qwen2.5vl_merger"),
-                                                       ("qwen3_vl", "qwen3vl_merger"),
+@pytest.mark.parametrize(("model_type", "projector"), [("qwen3_vl", "qwen3vl_merger"),
                                                        ("qwen3_vl_moe", "qwen3vl_merger")])
 def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, projector, tmp_path):
     why = registry.MODEL_TABLE[model_type].gguf_refusal
@@ -148,6 +166,17 @@ def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, pro
     vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
     model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, **vision)
     with pytest.raises(FastkitError, match="does not write"):
+        save_gguf(model, processor, tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()
+
+
+@pytest.mark.parametrize(("key", "value"), [("fullatt_block_indexes", [0]), ("fullatt_block_indexes", []),
+                                          ("hidden_act", "gelu"), ("temporal_patch_size", 3)])
+def test_a_qwen2_5_vl_tower_llama_cpp_computes_otherwise_is_refused_before_writing(key, value, tmp_path):
+    model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
+    model.config.vision_config.window_size = QWEN_WINDOW
+    setattr(model.config.vision_config, key, value)  # depth 2: [0] would be full attention in both blocks
+    with pytest.raises(FastkitError, match=key):
         save_gguf(model, processor, tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
 

@@ -97,7 +97,7 @@ def _check_gguf_weights(model: torch.nn.Module, written: Path, config, quantizat
 
 def _gguf_reader_loads(config) -> bool:
 
-    row = registry.MODEL_TABLE.get(getattr(config, "model_type", None))
+    row = registry.gguf_row(getattr(config, "model_type", None))
     return row is None or row.gguf.reader
 
 
@@ -107,7 +107,7 @@ def _reload_gguf(file: Path, config) -> torch.nn.Module:
 
 
     kw = {}
-    facts = registry.facts_for(config.model_type)
+    facts = registry.gguf_row(config.model_type)
     if facts is None or facts.gguf.reader_config:
         plain = copy.deepcopy(config)
         for key in ("quantization_config",):
