@@ -4,7 +4,11 @@ multimodal library (``libmtmd``, tools/mtmd/clip.cpp) loads beside it.
 
 Families written: SmolVLM / Idefics3 (``idefics3``, ``smolvlm``): a SigLIP tower, pixel shuffle and one linear
 projection, llama.cpp's projector type ``idefics3``; Gemma 3 (``gemma3``): a SigLIP tower, average pooling, an RMS
-norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``. The mmproj's keys (``clip.*``,
+norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``; Qwen2.5-VL (``qwen2_5_vl``): Qwen's
+ViT (2-D rope, window attention every block but each n-th, RMS norms, gated SiLU MLP) and the 2x2 merger MLP,
+projector type ``qwen2.5vl_merger``, its fused ``qkv`` split into q / k / v and its Conv3D patch kernel into the
+two Conv2D kernels of its two frames, as convert_hf_to_gguf.py does (conversion/qwenvl.py); its language model goes
+through the text writer as llama.cpp's ``qwen2vl`` (``registry.ModelFacts.gguf_text``). The mmproj's keys (``clip.*``,
 ``clip.vision.*``) and tensor names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's
 ``convert_hf_to_gguf.py`` writes (names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases,
 norms and the embeddings f32.
@@ -31,9 +35,10 @@ from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3", "gemma3": "gemma3", "qwen2_5_vl": "qwen2.5vl_merger"}
-"""model_type -> llama.cpp projector type fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
-QWEN25VL = "qwen2.5vl_merger"
+IDEFICS3, GEMMA3, QWEN25VL = "idefics3", "gemma3", "qwen2.5vl_merger"
+"""llama.cpp's projector types fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
+PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL}
+"""model_type -> the llama.cpp projector type fastkit writes for it."""
 _QWEN_WINDOW = 112
 """The window (pixels) llama.cpp's qwen2.5vl_merger graph attends within: clip.cpp hard-codes 112 (it reads no
 window key for this projector), Qwen2.5-VL's ``vision_config.window_size``."""
@@ -46,7 +51,7 @@ _RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model.")
             "qwen2_5_vl": ((r"^model\.visual\.", "visual."),)}
 """In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
 
-_ACTIVATIONS = {"idefics3": "gelu_pytorch_tanh", "gemma3": "gelu_pytorch_tanh", QWEN25VL: "silu"}
+_ACTIVATIONS = {IDEFICS3: "gelu_pytorch_tanh", GEMMA3: "gelu_pytorch_tanh", QWEN25VL: "silu"}
 """Projector type -> the tower MLP's activation its graph computes: clip.use_gelu (ggml_gelu, the tanh
 approximation) or clip.use_silu (Qwen2.5-VL's gated MLP)."""
 _F32_STEMS = ("v.patch_embd", "v.position_embd")  # as convert_hf_to_gguf.py keeps SmolVLM's embeddings
@@ -227,7 +232,7 @@ def _add_kv(writer, config, processor, name: str) -> None:
     writer.add_vision_image_size(vision.image_size)
     writer.add_vision_attention_layernorm_eps(vision.layer_norm_eps)
     writer.add_vision_use_gelu(True)
-    if projector == "gemma3":  # the tower's patches per side over the tokens per side
+    if projector == GEMMA3:  # the tower's patches per side over the tokens per side
         per_side = vision.image_size // vision.patch_size
         writer.add_vision_projector_scale_factor(per_side // math.isqrt(config.mm_tokens_per_image))
         return
