@@ -684,9 +684,13 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("youtu", mla=True),
         ModelFacts("qwen2_5_vl", vision=_QWEN2_5_VL_VISION, note="vision-language: mrope (3-D positions)",
                    gguf_text=ModelFacts("qwen2_5_vl_text", gguf_arch="qwen2vl",  # text + mmproj (export/gguf/mmproj.py)
-                                        gguf=GGUFRules(rope_sections=True, reader=False))),
+                                        gguf=GGUFRules(rope_sections=True, reader=False,  # sections in order
+                                                       rope_fixed=(("mrope_interleaved", False),)))),
         ModelFacts("qwen3_vl", vision=_QWEN3_VL_VISION, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL", projector="qwen3vl_merger")),
+                   gguf_text=ModelFacts("qwen3_vl_text", gguf_arch="qwen3vl",  # text + mmproj (export/gguf/mmproj.py)
+                                        gguf=GGUFRules(rope_sections=True, reader=False,  # sections interleaved
+                                                       rope_fixed=(("mrope_interleaved", True),), config_ints=(
+                                            ("add_num_deepstack_layers", "num_deepstack_layers"),)))),
         ModelFacts("qwen3_vl_moe", moe=True, note="vision-language: mrope (3-D positions)",
                    gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE", projector="qwen3vl_merger"),
                    vision=dataclasses.replace(

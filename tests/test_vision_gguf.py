@@ -40,7 +40,7 @@ def _mtmd():
     return llama_cpp, mtmd_cpp
 
 
-SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28, "qwen2_5_vl": 224}
+SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28, "qwen2_5_vl": 224, "qwen3_vl": 128}
 """Each twin's image size: an image of it passes llama.cpp's resize unchanged (Qwen: a multiple of 28 within
 llama.cpp's 8 to 4096 tokens, 2x2 of its 112-pixel windows, so the windowed block differs from the full one)."""
 QWEN_WINDOW = 112
@@ -69,7 +69,7 @@ def _tuned(model_type: str):
     return model.eval(), processor
 
 
-@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3", "qwen2_5_vl", "qwen3_vl"])
 def exported(request, tmp_path_factory):
     model, processor = _tuned(request.param)
     out = tmp_path_factory.mktemp(request.param)
@@ -82,17 +82,20 @@ def exported(request, tmp_path_factory):
 def _hf_features(model_type: str, model, processor, image) -> np.ndarray:
     """transformers' image features (after the projector), (tokens, H), preprocessed by the family's processor."""
     side = image.size[0]
-    size = {"size": {"shortest_edge": side * side, "longest_edge": side * side}} if model_type == "qwen2_5_vl" else {}
+    qwen = model_type.startswith("qwen")
+    size = {"size": {"shortest_edge": side * side, "longest_edge": side * side}} if qwen else {}
     batch = processor.image_processor(images=[image], return_tensors="pt", **size)  # Qwen: this size, unresized
     vlm = model.get_base_model().model
     with torch.no_grad():
-        if model_type == "qwen2_5_vl":
+        if qwen:
             out = vlm.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
         elif model_type == "gemma3":
             out = vlm.get_image_features(batch["pixel_values"])
         else:
             out = vlm.get_image_features(batch["pixel_values"], batch["pixel_attention_mask"])
-    return torch.cat([f.reshape(-1, f.shape[-1]) for f in out.pooler_output]).numpy()
+    features = torch.cat([f.reshape(-1, f.shape[-1]) for f in out.pooler_output])  # (tokens, H)
+    deepstack = [torch.cat(list(level)) for level in getattr(out, "deepstack_features", None) or ()]
+    return torch.cat([features, *deepstack], dim=-1).numpy()  # Qwen3-VL: (tokens, H·(1 + deepstack mergers))
 
 
 def _mtmd_embeddings(text_file: str, mmproj_file: str, image) -> list[np.ndarray]:
@@ -117,7 +120,7 @@ def _mtmd_embeddings(text_file: str, mmproj_file: str, image) -> list[np.ndarray
         assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
         images = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
         images = [c for c in images if mtmd.mtmd_input_chunk_get_type(c) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE]
-        n_embd, out = llama_cpp.llama_model_n_embd(model), []
+        n_embd, out = llama_cpp.llama_model_n_embd_inp(model), []  # Qwen3-VL: H·(1 + deepstack mergers)
         for chunk in images:  # idefics3: the overview, then each tile
             assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
             n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
@@ -197,7 +200,7 @@ def _chunk_ids(mtmd, chunks) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("exported", ["qwen2_5_vl"], indirect=True)  # mrope: the image's 3-D positions
+@pytest.mark.parametrize("exported", ["qwen2_5_vl", "qwen3_vl"], indirect=True)  # mrope: 3-D image positions
 def test_llama_cpp_answers_an_image_prompt_as_transformers_does(exported):
     """Image embeddings, their place in the prompt and the language model's mrope positions together: llama.cpp's
     next-token logits after an image prompt are transformers' (their 1-D positions would be 0.11 away)."""
@@ -205,11 +208,11 @@ def test_llama_cpp_answers_an_image_prompt_as_transformers_does(exported):
     image = twin_image(3, size=(SIZES[model_type],) * 2)
     ids, got = _mtmd_prompt_logits(text_file, mmproj_file, image)
     image_id = model.config.image_token_id
-    ids = torch.tensor([[image_id if t == -1 else t for t in ids]])  # (1, T): 64 image tokens
-    assert (ids == image_id).sum() == 64
+    ids = torch.tensor([[image_id if t == -1 else t for t in ids]])  # (1, T)
     side = SIZES[model_type] ** 2
     batch = processor.image_processor(images=[image], return_tensors="pt",
                                       size={"shortest_edge": side, "longest_edge": side})
+    assert (ids == image_id).sum() == batch["image_grid_thw"].prod() // 4  # llama.cpp's image tokens: the 2x2 merges
     with torch.no_grad():
         want = model(input_ids=ids, pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
                      mm_token_type_ids=(ids == image_id).long()).logits[0, -1].numpy()
@@ -230,8 +233,7 @@ def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
     assert err < 5e-3, f"llama.cpp's logits are {err:.3g} of their scale away from transformers'"
 
 
-@pytest.mark.parametrize(("model_type", "projector"), [("qwen3_vl", "qwen3vl_merger"),
-                                                       ("qwen3_vl_moe", "qwen3vl_merger")])
+@pytest.mark.parametrize(("model_type", "projector"), [("qwen3_vl_moe", "qwen3vl_merger")])
 def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, projector, tmp_path):
     why = registry.MODEL_TABLE[model_type].gguf_refusal
     assert "mmproj" in why and "not write" in why and f"projector {projector}" in why  # llama.cpp's name for it
@@ -249,6 +251,18 @@ def test_a_qwen2_5_vl_tower_llama_cpp_computes_otherwise_is_refused_before_writi
     model.config.vision_config.window_size = QWEN_WINDOW
     setattr(model.config.vision_config, key, value)  # depth 2: [0] would be full attention in both blocks
     with pytest.raises(FastkitError, match=key):
+        save_gguf(model, processor, tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()
+
+
+@pytest.mark.parametrize(("model_type", "interleaved"), [("qwen2_5_vl", True), ("qwen3_vl", False)])
+def test_mrope_sections_llama_cpp_orders_otherwise_are_refused_before_writing(model_type, interleaved, tmp_path):
+    """llama.cpp's qwen2vl ropes the sections in order, its qwen3vl interleaved (as each family's transformers)."""
+    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256)
+    if model_type == "qwen2_5_vl":
+        model.config.vision_config.window_size = QWEN_WINDOW
+    model.config.text_config.rope_parameters["mrope_interleaved"] = interleaved
+    with pytest.raises(FastkitError, match="mrope_interleaved"):
         save_gguf(model, processor, tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
 

@@ -35,23 +35,24 @@ from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-IDEFICS3, GEMMA3, QWEN25VL = "idefics3", "gemma3", "qwen2.5vl_merger"
+IDEFICS3, GEMMA3, QWEN25VL, QWEN3VL = "idefics3", "gemma3", "qwen2.5vl_merger", "qwen3vl_merger"
 """llama.cpp's projector types fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
-PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL}
+PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL, "qwen3_vl": QWEN3VL}
 """model_type -> the llama.cpp projector type fastkit writes for it."""
 _QWEN_WINDOW = 112
 """The window (pixels) llama.cpp's qwen2.5vl_merger graph attends within: clip.cpp hard-codes 112 (it reads no
 window key for this projector), Qwen2.5-VL's ``vision_config.window_size``."""
-_SHELLS = {"qwen2_5_vl": "Qwen2ForCausalLM"}
+_SHELLS = {"qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM"}
 """Composite model_type -> the causal-LM class hosting its language model where ``AutoModelForCausalLM`` has none
 for the text config (Qwen2.5-VL's text model is Qwen2's layers with mrope; text positions make it plain rope)."""
 
 _RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
                        (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight")),
-            "qwen2_5_vl": ((r"^model\.visual\.", "visual."),)}
+            "qwen2_5_vl": ((r"^model\.visual\.", "visual."),), "qwen3_vl": ((r"^model\.visual\.", "visual."),)}
 """In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
 
-_ACTIVATIONS = {IDEFICS3: "gelu_pytorch_tanh", GEMMA3: "gelu_pytorch_tanh", QWEN25VL: "silu"}
+_ACTIVATIONS = {IDEFICS3: "gelu_pytorch_tanh", GEMMA3: "gelu_pytorch_tanh", QWEN25VL: "silu",
+                QWEN3VL: "gelu_pytorch_tanh"}
 """Projector type -> the tower MLP's activation its graph computes: clip.use_gelu (ggml_gelu, the tanh
 approximation) or clip.use_silu (Qwen2.5-VL's gated MLP)."""
 _F32_STEMS = ("v.patch_embd", "v.position_embd")  # as convert_hf_to_gguf.py keeps SmolVLM's embeddings
@@ -82,18 +83,21 @@ def split(model: torch.nn.Module, processor) -> tuple[torch.nn.Module, object]:
                            "instead.")
     if PROJECTORS[config.model_type] == QWEN25VL:
         _check_qwen(config.vision_config)
+    if PROJECTORS[config.model_type] == QWEN3VL:
+        _check_qwen(config.vision_config, window=False)
     return _text_model(base), processor.tokenizer
 
 
-def _check_qwen(vision) -> None:
-    """What llama.cpp's qwen2.5vl_merger graph (tools/mtmd/models/qwen2vl.cpp) fixes: 2-frame patches, 2x2 merge,
-    112-pixel windows, full attention every n-th block."""
-    fixed = {"temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": _QWEN_WINDOW}
+def _check_qwen(vision, window: bool = True) -> None:
+    """What llama.cpp's Qwen graphs (tools/mtmd/models/qwen2vl.cpp, qwen3vl.cpp) fix: 2-frame patches, 2x2 merge;
+    Qwen2.5-VL's (``window``): 112-pixel windows, full attention every n-th block."""
+    fixed = {"temporal_patch_size": 2, "spatial_merge_size": 2} | ({"window_size": _QWEN_WINDOW} if window else {})
     for key, value in fixed.items():
         if getattr(vision, key, value) != value:
-            raise FastkitError(f"save_gguf: vision_config.{key}={getattr(vision, key)!r}; llama.cpp's qwen2.5vl_merger "
+            raise FastkitError(f"save_gguf: vision_config.{key}={getattr(vision, key)!r}; llama.cpp's Qwen vision "
                                f"graph computes {key}={value} only. Export with save_merged instead.")
-    _wa_pattern(vision)
+    if window:
+        _wa_pattern(vision)
 
 
 def _wa_pattern(vision) -> int:
@@ -117,15 +121,28 @@ def _text_model(base: torch.nn.Module) -> torch.nn.Module:
     body, head = base.get_submodule(facts.language_model), base.get_output_embeddings()
     text_config.tie_word_embeddings = _weight(head) is _weight(body.get_input_embeddings())
     text_config.name_or_path = base.config.name_or_path
+    deepstack = getattr(base.config.vision_config, "deepstack_visual_indexes", None)
+    if deepstack is not None:  # Qwen3-VL: the language model adds that many extra feature sets (qwen3vl's key)
+        text_config.num_deepstack_layers = len(deepstack)
     with torch.device("meta"):  # a shell: its body and head are the vision model's own modules
         if shell := _SHELLS.get(base.config.model_type):
-            import transformers
-
-            text = getattr(transformers, shell)(text_config)
+            text = _shell(shell, text_config)
         else:
             text = AutoModelForCausalLM.from_config(text_config)
     text.model, text.lm_head = body, head
     return text.train(base.training)
+
+
+def _shell(class_name: str, text_config) -> torch.nn.Module:
+    """A ``class_name`` causal LM built from its own config class holding ``text_config``'s values, then given
+    ``text_config`` itself (its ``model_type`` is the one the text writer's row names)."""
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    values = {k: v for k, v in text_config.to_dict().items() if k != "model_type"}
+    text = cls(cls.config_class(**values))
+    text.config = text_config
+    return text
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:
@@ -155,12 +172,13 @@ def _tensors(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tenso
         for pattern, repl in _RENAMES.get(base.config.model_type, ()):
             name = re.sub(pattern, repl, name)
         stem, _, suffix = name.rpartition(".")
-        gname = names.get_name(stem)
+        gname = _qwen3_name(stem, vision) or names.get_name(stem)
         if gname is None or suffix not in ("weight", "bias"):
             unmapped.append(hf_name)
             continue
         shift = 1.0 if gname == "mm.soft_emb_norm" else 0.0  # Gemma's RMSNorm x·(1 + w) -> clip.cpp's x·w
-        out.extend(_pieces(f"{gname}.{suffix}", _shifted(load, shift) if shift else load, tuple(shape)))
+        split_qkv = PROJECTORS[base.config.model_type] == QWEN25VL  # qwen3vl.cpp reads the fused qkv
+        out.extend(_pieces(f"{gname}.{suffix}", _shifted(load, shift) if shift else load, tuple(shape), split_qkv))
     if unmapped:
         raise FastkitError(f"save_gguf: no llama.cpp mmproj name for {unmapped[:4]} ({len(unmapped)} tensors); this "
                            "vision checkpoint layout is not supported.")
@@ -171,11 +189,23 @@ def _depth(vision) -> int:
     return getattr(vision, "num_hidden_layers", None) or vision.depth  # Qwen: depth
 
 
-def _pieces(name: str, load: Callable[[], torch.Tensor], shape: tuple[int, ...]):
+def _qwen3_name(stem: str, vision) -> str | None:
+    """Qwen3-VL's merger and deepstack mergers as convert_hf_to_gguf.py names them (gguf's map has neither): the
+    merger's ``norm`` / ``linear_fc1`` / ``linear_fc2`` are ``v.post_ln`` / ``mm.0`` / ``mm.2``; deepstack merger k
+    is ``v.deepstack.<i>.{norm,fc1,fc2}`` at the tower block i it taps (``deepstack_visual_indexes[k]``)."""
+    if m := re.fullmatch(r"visual\.merger\.(norm|linear_fc1|linear_fc2)", stem):
+        return {"norm": "v.post_ln", "linear_fc1": "mm.0", "linear_fc2": "mm.2"}[m[1]]
+    if m := re.fullmatch(r"visual\.deepstack_merger_list\.(\d+)\.(norm|linear_fc1|linear_fc2)", stem):
+        block = vision.deepstack_visual_indexes[int(m[1])]
+        return f"v.deepstack.{block}.{m[2].replace('linear_', '')}"
+    return None
+
+
+def _pieces(name: str, load: Callable[[], torch.Tensor], shape: tuple[int, ...], split_qkv: bool = True):
     """One tensor as llama.cpp's pieces: Qwen's fused ``attn_qkv`` (3C, ...) as ``attn_q/k/v`` (C, ...) each, its
     Conv3D patch kernel (C, 3, 2, p, p) as the two Conv2D kernels of its two frames, ``v.patch_embd.weight`` and
     ``v.patch_embd.weight.1`` (C, 3, p, p), as convert_hf_to_gguf.py splits them; others as they are."""
-    if ".attn_qkv." in name:
+    if split_qkv and ".attn_qkv." in name:
         c = shape[0] // 3
         return [(name.replace("attn_qkv", part), _sliced(load, 0, i * c, c), (c, *shape[1:]))
                 for i, part in enumerate(("attn_q", "attn_k", "attn_v"))]
@@ -229,6 +259,9 @@ def _add_kv(writer, config, processor, name: str) -> None:
     if projector == QWEN25VL:
         _add_qwen_kv(writer, vision)
         return
+    if projector == QWEN3VL:
+        _add_qwen3_kv(writer, vision)
+        return
     writer.add_vision_image_size(vision.image_size)
     writer.add_vision_attention_layernorm_eps(vision.layer_norm_eps)
     writer.add_vision_use_gelu(True)
@@ -250,6 +283,19 @@ def _add_qwen_kv(writer, vision) -> None:
     writer.add_vision_attention_layernorm_eps(1e-6)
     writer.add_vision_use_silu(True)
     writer.add_vision_n_wa_pattern(_wa_pattern(vision))
+
+
+def _add_qwen3_kv(writer, vision) -> None:
+    """Qwen3-VL's keys as convert_hf_to_gguf.py writes them (conversion/qwen3vl.py): the image size its learned
+    position grid covers, LayerNorms of eps 1e-6 (transformers' tower), GELU (tanh), the 2x2 merge, which blocks
+    feed a deepstack merger."""
+    per_side = math.isqrt(vision.num_position_embeddings)
+    writer.add_vision_image_size(per_side * vision.patch_size)
+    writer.add_vision_attention_layernorm_eps(1e-6)
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_spatial_merge_size(int(vision.spatial_merge_size))
+    taps = set(vision.deepstack_visual_indexes)
+    writer.add_vision_is_deepstack_layers([i in taps for i in range(vision.depth)])
 
 
 def _encode(w: torch.Tensor, qtype) -> np.ndarray:
