@@ -8,7 +8,10 @@ norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``
 ViT (2-D rope, window attention every block but each n-th, RMS norms, gated SiLU MLP) and the 2x2 merger MLP,
 projector type ``qwen2.5vl_merger``, its fused ``qkv`` split into q / k / v and its Conv3D patch kernel into the
 two Conv2D kernels of its two frames, as convert_hf_to_gguf.py does (conversion/qwenvl.py); its language model goes
-through the text writer as llama.cpp's ``qwen2vl`` (``registry.ModelFacts.gguf_text``). The mmproj's keys (``clip.*``,
+through the text writer as llama.cpp's ``qwen2vl`` (``registry.ModelFacts.gguf_text``); Qwen3-VL (``qwen3_vl``):
+Qwen3's ViT (learned position embeddings, LayerNorms, GELU MLP, fused ``qkv`` kept), the merger and the deepstack
+mergers (``v.deepstack.<block>.*``, conversion/qwen3vl.py), projector type ``qwen3vl_merger``, its language model
+as ``qwen3vl``. The mmproj's keys (``clip.*``,
 ``clip.vision.*``) and tensor names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's
 ``convert_hf_to_gguf.py`` writes (names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases,
 norms and the embeddings f32.
