@@ -415,9 +415,6 @@ _PHIMOE_REFUSAL = ("llama.cpp's phimoe graph (src/models/phi3.cpp, build_moe_ffn
 """Why phimoe is refused though llama.cpp has an architecture for it: its graph routes (and norms) otherwise."""
 
 # ---- Image-text-to-text families (docs/vision.md; proof: tests/test_vision.py on their twins). ----
-_VLM_GGUF = ("llama.cpp runs {what} as a text GGUF plus an mmproj vision file (projector {projector}); fastkit "
-             "does not write that mmproj (vision tower + projector) yet, and a text-only GGUF would drop the vision "
-             "the model was tuned with")
 _TWIN_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 _TWIN_TEXT = dict(_ATTN, intermediate_size=128, num_hidden_layers=2, vocab_size=384, max_position_embeddings=32768)
 _QWEN_TOKENS = (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
@@ -692,7 +689,10 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                                                        rope_fixed=(("mrope_interleaved", True),), config_ints=(
                                             ("add_num_deepstack_layers", "num_deepstack_layers"),)))),
         ModelFacts("qwen3_vl_moe", moe=True, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE", projector="qwen3vl_merger"),
+                   gguf_text=ModelFacts("qwen3_vl_moe_text", moe=True, gguf_arch="qwen3vlmoe", gguf=GGUFRules(
+                       router_renorm="always", rope_sections=True, reader=False,  # qwen3vl-moe.cpp: renormalized
+                       rope_fixed=(("mrope_interleaved", True),),
+                       config_ints=(("add_num_deepstack_layers", "num_deepstack_layers"),))),
                    vision=dataclasses.replace(
             _QWEN3_VL_VISION, twin_text=dict(_QWEN3_VL_VISION.twin_text, moe_intermediate_size=32, num_experts=4,
                                              num_experts_per_tok=2, decoder_sparse_step=1),

@@ -40,7 +40,7 @@ def _mtmd():
     return llama_cpp, mtmd_cpp
 
 
-SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28, "qwen2_5_vl": 224, "qwen3_vl": 128}
+SIZES = {"idefics3": 64, "smolvlm": 64, "gemma3": 28, "qwen2_5_vl": 224, "qwen3_vl": 128, "qwen3_vl_moe": 128}
 """Each twin's image size: an image of it passes llama.cpp's resize unchanged (Qwen: a multiple of 28 within
 llama.cpp's 8 to 4096 tokens, 2x2 of its 112-pixel windows, so the windowed block differs from the full one)."""
 QWEN_WINDOW = 112
@@ -69,7 +69,8 @@ def _tuned(model_type: str):
     return model.eval(), processor
 
 
-@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3", "qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "gemma3", "qwen2_5_vl", "qwen3_vl",
+                                                  "qwen3_vl_moe"])
 def exported(request, tmp_path_factory):
     model, processor = _tuned(request.param)
     out = tmp_path_factory.mktemp(request.param)
@@ -200,7 +201,7 @@ def _chunk_ids(mtmd, chunks) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("exported", ["qwen2_5_vl", "qwen3_vl"], indirect=True)  # mrope: 3-D image positions
+@pytest.mark.parametrize("exported", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"], indirect=True)  # mrope: 3-D
 def test_llama_cpp_answers_an_image_prompt_as_transformers_does(exported):
     """Image embeddings, their place in the prompt and the language model's mrope positions together: llama.cpp's
     next-token logits after an image prompt are transformers' (their 1-D positions would be 0.11 away)."""
@@ -233,13 +234,14 @@ def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
     assert err < 5e-3, f"llama.cpp's logits are {err:.3g} of their scale away from transformers'"
 
 
-@pytest.mark.parametrize(("model_type", "projector"), [("qwen3_vl_moe", "qwen3vl_merger")])
-def test_families_without_an_mmproj_writer_are_refused_naming_it(model_type, projector, tmp_path):
-    why = registry.MODEL_TABLE[model_type].gguf_refusal
-    assert "mmproj" in why and "not write" in why and f"projector {projector}" in why  # llama.cpp's name for it
-    vision = {"vision": True} if registry.MODEL_TABLE[model_type].text_config else {}
-    model, processor = FastModel.from_pretrained(model_type, twin=True, max_seq_length=256, **vision)
-    with pytest.raises(FastkitError, match="does not write"):
+def test_a_vision_family_without_an_mmproj_writer_gets_no_text_only_gguf(monkeypatch, tmp_path):
+    """A vision row fastkit writes no mmproj for is refused: a text-only GGUF would drop the tuned vision."""
+    from fastkit.export.gguf import mmproj
+
+    assert set(mmproj.PROJECTORS) == {t for t, f in registry.MODEL_TABLE.items() if f.vision}  # every row, today
+    monkeypatch.delitem(mmproj.PROJECTORS, "qwen3_vl_moe")  # as a vision row added without its projector would be
+    model, processor = FastModel.from_pretrained("qwen3_vl_moe", twin=True, max_seq_length=256)
+    with pytest.raises(FastkitError, match="no GGUF mapping"):
         save_gguf(model, processor, tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
 

@@ -15,7 +15,8 @@ as ``qwen3vl``. The mmproj's keys (``clip.*``,
 ``clip.vision.*``) and tensor names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's
 ``convert_hf_to_gguf.py`` writes (names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases,
 norms and the embeddings f32.
-Other vision rows are refused by their row's ``gguf_refusal`` (:mod:`fastkit.registry`).
+A vision row without a projector here gets no GGUF (the text writer has no mapping for its composite model_type):
+a text-only file would drop the vision it was tuned with.
 
 Proof: tests/test_vision_gguf.py loads both files in llama.cpp's libmtmd and compares its image embeddings with
 transformers' image features of the same model on the same image.
@@ -40,18 +41,20 @@ logger = logging.getLogger(__name__)
 
 IDEFICS3, GEMMA3, QWEN25VL, QWEN3VL = "idefics3", "gemma3", "qwen2.5vl_merger", "qwen3vl_merger"
 """llama.cpp's projector types fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
-PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL, "qwen3_vl": QWEN3VL}
+PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL, "qwen3_vl": QWEN3VL,
+              "qwen3_vl_moe": QWEN3VL}
 """model_type -> the llama.cpp projector type fastkit writes for it."""
 _QWEN_WINDOW = 112
 """The window (pixels) llama.cpp's qwen2.5vl_merger graph attends within: clip.cpp hard-codes 112 (it reads no
 window key for this projector), Qwen2.5-VL's ``vision_config.window_size``."""
-_SHELLS = {"qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM"}
+_SHELLS = {"qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM", "qwen3_vl_moe": "Qwen3MoeForCausalLM"}
 """Composite model_type -> the causal-LM class hosting its language model where ``AutoModelForCausalLM`` has none
 for the text config (Qwen2.5-VL's text model is Qwen2's layers with mrope; text positions make it plain rope)."""
 
 _RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
                        (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight")),
-            "qwen2_5_vl": ((r"^model\.visual\.", "visual."),), "qwen3_vl": ((r"^model\.visual\.", "visual."),)}
+            "qwen2_5_vl": ((r"^model\.visual\.", "visual."),), "qwen3_vl": ((r"^model\.visual\.", "visual."),),
+            "qwen3_vl_moe": ((r"^model\.visual\.", "visual."),)}
 """In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
 
 _ACTIVATIONS = {IDEFICS3: "gelu_pytorch_tanh", GEMMA3: "gelu_pytorch_tanh", QWEN25VL: "silu",
