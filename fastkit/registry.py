@@ -168,6 +168,10 @@ class GGUFRules:
     rope_fixed: tuple[tuple[str, Any], ...] = ()
     """``(config.rope_parameters key, the only value llama.cpp computes)``; another value is refused naming the key
     (src/llama-context.cpp takes YaRN's ``mscale`` as 1 outside deepseek2, and no ``attention_factor``)."""
+    rope_sections: bool = False
+    """Multi-axis rope (``qwen2vl``): ``config.rope_parameters["mrope_section"]`` padded to 4 written as
+    ``rope.dimension_sections`` (src/models/qwen2vl.cpp: ``ggml_rope_multi``; text positions are the same on
+    every axis, so a text prompt is plain rope)."""
     layer_arrays: tuple[tuple[str, str], ...] = ()
     """``(regex on a transformers parameter / buffer name, gguf-py writer method)``: one scalar per layer written as a
     metadata array over the layers instead of as tensors (Apertus's xIELU ``act_fn.alpha_p`` / ``alpha_n`` parameters
@@ -390,6 +394,10 @@ class ModelFacts:
     ``seq_idx`` + flash-linear-attention ``cu_seqlens``), ``"short_conv"`` (causal-conv1d ``seq_idx``),
     ``"mamba2"`` (causal-conv1d + mamba-ssm ``seq_idx``); ``""``: the per-document regroup everywhere."""
     vision: VisionFacts | None = None
+    gguf_text: ModelFacts | None = None
+    """A vision-language family whose language model has no row of its own (Qwen2.5-VL's ``qwen2_5_vl_text``): that
+    text model's GGUF facts (``model_type``, ``gguf_arch``, ``gguf``), read by ``save_gguf`` for its text GGUF
+    (:func:`gguf_row`)."""
     """An image-text-to-text family: loaded with its processor as ``AutoModelForImageTextToText``
     (:class:`VisionFacts`); None: a text model."""
 
@@ -407,9 +415,6 @@ _PHIMOE_REFUSAL = ("llama.cpp's phimoe graph (src/models/phi3.cpp, build_moe_ffn
 """Why phimoe is refused though llama.cpp has an architecture for it: its graph routes (and norms) otherwise."""
 
 # ---- Image-text-to-text families (docs/vision.md; proof: tests/test_vision.py on their twins). ----
-_VLM_GGUF = ("llama.cpp runs {what} as a text GGUF plus an mmproj vision file (projector {projector}); fastkit "
-             "does not write that mmproj (vision tower + projector) yet, and a text-only GGUF would drop the vision "
-             "the model was tuned with")
 _TWIN_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 _TWIN_TEXT = dict(_ATTN, intermediate_size=128, num_hidden_layers=2, vocab_size=384, max_position_embeddings=32768)
 _QWEN_TOKENS = (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
@@ -675,11 +680,19 @@ MODEL_TABLE: dict[str, ModelFacts] = {
         ModelFacts("vaultgemma", sliding_window=True, softcap=True, default_attn="eager"),
         ModelFacts("youtu", mla=True),
         ModelFacts("qwen2_5_vl", vision=_QWEN2_5_VL_VISION, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen2.5-VL", projector="qwen2.5vl_merger")),
+                   gguf_text=ModelFacts("qwen2_5_vl_text", gguf_arch="qwen2vl",  # text + mmproj (export/gguf/mmproj.py)
+                                        gguf=GGUFRules(rope_sections=True, reader=False,  # sections in order
+                                                       rope_fixed=(("mrope_interleaved", False),)))),
         ModelFacts("qwen3_vl", vision=_QWEN3_VL_VISION, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL", projector="qwen3vl_merger")),
+                   gguf_text=ModelFacts("qwen3_vl_text", gguf_arch="qwen3vl",  # text + mmproj (export/gguf/mmproj.py)
+                                        gguf=GGUFRules(rope_sections=True, reader=False,  # sections interleaved
+                                                       rope_fixed=(("mrope_interleaved", True),), config_ints=(
+                                            ("add_num_deepstack_layers", "num_deepstack_layers"),)))),
         ModelFacts("qwen3_vl_moe", moe=True, note="vision-language: mrope (3-D positions)",
-                   gguf_refusal=_VLM_GGUF.format(what="Qwen3-VL-MoE", projector="qwen3vl_merger"),
+                   gguf_text=ModelFacts("qwen3_vl_moe_text", moe=True, gguf_arch="qwen3vlmoe", gguf=GGUFRules(
+                       router_renorm="always", rope_sections=True, reader=False,  # qwen3vl-moe.cpp: renormalized
+                       rope_fixed=(("mrope_interleaved", True),),
+                       config_ints=(("add_num_deepstack_layers", "num_deepstack_layers"),))),
                    vision=dataclasses.replace(
             _QWEN3_VL_VISION, twin_text=dict(_QWEN3_VL_VISION.twin_text, moe_intermediate_size=32, num_experts=4,
                                              num_experts_per_tok=2, decoder_sparse_step=1),
@@ -831,6 +844,20 @@ def gguf_archs() -> dict[str, str]:
     """transformers ``model_type`` -> llama.cpp architecture, for every row ``save_gguf`` writes (read at call time,
     so a row added at run time is exported too)."""
     return {t: f.gguf_arch for t, f in MODEL_TABLE.items() if f.gguf_arch}
+
+
+def gguf_text_archs() -> dict[str, str]:
+    """Vision-language models' text ``model_type`` -> llama.cpp architecture (:attr:`ModelFacts.gguf_text`)."""
+    return {f.gguf_text.model_type: f.gguf_text.gguf_arch for f in MODEL_TABLE.values() if f.gguf_text}
+
+
+def gguf_row(model_type: str) -> ModelFacts | None:
+    """The row ``save_gguf`` writes ``model_type`` by: its own, or the ``gguf_text`` of the vision row whose language
+    model it is; None: neither."""
+    if model_type in MODEL_TABLE:
+        return MODEL_TABLE[model_type]
+    return next((f.gguf_text for f in MODEL_TABLE.values() if f.gguf_text and f.gguf_text.model_type == model_type),
+                None)
 
 
 def facts_for(model_type: str) -> ModelFacts | None:

@@ -1,12 +1,13 @@
 """Export of a vision-language twin: save_lora and save_merged reload-verified (and the folders give the in-memory
-model's logits on an image + text batch), GGUF refused naming the reason."""
+model's logits on an image + text batch), GGUF of a tower llama.cpp computes otherwise refused naming the key
+(tests/test_vision_gguf.py runs Qwen2.5-VL's GGUF in llama.cpp)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fastkit import FastModel, registry
+from fastkit import FastModel
 from fastkit.errors import FastkitError
 from fastkit.export import save_gguf, save_lora, save_merged
 from tests.test_vision import image_batch
@@ -47,9 +48,9 @@ def test_save_lora_reloads_onto_a_fresh_twin_with_the_same_image_logits(tuned, t
         torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_gguf_is_refused_for_a_vision_model_naming_the_reason(tuned, tmp_path):
-    model, processor = tuned
-    why = registry.MODEL_TABLE["qwen2_5_vl"].gguf_refusal
-    assert "mmproj" in why
-    with pytest.raises(FastkitError, match="mmproj"):
+def test_gguf_of_the_twins_56_pixel_windows_is_refused_naming_window_size(tuned, tmp_path):
+    model, processor = tuned  # the twin's window_size is 56; llama.cpp's qwen2.5vl_merger computes 112 only
+    assert model.config.vision_config.window_size == 56
+    with pytest.raises(FastkitError, match="window_size=56.*112"):
         save_gguf(model, processor, tmp_path / "gguf")
+    assert not (tmp_path / "gguf").exists()

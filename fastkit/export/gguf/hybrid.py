@@ -75,7 +75,7 @@ def config_product(config, expr: str) -> int:
 
 def check(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What the family's llama.cpp graph takes as equal (:attr:`GGUFRules.same`), refused before any work."""
-    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    arch = registry.gguf_row(model_type).gguf_arch
     if rules.layer_kinds:
         attr, kinds = rules.layer_kinds
         if other := sorted(set(getattr(config, attr)) - set(kinds)):

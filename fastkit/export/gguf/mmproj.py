@@ -4,11 +4,19 @@ multimodal library (``libmtmd``, tools/mtmd/clip.cpp) loads beside it.
 
 Families written: SmolVLM / Idefics3 (``idefics3``, ``smolvlm``): a SigLIP tower, pixel shuffle and one linear
 projection, llama.cpp's projector type ``idefics3``; Gemma 3 (``gemma3``): a SigLIP tower, average pooling, an RMS
-norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``. The mmproj's keys (``clip.*``,
+norm (Gemma's ``1 + w`` folded in) and one projection, projector type ``gemma3``; Qwen2.5-VL (``qwen2_5_vl``): Qwen's
+ViT (2-D rope, window attention every block but each n-th, RMS norms, gated SiLU MLP) and the 2x2 merger MLP,
+projector type ``qwen2.5vl_merger``, its fused ``qkv`` split into q / k / v and its Conv3D patch kernel into the
+two Conv2D kernels of its two frames, as convert_hf_to_gguf.py does (conversion/qwenvl.py); its language model goes
+through the text writer as llama.cpp's ``qwen2vl`` (``registry.ModelFacts.gguf_text``); Qwen3-VL (``qwen3_vl``):
+Qwen3's ViT (learned position embeddings, LayerNorms, GELU MLP, fused ``qkv`` kept), the merger and the deepstack
+mergers (``v.deepstack.<block>.*``, conversion/qwen3vl.py), projector type ``qwen3vl_merger``, its language model
+as ``qwen3vl``. The mmproj's keys (``clip.*``,
 ``clip.vision.*``) and tensor names (``v.blk.N.attn_q.weight``, ``mm.model.fc.weight``) are those llama.cpp's
 ``convert_hf_to_gguf.py`` writes (names from ``gguf.get_tensor_name_map(MODEL_ARCH.MMPROJ)``); weights f16, biases,
 norms and the embeddings f32.
-Other vision rows are refused by their row's ``gguf_refusal`` (:mod:`fastkit.registry`).
+A vision row without a projector here gets no GGUF (the text writer has no mapping for its composite model_type):
+a text-only file would drop the vision it was tuned with.
 
 Proof: tests/test_vision_gguf.py loads both files in llama.cpp's libmtmd and compares its image embeddings with
 transformers' image features of the same model on the same image.
@@ -31,14 +39,28 @@ from fastkit.patching import unwrap
 
 logger = logging.getLogger(__name__)
 
-PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3", "gemma3": "gemma3"}
-"""model_type -> llama.cpp projector type fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
+IDEFICS3, GEMMA3, QWEN25VL, QWEN3VL = "idefics3", "gemma3", "qwen2.5vl_merger", "qwen3vl_merger"
+"""llama.cpp's projector types fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
+PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL, "qwen3_vl": QWEN3VL,
+              "qwen3_vl_moe": QWEN3VL}
+"""model_type -> the llama.cpp projector type fastkit writes for it."""
+_QWEN_WINDOW = 112
+"""The window (pixels) llama.cpp's qwen2.5vl_merger graph attends within: clip.cpp hard-codes 112 (it reads no
+window key for this projector), Qwen2.5-VL's ``vision_config.window_size``."""
+_SHELLS = {"qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM", "qwen3_vl_moe": "Qwen3MoeForCausalLM"}
+"""Composite model_type -> the causal-LM class hosting its language model where ``AutoModelForCausalLM`` has none
+for the text config (Qwen2.5-VL's text model is Qwen2's layers with mrope; text positions make it plain rope)."""
 
 _RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
-                       (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight"))}
+                       (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight")),
+            "qwen2_5_vl": ((r"^model\.visual\.", "visual."),), "qwen3_vl": ((r"^model\.visual\.", "visual."),),
+            "qwen3_vl_moe": ((r"^model\.visual\.", "visual."),)}
 """In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
 
-_ACTIVATIONS = ("gelu_pytorch_tanh",)  # clip.use_gelu: ggml_gelu, the tanh approximation
+_ACTIVATIONS = {IDEFICS3: "gelu_pytorch_tanh", GEMMA3: "gelu_pytorch_tanh", QWEN25VL: "silu",
+                QWEN3VL: "gelu_pytorch_tanh"}
+"""Projector type -> the tower MLP's activation its graph computes: clip.use_gelu (ggml_gelu, the tanh
+approximation) or clip.use_silu (Qwen2.5-VL's gated MLP)."""
 _F32_STEMS = ("v.patch_embd", "v.position_embd")  # as convert_hf_to_gguf.py keeps SmolVLM's embeddings
 
 
@@ -60,11 +82,41 @@ def split(model: torch.nn.Module, processor) -> tuple[torch.nn.Module, object]:
     if _quantized(model):  # the text writer would reload a causal LM from the composite checkpoint
         raise FastkitError(f"save_gguf: this {config.model_type} model is 4/8-bit; its vision tower's codes are not "
                            "weights. Save it with save_merged (16-bit), load that, then save_gguf.")
-    act = getattr(config.vision_config, "hidden_act", None)
-    if act not in _ACTIVATIONS:
-        raise FastkitError(f"save_gguf: the vision tower's hidden_act is {act!r}; llama.cpp's SigLIP graph "
-                           f"computes {_ACTIVATIONS[0]} only. Export with save_merged instead.")
+    act, want = getattr(config.vision_config, "hidden_act", None), _ACTIVATIONS[PROJECTORS[config.model_type]]
+    if act != want:
+        raise FastkitError(f"save_gguf: the vision tower's hidden_act is {act!r}; llama.cpp's "
+                           f"{PROJECTORS[config.model_type]} graph computes {want} only. Export with save_merged "
+                           "instead.")
+    if PROJECTORS[config.model_type] == QWEN25VL:
+        _check_qwen(config.vision_config)
+    if PROJECTORS[config.model_type] == QWEN3VL:
+        _check_qwen(config.vision_config, window=False)
     return _text_model(base), processor.tokenizer
+
+
+def _check_qwen(vision, window: bool = True) -> None:
+    """What llama.cpp's Qwen graphs (tools/mtmd/models/qwen2vl.cpp, qwen3vl.cpp) fix: 2-frame patches, 2x2 merge;
+    Qwen2.5-VL's (``window``): 112-pixel windows, full attention every n-th block."""
+    fixed = {"temporal_patch_size": 2, "spatial_merge_size": 2} | ({"window_size": _QWEN_WINDOW} if window else {})
+    for key, value in fixed.items():
+        if getattr(vision, key, value) != value:
+            raise FastkitError(f"save_gguf: vision_config.{key}={getattr(vision, key)!r}; llama.cpp's Qwen vision "
+                               f"graph computes {key}={value} only. Export with save_merged instead.")
+    if window:
+        _wa_pattern(vision)
+
+
+def _wa_pattern(vision) -> int:
+    """``fullatt_block_indexes`` as llama.cpp's ``n_wa_pattern`` n (blocks n-1, 2n-1, ... attend fully, the others
+    within windows), refused where they are not that pattern."""
+    full = list(getattr(vision, "fullatt_block_indexes", None) or [])
+    depth = vision.depth
+    n = full[0] + 1 if full else 0
+    if not full or full != list(range(n - 1, depth, n)):
+        raise FastkitError(f"save_gguf: vision_config.fullatt_block_indexes={full} (depth {depth}); llama.cpp's "
+                           "qwen2.5vl_merger graph attends fully in blocks n-1, 2n-1, ... through the last such block "
+                           "only. Export with save_merged instead.")
+    return n
 
 
 def _text_model(base: torch.nn.Module) -> torch.nn.Module:
@@ -75,10 +127,28 @@ def _text_model(base: torch.nn.Module) -> torch.nn.Module:
     body, head = base.get_submodule(facts.language_model), base.get_output_embeddings()
     text_config.tie_word_embeddings = _weight(head) is _weight(body.get_input_embeddings())
     text_config.name_or_path = base.config.name_or_path
+    deepstack = getattr(base.config.vision_config, "deepstack_visual_indexes", None)
+    if deepstack is not None:  # Qwen3-VL: the language model adds that many extra feature sets (qwen3vl's key)
+        text_config.num_deepstack_layers = len(deepstack)
     with torch.device("meta"):  # a shell: its body and head are the vision model's own modules
-        text = AutoModelForCausalLM.from_config(text_config)
+        if shell := _SHELLS.get(base.config.model_type):
+            text = _shell(shell, text_config)
+        else:
+            text = AutoModelForCausalLM.from_config(text_config)
     text.model, text.lm_head = body, head
     return text.train(base.training)
+
+
+def _shell(class_name: str, text_config) -> torch.nn.Module:
+    """A ``class_name`` causal LM built from its own config class holding ``text_config``'s values, then given
+    ``text_config`` itself (its ``model_type`` is the one the text writer's row names)."""
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    values = {k: v for k, v in text_config.to_dict().items() if k != "model_type"}
+    text = cls(cls.config_class(**values))
+    text.config = text_config
+    return text
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:
@@ -99,7 +169,7 @@ def _tensors(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tenso
     base = unwrap(model)
     facts = registry.MODEL_TABLE[base.config.model_type].vision
     vision = base.config.vision_config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision.num_hidden_layers)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, max(_depth(vision), 3))  # >= 3: Qwen's mm.2
     out, unmapped = [], []
     for hf_name, load, shape in merged_parameters(model):
         if not hf_name.startswith((facts.tower + ".", facts.projector + ".")):
@@ -108,16 +178,55 @@ def _tensors(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tenso
         for pattern, repl in _RENAMES.get(base.config.model_type, ()):
             name = re.sub(pattern, repl, name)
         stem, _, suffix = name.rpartition(".")
-        gname = names.get_name(stem)
+        gname = _qwen3_name(stem, vision) or names.get_name(stem)
         if gname is None or suffix not in ("weight", "bias"):
             unmapped.append(hf_name)
             continue
         shift = 1.0 if gname == "mm.soft_emb_norm" else 0.0  # Gemma's RMSNorm x·(1 + w) -> clip.cpp's x·w
-        out.append((f"{gname}.{suffix}", _shifted(load, shift) if shift else load, tuple(shape)))
+        split_qkv = PROJECTORS[base.config.model_type] == QWEN25VL  # qwen3vl.cpp reads the fused qkv
+        out.extend(_pieces(f"{gname}.{suffix}", _shifted(load, shift) if shift else load, tuple(shape), split_qkv))
     if unmapped:
         raise FastkitError(f"save_gguf: no llama.cpp mmproj name for {unmapped[:4]} ({len(unmapped)} tensors); this "
                            "vision checkpoint layout is not supported.")
     return out
+
+
+def _depth(vision) -> int:
+    return getattr(vision, "num_hidden_layers", None) or vision.depth  # Qwen: depth
+
+
+def _qwen3_name(stem: str, vision) -> str | None:
+    """Qwen3-VL's merger and deepstack mergers as convert_hf_to_gguf.py names them (gguf's map has neither): the
+    merger's ``norm`` / ``linear_fc1`` / ``linear_fc2`` are ``v.post_ln`` / ``mm.0`` / ``mm.2``; deepstack merger k
+    is ``v.deepstack.<i>.{norm,fc1,fc2}`` at the tower block i it taps (``deepstack_visual_indexes[k]``)."""
+    if m := re.fullmatch(r"visual\.merger\.(norm|linear_fc1|linear_fc2)", stem):
+        return {"norm": "v.post_ln", "linear_fc1": "mm.0", "linear_fc2": "mm.2"}[m[1]]
+    if m := re.fullmatch(r"visual\.deepstack_merger_list\.(\d+)\.(norm|linear_fc1|linear_fc2)", stem):
+        block = vision.deepstack_visual_indexes[int(m[1])]
+        return f"v.deepstack.{block}.{m[2].replace('linear_', '')}"
+    return None
+
+
+def _pieces(name: str, load: Callable[[], torch.Tensor], shape: tuple[int, ...], split_qkv: bool = True):
+    """One tensor as llama.cpp's pieces: Qwen's fused ``attn_qkv`` (3C, ...) as ``attn_q/k/v`` (C, ...) each, its
+    Conv3D patch kernel (C, 3, 2, p, p) as the two Conv2D kernels of its two frames, ``v.patch_embd.weight`` and
+    ``v.patch_embd.weight.1`` (C, 3, p, p), as convert_hf_to_gguf.py splits them; others as they are."""
+    if split_qkv and ".attn_qkv." in name:
+        c = shape[0] // 3
+        return [(name.replace("attn_qkv", part), _sliced(load, 0, i * c, c), (c, *shape[1:]))
+                for i, part in enumerate(("attn_q", "attn_k", "attn_v"))]
+    if name == "v.patch_embd.weight" and len(shape) == 5:  # (C, 3, T=2, p, p)
+        return [(name + ("", ".1")[t], _sliced(load, 2, t, None), (*shape[:2], *shape[3:])) for t in range(2)]
+    return [(name, load, shape)]
+
+
+def _sliced(load: Callable[[], torch.Tensor], dim: int, start: int, length: int | None) -> Callable[[], torch.Tensor]:
+    """``load()`` narrowed on ``dim`` to ``length`` rows from ``start``; ``length`` None: index ``start`` (dim
+    dropped)."""
+    def fn() -> torch.Tensor:
+        w = load()
+        return w.select(dim, start) if length is None else w.narrow(dim, start, length)
+    return fn
 
 
 def _shifted(load: Callable[[], torch.Tensor], shift: float) -> Callable[[], torch.Tensor]:
@@ -139,23 +248,30 @@ def _add_kv(writer, config, processor, name: str) -> None:
 
     vision = config.vision_config
     images = processor.image_processor
+    projector = PROJECTORS[config.model_type]
     writer.add_type(gguf.GGUFType.MMPROJ)
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_clip_has_vision_encoder(True)
-    writer.add_clip_projector_type(PROJECTORS[config.model_type])
+    writer.add_clip_projector_type(projector)
     writer.add_vision_projection_dim(config.text_config.hidden_size)
-    writer.add_vision_image_size(vision.image_size)
     writer.add_vision_patch_size(vision.patch_size)
     writer.add_vision_embedding_length(vision.hidden_size)
     writer.add_vision_feed_forward_length(vision.intermediate_size)
-    writer.add_vision_block_count(vision.num_hidden_layers)
-    writer.add_vision_head_count(vision.num_attention_heads)
+    writer.add_vision_block_count(_depth(vision))
+    writer.add_vision_head_count(getattr(vision, "num_attention_heads", None) or vision.num_heads)
     writer.add_vision_image_mean([float(x) for x in images.image_mean])
     writer.add_vision_image_std([float(x) for x in images.image_std])
+    if projector == QWEN25VL:
+        _add_qwen_kv(writer, vision)
+        return
+    if projector == QWEN3VL:
+        _add_qwen3_kv(writer, vision)
+        return
+    writer.add_vision_image_size(vision.image_size)
     writer.add_vision_attention_layernorm_eps(vision.layer_norm_eps)
     writer.add_vision_use_gelu(True)
-    if PROJECTORS[config.model_type] == "gemma3":  # the tower's patches per side over the tokens per side
+    if projector == GEMMA3:  # the tower's patches per side over the tokens per side
         per_side = vision.image_size // vision.patch_size
         writer.add_vision_projector_scale_factor(per_side // math.isqrt(config.mm_tokens_per_image))
         return
@@ -163,6 +279,29 @@ def _add_kv(writer, config, processor, name: str) -> None:
     size = getattr(images, "size", None)
     longest = size.get("longest_edge") if isinstance(size, dict) else getattr(size, "longest_edge", None)
     writer.add_vision_preproc_image_size(int(longest or vision.image_size))
+
+
+def _add_qwen_kv(writer, vision) -> None:
+    """Qwen2.5-VL's keys as convert_hf_to_gguf.py writes them (conversion/qwenvl.py): a nominal image size (the
+    image's own size, aligned to 28 pixels, is what the graph runs), RMS norms of eps 1e-6 (transformers' hard-coded
+    Qwen2RMSNorm default in the tower), the gated SiLU MLP, the window-attention pattern."""
+    writer.add_vision_image_size(int(getattr(vision, "image_size", 560)))
+    writer.add_vision_attention_layernorm_eps(1e-6)
+    writer.add_vision_use_silu(True)
+    writer.add_vision_n_wa_pattern(_wa_pattern(vision))
+
+
+def _add_qwen3_kv(writer, vision) -> None:
+    """Qwen3-VL's keys as convert_hf_to_gguf.py writes them (conversion/qwen3vl.py): the image size its learned
+    position grid covers, LayerNorms of eps 1e-6 (transformers' tower), GELU (tanh), the 2x2 merge, which blocks
+    feed a deepstack merger."""
+    per_side = math.isqrt(vision.num_position_embeddings)
+    writer.add_vision_image_size(per_side * vision.patch_size)
+    writer.add_vision_attention_layernorm_eps(1e-6)
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_spatial_merge_size(int(vision.spatial_merge_size))
+    taps = set(vision.deepstack_visual_indexes)
+    writer.add_vision_is_deepstack_layers([i in taps for i in range(vision.depth)])
 
 
 def _encode(w: torch.Tensor, qtype) -> np.ndarray:

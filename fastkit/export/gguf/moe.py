@@ -71,7 +71,7 @@ def _groups_restrict(config) -> bool:
 
 def check_family(config, model_type: str, rules: registry.GGUFRules) -> None:
     """What the family's llama.cpp graph hard-codes (the MoE fields of its GGUFRules), refused before any work."""
-    arch = registry.MODEL_TABLE[model_type].gguf_arch
+    arch = registry.gguf_row(model_type).gguf_arch
     if rules.mha_only and config.num_key_value_heads != config.num_attention_heads:
         raise FastkitError(f"save_gguf: {model_type} with config.num_key_value_heads={config.num_key_value_heads} "
                            f"(of {config.num_attention_heads} heads): llama.cpp's {arch} graph normalizes keys over "

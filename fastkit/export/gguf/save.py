@@ -25,9 +25,9 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     """Write a GGUF (LoRA merged, tokenizer and chat template embedded) and an Ollama ``Modelfile`` into
     folder ``path``; ``quantization`` is ``"f16"``, ``"bf16"``, ``"q8_0"`` or ``"q4_0"`` (written by fastkit), or
     ``"q4_k_m"`` / ``"q5_k_m"`` / ``"q6_k"`` (llama.cpp's quantizer; needs ``fastkit-llm[llamacpp]``). Returns the
-    .gguf path. See :mod:`fastkit.export.gguf.writer` and docs/export.md. A SmolVLM / Idefics3 model (pass its
-    processor) is written as llama.cpp runs it: the text GGUF plus ``<name>-mmproj-f16.gguf``, the vision tower and
-    projector (:mod:`fastkit.export.gguf.mmproj`, docs/vision.md).
+    .gguf path. See :mod:`fastkit.export.gguf.writer` and docs/export.md. A SmolVLM / Idefics3, Gemma 3 or
+    Qwen2.5-VL model (pass its processor) is written as llama.cpp runs it: the text GGUF plus
+    ``<name>-mmproj-f16.gguf``, the vision tower and projector (:mod:`fastkit.export.gguf.mmproj`, docs/vision.md).
 
     Verified and atomic (:mod:`fastkit.export.verified`): both files are written into a temporary sibling folder,
     transformers' GGUF reader loads the .gguf and its logits must match the in-memory model (within the
@@ -48,7 +48,7 @@ def save_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization:
     if check_verify and not _gguf_reader_loads(config):
         check_verify = False
         logger.warning("fastkit: save_gguf: transformers' GGUF reader cannot load a %s file, so its read-back check "
-                       "is skipped (tests/test_llamacpp_round_trip.py runs this family in llama.cpp)",
+                       "is skipped (tests/test_llamacpp_round_trip.py, tests/test_vision_gguf.py run it in llama.cpp)",
                        config.model_type)
     reference = None
     if check_verify:
@@ -97,7 +97,7 @@ def _check_gguf_weights(model: torch.nn.Module, written: Path, config, quantizat
 
 def _gguf_reader_loads(config) -> bool:
 
-    row = registry.MODEL_TABLE.get(getattr(config, "model_type", None))
+    row = registry.gguf_row(getattr(config, "model_type", None))
     return row is None or row.gguf.reader
 
 
@@ -107,7 +107,7 @@ def _reload_gguf(file: Path, config) -> torch.nn.Module:
 
 
     kw = {}
-    facts = registry.facts_for(config.model_type)
+    facts = registry.gguf_row(config.model_type)
     if facts is None or facts.gguf.reader_config:
         plain = copy.deepcopy(config)
         for key in ("quantization_config",):

@@ -97,13 +97,13 @@ def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> 
     config = unwrap(model).config
     model_type = getattr(config, "model_type", None)
     archs = registry.gguf_archs()
-    if model_type not in archs:
+    if model_type not in archs and model_type not in registry.gguf_text_archs():  # a VLM's language model
         facts = registry.facts_for(model_type)
         why = f" ({facts.gguf_refusal})" if facts is not None and facts.gguf_refusal else ""
         raise FastkitError(f"save_gguf: model_type {model_type!r} has no GGUF mapping here{why} (supported: "
                            f"{', '.join(archs)}); export with save_merged and convert with llama.cpp's "
                            "convert_hf_to_gguf.py.")
-    rules = registry.MODEL_TABLE[model_type].gguf
+    rules = registry.gguf_row(model_type).gguf
     _check_rope(config, model_type, rules)
     _check_moe(config, model_type, rules)
     gguf_moe.check_family(config, model_type, rules)
@@ -179,7 +179,7 @@ def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantizatio
 
 def _arch(model_type: str) -> str:
     """llama.cpp's architecture for ``model_type``, read off its table row now."""
-    return registry.MODEL_TABLE[model_type].gguf_arch
+    return registry.gguf_row(model_type).gguf_arch
 
 
 def _rope(config, rules: registry.GGUFRules) -> tuple[dict, dict | None]:
@@ -437,7 +437,7 @@ def _plan(model: torch.nn.Module, config, arch: str, quantization: str) -> list[
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
     qt = _qtype(quantization)
-    rules = registry.MODEL_TABLE[config.model_type].gguf
+    rules = registry.gguf_row(config.model_type).gguf
     entries, unmapped = [], []
     tensors = [t for t in merged_parameters(model) if not gguf_more.is_layer_array(_clean(t[0]), rules)]  # metadata
     for hf_name, load, shape in tensors + gguf_moe.buffer_tensors(model, rules):
@@ -511,7 +511,7 @@ def _check_experts(entries: list[_Entry], config) -> None:
     if not num_experts(config):
         return
     names = {e.name for e in entries}
-    first = gguf_moe.dense_lead(config, registry.MODEL_TABLE[config.model_type].gguf)  # dense-MLP layers first
+    first = gguf_moe.dense_lead(config, registry.gguf_row(config.model_type).gguf)  # dense-MLP layers first
     missing = [f"blk.{i}.ffn_{kind}_exps.weight" for i in range(first, config.num_hidden_layers)
                for kind in ("gate", "up", "down") if f"blk.{i}.ffn_{kind}_exps.weight" not in names]
     if missing:
@@ -579,7 +579,7 @@ def _add_info(writer, e: _Entry) -> None:
 def _add_model_kv(writer, config, model_type: str, name: str, quantization: str) -> None:
     import gguf
 
-    rules = registry.MODEL_TABLE[model_type].gguf
+    rules = registry.gguf_row(model_type).gguf
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rope, sliding_rope = _rope(config, rules)
     partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
@@ -598,6 +598,8 @@ def _add_model_kv(writer, config, model_type: str, name: str, quantization: str)
     writer.add_key_length(key_length)
     writer.add_value_length(value_length)
     writer.add_rope_dimension_count(rope_dim)
+    if rules.rope_sections:  # qwen2vl's mrope: (t, h, w, 0) pairs of rotated dims per axis
+        writer.add_rope_dimension_sections([int(x) for x in (list(rope["mrope_section"]) + [0] * 4)[:4]])
     writer.add_vocab_size(config.vocab_size)
     if rope.get("rope_type") == "linear":  # llama.cpp: the full layers' scale; the windowed ones keep 1
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -643,7 +645,7 @@ def _add_norm_eps(writer, config, rules: registry.GGUFRules) -> None:
 def num_experts(config) -> int | None:
     """The number of routed experts of a MoE config (None for a dense one, Nemotron-H's included: its config carries
     expert counts by default, so one whose layers are all kinds of :attr:`fastkit.registry.GGUFRules.layer_kinds`)."""
-    facts = registry.MODEL_TABLE.get(getattr(config, "model_type", None))
+    facts = registry.gguf_row(getattr(config, "model_type", None))
     if facts is not None and facts.gguf.layer_kinds:
         attr, kinds = facts.gguf.layer_kinds
         if set(getattr(config, attr, None) or ()) <= set(kinds):
@@ -759,7 +761,7 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization
     wide = "bf16" if any(p.dtype == torch.bfloat16 for p in unwrap(model).parameters()) else "f16"
     written = quantization if quantization in WRITTEN else wide  # llama.cpp's quantizer reads a 16-bit GGUF
     entries = _plan(model, config, _arch(model_type), written)  # raises on unmapped tensors, before writing
-    arrays = gguf_more.layer_arrays(model, registry.MODEL_TABLE[model_type].gguf)
+    arrays = gguf_more.layer_arrays(model, registry.gguf_row(model_type).gguf)
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}-{quantization}.gguf"
     tmp = target.with_name(target.name + ".partial")
