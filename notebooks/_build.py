@@ -720,7 +720,7 @@ def _vision_train(s: Spec):
     return [
         _md("## Train", "", "TRL's `SFTTrainer` (through `make_trainer`) with the processor: each batch is the rows' "
             "chats rendered, their images expanded into image tokens, the loss on the assistant's answers only. "
-            "`packing=False`: Qwen's multi-axis rope is not packed. `fit` runs it under the live dashboard "
+            "`packing=False`: image rows are collated as padded batches. `fit` runs it under the live dashboard "
             "(loss, steps/s, tokens/s with the image tokens counted); the stop button ends it cleanly."),
         _code("from fastkit.training import fit, make_trainer", "",
               "trainer = make_trainer(model, processor, rows, max_steps=MAX_STEPS, batch_size=BATCH_SIZE,",
@@ -734,9 +734,11 @@ def _vision_save(s: Spec):
     return [
         _md("## Save", "", "The LoRA adapter with the processor, and the merged 16-bit model (plain transformers); "
             "each is reloaded and its logits compared with the trained model before it replaces an earlier save. "
-            "No GGUF: llama.cpp runs Qwen2.5-VL as a text GGUF plus an `mmproj` vision file, which fastkit does "
-            "not write yet (`save_gguf` refuses, naming that); llama.cpp's `convert_hf_to_gguf.py` converts the "
-            "merged folder."),
+            "For llama.cpp: `save_gguf(model, processor, f\"{OUTPUT_DIR}/gguf\")` writes the text GGUF and "
+            "its `mmproj` vision file together (run them with `llama-mtmd-cli -m ... --mmproj ...`; "
+            "[docs/vision.md](../docs/vision.md)). It needs the real model's vision tower: llama.cpp fixes "
+            "Qwen2.5-VL's attention window at 112 pixels, which the tiny twin does not have, so it is not a cell "
+            "here."),
         _code("from fastkit.export import save_lora, save_merged", "",
               'print(save_lora(model, processor, f"{OUTPUT_DIR}/lora"))',
               'print(save_merged(model, processor, f"{OUTPUT_DIR}/merged_16bit"))'),
