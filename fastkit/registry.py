@@ -331,6 +331,10 @@ class VisionFacts:
     packing_refusal: str = ""
     """Why packing is refused on this vision-language model although its positions are 1-D (shown in the banner;
     the model stays as it was)."""
+    gguf_shell: str = ""
+    """The transformers causal-LM class that hosts the language model for the text GGUF where
+    ``AutoModelForCausalLM`` has none for its text config (Qwen2.5-VL's text model: ``Qwen2ForCausalLM``'s layers
+    with mrope; :mod:`fastkit.export.gguf.mmproj`); ``""``: ``AutoModelForCausalLM``."""
 
 
 @dataclass(frozen=True)
@@ -428,14 +432,16 @@ _QWEN2_5_VL_VISION = VisionFacts(
     twin_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
                      window_size=56, fullatt_block_indexes=[1]),
     twin_images=dict(patch_size=14, merge_size=2, size={"shortest_edge": 56 * 56, "longest_edge": 56 * 56}),
-    processor="Qwen2_5_VLProcessor", twin_text=dict(_TWIN_TEXT, rope_parameters=_QWEN_MROPE))
+    processor="Qwen2_5_VLProcessor", twin_text=dict(_TWIN_TEXT, rope_parameters=_QWEN_MROPE),
+    gguf_shell="Qwen2ForCausalLM")
 _QWEN3_VL_VISION = VisionFacts(
     tower="model.visual", projector="model.visual.merger", **_QWEN_VISION,
     twin_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                      num_position_embeddings=16, deepstack_visual_indexes=[0]),
     twin_images=dict(patch_size=16, merge_size=2, size={"shortest_edge": 64 * 64, "longest_edge": 64 * 64}),
     processor="Qwen3VLProcessor",
-    twin_text=dict(_TWIN_TEXT, rope_parameters=dict(_QWEN_MROPE, mrope_interleaved=True)))
+    twin_text=dict(_TWIN_TEXT, rope_parameters=dict(_QWEN_MROPE, mrope_interleaved=True)),
+    gguf_shell="Qwen3ForCausalLM")
 _GEMMA3_VISION = VisionFacts(
     tower="model.vision_tower", projector="model.multi_modal_projector", language_model="model.language_model",
     image_token="<image_soft_token>", image_token_key="image_token_index", image_part="<start_of_image>",
@@ -696,7 +702,7 @@ MODEL_TABLE: dict[str, ModelFacts] = {
                    vision=dataclasses.replace(
             _QWEN3_VL_VISION, twin_text=dict(_QWEN3_VL_VISION.twin_text, moe_intermediate_size=32, num_experts=4,
                                              num_experts_per_tok=2, decoder_sparse_step=1),
-)),
+            gguf_shell="Qwen3MoeForCausalLM")),
         ModelFacts("idefics3", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM)"),  # GGUF: text + mmproj
         ModelFacts("smolvlm", vision=_IDEFICS3_VISION, note="vision-language (SmolVLM2)"),  # (export/gguf/mmproj.py)
     ]

@@ -47,9 +47,6 @@ PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen
 _QWEN_WINDOW = 112
 """The window (pixels) llama.cpp's qwen2.5vl_merger graph attends within: clip.cpp hard-codes 112 (it reads no
 window key for this projector), Qwen2.5-VL's ``vision_config.window_size``."""
-_SHELLS = {"qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM", "qwen3_vl_moe": "Qwen3MoeForCausalLM"}
-"""Composite model_type -> the causal-LM class hosting its language model where ``AutoModelForCausalLM`` has none
-for the text config (Qwen2.5-VL's text model is Qwen2's layers with mrope; text positions make it plain rope)."""
 
 _RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
                        (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight")),
@@ -131,7 +128,7 @@ def _text_model(base: torch.nn.Module) -> torch.nn.Module:
     if deepstack is not None:  # Qwen3-VL: the language model adds that many extra feature sets (qwen3vl's key)
         text_config.num_deepstack_layers = len(deepstack)
     with torch.device("meta"):  # a shell: its body and head are the vision model's own modules
-        if shell := _SHELLS.get(base.config.model_type):
+        if shell := facts.gguf_shell:  # the row's host class (Qwen2.5-VL's text model: Qwen2's layers, mrope)
             text = _shell(shell, text_config)
         else:
             text = AutoModelForCausalLM.from_config(text_config)
