@@ -398,12 +398,12 @@ class ModelFacts:
     ``seq_idx`` + flash-linear-attention ``cu_seqlens``), ``"short_conv"`` (causal-conv1d ``seq_idx``),
     ``"mamba2"`` (causal-conv1d + mamba-ssm ``seq_idx``); ``""``: the per-document regroup everywhere."""
     vision: VisionFacts | None = None
+    """An image-text-to-text family: loaded with its processor as ``AutoModelForImageTextToText``
+    (:class:`VisionFacts`); None: a text model."""
     gguf_text: ModelFacts | None = None
     """A vision-language family whose language model has no row of its own (Qwen2.5-VL's ``qwen2_5_vl_text``): that
     text model's GGUF facts (``model_type``, ``gguf_arch``, ``gguf``), read by ``save_gguf`` for its text GGUF
     (:func:`gguf_row`)."""
-    """An image-text-to-text family: loaded with its processor as ``AutoModelForImageTextToText``
-    (:class:`VisionFacts`); None: a text model."""
 
 
 _TEXT_KEYS = ((r"^model\.language_model\.", "model."), (r"^language_model\.model\.", "model."),
