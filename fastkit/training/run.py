@@ -213,12 +213,12 @@ def _image_rows(data, where: str) -> list | None:
 
     if data is None:
         return None
-    read = read_image_rows(data, where) if isinstance(data, (str, os.PathLike)) else None
-    if read is None and isinstance(data, (str, os.PathLike)):
+    if isinstance(data, (str, os.PathLike)):  # an image-row file, else anything as_dataset reads
         from fastkit.data.read import as_dataset
 
-        read = as_dataset(data, where=where)
-    return fetch_images(list(read if read is not None else data))  # every URL fetched once, before any step
+        read = read_image_rows(data, where)
+        data = read if read is not None else as_dataset(data, where=where)
+    return fetch_images(list(data))  # every URL fetched once, before any step
 
 
 def _within(rows: list, processor, options: TrainOptions, max_seq_length: int, where: str) -> list:
@@ -233,12 +233,7 @@ def split_rows(rows: list, eval_split: float | int, seed: int) -> tuple[list, li
         return rows, []
     import random
 
-    n = len(rows)
-    count = round(eval_split * n) if isinstance(eval_split, float) and eval_split < 1 else eval_split
-    if isinstance(eval_split, bool) or not isinstance(count, int) or not 1 <= count < n:
-        raise FastkitError(f"eval_split must be a fraction in (0, 1) or a row count in [1, {n - 1}] of the "
-                           f"{n} training rows (at least one row each side), got {eval_split!r}.")
-    held = set(random.Random(seed).sample(range(n), count))
+    held = set(random.Random(seed).sample(range(len(rows)), _eval_count(eval_split, len(rows))))
     return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
@@ -486,13 +481,17 @@ def _split_eval(dataset, eval_dataset, eval_split: float | int, seed: int):
         return dataset, eval_dataset
     if eval_dataset is not None:
         raise FastkitError("Give eval_dataset or eval_split, not both.")
-    n = len(dataset)
+    split = dataset.train_test_split(test_size=_eval_count(eval_split, len(dataset)), seed=seed, shuffle=True)
+    return split["train"], split["test"]
+
+
+def _eval_count(eval_split: float | int, n: int) -> int:
+    """Rows ``eval_split`` (a fraction or a count) holds out of ``n``; a FastkitError unless each side keeps one."""
     count = round(eval_split * n) if isinstance(eval_split, float) and eval_split < 1 else eval_split
     if isinstance(eval_split, bool) or not isinstance(count, int) or not 1 <= count < n:
         raise FastkitError(f"eval_split must be a fraction in (0, 1) or a row count in [1, {n - 1}] of the "
                            f"{n} training rows (at least one row each side), got {eval_split!r}.")
-    split = dataset.train_test_split(test_size=count, seed=seed, shuffle=True)
-    return split["train"], split["test"]
+    return count
 
 
 def planned_steps(trainer) -> int:
