@@ -137,8 +137,25 @@ def _run_worker(launcher, out, *extra, timeout=400):
 
 
 LOSS_ATOL = 1e-5
-"""fp32, 3 steps, lr 1e-2: two processes sum each half of the global batch and average, one process sums once;
-measured on this CPU: losses within 4.8e-7, LoRA weights within 9.2e-7 (lora_B moved to ~0.02 from 0)."""
+"""fp32, 3 steps: two processes sum each half of the global batch and average, one process sums once, so the losses
+differ at the rounding level (measured: 4.8e-7)."""
+WEIGHT_RTOL = 1e-4
+"""The trained LoRA weights of two layouts, per tensor, within WEIGHT_RTOL x how far that tensor moved (plus 4 fp32
+ulps of its size). Why it holds: the worker trains with plain SGD (tests/dist/fsdp_worker.py), whose update is linear
+in the gradient, so a relative gradient difference from the summation order (~1e-6 in fp32) stays that relative in
+the displacement; 1e-4 leaves 100x. Measured: the worst tensor at 0.04 of this bound (DDP and FSDP2 alike); with
+``average_tokens_across_devices=False`` (each rank normalizing its own tokens: a layout bug) 2,373x over it. AdamW is
+not used here: its first steps are ~lr x sign(g), and a gradient element near zero flips sign under another
+summation order (issue 58: red on another CPU every time)."""
+
+
+def _assert_trained_alike(saved: dict, weights: dict, initial: dict, launcher: str) -> None:
+    eps = torch.finfo(torch.float32).eps
+    for name, tensor in weights.items():
+        moved = (tensor - initial[name]).abs().max().item()
+        bound = WEIGHT_RTOL * moved + 4 * eps * tensor.abs().max().item()
+        diff = (saved[name] - tensor).abs().max().item()
+        assert diff <= bound, f"{launcher} {name}: max |diff| {diff:.3g} > {bound:.3g} (moved {moved:.3g})"
 
 
 @pytest.mark.slow
@@ -147,7 +164,9 @@ def test_fsdp2_and_ddp_train_like_one_process(tmp_path):
 
     one, _ = _run_worker("one", tmp_path / "one", "--batch", "2")  # the same global batch: 2 rows per step
     weights = load_file(tmp_path / "one/lora/adapter_model.safetensors")
-    assert max(w.abs().max().item() for k, w in weights.items() if "lora_B" in k) > 1e-3  # the adapters moved
+    initial = {name.replace(".default", ""): tensor for name, tensor in one["initial"].items()}  # (saved names)
+    assert set(initial) == set(weights)
+    assert max(w.abs().max().item() for k, w in weights.items() if "lora_B" in k) > 1e-2  # the adapters moved
     for launcher in ("ddp", "fsdp2"):
         result, output = _run_worker(launcher, tmp_path / launcher)
         assert result["world"] == 2 and result["sharded"] == (launcher == "fsdp2"), launcher
@@ -157,8 +176,7 @@ def test_fsdp2_and_ddp_train_like_one_process(tmp_path):
         assert result["losses"] == pytest.approx(one["losses"], abs=LOSS_ATOL), launcher
         saved = load_file(tmp_path / launcher / "lora/adapter_model.safetensors")
         assert set(saved) == set(weights)
-        for name, tensor in weights.items():
-            torch.testing.assert_close(saved[name], tensor, rtol=0, atol=LOSS_ATOL, msg=f"{launcher} {name}")
+        _assert_trained_alike(saved, weights, initial, launcher)
 
 
 def test_exports_under_fsdp_are_refused_before_loading(tmp_path, monkeypatch, capsys):
