@@ -11,8 +11,35 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of .ci/run's two workers: one thread each on two cores
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+SERIAL = {
+    "test_distributed.py": "two torchrun / accelerate processes per test, each on one thread, with gloo timeouts",
+    "test_launch.py": "starts two processes per test (fastkit.launch), from a Jupyter kernel too",
+    "test_browser.py": "JupyterLab + Chromium driven with wall-clock waits (up to 240 s per element)",
+}
+"""Test files marked ``serial``: .ci/run runs them last, alone on the machine, not beside the two xdist workers. Each
+needs the whole machine: several processes of its own, or a wall-clock limit that a busy machine can miss."""
+
+
+def _uses_llama_cpp(path) -> bool:
+    """A test file that loads llama.cpp (``llama_cpp``, directly or through tests/gguf_round_trip.py)."""
+    text = path.read_text(encoding="utf-8")
+    return "llama_cpp" in text or "gguf_round_trip" in text
+
 
 def pytest_collection_modifyitems(config, items):
+    """``serial`` (:data:`SERIAL`) and ``llamacpp`` (files that load llama.cpp: .ci/run runs them once its build is
+    done) markers by file; GPU tests skip without CUDA."""
+    uses_llama_cpp: dict = {}
+    for item in items:
+        path = item.path
+        if path.name in SERIAL:
+            item.add_marker(pytest.mark.serial)
+        if uses_llama_cpp.setdefault(path, _uses_llama_cpp(path)):
+            item.add_marker(pytest.mark.llamacpp)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run tests/gpu/run.sh on the device machine)")
