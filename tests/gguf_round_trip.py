@@ -194,8 +194,9 @@ def _greedy_positions(row: Row, llm, model, prompt: list[int], want: list[int]) 
                             for t, o, h, w in zip(top, ours, hf, want)]
 
 
-def check(path: str, model, tokenizer, family: str, quantization: str, extra_texts=()) -> Row:
-    """Load ``path`` in llama.cpp and compare it with ``model`` / ``tokenizer`` (see the module docstring)."""
+def check(path: str, model, tokenizer, family: str, quantization: str, extra_texts=(), probe=()) -> Row:
+    """Load ``path`` in llama.cpp and compare it with ``model`` / ``tokenizer`` (see the module docstring);
+    ``probe``: rows of token ids the perplexity is also compared on (:func:`routing_probe`)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     row = Row(family, quantization)
@@ -228,7 +229,7 @@ def check(path: str, model, tokenizer, family: str, quantization: str, extra_tex
         row.logits_delta = row.greedy_positions[0][2]  # the first generated token's
         row.logits_scale = float(np.abs(want_first).max())
         greedy_agrees(row, bound(row))
-        chats = [hf_ids(tokenizer, tokenizer.apply_chat_template(c, tokenize=False)) for c in CHATS]
+        chats = [hf_ids(tokenizer, tokenizer.apply_chat_template(c, tokenize=False)) for c in CHATS] + list(probe)
         row.perplexity = math.exp(_nll(chats, lambda ids: _logits_llama(llm, ids)) -
                                   _nll(chats, lambda ids: _logits_hf(model, ids)))
     finally:
@@ -540,16 +541,30 @@ def _draw_routers(model, std: float) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
+ROUTING_PROBE = (8, 48)
+"""Rows x tokens of random token ids that MoE twins are also compared on (:func:`routing_probe`)."""
+
+
+def routing_probe(tokenizer, seed: int = 3) -> list[list[int]]:
+    """Rows of random token ids: hidden states far apart, so a router with clear choices sends them to most experts
+    whatever a few training steps did to it. Over the 4 training chats alone, which experts a layer reaches is an
+    accident of training (deepseek_v3's yarn twin: [6, 3] on 1 thread, [7, 5] on 2: issue 58)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, length = ROUTING_PROBE
+    return torch.randint(0, len(tokenizer), (rows, length), generator=gen).tolist()
+
+
 @torch.no_grad()
-def expert_spread(model, tokenizer) -> list[int]:
-    """How many distinct experts each MoE layer picks over the chat corpus (the experts modules' ``top_k_index``)."""
+def expert_spread(model, tokenizer, probe: list[list[int]] = ()) -> list[int]:
+    """How many distinct experts each MoE layer picks over the chat corpus and ``probe``'s rows (the experts
+    modules' ``top_k_index``)."""
     seen: dict[str, set] = {}
     hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: seen.setdefault(name, set()).update(
         args[1].flatten().tolist())) for name, m in model.named_modules() if type(m).__name__.endswith("Experts")
         and hasattr(m, "gate_up_proj")]
     try:
-        for text in texts(tokenizer)[: len(CHATS)]:
-            model(input_ids=torch.tensor([hf_ids(tokenizer, text)]))
+        for ids in [hf_ids(tokenizer, text) for text in texts(tokenizer)[: len(CHATS)]] + list(probe):
+            model(input_ids=torch.tensor([ids]))
     finally:
         for h in hooks:
             h.remove()
