@@ -403,10 +403,44 @@ def _files() -> list[Row]:
     ]
 
 
+# -- the chat around the images ---------------------------------------------------------------------------------
+def _answer(folder: Path, answer: Any, *more: dict) -> Path:
+    png(folder / "data", "a.png")
+    return write(folder, [{"messages": [ASK, {"role": "assistant", "content": answer}, *more], "images": ["a.png"]}])
+
+
+def _messages() -> list[Row]:
+    return [
+        Row("msg-answer-number", lambda f: _answer(f, 5), ("row 0: messages[1].content is a int",)),
+        Row("msg-answer-null", lambda f: _answer(f, None), ("row 0: messages[1].content is missing (None)",)),
+        Row("msg-answer-empty", lambda f: _answer(f, "  "), ("row 0: messages[1] is an assistant turn with no text",)),
+        Row("msg-answer-image-only", lambda f: _answer(f, [{"type": "image"}]) and write(
+            f, [{"messages": [{"role": "user", "content": "Draw."},
+                              {"role": "assistant", "content": [{"type": "image"}]}], "images": ["a.png"]}]),
+            ("row 0: messages[1] is an assistant turn with no text", "never a label")),
+        Row("msg-text-null", lambda f: _answer(f, [{"type": "text", "text": None}]),
+            ("row 0: messages[1].content[0].text is None, not a string",)),
+        Row("msg-text-number", lambda f: _answer(f, [{"type": "text", "text": 5}]),
+            ("row 0: messages[1].content[0].text is 5, not a string",)),
+        Row("msg-video-part", lambda f: _answer(f, [{"type": "video"}]),
+            ("row 0: messages[1].content[0] is a 'video' part",)),
+        Row("msg-no-role", lambda f: _answer(f, "A cat.") and write(
+            f, [{"messages": [ASK, {"content": "A cat."}], "images": ["a.png"]}]),
+            ("row 0: messages[1].role is None",)),
+        Row("msg-ends-with-user", lambda f: _answer(f, "A cat.", {"role": "user", "content": "And?"}),
+            ("row 0: the last turn is 'user', not 'assistant'",)),
+        Row("msg-lone-surrogate", lambda f: _answer(f, "A cat \ud83d."),
+            ("row 0: messages[1] holds a lone surrogate character ('\\ud83d')",)),
+        Row("msg-two-turns-ok", lambda f: _answer(f, "A cat.", {"role": "user", "content": "Colour?"},
+                                                  {"role": "assistant", "content": "Grey."}), image_rows(1)),
+    ]
+
+
 def all_rows() -> list[tuple[str, Row]]:
     return ([("paths", r) for r in _path_rows()] + [("not files", r) for r in _not_files()]
             + [("spellings", r) for r in _spellings()] + [("modes", r) for r in _modes()]
-            + [("limits", r) for r in _limits()] + [("files", r) for r in _files()])
+            + [("limits", r) for r in _limits()] + [("files", r) for r in _files()]
+            + [("messages", r) for r in _messages()])
 
 
 __all__ = ["ASK", "Row", "all_rows", "chat", "png", "preflight", "write"]

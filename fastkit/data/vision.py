@@ -299,24 +299,60 @@ FOREIGN_PARTS = ("image_url", "input_image", "image")
 do not use: refused naming the part, never rendered as text."""
 
 
-def check_parts(messages: list, index: int) -> None:
-    """Each message an object; an image part is ``{"type": "image"}`` with its image in the row's ``images``."""
+def check_messages(messages: list, index: int) -> None:
+    """As for text chats (:func:`fastkit.data.rules.message_problem`), with parts: each message an object with a
+    role and a string or a list of parts, a part text (a string) or ``{"type": "image"}`` (its image in the row's
+    ``images``); an assistant turn with text to train on, and the chat ending with one."""
     for m, message in enumerate(messages):
+        where = f"row {index}: messages[{m}]"
         if not isinstance(message, dict):
-            raise FastkitError(f"row {index}: messages[{m}] is a {type(message).__name__}, not an object "
-                               "({'role': ..., 'content': ...}).")
-        content = message.get("content")
-        for k, part in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(part, dict):
-                raise FastkitError(f"row {index}: messages[{m}].content[{k}] is a {type(part).__name__}; a part is "
-                                   "{'type': 'text', 'text': ...} or {'type': 'image'}.")
-            kind = part.get("type")
-            inline = [key for key in FOREIGN_PARTS if key in part and part.get(key) is not None]
-            if kind in ("image_url", "input_image") or inline:
-                raise FastkitError(f"row {index}: messages[{m}].content[{k}] is {{'type': {kind!r}"
-                                   f"{', ' + repr(inline[0]) + ': ...' if inline else ''}}}: fastkit's image rows "
-                                   "use {'type': 'image'} parts and put the images, in order, in the row's "
-                                   "'images' list.")
+            raise FastkitError(f"{where} is a {type(message).__name__}, not an object ({{'role': ..., "
+                               "'content': ...}).")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise FastkitError(f"{where}.role is {role!r}, not a role name such as 'user' or 'assistant'.")
+        if not isinstance(content, (str, list)):
+            kind = "missing (None)" if content is None else f"a {type(content).__name__}"
+            raise FastkitError(f"{where}.content is {kind}; give a string or a list of parts ({{'type': 'text', "
+                               "'text': ...}, {'type': 'image'}).")
+        texts = [content] if isinstance(content, str) else [_part_text(part, f"{where}.content[{k}]")
+                                                             for k, part in enumerate(content)]
+        _check_texts(texts, where)
+        if role == "assistant" and not any(t.strip() for t in texts) and not message.get("tool_calls"):
+            raise FastkitError(f"{where} is an assistant turn with no text: it would train only the end-of-turn "
+                               "token (an image is input, never a label); write the answer or drop the turn.")
+    if messages[-1].get("role") != "assistant":
+        raise FastkitError(f"row {index}: the last turn is {messages[-1].get('role')!r}, not 'assistant' (nothing "
+                           "to train on after it); end the chat with the answer.")
+
+
+def _part_text(part: Any, where: str) -> str:
+    """A part's text (``""`` for an image part); a FastkitError for a part fastkit's image rows do not hold."""
+    if not isinstance(part, dict):
+        raise FastkitError(f"{where} is a {type(part).__name__}; a part is {{'type': 'text', 'text': ...}} or "
+                           "{'type': 'image'}.")
+    kind = part.get("type")
+    inline = [key for key in FOREIGN_PARTS if part.get(key) is not None]
+    if kind in ("image_url", "input_image") or inline:
+        raise FastkitError(f"{where} is {{'type': {kind!r}{', ' + repr(inline[0]) + ': ...' if inline else ''}}}: "
+                           "fastkit's image rows use {'type': 'image'} parts and put the images, in order, in the "
+                           "row's 'images' list.")
+    if kind == "image":
+        return ""
+    if kind != "text":
+        raise FastkitError(f"{where} is a {kind!r} part; image rows hold 'text' and 'image' parts only.")
+    if not isinstance(part.get("text"), str):
+        raise FastkitError(f"{where}.text is {part.get('text')!r}, not a string.")
+    return part["text"]
+
+
+def _check_texts(texts: list[str], where: str) -> None:
+    from fastkit.data.rules import lone_surrogate
+
+    for text in texts:
+        if lone_surrogate(text):
+            raise FastkitError(f"{where} holds a lone surrogate character ({lone_surrogate(text)}), which no "
+                               "tokenizer can encode (a badly decoded emoji); fix the text.")
 
 
 def _stored_path(image: Any) -> Any:
@@ -341,7 +377,7 @@ def row_images(row: dict, index: int) -> list:
         beside_too = " beside its 'images'" if "images" in row else ""
         raise FastkitError(f"row {index}: an 'image' field{beside_too}: a row names its images in 'images' (a list, "
                            "one per {'type': 'image'} part, in order); rename the field.")
-    check_parts(messages, index)
+    check_messages(messages, index)
     parts = image_parts(messages)
     if parts > len(images):
         raise FastkitError(f"row {index}: {parts} image parts ({{'type': 'image'}}) but {len(images)} image(s) in its "
@@ -739,9 +775,9 @@ def caption_rows(source: str, instruction: str, image_column: str = "image", tex
     return [caption_row(row[image_column], instruction, row[text_column]) for row in data]
 
 
-__all__ = ["MAX_IMAGE_BYTES", "SHAPES", "URL_TIMEOUT", "VisionCollator", "beside", "caption_row", "caption_rows",
-           "as_rgb", "check_image_files", "check_image_path", "check_image_size", "check_parts", "check_placeholders",
-           "check_vision_rows", "encode_row", "fetch_image", "fetch_images", "image_cache_dir", "image_list",
-           "image_positions", "placeholders",
-           "image_file", "image_parts", "is_image_row", "is_processor", "is_url", "named", "open_image",
-           "read_image_rows", "row_digest", "row_images", "rows_within", "shape_rows"]
+__all__ = ["MAX_ASPECT_RATIO", "MAX_IMAGE_BYTES", "SHAPES", "URL_TIMEOUT", "VisionCollator", "as_rgb", "beside",
+           "caption_row", "caption_rows", "check_image_files", "check_image_path", "check_image_size",
+           "check_messages", "check_placeholders", "check_vision_rows", "encode_row", "fetch_image", "fetch_images",
+           "image_cache_dir", "image_file", "image_list", "image_parts", "image_positions", "is_image_row",
+           "is_processor", "is_url", "named", "open_image", "placeholders", "read_image_rows", "row_digest",
+           "row_images", "rows_within", "shape_rows"]
