@@ -82,3 +82,16 @@ def test_fastkit_export_takes_a_vision_runs_adapters(tmp_path, capsys):
         field = GGUFReader(gguf / file).fields["general.architecture"]
         assert bytes(field.parts[field.data[0]]).decode() == arch, file
     assert "with cat-mmproj-f16.gguf (the vision projector" in capsys.readouterr().out
+
+
+def test_fastkit_export_loads_the_vision_class_only_for_a_vision_run(tmp_path):
+    """A folder with a processor of a vision family loads with vision=True (Gemma 3 would load its text model
+    otherwise); a text run's folder (a tokenizer only) of the same family, or a text family, loads as it was saved."""
+    from fastkit.cli.export import _vision
+
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "processor_config.json").write_text("{}")
+    (tmp_path / "text").mkdir()
+    assert _vision(tmp_path / "vision", "gemma3", twin=True) == {"vision": True}
+    assert _vision(tmp_path / "text", "gemma3", twin=True) == {}
+    assert _vision(tmp_path / "vision", "llama", twin=True) == {}
