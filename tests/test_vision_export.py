@@ -54,3 +54,44 @@ def test_gguf_of_the_twins_56_pixel_windows_is_refused_naming_window_size(tuned,
     with pytest.raises(FastkitError, match="window_size=56.*112"):
         save_gguf(model, processor, tmp_path / "gguf")
     assert not (tmp_path / "gguf").exists()
+
+
+def test_fastkit_export_takes_a_vision_runs_adapters(tmp_path, capsys):
+    """``fastkit export`` on the LoRA folder of a vision run (its processor saved beside it): the vision-language
+    class loads with that processor, --merged reloads as one and --gguf writes the text GGUF and its mmproj."""
+    import json
+
+    from gguf import GGUFReader
+
+    from fastkit import cli
+
+    model, processor = FastModel.from_pretrained("idefics3", twin=True, max_seq_length=256)
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=False)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    save_lora(model, processor, tmp_path / "run" / "lora")
+    assert cli.main(["export", "--model", str(tmp_path / "run" / "lora"), "--merged", "--gguf", "q8_0",
+                     "--name", "cat"]) == 0, capsys.readouterr().err
+    merged = tmp_path / "run" / "merged_16bit"
+    assert json.loads((merged / "config.json").read_text())["architectures"] == ["Idefics3ForConditionalGeneration"]
+    assert (merged / "processor_config.json").is_file() or (merged / "preprocessor_config.json").is_file()
+    gguf = tmp_path / "run" / "gguf"
+    for file, arch in (("cat-q8_0.gguf", "llama"), ("cat-mmproj-f16.gguf", "clip")):
+        field = GGUFReader(gguf / file).fields["general.architecture"]
+        assert bytes(field.parts[field.data[0]]).decode() == arch, file
+    assert "with cat-mmproj-f16.gguf (the vision projector" in capsys.readouterr().out
+
+
+def test_fastkit_export_loads_the_vision_class_only_for_a_vision_run(tmp_path):
+    """A folder with a processor of a vision family loads with vision=True (Gemma 3 would load its text model
+    otherwise); a text run's folder (a tokenizer only) of the same family, or a text family, loads as it was saved."""
+    from fastkit.cli.export import _vision
+
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "processor_config.json").write_text("{}")
+    (tmp_path / "text").mkdir()
+    assert _vision(tmp_path / "vision", "gemma3", twin=True) == {"vision": True}
+    assert _vision(tmp_path / "text", "gemma3", twin=True) == {}
+    assert _vision(tmp_path / "vision", "llama", twin=True) == {}

@@ -73,7 +73,8 @@ def load_saved(path: str, max_seq_length: int = 2048, trainable: bool = False):
         raise FastkitError(f"--model {path}: a GGUF is already an export; give the LoRA or merged folder.")
     config = folder / "adapter_config.json"
     if not config.is_file():
-        model, tokenizer = FastModel.from_pretrained(str(path), max_seq_length=max_seq_length)
+        vision = _vision(folder, str(path), False)
+        model, tokenizer = FastModel.from_pretrained(str(path), max_seq_length=max_seq_length, **vision)
         return model, tokenizer, False
     from fastkit.checks import read_adapter_config
 
@@ -85,9 +86,42 @@ def load_saved(path: str, max_seq_length: int = 2048, trainable: bool = False):
     from fastkit.families.twins import twin_source
 
     twin_of = twin_source(base)  # a --twin run's adapters: the same deterministic twin, rebuilt offline
-    model, _ = FastModel.from_pretrained(twin_of or base, max_seq_length=max_seq_length, twin=twin_of is not None)
+    vision = _vision(folder, twin_of or base, twin_of is not None)
+    model, processor = FastModel.from_pretrained(twin_of or base, max_seq_length=max_seq_length,
+                                                 twin=twin_of is not None, **vision)
     model = load_lora(model, folder, is_trainable=trainable)
+    from fastkit.data.vision import is_processor
+
+    if is_processor(processor):  # a vision-language model: the processor saved with the adapter, else the base's
+        return model, _processor(folder, processor), True
     return model, AutoTokenizer.from_pretrained(str(folder)), True
+
+
+def _vision(folder: Path, model: str, twin: bool) -> dict:
+    """``{"vision": True}`` where ``folder`` holds a processor and ``model`` is a vision-language family (Gemma 3
+    loads its text model otherwise); ``{}`` where that is not known here (the load decides)."""
+    from fastkit.cli.train import _model_facts
+
+    if not saved_processor(folder):
+        return {}
+    _, facts = _model_facts(model, twin)
+    return {"vision": True} if facts is not None and facts.vision is not None else {}
+
+
+def saved_processor(folder: Path) -> bool:
+    """Whether ``folder`` holds a multimodal processor (``save_lora`` / ``save_merged`` of a vision-language
+    model write one): it loads as a vision-language model with that processor."""
+    return (folder / "processor_config.json").is_file() or (folder / "preprocessor_config.json").is_file()
+
+
+def _processor(folder: Path, fallback):
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError, ImportError) as exc:
+        logger.warning("fastkit export: the processor in %s does not load (%s); using the base model's", folder, exc)
+        return fallback
 
 
 def newest_run(folder: Path) -> dict | None:

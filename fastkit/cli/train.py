@@ -120,7 +120,7 @@ def _image_data(args: argparse.Namespace) -> list[dict] | None:
         raise FastkitError(f"--data {args.data_label} holds image + text rows, but --model {args.model} is a text "
                            f"model ({model_type}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, "
                            "Idefics3, Gemma 3: docs/vision.md), or text rows.")
-    check_image_files(rows, "--data")
+    check_image_files(rows, "--data", model_type)
     split_rows(rows, args.train.eval_split, args.train.seed)  # the count, as make_trainer splits them
     return rows
 

@@ -199,7 +199,7 @@ def push_result(result, repos: dict[str, str], *, model, data: str | None, run: 
         artifacts = [a for a in result.artifacts if a.kind == kind]
         if not artifacts:
             continue
-        files = [f for a in artifacts for f in a.files]
+        files = list(dict.fromkeys(f for a in artifacts for f in a.files))  # one mmproj for several quants
         if kind == "gguf" and result.modelfile:
             files.append(Path(result.modelfile).name)
         quants = [a.quantization for a in artifacts if a.quantization]

@@ -95,6 +95,8 @@ class ExportResult:
             check = "verified" if a.verified else "NOT verified (verify=False or too little host RAM)"
             n = len(a.files)
             lines.append(f"{what}: {a.path} ({n} file{'' if n == 1 else 's'}, {check})")
+            if a.kind == "gguf" and n > 1:
+                lines.append(f"  with {a.files[1]} (the vision projector: llama.cpp's --mmproj)")
             if a.hub_url:
                 lines.append(f"  on the Hub: {a.hub_url}")
         if self.ollama:
@@ -157,7 +159,9 @@ def _check_model(model: torch.nn.Module, lora: bool, quants: list[str]) -> None:
                            "lora=False to export a plain model as merged / GGUF only.")
     model_type = getattr(unwrap(model).config, "model_type", None)
     archs = registry.gguf_archs()  # read now: a row added at run time counts
-    if quants and model_type not in archs:
+    from fastkit.export.gguf import mmproj
+
+    if quants and model_type not in archs and not mmproj.writes(model):  # a VLM: text GGUF + mmproj
         raise FastkitError(f"export(gguf={quants}): model_type {model_type!r} has no GGUF layout in fastkit "
                            f"(it has: {', '.join(archs)}); pass gguf=[] and convert the merged folder with "
                            "llama.cpp's convert_hf_to_gguf.py. Nothing was saved.")
@@ -185,11 +189,14 @@ def _save_merged(model, tokenizer, out: Path, check: bool, dtype: torch.dtype) -
 
 
 def _save_gguf(model, tokenizer, out: Path, check: bool, quantization: str, name: str | None) -> Artifact:
+    from fastkit.export.gguf import mmproj
     from fastkit.export.gguf.save import save_gguf
 
     file = Path(save_gguf(model, tokenizer, out / FOLDERS["gguf"], quantization=quantization, name=name,
                           verify=check))
-    return Artifact("gguf", str(file), [file.name], check, quantization=quantization)
+    projector = file.parent / mmproj.file_name(file.name)  # a vision-language model's: listed and uploaded too
+    files = [file.name, projector.name] if mmproj.writes(model) and projector.is_file() else [file.name]
+    return Artifact("gguf", str(file), files, check, quantization=quantization)
 
 
 def _verify_plan(model, kinds: tuple[str, ...], verify: bool | None, dtype: torch.dtype | None,
