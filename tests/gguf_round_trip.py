@@ -71,6 +71,11 @@ class Row:
     the same tokens): (transformers' top-1 minus top-2 logit, llama.cpp's argmax is that token, max |Δlogit|)."""
     greedy_compared: tuple[int, int] = (0, 0)
     """Positions compared (margin above 2 x bound) of all positions."""
+
+    @property
+    def path_delta(self) -> float:
+        """max |Δlogit| over every position of the greedy continuation (teacher-forced)."""
+        return max((delta for _, _, delta in self.greedy_positions), default=float("nan"))
     logits_delta: float = float("nan")
     """max |Δ| of the first generated token's logits (llama.cpp vs transformers, fp32)."""
     logits_scale: float = float("nan")
@@ -101,11 +106,6 @@ TOLERANCE = {"f16": 5e-3, "q8_0": 8e-2}
 see tests/test_llamacpp_round_trip.py's docstring for why each holds."""
 Q8_0_TOLERANCE = {"qwen3_next (gpt-2)": 1.5e-1}
 """Twins whose logits move more under q8_0 rounding than the others', measured (tests/test_llamacpp_round_trip.py)."""
-MIN_GREEDY_COMPARED = 6
-"""At least this many of the :data:`NEW_TOKENS` greedy positions must be confident (margin above 2 x bound), so the
-greedy check never passes by skipping everything."""
-
-
 def bound(row: Row) -> float | None:
     """The logit bound of ``row``'s quantization, scaled by its logits (None for the k-quants: not asserted)."""
     if row.quantization == "q8_0":
@@ -477,7 +477,10 @@ ROUTER_STD = {label: 1.0 for label in TWINS if TWINS[label][0] in ("olmoe", "gra
 """Twins whose router weights are drawn at this std (their init, 0.02, leaves near-ties that q8_0 rounding flips)."""
 ROUTER_STD.update({label: 1.0 for label in ("qwen3_next (gpt-2)", "qwen3_5_moe_text (gpt-2)",
                                              "granitemoehybrid (gpt-2)", "lfm2_moe (gpt-2)")})  # gguf-hybrid
-ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.5  # at 1.0 its second MoE layer picks only 3 experts over the corpus
+ROUTER_STD["deepseek_v3 (yarn, as V3)"] = 0.25
+"""Its group-limited sigmoid routing saturates at a wider draw: at 0.5 its second MoE layer reached 3 experts (4 chats
+and random-token rows alike) on one thread and 5 on two. At 0.25, with the random-token rows, 7-8 of 8 in each layer
+under three 1e-6 perturbations of the LoRA before training (a stand-in for another CPU's rounding); 0.75: 7-8."""
 
 
 TRAIN_STEPS = {"gemma3_text (gpt-2)": 60, "gemma3_text (spm, as Gemma)": 60, "exaone4 (gpt-2, 64 layers, windows)": 15,

