@@ -52,18 +52,18 @@ def open_image(image: Any, row: int, index: int):
     if isinstance(image, dict) and (image.get("bytes") or image.get("path")):  # datasets' Image feature, stored
         return _open_stored(image, row, index)
     if not isinstance(image, (str, os.PathLike)):
-        raise FastkitError(f"row {row}: images[{index}] is a {type(image).__name__}; give a local path, an http(s) "
+        raise FastkitError(f"row {row + 1}: images[{index}] is a {type(image).__name__}; give a local path, an http(s) "
                            "URL or a PIL image.")
     if is_url(image):
         image = fetch_image(str(image), row, index)
     path = os.path.expanduser(str(image))
     if not os.path.isfile(path):
-        raise FastkitError(f"row {row}: images[{index}] {path!r} does not exist.")
+        raise FastkitError(f"row {row + 1}: images[{index}] {path!r} does not exist.")
     try:
         with Image.open(path) as img:
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError) as exc:
-        raise FastkitError(f"row {row}: images[{index}] {path!r} is not a readable image ({exc}).") from exc
+        raise FastkitError(f"row {row + 1}: images[{index}] {path!r} is not a readable image ({exc}).") from exc
 
 
 def _open_stored(image: dict, row: int, index: int):
@@ -78,7 +78,7 @@ def _open_stored(image: dict, row: int, index: int):
         with Image.open(io.BytesIO(image["bytes"])) as img:
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError) as exc:
-        raise FastkitError(f"row {row}: images[{index}] holds {len(image['bytes'])} bytes that are not a readable "
+        raise FastkitError(f"row {row + 1}: images[{index}] holds {len(image['bytes'])} bytes that are not a readable "
                            f"image ({exc}).") from exc
 
 
@@ -131,14 +131,14 @@ def _download(url: str, row: int, index: int, timeout: float) -> bytes:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             body = answer.read(MAX_IMAGE_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        raise FastkitError(f"row {row}: images[{index}] {url} could not be fetched (HTTP {exc.code} "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} could not be fetched (HTTP {exc.code} "
                            f"{exc.reason}).") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise FastkitError(f"row {row}: images[{index}] {url} could not be fetched ({reason}; timeout "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} could not be fetched ({reason}; timeout "
                            f"{timeout:g} s).") from exc
     if len(body) > MAX_IMAGE_BYTES:
-        raise FastkitError(f"row {row}: images[{index}] {url} answered more than {MAX_IMAGE_BYTES >> 20} MiB; "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} answered more than {MAX_IMAGE_BYTES >> 20} MiB; "
                            "not an image to train on.")
     return body
 
@@ -152,7 +152,7 @@ def _check_image_bytes(body: bytes, url: str, row: int, index: int) -> None:
         with Image.open(io.BytesIO(body)) as img:
             img.verify()
     except (OSError, UnidentifiedImageError, SyntaxError) as exc:
-        raise FastkitError(f"row {row}: images[{index}] {url} answered {len(body)} bytes that are not an image "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} answered {len(body)} bytes that are not an image "
                            f"({exc}).") from exc
 
 
@@ -178,16 +178,17 @@ def row_images(row: dict, index: int) -> list:
     """The row's images opened, after checking their count against its image parts."""
     messages, images = row.get("messages"), row.get("images") or []
     if not isinstance(messages, list) or not messages:
-        raise FastkitError(f"row {index}: no 'messages' list (a vision row is {{'messages': [...], 'images': [...]}}).")
+        raise FastkitError(f"row {index + 1}: no 'messages' list (a vision row is "
+                           "{'messages': [...], 'images': [...]}).")
     if not isinstance(images, (list, tuple)):
         images = [images]
     parts = image_parts(messages)
     if parts > len(images):
-        raise FastkitError(f"row {index}: {parts} image parts ({{'type': 'image'}}) but {len(images)} image(s) in its "
-                           "'images' column; give one image per image part.")
+        raise FastkitError(f"row {index + 1}: {parts} image parts ({{'type': 'image'}}) but {len(images)} "
+                           "image(s) in its 'images' column; give one image per image part.")
     if parts < len(images):
-        raise FastkitError(f"row {index}: {len(images)} images but only {parts} image part(s) in its messages; each "
-                           "image needs a {'type': 'image'} part where it belongs in the chat.")
+        raise FastkitError(f"row {index + 1}: {len(images)} images but only {parts} image part(s) in its messages; "
+                           "each image needs a {'type': 'image'} part where it belongs in the chat.")
     return [open_image(img, index, i) for i, img in enumerate(images)]
 
 
@@ -214,11 +215,11 @@ def encode_row(row: dict, processor, index: int = 0) -> tuple[list[int], list[in
         start = len(_ids(processor, _render(processor, messages[:i], True), seen))
         through = _ids(processor, _render(processor, messages[:i + 1]), images[:image_parts(messages[:i + 1])])
         if ids[:len(through)] != through:
-            raise FastkitError(f"row {index}: the chat template does not render turn {i} as a prefix of the whole "
+            raise FastkitError(f"row {index + 1}: the chat template does not render turn {i} as a prefix of the whole "
                                "chat; its assistant span cannot be masked exactly.")
         mask[start:len(through)] = [1] * (len(through) - start)
     if not any(mask):
-        raise FastkitError(f"row {index}: no assistant turn to train on.")
+        raise FastkitError(f"row {index + 1}: no assistant turn to train on.")
     return ids, mask
 
 
@@ -242,7 +243,7 @@ def rows_within(rows, processor, max_seq_length: int, *, where: str | None = Non
             ids, _ = encode_row(row, processor, index)
             if len(ids) > max_seq_length and not drop_long:
                 n_image = sum(1 for t in ids if t == image_id) if image_id is not None else 0
-                raise FastkitError(f"row {index}: {len(ids)} tokens ({n_image} of them image tokens, "
+                raise FastkitError(f"row {index + 1}: {len(ids)} tokens ({n_image} of them image tokens, "
                                    f"{len(row_images(row, index))} image(s)) is longer than max_seq_length="
                                    f"{max_seq_length}; raise max_seq_length, use smaller images, or drop the row.")
         if len(ids) > max_seq_length:
@@ -300,7 +301,7 @@ class VisionCollator:
         for i, row in enumerate(rows):
             ids, mask = encode_row(row, self.processor, i)
             if len(ids) > self.max_seq_length:
-                raise FastkitError(f"row {i} of this batch is {len(ids)} tokens, longer than max_seq_length="
+                raise FastkitError(f"row {i + 1} of this batch is {len(ids)} tokens, longer than max_seq_length="
                                    f"{self.max_seq_length} (check_vision_rows names such rows before training).")
             where = slice(0, len(ids)) if right else slice(labels.shape[1] - len(ids), labels.shape[1])
             labels[i, where] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), IGNORE_INDEX)
@@ -378,7 +379,7 @@ def read_image_rows(source: Any, where: str = "data") -> list[dict] | None:
                            "max_rows and split apply to text data only. Drop them (or edit the file).")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise FastkitError(f"{where} {path}: row {i} is a {type(row).__name__}, not an object "
+            raise FastkitError(f"{where} {path}: row {i + 1} is a {type(row).__name__}, not an object "
                                "({\"messages\": [...], \"images\": [...]}).")
     return [beside(row, path.parent) for row in rows]
 
