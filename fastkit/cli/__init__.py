@@ -224,6 +224,7 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from fastkit import _quiet
 
+    _check_hub(args)
     if args.command != "plan" and not getattr(args, "print_config", False):  # those load nothing (no datasets)
         _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
     if args.command == "quickstart":
@@ -237,6 +238,18 @@ def _main(argv: list[str]) -> int:
     if args.command in ("export", "chat"):
         return args.run(args)
     return _bench(args)
+
+
+def _check_hub(args: argparse.Namespace) -> None:
+    """A ``--model`` Hub id out of reach and not cached: refused in seconds, before torch and datasets are imported
+    (as ``fastkit plan`` does; huggingface_hub would retry for half a minute per file)."""
+    model = getattr(args, "model", None)
+    if args.command in ("train", "dpo", "kto", "grpo", "export", "chat") and isinstance(model, str) \
+            and not getattr(args, "twin", False) and not getattr(args, "print_config", False) \
+            and not getattr(args, "config", None):  # a --config file may make it a twin: its preflight checks
+        from fastkit.plan.source import check_hub_answers
+
+        check_hub_answers(model)
 
 
 def _version() -> str:
