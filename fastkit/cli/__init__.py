@@ -107,7 +107,8 @@ def _print_default(args: argparse.Namespace, gpu, what: str) -> None:
                  load_in_4bit=args.load_in_4bit, expert_lora=args.expert_lora, **_rl_options(args))
     decided = "" if (args.r, args.batch_size, args.kind) == (16, 1, "sft") else \
         " (decided as the model loads, for LoRA r=16, batch 1)"
-    print(f"\nThis is fastkit's default set-up (fastkit train --checkpointing auto, the default; "
+    command = "train" if args.kind == "sft" else args.kind
+    print(f"\nThis is fastkit's default set-up (fastkit {command} --checkpointing auto, the default; "
           f"FastModel.get_peft_model's defaults): plain checkpointing would need {plain.total / GiB:.2f} GiB, "
           f"{'fits' if plain.fits else 'does NOT fit'} on {plain.inputs.gpu}, so it turns on {what}{decided}. "
           "The plain set-up's table: add --checkpointing on.")
