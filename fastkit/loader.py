@@ -90,7 +90,11 @@ def _load_config(name_or_path: str, gguf_file: str | None, trust_remote_code: bo
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
+    from fastkit.plan.source import check_hub_answers
+
     _check_local_config(name_or_path)
+    if not gguf_file:  # a Hub id out of reach: refused in seconds, not after huggingface_hub's retries
+        check_hub_answers(name_or_path, hf_kwargs.get("revision"))
     try:
         config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file, trust_remote_code=trust_remote_code,
                                             **{k: v for k, v in hf_kwargs.items() if k in ("revision", "token")})

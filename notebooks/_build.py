@@ -32,15 +32,22 @@ sys.path.insert(0, str(HERE.parent))  # this clone's fastkit, for the quickstart
 from fastkit.quickstart.data import HELDOUT_PROMPTS  # noqa: E402
 
 DISTRIBUTION = "fastkit-llm"
-"""The name on PyPI (``fastkit`` there is an unrelated project); the import name is ``fastkit``."""
+"""The distribution's name (``fastkit`` on PyPI is an unrelated project); the import name is ``fastkit``. Not on PyPI
+yet: the install cell installs a wheel uploaded beside the notebook, FASTKIT_URL, or the clone it sits in."""
+WHEEL_GLOB = "fastkit_llm-*.whl"
+"""The wheel the install cell looks for in the notebook's folder (Colab: /content, where the Files pane uploads):
+``pip wheel . --no-deps`` or ``python -m build`` in a clone writes ``fastkit_llm-<version>-py3-none-any.whl``."""
 PINNED = ("torch", "ipywidgets", "ipykernel", "jupyter-server", "jupyterlab", "notebook")
 """Installed distributions the install cell never lets pip replace (constraints at their installed version)."""
 RESTART_HINT = "Restart the runtime (Colab: Runtime > Restart session): pip replaced a package already imported."
-GIT_EXAMPLE = "git+https://github.com/OWNER/REPO.git"
-"""What FASTKIT_URL looks like (pip's URL form; a branch or tag after ``@``): the repository's URL is the user's."""
-INSTALL_FAILED = ("could not install {what} (pip's output is above): set FASTKIT_URL at the top",
-                  " of this cell to fastkit's repository, e.g. " + repr(GIT_EXAMPLE) + ",",
-                  " or open this notebook in a clone of it")
+GIT_EXAMPLE = "git+https://HOST/OWNER/REPO.git"
+"""The form of a git FASTKIT_URL (pip's URL form; a branch or tag after ``@``): the repository is the one the user
+has fastkit from; fastkit names none (pyproject's [project.urls] gets one once the repository is public)."""
+NOT_PUBLISHED = ("fastkit-llm is not on PyPI yet: upload a wheel (pip wheel . --no-deps in a clone)",
+                 " here (Colab: Files pane, /content), or set FASTKIT_URL at the top of this cell")
+"""The one line the install cell raises when it has nowhere to install fastkit from (f-strings there)."""
+INSTALL_FAILED = ("could not install {what} (pip's output is above): check the uploaded wheel, or",
+                  " FASTKIT_URL at the top of this cell (a pip URL: " + repr(GIT_EXAMPLE) + ")")
 """The one line the install cell raises when fastkit is still not importable after pip (f-strings there)."""
 
 PROMPTS = ["Give me three tips for writing a clear bug report.",
@@ -257,22 +264,24 @@ def install_lines(s: Spec) -> list[str]:
     colab_extras = f"[{extras}]" if extras else ""
     local_extras = f"[{','.join(filter(None, [extras, 'notebook']))}]"
     pins = (", ".join(f'"{p}"' for p in PINNED[:4]) + ",", ", ".join(f'"{p}"' for p in PINNED[4:]))
-    lines = [f"# Where {DISTRIBUTION} (it imports as fastkit) comes from when fastkit is missing: FASTKIT_URL when "
-             "set, e.g.",
-             f'# "{GIT_EXAMPLE}", else the clone this notebook sits in (editable), else PyPI.',
+    lines = [f"# {DISTRIBUTION} is not on PyPI yet: set FASTKIT_URL to a pip URL, or upload {WHEEL_GLOB} here "
+             "(Colab: /content)",
              "FASTKIT_URL = None",
-             "import importlib.util  # noqa: E402 (FASTKIT_URL stays the first line)", "",
+             "import importlib.util  # noqa: E402 (FASTKIT_URL stays the first line)",
              'if importlib.util.find_spec("fastkit") is None:',
              "    import importlib.metadata as md", "    import os", "    import sys", "    from pathlib import Path",
-             "",
              '    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ  '
              "# no notebook extras there",
              '    clone = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "pyproject.toml").is_file()',
              f"                  and 'name = \"{DISTRIBUTION}\"' in (p / \"pyproject.toml\").read_text()), None)",
+             f'    wheel = max(Path.cwd().glob("{WHEEL_GLOB}"), key=lambda p: p.stat().st_mtime, default=None)',
+             "    source = FASTKIT_URL or (wheel.as_uri() if wheel else None)",
+             "    if not (source or clone):",
+             f'        raise ModuleNotFoundError("{NOT_PUBLISHED[0]}"',
+             *(f'{" " * 34}"{part}"' for part in NOT_PUBLISHED[1:-1]),
+             f'{" " * 34}"{NOT_PUBLISHED[-1]}")',
              f'    extras = "{colab_extras}" if colab else "{local_extras}"',
-             f"    what = (f'\"{DISTRIBUTION}{{extras}} @ {{FASTKIT_URL}}\"' if FASTKIT_URL "
-             "else f'-e \"{clone}{extras}\"' if clone",
-             f"            else f'\"{DISTRIBUTION}{{extras}}\"')",
+             f"    what = f'\"{DISTRIBUTION}{{extras}} @ {{source}}\"' if source else f'-e \"{{clone}}{{extras}}\"'",
              "    seen = {d: md.version(d) for m, ds in md.packages_distributions().items() "
              "if m in sys.modules for d in ds}",
              '    keep = Path.home() / ".fastkit-pip-constraints.txt"  '
@@ -280,7 +289,7 @@ def install_lines(s: Spec) -> list[str]:
              f'    keep.write_text("".join(f"{{d}}=={{md.version(d)}}\\n" for d in ({pins[0]}',
              f"                            {pins[1]}) if any(md.distributions(name=d))))",
              '    %pip install --upgrade-strategy only-if-needed -c "{keep}" {what}',
-             "    if clone and not FASTKIT_URL:  # Python reads an editable install's path hook at start-up only",
+             "    if not source:  # Python reads an editable install's path hook at start-up only",
              "        sys.path.append(str(clone))",
              "    importlib.invalidate_caches()",
              '    if importlib.util.find_spec("fastkit") is None:',
@@ -294,9 +303,11 @@ def install_lines(s: Spec) -> list[str]:
 
 def _install(s: Spec):
     return [_md("## Install", "", f"Installs `{DISTRIBUTION}` with pip's output shown, first, so that \"Run all\" "
-                "works on a fresh runtime. It comes from `FASTKIT_URL` when you set it (the cell's first line: a pip "
-                f"URL such as `{GIT_EXAMPLE}`), else from the clone this notebook sits in (editable), else from "
-                f"PyPI; if pip cannot install it, the cell stops with one line saying what to set. On Colab it adds "
+                "works on a fresh runtime. It is not on PyPI yet: the cell installs the pip URL you set in "
+                f"`FASTKIT_URL` (its first line: a git URL such as `{GIT_EXAMPLE}`, or a wheel's), else a wheel "
+                f"`{WHEEL_GLOB}` uploaded to this notebook's folder (on Colab: the Files pane, `/content`; build it in "
+                "a clone with `pip wheel . --no-deps`), else the clone this notebook sits in (editable); with none of "
+                "these, or if pip fails, it stops with one line saying what to do. On Colab it adds "
                 "no Jupyter packages and constrains pip to the torch, ipywidgets and Jupyter versions already there, "
                 "so nothing of Colab's stack is replaced; it asks for a restart only when a package the kernel had "
                 "imported got a new version. Skipped when fastkit is importable."),
@@ -805,14 +816,15 @@ gradient checkpointing; a free Colab T4 has 15 GB and no bf16 (fastkit picks fp1
 
 ## Running them
 
-- **Colab**: open a notebook, pick a GPU runtime, run all. The install cell, the first code cell, installs
-  `fastkit-llm` (the PyPI name; it imports as `fastkit`) without touching Colab's torch and Jupyter packages, and
-  asks for a runtime restart only when pip replaced a package the kernel had already imported. A notebook
-  uploaded on its own installs from PyPI, or from the pip URL you set in `FASTKIT_URL`, the cell's first line
-  (e.g. `git+https://github.com/OWNER/REPO.git`); if pip cannot install it, the cell stops with one line
-  saying so. Point
-  `output_dir` (`OUTPUT_DIR` in the DPO / GRPO ones) at Google Drive to keep checkpoints and adapters across
-  runtimes.
+- **Colab**: `fastkit-llm` (it imports as `fastkit`) is not on PyPI yet, so a notebook needs it from you. The
+  shortest way: in a clone, `pip wheel . --no-deps` (or `python -m build`) writes
+  `fastkit_llm-<version>-py3-none-any.whl`; upload it with the Files pane (it lands in `/content`), open a
+  notebook, pick a GPU runtime, run all. The install cell, the first code cell, installs that wheel (or the pip
+  URL you set in `FASTKIT_URL`, the cell's first line: a git URL of the repository you have fastkit from, e.g.
+  `git+https://HOST/OWNER/REPO.git`) without touching Colab's torch and Jupyter packages, and asks for a runtime
+  restart only when pip replaced a package the kernel had already imported; with no wheel and no URL, or if pip
+  cannot install it, the cell stops with one line saying what to do. Point `output_dir` (`OUTPUT_DIR` in the
+  DPO / GRPO ones) at Google Drive to keep checkpoints and adapters across runtimes.
 - **Locally**: `pip install -e ".[notebook]"`, then `jupyter lab notebooks/` (the install cell sees the
   clone and installs it editable when fastkit is missing).
 - **CI / a CPU**: `FASTKIT_TWIN=1` swaps each model for a tiny random twin of the same architecture
@@ -861,6 +873,26 @@ def _executed_on_disk(path: Path, built: nbformat.NotebookNode) -> str | None:
     return text if ran == digest(built) == digest(nb) else None
 
 
+def scrub(text: str) -> str:
+    """``text`` as any machine shows it: paths under the notebooks folder relative to it (the run's working
+    directory), under the clone relative to it, under the home as ``~``."""
+    for root, shown in ((HERE, ""), (HERE.parent, ""), (Path.home(), "~/")):
+        text = text.replace(f"{root}/", shown)
+    return text
+
+
+def scrub_paths(nb: nbformat.NotebookNode) -> None:
+    """No absolute path of the machine that ran ``nb`` in its text outputs (stream text, text/plain, text/html)."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = scrub(out["text"])
+            data = out.get("data", {})
+            for mime in ("text/plain", "text/html", "text/markdown"):
+                if mime in data:
+                    data[mime] = scrub(data[mime])
+
+
 def run_notebook(name: str, timeout: int = 3600) -> None:
     """Execute ``name`` top to bottom in this environment (real weights where it loads them) and write it with its
     outputs and the digest of the cells that produced them."""
@@ -870,6 +902,7 @@ def run_notebook(name: str, timeout: int = 3600) -> None:
     nb = build(spec)
     ran_from = digest(nb)
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    scrub_paths(nb)
     nb.metadata["fastkit"] = {"executed_from": ran_from}
     (HERE / name).write_text(nbformat.writes(nb) + "\n")
     print(f"ran {name}: outputs written with executed_from {ran_from[:12]}")

@@ -107,7 +107,7 @@ def data_sources():
         ("dict_empty", lambda ctx: _load({}), Raises(err, "columns")),
         ("dataframe", lambda ctx: _load(__import__("pandas").DataFrame({"text": ["a", "b", "c"]})), _rows(3)),
         ("dataframe_missing_cell", lambda ctx: _check(ctx, __import__("pandas").DataFrame(
-            {"prompt": ["p", "q"], "completion": ["a", None]})), Raises(err, "completion is missing", "rows 1")),
+            {"prompt": ["p", "q"], "completion": ["a", None]})), Raises(err, "completion is missing", "rows 2")),
         ("generator", lambda ctx: _load(r for r in GOOD), _rows(3)),
         ("iterator", lambda ctx: _load(iter(GOOD)), _rows(3)),
         ("tuple_rows", lambda ctx: _load(tuple(GOOD)), _rows(3)),
@@ -200,7 +200,7 @@ def data_fields():
             row = _field_row(field, value)
             out.append(Case(f"r3_field_{field}_{kind}",
                             lambda ctx, row=row: _check(ctx, [dict(row), dict(row)]),
-                            Raises(FastkitError, needle_here, "row 0")))
+                            Raises(FastkitError, needle_here, "row 1")))
     extra = [
         ("text_empty", [{"text": "   "}], Raises(FastkitError, "text is empty")),
         ("completion_empty", [{"prompt": "p", "completion": ""}], Raises(FastkitError, "completion is empty")),
@@ -256,7 +256,7 @@ def _dropped(ctx, data):
 
 def _two_rows_one_dropped(ds, ctx):
     assert len(ds) == 2, len(ds)
-    assert "dropped 1 of 3 rows that cannot be trained (rows 1)" in ctx.caplog.text, ctx.caplog.text
+    assert "dropped 1 of 3 rows that cannot be trained (rows 2)" in ctx.caplog.text, ctx.caplog.text
 
 
 # -- C. saves: verified, atomic, inside the folder asked for -----------------------------------------------

@@ -169,11 +169,11 @@ def rows():
 
     return [
         Case("r5_empty_assistant_turn_mid_chat_refused", empty_middle_turn,
-             Raises(FastkitError, "row 1", "messages[1] is an empty assistant turn", "drop_invalid=True")),
+             Raises(FastkitError, "row 2", "messages[1] is an empty assistant turn", "drop_invalid=True")),
         Case("r5_lone_surrogate_in_a_message_refused", surrogate,
-             Raises(FastkitError, "row 1", "lone surrogate character ('\\ud83d')", "fix the text")),
+             Raises(FastkitError, "row 2", "lone surrogate character ('\\ud83d')", "fix the text")),
         Case("r5_lone_surrogate_in_text_refused", surrogate_text,
-             Raises(FastkitError, "row 1", "lone surrogate")),
+             Raises(FastkitError, "row 2", "lone surrogate")),
     ]
 
 
@@ -315,7 +315,7 @@ def tool_calls():
         said = [r.getMessage() for r in ctx.caplog.records if "tool call" in r.getMessage()]
         assert len(said) == 1, said
         assert "2 of 4 rows have an assistant tool call with empty content that the chat template does not render " \
-               "(first: row 1)" in said[0] and "end-of-turn token" in said[0], said
+               "(first: row 2)" in said[0] and "end-of-turn token" in said[0], said
         assert len(ds) == 4, len(ds)  # kept
 
     def not_warned(ds, ctx):

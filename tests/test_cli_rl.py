@@ -120,15 +120,15 @@ ASSISTANT_LAST = '{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assis
 
 
 @pytest.mark.parametrize("command, data, extra, said", [
-    ("dpo", BAD_PAIRS, [], "--data {data} row 1: 'chosen' and 'rejected' are the same"),
+    ("dpo", BAD_PAIRS, [], "--data {data} row 2: 'chosen' and 'rejected' are the same"),
     ("dpo", None, [], "--data {data}: '{data}' does not exist"),
     ("dpo", "sample", ["--trl", "lr_scheduler_type=bogus"], "trl.DPOConfig refuses the options: bogus"),
     ("kto", ONE_LABEL, [], "--data {data}: all 2 rows are desirable (label true)"),
-    ("kto", BAD_LABEL, [], "--data {data} row 1 field 'label' must be true or false (or 1 / 0)"),
-    ("kto", BAD_PAIRS, [], "--data {data} row 1: 'chosen' and 'rejected' are the same"),
+    ("kto", BAD_LABEL, [], "--data {data} row 2 field 'label' must be true or false (or 1 / 0)"),
+    ("kto", BAD_PAIRS, [], "--data {data} row 2: 'chosen' and 'rejected' are the same"),
     ("kto", "sample", ["--trl", "lr_scheduler_type=bogus"], "trl.KTOConfig refuses the options: bogus"),
     ("grpo", NO_ANSWER, [], "reward function 'exact_answer' needs the column 'answer', but --data {data} has"),
-    ("grpo", ASSISTANT_LAST, [], "--data {data} row 0 field 'prompt' ends with an assistant message"),
+    ("grpo", ASSISTANT_LAST, [], "--data {data} row 1 field 'prompt' ends with an assistant message"),
     ("grpo", NO_ANSWER, ["--reward", "json:no_such_fn"], "--reward json:no_such_fn: 'json' has no function"),
     ("grpo", NO_ANSWER, ["--reward", "no_such_module_zz:fn"], "--reward no_such_module_zz:fn: cannot import"),
     ("grpo", "sample", ["--max-completion-length", "256"],
@@ -208,7 +208,7 @@ def test_refusal_ends_every_rank_with_one_line(tmp_path):
     proc = _launch(["fastkit", "dpo", *TWIN, "--data", "pairs.jsonl", "--output-dir", "out"], cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert output.count("fastkit dpo: --data pairs.jsonl row 1: 'chosen' and 'rejected' are the same") == 1, output
+    assert output.count("fastkit dpo: --data pairs.jsonl row 2: 'chosen' and 'rejected' are the same") == 1, output
     codes = _exit_codes(output)
     assert 2 in codes and set(codes) <= {2, -15}, output[-3000:]
     assert "stands in for" not in output  # no rank loaded the model

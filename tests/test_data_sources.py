@@ -107,7 +107,7 @@ def test_a_mapped_source_with_a_bad_row_is_refused_naming_source_and_row(tmp_pat
     with pytest.raises(FastkitError) as err:
         load_sources(["sample", f"{qa}?columns=prompt:question,completion:answer"])
     text = str(err.value)
-    assert text.startswith(f"data source '{qa}'") and "row 1" in text and "completion is empty" in text, text
+    assert text.startswith(f"data source '{qa}'") and "row 2" in text and "completion is empty" in text, text
     kept = load_sources(f"{qa}?columns=prompt:question,completion:answer", drop_invalid=True)
     assert kept["completion"] == ["4", "2"]
 
@@ -275,7 +275,7 @@ def test_the_arrow_path_names_a_bad_row_and_a_bad_line(tmp_path):
     rows = good[:3] + [{"messages": [{"role": "user", "content": "q"}]}] + good[3:]
     path = Path(_jsonl(tmp_path / "d.jsonl", rows))
     assert read_table(path) is not None  # read by datasets, not by the Python reader
-    with pytest.raises(FastkitError, match=r"rows 3\); row 3: the last turn is 'user'"):
+    with pytest.raises(FastkitError, match=r"rows 4\); row 4: the last turn is 'user'"):
         load_chat_dataset(str(path))
     broken = tmp_path / "broken.jsonl"
     broken.write_text(path.read_text().replace('"q1"', '"q1', 1))

@@ -56,7 +56,7 @@ def test_unknown_columns_and_speakers_are_refused():
     with pytest.raises(FastkitError, match=r"columns \['answer', 'question'\].*'conversations' \(ShareGPT"):
         normalize_dataset(Dataset.from_list([{"question": "q", "answer": "a"}]))
     bad = [{"conversations": [{"from": "narrator", "value": "x"}]}]
-    with pytest.raises(FastkitError, match="row 0: unknown speaker from='narrator'"):
+    with pytest.raises(FastkitError, match="row 1: unknown speaker from='narrator'"):
         normalize_dataset(Dataset.from_list(bad))
 
 

@@ -187,7 +187,8 @@ def _train_fails(capsys, *argv: str) -> str:
     return err
 
 
-def test_bad_input_is_refused_before_the_model_loads(no_load, capsys, tmp_path):
+def test_bad_input_is_refused_before_the_model_loads(no_load, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("fastkit.plan.source.hub_unanswered", lambda: None)  # the Hub answers: the data speaks first
     base = ["--model", "Qwen/Qwen3-14B", "--output-dir", str(tmp_path / "out")]
     err = _train_fails(capsys, *base, "--data", str(tmp_path / "missing.jsonl"))
     assert "missing.jsonl" in err

@@ -159,7 +159,7 @@ def _no_cache(out, ctx):
 
 def _dropped_and_counted(ds, ctx):
     assert len(ds) == 2, len(ds)
-    assert "dropped 1 of 3 rows that cannot be trained (rows 1)" in ctx.caplog.text
+    assert "dropped 1 of 3 rows that cannot be trained (rows 2)" in ctx.caplog.text
 
 
 def _is_trainer(trainer, ctx):
@@ -189,7 +189,7 @@ CASES = [
                       _save_merged(ctx)), Raises(FastkitError, "save_merged", "did not happen")),
     Case("check_dataset_long_row_after_first_256",
          lambda ctx: check_dataset(Dataset.from_list([_chat("q")] * 300 + [_chat(_LONG)]), ctx.tok, 64),
-         Raises(FastkitError, "max_seq_length=64", "row 300")),
+         Raises(FastkitError, "max_seq_length=64", "row 301")),
     Case("every_row_counted_once_in_batches_equals_row_by_row", lambda ctx: _batched_vs_row_counts(ctx),
          lambda got, ctx: _eq(got[0], got[1])),
     Case("messages_and_text_checks_the_trained_column",
@@ -217,14 +217,14 @@ CASES = [
                                      **{LENGTHS_KWARG: [[5, 7]]}), _no_cache),
     Case("last_turn_not_assistant",
          lambda ctx: check_dataset([_chat("q"), {"messages": [{"role": "user", "content": "q"}]}], ctx.tok, 64),
-         Raises(FastkitError, "messages", "rows 1", "last turn is 'user'", "drop_invalid=True")),
+         Raises(FastkitError, "messages", "rows 2", "last turn is 'user'", "drop_invalid=True")),
     Case("last_turn_not_assistant_dropped_and_counted",
          lambda ctx: (ctx.caplog.set_level(logging.WARNING, "fastkit"),
                       check_dataset([_chat("q"), {"messages": [{"role": "user", "content": "q"}]}, _chat("r")],
                                     ctx.tok, 64, drop_invalid=True))[1], _dropped_and_counted),
     Case("assistant_content_none",
          lambda ctx: check_dataset([_chat("q"), _chat("q", None)], ctx.tok, 64),
-         Raises(FastkitError, "messages", "rows 1", "assistant answer is None")),
+         Raises(FastkitError, "messages", "rows 2", "assistant answer is None")),
     Case("make_trainer_max_steps_zero", lambda ctx: _make_trainer(ctx, max_steps=0), Raises(FastkitError, "max_steps")),
     Case("make_trainer_max_seq_length_true",
          lambda ctx: _make_trainer(ctx, max_seq_length=True),
@@ -274,11 +274,11 @@ CASES = [
     Case("save_merged_with_activation_offload", lambda ctx: _save_merged(ctx, model=_offload_peft()), _saved_weights),
     Case("make_trainer_plain_list", lambda ctx: _make_trainer(ctx, max_steps=1), _is_trainer),
     Case("messages_none", lambda ctx: check_dataset([_chat("q"), {"messages": None}], ctx.tok, 64),
-         Raises(FastkitError, "messages is missing", "rows 1")),
+         Raises(FastkitError, "messages is missing", "rows 2")),
     Case("messages_missing_in_a_row", lambda ctx: check_dataset([_chat("q"), {"text": "x"}], ctx.tok, 64),
-         Raises(FastkitError, "messages is missing", "rows 1")),
+         Raises(FastkitError, "messages is missing", "rows 2")),
     Case("content_not_a_string", lambda ctx: check_dataset([_chat("q", 42)], ctx.tok, 64),
-         Raises(FastkitError, "row 0", "messages[1].content", "int")),
+         Raises(FastkitError, "row 1", "messages[1].content", "int")),
     Case("content_parts", lambda ctx: check_dataset([_chat([{"type": "text", "text": "q"}])], ctx.tok, 64),
          Raises(FastkitError, "messages[0].content", "content parts")),
     Case("content_parts_in_a_dataset",
@@ -292,9 +292,9 @@ CASES = [
          lambda ctx: load_chat_dataset(_file(ctx, "d.JSONL", "\n".join(json.dumps(_chat(q)) for q in "ab"))),
          _rows_equal(2)),
     Case("mixed_column_types", lambda ctx: load_chat_dataset([{"text": "a"}, {"text": 3}]),
-         Raises(FastkitError, "column 'text'", "rows 1")),
+         Raises(FastkitError, "column 'text'", "rows 2")),
     Case("non_dict_rows", lambda ctx: load_chat_dataset([_chat("q"), "just a string"]),
-         Raises(FastkitError, "row 1", "not a dict")),
+         Raises(FastkitError, "row 2", "not a dict")),
     Case("cli_steps_negative", lambda ctx: _cli("quickstart", "--steps", "-1"), _exit_2),
     Case("make_trainer_max_steps_negative", lambda ctx: _make_trainer(ctx, max_steps=-1),
          Raises(FastkitError, "max_steps", "-1")),

@@ -39,18 +39,18 @@ def _check(rows):
 
 
 @pytest.mark.parametrize("rows, match", [
-    ([_row(chat=False), {"prompt": "Hi", "completion": "Yo"}], r"train_dataset row 1: no 'label' field"),
-    ([_row(label="yes"), _row(label="no")], r"row 0 field 'label' must be true or false \(or 1 / 0\).*'yes'"),
-    ([_row(label=1), _row(label=2)], r"row 1 field 'label' must be true or false .*int 2"),
+    ([_row(chat=False), {"prompt": "Hi", "completion": "Yo"}], r"train_dataset row 2: no 'label' field"),
+    ([_row(label="yes"), _row(label="no")], r"row 1 field 'label' must be true or false \(or 1 / 0\).*'yes'"),
+    ([_row(label=1), _row(label=2)], r"row 2 field 'label' must be true or false .*int 2"),
     ([_row(), _row()], r"all 2 rows are desirable \(label true\)\. KTO weighs desirable against undesirable"),
     ([_row(label=0), _row(label=0)], r"all 2 rows are undesirable \(label false\)"),
-    ([_row(chat=False), _row(answer=" ", label=False, chat=False)], r"row 1 field 'completion' must be non-empty"),
+    ([_row(chat=False), _row(answer=" ", label=False, chat=False)], r"row 2 field 'completion' must be non-empty"),
     ([_row(), {**_row(label=False), "completion": [{"role": "user", "content": "x"}]}],
-     r"row 1 field 'completion' must end with an assistant message"),
+     r"row 2 field 'completion' must end with an assistant message"),
     ([{**_row(), "prompt": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}],
-     r"row 0 field 'prompt' ends with an assistant message"),
+     r"row 1 field 'prompt' ends with an assistant message"),
     ([_row(), {**_row(label=False), "completion": [{"role": "assistant"}]}],
-     r"row 1 field 'completion'\[0\] \(assistant\) has no text 'content'"),
+     r"row 2 field 'completion'\[0\] \(assistant\) has no text 'content'"),
     ([], r"train_dataset is empty"),
 ])
 def test_bad_rows_are_refused_naming_the_row(rows, match):
@@ -65,7 +65,7 @@ def test_labels_0_and_1_read_as_bools_and_pairs_unpair_side_by_side():
     rows = kto.check_rows(kto.unpaired(pairs), None)
     assert len(rows) == 6 and rows["label"] == [True, False] * 3  # each batch of 2 holds both labels
     assert rows[1]["completion"] == pairs[0]["rejected"] and rows[2]["prompt"] == pairs[1]["prompt"]
-    with pytest.raises(FastkitError, match=r"row 1: 'chosen' and 'rejected' are the same"):  # DPO's pair checks
+    with pytest.raises(FastkitError, match=r"row 2: 'chosen' and 'rejected' are the same"):  # DPO's pair checks
         kto.unpaired(as_dataset([pairs[0], {**pairs[1], "rejected": pairs[1]["chosen"]}]))
 
 
@@ -113,7 +113,7 @@ def test_long_rows_are_refused_or_dropped_and_kl_completions_repaired(tmp_path):
     model, tok = _lora()
     rows = _rows(6)
     rows[2]["completion"] = [{"role": "assistant", "content": "word " * 80}]
-    with pytest.raises(FastkitError, match=r"train_dataset row 2 has \d+ tokens .* above max_seq_length=96"):
+    with pytest.raises(FastkitError, match=r"train_dataset row 3 has \d+ tokens .* above max_seq_length=96"):
         make_kto_trainer(model, tok, rows, max_seq_length=96, max_steps=1, output_dir=str(tmp_path),
                          dashboard="none")
     trainer = make_kto_trainer(model, tok, rows, max_seq_length=96, drop_long=True, max_steps=1,

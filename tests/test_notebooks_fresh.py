@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,7 @@ def runtime(tmp_path_factory):
     for d in (wheels, home):
         d.mkdir()
     start = time.monotonic()
-    build_wheel(tmp / "src", wheels)
+    wheel = build_wheel(tmp / "src", wheels)
     _run([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"
     cache = pip_cache_dir()
@@ -64,7 +65,7 @@ def runtime(tmp_path_factory):
     print(f"fresh runtime ready in {time.monotonic() - start:.0f} s")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(jupyter), os.environ.get("JUPYTER_PATH")])))
-        yield {"python": python, "env": env, "installed": False}
+        yield {"python": python, "env": env, "installed": False, "wheel": wheel}
 
 
 def _first_fastkit_cell(nb) -> int:
@@ -88,6 +89,7 @@ def test_run_all_on_a_fresh_runtime(path, runtime, tmp_path):
     torch_init = site / "torch" / "__init__.py"
     before = (torch_init.stat().st_mtime_ns, torch_init.stat().st_ino)
     assert not any((p / "pyproject.toml").is_file() for p in (tmp_path, *tmp_path.parents))  # not in a clone
+    shutil.copy(runtime["wheel"], tmp_path)  # uploaded beside the notebook, as on Colab (not on PyPI yet)
     nb = nbformat.read(path, as_version=4)
     if path.stem not in FULL:
         last = max(_first_fastkit_cell(nb),

@@ -162,24 +162,55 @@ def test_cli_4bit_moe_counts_expert_lora_unless_switched_off(tmp_path, capsys):
     assert "on experts" not in capsys.readouterr().out
 
 
-def test_cli_says_what_fastmodel_turns_on_where_the_plain_setup_does_not_fit(tmp_path, capsys):
-    """GPT-OSS-20B on a T4: plain checkpointing does not fit (exit 1), and the CLI says what FastModel's
-    "auto" does instead, with the same numbers as the load-time plan (check_fits)."""
+def test_cli_leads_with_fastkits_default_setup_where_plain_checkpointing_does_not_fit(tmp_path, capsys):
+    """GPT-OSS-20B 4-bit on a T4 (issue 54): plain checkpointing does not fit, fastkit's default set-up (what the
+    load-time plan turns on, check_fits) does: fastkit plan leads with that set-up's table and verdict and exits 0,
+    then names the plain set-up; asked with --checkpointing on, the plain one does not fit (exit 1), its fixes in
+    fastkit train's flags; Python's plan() keeps Python's words."""
     from fastkit.cli import main
     from fastkit.plan import check_fits
     from fastkit.plan.moe_4bit import GPT_OSS_20B
     from fastkit.plan.planner import read_config
 
     (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
-    assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit"]) == 1
+    assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit"]) == 0
     out = capsys.readouterr().out
     loaded = check_fits(read_config(str(tmp_path)), torch.device("cpu"), "t4", 2048, True)
     assert loaded.needs_offload and loaded.inputs.host_embedding and loaded.inputs.host_lm_head
-    assert ("turns on activation offload + the input embedding and lm_head on the host: predicted "
-            f"{loaded.total / 2**30:.2f} GiB, fits on t4") in out
-    assert "--offload --host-embedding --host-lm-head" in out
+    assert out.startswith(f"{tmp_path} on t4") and "does NOT fit" in out  # the plain set-up, named after
+    assert "Setup: LoRA r=16, 4-bit (NF4) weights, checkpointing + offload, input embedding and lm_head on the host" \
+        in out
+    verdict = f"predicted peak {loaded.total / 2**30:.2f} GiB, fits on t4"
+    plain = plan(dict(GPT_OSS_20B), gpu="t4", load_in_4bit=True)
+    assert out.index(verdict) < out.index(f"plain checkpointing would need {plain.total / 2**30:.2f} GiB, does NOT fit")
+    assert "turns on activation offload + the input embedding and lm_head on the host" in out
+    assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--checkpointing", "on"]) == 1
+    out = capsys.readouterr().out
+    assert "Fix: keep the frozen input embedding on the host (fastkit train turns it on by itself" in out
+    assert "fastkit's default set-up" not in out and "get_peft_model" not in out and "HostWeights(" not in out
     assert main(["plan", str(tmp_path), "--gpu", "t4", "--4bit", "--offload"]) == 1  # a setup asked for: as asked
-    assert "FastModel's default" not in capsys.readouterr().out
+    assert "fastkit's default set-up" not in capsys.readouterr().out
+    assert any("get_peft_model(host_weights=fastkit.HostWeights(input_embedding=True))" in a for a in plain.advice)
+
+
+def test_cli_fixes_are_fastkit_train_flags_where_nothing_fits(capsys):
+    """Qwen3-8B 16-bit on an 8 GB RTX does not fit even with fastkit's defaults: exit 1, the fixes in fastkit
+    train's flags (--4bit, --checkpointing offload, --max-seq-length), and --4bit with the default set-up fits;
+    the same plan from Python speaks Python."""
+    from fastkit.cli import main
+
+    assert main(["plan", "Qwen/Qwen3-8B", "--gpu", "rtx-8g"]) == 1
+    out = capsys.readouterr().out
+    assert "combine --4bit, --checkpointing offload and a shorter --max-seq-length" in out
+    assert "With --4bit (QLoRA): predicted 6.84 GiB, fits on rtx-8g" in out
+    assert main(["plan", "Qwen/Qwen3-8B", "--gpu", "rtx-8g", "--4bit"]) == 0
+    assert main(["plan", "Qwen/Qwen3-14B", "--gpu", "t4", "--4bit", "--max-seq-length", "32768"]) == 1
+    out = capsys.readouterr().out
+    assert "Fix: shorter rows: --max-seq-length 2048" in out and "max_seq_length=" not in out
+    python = plan("Qwen/Qwen3-14B", gpu="t4", load_in_4bit=True, max_seq_length=32768)
+    assert python.advice == ["Fix: shorter rows: max_seq_length=2048 (predicted 14.2 GiB)."]
+    sixteen = plan("Qwen/Qwen3-8B", gpu="rtx-8g")
+    assert "combine 4-bit, offload and shorter rows" in sixteen.verdict()
 
 
 def test_optimizer_names_are_the_trainers_spelling():

@@ -147,16 +147,16 @@ def _row(**fields):
 
 
 @pytest.mark.parametrize("rows,match", [
-    ([_row(), _row(rejected=None)], r"row 1: no 'rejected'"),
+    ([_row(), _row(rejected=None)], r"row 2: no 'rejected'"),
     ([_row(), _row(chosen="The capital is Paris.")],
-     r"column 'chosen' mixes types: a list in row 0, a string in rows 1"),
+     r"column 'chosen' mixes types: a list in row 1, a string in rows 2"),
     ([_row(chosen=[{"role": "assistant", "content": "Paris"}], rejected=[{"role": "assistant", "content": "Paris"}])],
-     r"row 0: 'chosen' and 'rejected' are the same"),
+     r"row 1: 'chosen' and 'rejected' are the same"),
     ([_row(chosen=[{"role": "user", "content": "Paris"}])],
-     r"row 0: 'chosen' and 'rejected' must end with an assistant"),
+     r"row 1: 'chosen' and 'rejected' must end with an assistant"),
     ([_row(prompt=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])],
-     r"row 0 field 'prompt' ends with an assistant"),
-    ([_row(chosen=[{"role": "assistant"}])], r"row 0 field 'chosen'\[0\] \(assistant\) has no text 'content'"),
+     r"row 1 field 'prompt' ends with an assistant"),
+    ([_row(chosen=[{"role": "assistant"}])], r"row 1 field 'chosen'\[0\] \(assistant\) has no text 'content'"),
     ([], r"train_dataset is empty"),
 ])
 def test_dpo_bad_pairs_are_refused_naming_the_row(tmp_path, rows, match):
@@ -169,7 +169,7 @@ def test_dpo_long_pairs_are_refused_or_dropped(tmp_path):
     model, tok = _lora()
     rows = preference_records()[:4]
     rows[2]["chosen"] = [{"role": "assistant", "content": "word " * 80}]
-    with pytest.raises(FastkitError, match=r"row 2 has \d+ tokens .* above max_seq_length=128"):
+    with pytest.raises(FastkitError, match=r"row 3 has \d+ tokens .* above max_seq_length=128"):
         make_dpo_trainer(model, tok, rows, max_seq_length=128, max_steps=1, output_dir=str(tmp_path),
                          dashboard="none")
     trainer = make_dpo_trainer(model, tok, rows, max_seq_length=128, drop_long=True, max_steps=1,
@@ -218,18 +218,18 @@ def test_grpo_refuses_prompts_and_columns_before_generating(tmp_path):
                           output_dir=str(tmp_path))
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"},
             {"prompt": [{"role": "user", "content": "2+2?"}], "answer": " "}]
-    with pytest.raises(FastkitError, match=r"row 1 field 'answer' is empty"):
+    with pytest.raises(FastkitError, match=r"row 2 field 'answer' is empty"):
         make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], max_completion_length=32,
                           output_dir=str(tmp_path))
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}], "answer": "2"}]
-    with pytest.raises(FastkitError, match=r"row 0 field 'prompt' ends with an assistant"):
+    with pytest.raises(FastkitError, match=r"row 1 field 'prompt' ends with an assistant"):
         make_grpo_trainer(model, tok, rows, reward_funcs=[exact_answer], max_completion_length=32,
                           output_dir=str(tmp_path))
     with pytest.raises(FastkitError, match=r"num_generations=1"):
         make_grpo_trainer(model, tok, math_dataset(2), reward_funcs=[exact_answer], num_generations=1,
                           max_completion_length=32,
                           output_dir=str(tmp_path))
-    with pytest.raises(FastkitError, match=r"row 0: the prompt has \d+ tokens, above max_prompt_length=8"):
+    with pytest.raises(FastkitError, match=r"row 1: the prompt has \d+ tokens, above max_prompt_length=8"):
         make_grpo_trainer(model, tok, math_dataset(2), reward_funcs=[exact_answer], max_prompt_length=8,
                           max_completion_length=32,
                           output_dir=str(tmp_path))

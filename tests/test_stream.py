@@ -79,7 +79,7 @@ def test_a_bad_row_deep_in_the_stream_is_named_when_drawn(tmp_path, tok):
     rows[bad]["messages"][-1]["content"] = None  # an answer of None: nothing to train
     file = _write(tmp_path / "d.jsonl", rows)
     stream = check_dataset(load_chat_dataset(file, streaming=True), tok, 512, tokenize=True)  # first rows clean
-    with pytest.raises(FastkitError, match=rf"row {bad} of the stream cannot be trained.*drop_invalid"):
+    with pytest.raises(FastkitError, match=rf"row {bad + 1} of the stream cannot be trained.*drop_invalid"):
         list(stream)
     kept = list(check_dataset(load_chat_dataset(file, streaming=True), tok, 512, tokenize=True, drop_invalid=True))
     assert len(kept) == len(rows) - 1
@@ -89,9 +89,9 @@ def test_a_bad_first_row_fails_before_any_model(tmp_path, tok):
     rows = [_chat(i, 1) for i in range(20)]
     rows[3]["messages"] = [{"role": "user", "content": "no answer"}]
     file = _write(tmp_path / "d.jsonl", rows)
-    with pytest.raises(FastkitError, match=r"rows 3 of the stream's first .* cannot be trained"):
+    with pytest.raises(FastkitError, match=r"rows 4 of the stream's first .* cannot be trained"):
         load_chat_dataset(file, streaming=True)
-    with pytest.raises(FastkitError, match=r"row 3 of the stream cannot be trained"):
+    with pytest.raises(FastkitError, match=r"row 4 of the stream cannot be trained"):
         check_dataset(load_chat_dataset(file, streaming=True, normalize=False), tok, 512, tokenize=True)
 
 
@@ -101,7 +101,7 @@ def test_an_over_long_row_is_named_or_dropped(tmp_path, tok):
     rows[long_row]["messages"][-1]["content"] = "word " * 600
     file = _write(tmp_path / "d.jsonl", rows)
     stream = check_dataset(load_chat_dataset(file, streaming=True), tok, 256, tokenize=True)
-    with pytest.raises(FastkitError, match=rf"row {long_row} of the stream is \d+ tokens, longer than "
+    with pytest.raises(FastkitError, match=rf"row {long_row + 1} of the stream is \d+ tokens, longer than "
                                            r"max_seq_length=256.*drop_long"):
         list(stream)
     kept = check_dataset(load_chat_dataset(file, streaming=True), tok, 256, tokenize=True, drop_long=True)

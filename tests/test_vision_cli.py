@@ -103,7 +103,7 @@ def test_a_bad_image_is_refused_before_the_model_loads(vlm, tmp_path, capsys, no
     assert _train(vlm, data, tmp_path / "run") == 2
     err = capsys.readouterr().err
     why = "does not exist" if problem == "missing" else "is not a readable image"
-    assert f"--data: row 2: images[0] '{tmp_path / 'imgs' / '2.png'}' {why}" in err, err
+    assert f"--data: row 3: images[0] '{tmp_path / 'imgs' / '2.png'}' {why}" in err, err
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -29,14 +29,14 @@ def test_rows_are_checked_naming_the_row(processor, tmp_path):
     path = tmp_path / "cat.png"
     twin_image(3).save(path)
     assert check_vision_rows([_row(), _row(images=[str(path)])], processor, 256) > 0
-    with pytest.raises(FastkitError, match=r"row 1: images\[0\] .*missing.png' does not exist"):
+    with pytest.raises(FastkitError, match=r"row 2: images\[0\] .*missing.png' does not exist"):
         check_vision_rows([_row(), _row(images=[str(tmp_path / "missing.png")])], processor, 256)
     (tmp_path / "broken.png").write_bytes(b"not a png")
-    with pytest.raises(FastkitError, match=r"row 0: images\[0\] .*broken.png' is not a readable image"):
+    with pytest.raises(FastkitError, match=r"row 1: images\[0\] .*broken.png' is not a readable image"):
         check_vision_rows([_row(images=[str(tmp_path / "broken.png")])], processor, 256)
-    with pytest.raises(FastkitError, match="row 2: 2 image parts .* but 1 image"):
+    with pytest.raises(FastkitError, match="row 3: 2 image parts .* but 1 image"):
         check_vision_rows([_row(), _row(), _row(2, images=[twin_image()])], processor, 256)
-    with pytest.raises(FastkitError, match=r"row 0: \d+ tokens \(8 of them image tokens, 2 image\(s\)\) is longer "
+    with pytest.raises(FastkitError, match=r"row 1: \d+ tokens \(8 of them image tokens, 2 image\(s\)\) is longer "
                                            "than max_seq_length=40"):
         check_vision_rows([_row(2)], processor, 40)
 
@@ -95,7 +95,7 @@ def test_image_rows_are_read_from_a_file_beside_their_images(tmp_path):
     stored = {"messages": messages, "images": [{"bytes": png.getvalue(), "path": None}]}  # one type per column
     pq.write_table(pa.Table.from_pylist([stored, {**stored, "images": [{"bytes": b"nope", "path": None}]}]),
                    tmp_path / "rows.parquet")
-    with pytest.raises(FastkitError, match=r"^data: row 1: images\[0\] holds 4 bytes that are not a readable image"):
+    with pytest.raises(FastkitError, match=r"^data: row 2: images\[0\] holds 4 bytes that are not a readable image"):
         check_image_files(read_image_rows(str(tmp_path / "rows.parquet")))
     (tmp_path / "text.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                                                   {"role": "assistant", "content": "yo"}]}) + "\n")

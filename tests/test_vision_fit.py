@@ -53,7 +53,7 @@ def test_an_eval_set_of_image_rows_reports_its_loss(tmp_path):
 def test_a_broken_eval_image_row_is_refused_naming_eval_dataset(tmp_path):
     model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
     missing = str(tmp_path / "missing.png")
-    with pytest.raises(FastkitError, match=r"^eval_dataset: row 1: images\[0\] .*missing.png' does not exist"):
+    with pytest.raises(FastkitError, match=r"^eval_dataset: row 2: images\[0\] .*missing.png' does not exist"):
         make_trainer(model, processor, [_row()], eval_dataset=[_row(), _row(images=[missing])], max_steps=1,
                      packing=False, output_dir=str(tmp_path))
     with pytest.raises(FastkitError, match="streaming=True: image"):

@@ -68,7 +68,7 @@ def test_a_url_is_fetched_once_into_the_cache_folder(server, tmp_path):
 def test_a_bad_url_is_refused_naming_the_row_and_the_url(server, tmp_path, path, why):
     base, _ = server
     rows = [_row(), _row(images=[f"{base}{path}"])]
-    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {base}{path} {why}"):
+    with pytest.raises(FastkitError, match=f"row 2: images\\[0\\] {base}{path} {why}"):
         fetch_images(rows, cache_dir=tmp_path)
     assert not list(tmp_path.iterdir())  # nothing cached
 
@@ -80,7 +80,7 @@ def test_unreachable_url_is_refused(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/cat.png"
-    with pytest.raises(FastkitError, match=f"row 0: images\\[0\\] {url} could not be fetched"):
+    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {url} could not be fetched"):
         fetch_images([_row(images=[url])], cache_dir=tmp_path, timeout=5)
 
 
@@ -91,7 +91,7 @@ def test_check_vision_rows_reads_urls(server, tmp_path, monkeypatch):
     processor = vision_twin_processor("qwen2_5_vl")
     assert check_vision_rows([_row(images=[f"{base}/cat.png"])], processor, 256) > 0
     assert list((tmp_path / "fastkit_images").iterdir())  # the default cache: under the datasets cache
-    with pytest.raises(FastkitError, match=f"row 0: images\\[0\\] {base}/missing.png could not be fetched"):
+    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {base}/missing.png could not be fetched"):
         check_vision_rows([_row(images=[f"{base}/missing.png"])], processor, 256)
 
 
@@ -106,6 +106,6 @@ def test_make_trainer_fetches_url_rows_before_training(server, tmp_path, monkeyp
                            output_dir=str(tmp_path / "out"), dashboard="none")
     image = trainer.data_collator.rows[0]["images"][0]  # the collator reads the cached file, never the URL
     assert image.startswith(str(tmp_path / "cache" / "fastkit_images"))
-    with pytest.raises(FastkitError, match=f"row 0: images\\[0\\] {base}/missing.png could not be fetched"):
+    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {base}/missing.png could not be fetched"):
         make_trainer(model, processor, [_row(images=[f"{base}/missing.png"])], max_steps=1, packing=False,
                      output_dir=str(tmp_path / "out"))

@@ -5,8 +5,8 @@ folder, outside the wheel; python -m benchmarks is the same). python -m fastkit 
 
 Errors are one line on stderr (no traceback; set FASTKIT_DEBUG=1 for one), and the exit status says which kind:
 
-- 0: done (fastkit plan: the run fits);
-- 1: fastkit plan: the run does not fit (the table says by how much, and what would fit);
+- 0: done (fastkit plan: the run fits, with what fastkit turns on by itself unless a memory knob is asked);
+- 1: fastkit plan: the run does not fit (the table says by how much, and the fastkit train flags that would fit);
 - 2: bad input (a bad option, a model or file that is not there, a FastkitError): fix the command;
 - 3: failed: something went wrong while running (a bug, out of memory, ...): the line names it;
 - 130: interrupted (Ctrl-C).
@@ -43,22 +43,46 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    """``fastkit plan``: the set-up ``fastkit train`` would run (its defaults: what the load-time plan turns on)
+    unless a memory knob is asked, its table, then what else fits, in ``fastkit train``'s flags."""
     from fastkit.plan import plan
 
     gpu = float(args.gpu) if args.gpu.replace(".", "", 1).isdigit() else args.gpu
+    knobs = _asked_knobs(args)
+    default = None if knobs is not None else _default_setup(args, gpu)
     result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
-                  load_in_4bit=args.load_in_4bit, offload=args.offload, expert_lora=args.expert_lora,
-                  host_embedding=args.host_embedding, host_lm_head=args.host_lm_head, gpus=args.gpus, fsdp=args.fsdp,
-                  **_rl_options(args))
+                  load_in_4bit=args.load_in_4bit, expert_lora=args.expert_lora, gpus=args.gpus, fsdp=args.fsdp,
+                  interface="cli", **(knobs or (default[1] if default else {})), **_rl_options(args))
     if result.longest:  # --max-seq-length max: the longest row per setup, then the asked setup's table at its own
         print(result.longest_table() + f"\n\nThe asked setup at {result.inputs.max_seq_length:,} tokens:\n")
     print(result.table())
-    asked_defaults = not (args.offload or args.host_embedding or args.host_lm_head) and args.kind == "sft"
-    if not result.fits and asked_defaults and args.expert_lora and args.r == 16 and args.batch_size == 1:
-        _print_auto(args.model, gpu, result.inputs.max_seq_length, args.load_in_4bit)
+    if default is not None:
+        _print_default(args, gpu, default[0])
+    elif not result.fits and knobs is None and not result.longest:
+        _print_with_4bit(args, gpu)
     if result.across is not None:
         _print_across(result)
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _asked_knobs(args: argparse.Namespace) -> dict | None:
+    """The memory knobs asked by flag (``--checkpointing on|off|offload``, ``--offload``, ``--host-*``) as
+    :class:`fastkit.plan.PlanInputs` fields; None: none asked, fastkit's defaults decide (``--checkpointing auto``)."""
+    if args.checkpointing == "auto" and not (args.offload or args.host_embedding or args.host_lm_head):
+        return None
+    offload = args.offload or args.checkpointing == "offload"
+    return dict(offload=offload, checkpointing=offload or args.checkpointing != "off",
+                host_embedding=args.host_embedding, host_lm_head=args.host_lm_head)
+
+
+def _default_setup(args: argparse.Namespace, gpu) -> tuple[str, dict] | None:
+    """What fastkit's defaults turn on for this run (:func:`fastkit.plan.planner.default_setup`); not searched for
+    ``--max-seq-length max`` (its table has every setup) nor planned across GPUs (the ranks each decide)."""
+    from fastkit.plan.planner import default_setup
+
+    if args.max_seq_length == "max" or args.gpus > 1:
+        return None
+    return default_setup(args.model, gpu, args.max_seq_length, args.load_in_4bit)
 
 
 def _rl_options(args: argparse.Namespace) -> dict:
@@ -74,18 +98,36 @@ def _seq_length(text: str):
     return "max" if text.strip().lower() == "max" else cli_train.positive_int(text)
 
 
-def _print_auto(model: str, gpu, max_seq_length: int, load_in_4bit: bool) -> None:
-    """What FastModel does by itself where this plain setup does not fit (the loader's plan, same numbers)."""
-    from fastkit.plan.planner import auto_plan
+def _print_default(args: argparse.Namespace, gpu, what: str) -> None:
+    """The table above is fastkit's default set-up, not plain checkpointing: say what it turned on and why."""
+    from fastkit.plan import plan
     from fastkit.units import GiB
 
-    found = auto_plan(model, gpu, max_seq_length, load_in_4bit)
-    if found is None:
+    plain = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
+                 load_in_4bit=args.load_in_4bit, expert_lora=args.expert_lora, **_rl_options(args))
+    decided = "" if (args.r, args.batch_size, args.kind) == (16, 1, "sft") else \
+        " (decided as the model loads, for LoRA r=16, batch 1)"
+    command = "train" if args.kind == "sft" else args.kind
+    print(f"\nThis is fastkit's default set-up (fastkit {command} --checkpointing auto, the default; "
+          f"FastModel.get_peft_model's defaults): plain checkpointing would need {plain.total / GiB:.2f} GiB, "
+          f"{'fits' if plain.fits else 'does NOT fit'} on {plain.inputs.gpu}, so it turns on {what}{decided}. "
+          "The plain set-up's table: add --checkpointing on.")
+
+
+def _print_with_4bit(args: argparse.Namespace, gpu) -> None:
+    """16-bit weights that do not fit: whether ``--4bit`` with fastkit's default set-up does (one knob, then the
+    load-time plan turns on what it needs)."""
+    from fastkit.plan import plan
+    from fastkit.units import GiB
+
+    if args.load_in_4bit or args.gpus > 1 or args.kind != "sft" or args.r is None:
         return
-    what, better = found
-    print(f"\nFastModel's default (get_peft_model(use_gradient_checkpointing=\"auto\")) turns on {what}: "
-          f"predicted {better.total / GiB:.2f} GiB, fits on {better.inputs.gpu}. The table for it: add "
-          f"{_flags(better.inputs)}.")
+    default = _default_setup(argparse.Namespace(**{**vars(args), "load_in_4bit": True}), gpu)
+    result = plan(args.model, gpu=gpu, max_seq_length=args.max_seq_length, batch_size=args.batch_size, r=args.r,
+                  load_in_4bit=True, expert_lora=args.expert_lora, **(default[1] if default else {}))
+    if result.fits:
+        how = f" (fastkit's default set-up then turns on {default[0]})" if default else ""
+        print(f"\nWith --4bit (QLoRA): predicted {result.total / GiB:.2f} GiB, fits on {result.inputs.gpu}{how}.")
 
 
 def _print_across(result) -> None:
@@ -153,6 +195,7 @@ def _error_line(exc: Exception) -> tuple[int, str]:
 
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fastkit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fastkit-llm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_quickstart_parser(sub)
     train = argv[:1] == ["train"]  # its flags (TRL's fields among them) are built when it runs
@@ -182,6 +225,7 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from fastkit import _quiet
 
+    _check_hub(args)
     if args.command != "plan" and not getattr(args, "print_config", False):  # those load nothing (no datasets)
         _quiet.quiet_progress_bars()  # every command: fastkit's lines are the terminal's only progress display
     if args.command == "quickstart":
@@ -195,6 +239,25 @@ def _main(argv: list[str]) -> int:
     if args.command in ("export", "chat"):
         return args.run(args)
     return _bench(args)
+
+
+def _check_hub(args: argparse.Namespace) -> None:
+    """A ``--model`` Hub id out of reach and not cached: refused in seconds, before torch and datasets are imported
+    (as ``fastkit plan`` does; huggingface_hub would retry for half a minute per file)."""
+    model = getattr(args, "model", None)
+    if args.command in ("train", "dpo", "kto", "grpo", "export", "chat") and isinstance(model, str) \
+            and not getattr(args, "twin", False) and not getattr(args, "print_config", False) \
+            and not getattr(args, "config", None):  # a --config file may make it a twin: its preflight checks
+        from fastkit.plan.source import check_hub_answers
+
+        check_hub_answers(model)
+
+
+def _version() -> str:
+    """This fastkit's version (the package's, as installed), for ``fastkit --version``."""
+    from fastkit import __version__
+
+    return __version__
 
 
 def _add_quickstart_parser(sub) -> None:
@@ -215,9 +278,14 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--max-seq-length", type=_seq_length, default=2048,
                     help="tokens per row (default 2048), or max: the longest packed row that fits, per setup")
     pl.add_argument("--batch-size", type=cli_train.positive_int, default=1, help="rows per micro-batch (default 1)")
-    pl.add_argument("--r", type=cli_train.positive_int, default=16, help="LoRA rank (default 16)")
+    pl.add_argument("--lora-r", "--r", dest="r", type=cli_train.positive_int, default=16,
+                    help="LoRA rank (default 16)")
     pl.add_argument("--4bit", dest="load_in_4bit", action="store_true", help="QLoRA: NF4 base weights")
-    pl.add_argument("--offload", action="store_true", help="fastkit's checkpoint offload")
+    pl.add_argument("--checkpointing", choices=("auto", "on", "off", "offload"), default="auto",
+                    help="as fastkit train's: auto (the default: plain checkpointing, or what fastkit turns on by "
+                    "itself where that does not fit: offload, then the embedding and lm_head on the host), on "
+                    "(plain, nothing else), off, offload")
+    pl.add_argument("--offload", action="store_true", help="fastkit's checkpoint offload (--checkpointing offload)")
     pl.add_argument("--no-expert-lora", dest="expert_lora", action="store_false",
                     help="4-bit MoE: LoRA on the linear layers only (default: the experts too, as get_peft_model)")
     pl.add_argument("--host-embedding", action="store_true",

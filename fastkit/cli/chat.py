@@ -29,6 +29,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0 samples")
     p.add_argument("--max-seq-length", type=int, default=2048, help="the context to load the model with")
+    p.add_argument("--image", default=None, metavar="PATH", help="not in fastkit chat yet (text only): a "
+                   "vision-language model answers an image prompt from Python, docs/vision.md")
     p.set_defaults(run=run)
     return p
 
@@ -119,6 +121,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens <= 0:
         raise FastkitError(f"--max-new-tokens must be positive, got {args.max_new_tokens}.")
+    if args.image is not None:  # before any model loads
+        raise FastkitError(f"fastkit chat --image {args.image}: not supported yet (fastkit chat sends text only). "
+                           "From Python, a vision-language model loaded with FastModel.from_pretrained(..., "
+                           "vision=True) answers an image prompt through its processor: "
+                           "processor.apply_chat_template([{'role': 'user', 'content': [{'type': 'image', 'path': "
+                           "PATH}, {'type': 'text', 'text': ...}]}], add_generation_prompt=True, tokenize=True, "
+                           "return_dict=True, return_tensors='pt'), then model.generate(**inputs).")
     answer = _answerer(args)
     if args.prompt is not None:
         _reply(answer, _start(args) + [{"role": "user", "content": args.prompt}])

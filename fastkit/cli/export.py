@@ -47,7 +47,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                       "verified, and upload it to the Hub",
                        description="Export a saved model: merged 16-bit and GGUF at several quantizations, each "
                                    "verified by reloading it; --push-to-hub uploads the verified folders.")
-    p.add_argument("--model", required=True, help="a folder save_lora wrote (OUTPUT/lora), or a merged folder")
+    p.add_argument("--model", default=None, help="a folder save_lora wrote (OUTPUT/lora), or a merged folder "
+                   "(default: the newest LoRA adapters under ./outputs, what fastkit train / dpo / kto / grpo saved "
+                   "last)")
     p.add_argument("--out-dir", "--out_dir", default=None,
                    help="where the outputs go (default: the folder above --model)")
     p.add_argument("--lora", action="store_true", help="save (and upload) the LoRA adapters again, verified")
@@ -124,6 +126,22 @@ def _processor(folder: Path, fallback):
         return fallback
 
 
+OUTPUTS = "outputs"
+"""Where fastkit train / dpo / kto / grpo save by default (``outputs/<command>/lora``), under the working folder."""
+
+
+def default_model(root: str | Path = OUTPUTS) -> Path:
+    """``fastkit export`` without ``--model``: the newest ``<run>/lora`` folder under ``root`` holding LoRA adapters
+    (the run just trained, whichever command and output folder it had); refused naming where runs save if none."""
+    from fastkit.errors import FastkitError
+
+    found = [p.parent for p in Path(root).glob("*/lora/adapter_config.json")]
+    if not found:
+        raise FastkitError(f"fastkit export: no --model, and no LoRA adapters under ./{root} (fastkit train saves "
+                           f"them in <--output-dir>/lora, {root}/train/lora by default); pass --model FOLDER.")
+    return max(found, key=lambda p: (p / "adapter_config.json").stat().st_mtime)
+
+
 def newest_run(folder: Path) -> dict | None:
     """The run identity (fastkit_run.json) of the newest checkpoint in ``folder``, if there is one."""
     from fastkit.training.identity import RUN_FILE, checkpoints
@@ -142,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
     if not (args.lora or args.merged or args.gguf):
         raise FastkitError("fastkit export: nothing to do; add --merged, --gguf Q [Q ...] and/or --lora.")
     check_menu_arguments(args, lora=args.lora)  # before the model loads
+    if args.model is None:
+        args.model = str(default_model())
+        print(f"fastkit export: --model {args.model} (the newest LoRA adapters under {OUTPUTS}/)")
     model, tokenizer, is_adapter = load_saved(args.model, args.max_seq_length)
     if args.lora and not is_adapter:
         raise FastkitError(f"fastkit export --lora: {args.model} holds no LoRA adapter (no adapter_config.json).")
@@ -163,4 +184,5 @@ def save_after_training(args: argparse.Namespace, model, tokenizer, trainer) -> 
     print(result)
 
 
-__all__ = ["add_menu_arguments", "add_parser", "check_menu_arguments", "load_saved", "run", "save_after_training"]
+__all__ = ["add_menu_arguments", "add_parser", "check_menu_arguments", "default_model", "load_saved", "run",
+           "save_after_training"]

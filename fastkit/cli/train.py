@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,10 @@ class Prepared:
 def preflight(args: argparse.Namespace) -> Prepared:
     """Every check that needs no model, run before it loads (minutes for a 14B model): options, the model folder,
     the GGUF quantization, the output folder, the data (path, format, columns, rows) and the resume state."""
+    from fastkit.plan.source import check_hub_answers
+
+    if not args.twin:  # a Hub id out of reach: refused in seconds, before the heavy imports and the data
+        check_hub_answers(args.model)
     from fastkit.errors import FastkitError
     from fastkit.training import check_report_to
     from fastkit.training.run import check_stream_options
@@ -193,7 +198,8 @@ def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
                            "pack them); drop --packing.")
     args.train = args.train.replace(packing=False)
     args.resolved.train = args.train  # the saved fastkit_config.yaml says so
-    logger.info("fastkit: %s: packing off (padded rows, one example each)", what)
+    args.packing_note = f"fastkit: {what}: packing off for this run (padded rows, one example each; the packing " \
+                        "patch the load lists stays unused)"  # logged after the load banner, which lists the patches
 
 
 def _as_chats(rows, model: str):
@@ -433,7 +439,16 @@ def save_run(args: argparse.Namespace, model, tokenizer, trainer, status: str) -
         ranks.agreed(_save_interrupted, args, model, tokenizer, main_only=True)
     else:
         ranks.agreed(cli_export.save_after_training, args, model, tokenizer, trainer, main_only=True)  # verified
+    if ranks.is_main():
+        print(next_steps(f"{args.output_dir}/lora"))
     return INTERRUPTED if status == "interrupted" else 0
+
+
+def next_steps(lora: str) -> str:
+    """What to do with the adapters a run saved in ``lora``: the chat and export commands, with that path."""
+    path = shlex.quote(lora)
+    return (f"Next: fastkit chat --model {path}                      # talk to it\n"
+            f"      fastkit export --model {path} --gguf q8_0 --name my-model   # a GGUF + Ollama Modelfile")
 
 
 def _save_interrupted(args: argparse.Namespace, model, tokenizer) -> None:
@@ -456,6 +471,8 @@ def build(args: argparse.Namespace, prepared: Prepared):
     model, tokenizer = FastModel.from_pretrained(args.model, max_seq_length=options.max_seq_length,
                                                  load_in_4bit=args.load_in_4bit, twin=args.twin,
                                                  **({"vision": True} if prepared.images else {}))
+    if getattr(args, "packing_note", None):
+        logger.info(args.packing_note)
     rows = prepared.rows
     # a stream is checked as drawn (its first rows by make_trainer, before any step); a processor's rows (image +
     # text, or text on a vision-language model) by make_trainer with it
@@ -474,4 +491,4 @@ def build(args: argparse.Namespace, prepared: Prepared):
 
 
 __all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "save_run", "data_label", "flag_words",
-           "preflight", "resolved_args", "run"]
+           "next_steps", "preflight", "resolved_args", "run"]

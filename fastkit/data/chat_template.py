@@ -72,7 +72,7 @@ def warn_dropped_tool_calls(dataset, tokenizer) -> int:
         logger.warning("fastkit: %d of %d rows have an assistant tool call with empty content that the chat template "
                        "does not render (first: row %d): those turns train only the end-of-turn token. Use a chat "
                        "template that renders tool_calls (the model's own), write the call into the content, or drop "
-                       "those rows.", len(rows), len(dataset), rows[0])
+                       "those rows.", len(rows), len(dataset), rows[0] + 1)
     return len(rows)
 
 

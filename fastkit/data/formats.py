@@ -108,11 +108,11 @@ def sharegpt_to_messages(conversations: list[dict[str, Any]], row: int = 0) -> l
         speaker = turn.get("from", turn.get("role"))
         role = SHAREGPT_ROLES.get(str(speaker).lower())
         if role is None:
-            raise FastkitError(f"conversations row {row}: unknown speaker from={speaker!r}; expected one of "
+            raise FastkitError(f"conversations row {row + 1}: unknown speaker from={speaker!r}; expected one of "
                                f"{sorted(SHAREGPT_ROLES)}. Map it to 'human', 'gpt' or 'system' first.")
         value = turn.get("value", turn.get("content"))
         if not isinstance(value, str):  # None / missing / a tool call only: never train it as an empty answer
-            raise FastkitError(f"conversations row {row}: the {role} turn's value is {value!r:.40}, not a string. "
+            raise FastkitError(f"conversations row {row + 1}: the {role} turn's value is {value!r:.40}, not a string. "
                                "Fix or drop that row (fastkit.data.check_dataset(..., drop_invalid=True)).")
         messages.append({"role": role, "content": value})
     return messages

@@ -242,7 +242,7 @@ def _check_dataset(dataset, tokenizer, max_seq_length: int, packing: bool, drop_
         longest = int(totals[too_long].max())
         what = "packing would truncate their ends" if packing else "they would be cut silently"
         raise FastkitError(f"{len(too_long)} of {len(totals)} rows are longer than max_seq_length="
-                           f"{max_seq_length} (longest {longest} tokens, row {int(too_long[0])}); {what}. Raise "
+                           f"{max_seq_length} (longest {longest} tokens, row {int(too_long[0]) + 1}); {what}. Raise "
                            "max_seq_length or filter those rows out.")
     if not tokenize:
         dataset = trained_form

@@ -227,7 +227,7 @@ def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
     rows = list(rows)
     bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)]
     if bad:
-        raise FastkitError(f"{where}: row {bad[0]} is a {type(rows[bad[0]]).__name__}, not a dict (rows "
+        raise FastkitError(f"{where}: row {bad[0] + 1} is a {type(rows[bad[0]]).__name__}, not a dict (rows "
                            f"{_rows_named(bad)}). Each example must be a dict such as "
                            "{'messages': [...]} or {'text': ...}.")
     kinds: dict[str, dict[str, list[int]]] = {}
@@ -239,7 +239,7 @@ def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
         if len(by_kind) > 1:  # the first row sets the type (dicts keep insertion order): name the others
             first, *others = by_kind
             odd = sorted(i for k in others for i in by_kind[k])
-            raise FastkitError(f"{where}: column {column!r} mixes types: a {first} in row {by_kind[first][0]}, "
+            raise FastkitError(f"{where}: column {column!r} mixes types: a {first} in row {by_kind[first][0] + 1}, "
                                f"a {_kind(rows[odd[0]][column])} in rows {_rows_named(odd)}. Give every row the "
                                "same type in a column (for chat content: a string).")
     for i, row in enumerate(rows):  # nested chat content: arrow would refuse mixed types without naming the row
@@ -247,14 +247,14 @@ def rows_to_dataset(rows: Sequence[Any], where: str = "rows"):
         for msg in msgs if isinstance(msgs, list) else []:
             content = msg.get("content") if isinstance(msg, dict) else None
             if not isinstance(msg, dict) or (content is not None and not isinstance(content, str)):
-                raise FastkitError(f"{where}: row {i}: {message_problem(msgs)}.")
+                raise FastkitError(f"{where}: row {i + 1}: {message_problem(msgs)}.")
     import pyarrow as pa
 
     try:
         return Dataset.from_list(rows)
     except UnicodeEncodeError as exc:  # a lone surrogate: Arrow's strings are UTF-8, which cannot hold one
         row = next((i for i, r in enumerate(rows) if _has_surrogate(r)), None)
-        raise FastkitError(f"{where}: row {row}: a text holds a lone surrogate character "
+        raise FastkitError(f"{where}: row {'?' if row is None else row + 1}: a text holds a lone surrogate character "
                            f"({ascii(exc.object[exc.start])}), which no tokenizer can encode (a badly decoded "
                            "emoji); fix the text, or drop the row.") from exc
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -434,7 +434,7 @@ def _refuse_nested(rows: list[dict], where: str) -> None:
     if problems:
         bad = [i for i, _ in problems]
         raise FastkitError(f"{where}: {len(bad)} of {len(rows)} rows cannot be trained (rows {_rows_named(bad)}); "
-                           f"row {bad[0]}: {problems[0][1]}. Fix those rows.")
+                           f"row {bad[0] + 1}: {problems[0][1]}. Fix those rows.")
 
 
 def load_chat_dataset(source: str | Path | Sequence[dict] | Any, split: str = "train", normalize: bool = True,

@@ -7,10 +7,13 @@ what is wrong), or drops and counts them on request. No file reading here (:mod:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from fastkit.data.formats import SHAREGPT_ROLES
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger(__name__)
@@ -25,7 +28,8 @@ def _kind(value: Any) -> str:
 
 
 def _rows_named(rows: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(str(r) for r in rows[:limit])
+    """Row indices as a user names them: counted from 1 (row 1 is a file's first row, a .jsonl's line 1)."""
+    shown = ", ".join(str(r + 1) for r in rows[:limit])
     return shown + (f" ... ({len(rows)} rows)" if len(rows) > limit else "")
 
 
@@ -39,6 +43,11 @@ def lone_surrogate(text: str) -> str | None:
     return None
 
 
+SHAREGPT_SPELLINGS = {k: v for k, v in SHAREGPT_ROLES.items() if k != v}
+"""Roles ShareGPT spells its own way (``human``, ``gpt``, ...): refused in a ``messages`` row, where the chat template
+would render them as they are (``<|im_start|>human``) and the assistant mask would miss them (``gpt``)."""
+
+
 def message_problem(messages: Any) -> str | None:
     """Why one row's ``messages`` would train nothing or the wrong thing, or None if it is fine."""
     if messages is None:
@@ -50,6 +59,10 @@ def message_problem(messages: Any) -> str | None:
             return f"messages[{j}] is not a {{'role', 'content'}} dict"
         if not isinstance(msg["role"], str) or not msg["role"]:
             return f"messages[{j}].role is {msg['role']!r}, not a role name such as 'user' or 'assistant'"
+        if msg["role"] in SHAREGPT_SPELLINGS:
+            return (f"messages[{j}].role is {msg['role']!r}, ShareGPT's spelling of "
+                    f"{SHAREGPT_SPELLINGS[msg['role']]!r}: a messages row uses the chat roles ('system', 'user', "
+                    "'assistant', 'tool'; a conversations row with from/value reads ShareGPT's)")
         content = msg.get("content")
         if content is None:
             what = "the assistant answer" if msg.get("role") == "assistant" else f"messages[{j}].content"
@@ -150,8 +163,14 @@ FORMAT_COLUMNS = {"messages": ("messages",), "sharegpt": ("conversations",),
 """The columns :func:`row_problem` reads, per format (only these are decoded from the table)."""
 
 
-def _problems_batch(batch: dict[str, list], indices: list[int], fmt: str) -> dict[str, list]:
-    """One batch of rows -> only its untrainable rows: ``{"row": [index], "why": [reason]}`` (0..len(batch) rows)."""
+RULES_KEY = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:16]
+"""This module's source as a key of :func:`find_problems`' cached map: a table checked by other rules (an update of
+fastkit) is checked again, not answered from the ``datasets`` cache."""
+
+
+def _problems_batch(batch: dict[str, list], indices: list[int], fmt: str, rules: str = "") -> dict[str, list]:
+    """One batch of rows -> only its untrainable rows: ``{"row": [index], "why": [reason]}`` (0..len(batch) rows).
+    ``rules``: :data:`RULES_KEY`, there for the cache's fingerprint only."""
     names = list(batch)
     rows: list[int] = []
     whys: list[str] = []
@@ -175,8 +194,9 @@ def find_problems(dataset, fmt: str, num_proc: int | None = None) -> list[tuple[
     if len(dataset) == 0 or not columns:
         return [(i, why) for i, row in enumerate(dataset) if (why := row_problem(fmt, row))]
     table = dataset.select_columns(columns)
-    found = table.map(_problems_batch, batched=True, batch_size=1000, with_indices=True, fn_kwargs={"fmt": fmt},
-                      remove_columns=columns, num_proc=num_proc, desc="fastkit: checking rows",
+    found = table.map(_problems_batch, batched=True, batch_size=1000, with_indices=True,
+                      fn_kwargs={"fmt": fmt, "rules": RULES_KEY}, remove_columns=columns, num_proc=num_proc,
+                      desc="fastkit: checking rows",
                       features=Features({"row": Value("int64"), "why": Value("string")}))
     return sorted(zip(found["row"], found["why"]))
 
@@ -202,12 +222,12 @@ def check_rows(dataset, drop_invalid: bool = False):
     if not drop_invalid:
         every = "Every label is masked: " if len(rows) == len(dataset) else ""
         raise FastkitError(f"{every}{name}: {len(rows)} of {len(dataset)} rows cannot be trained (rows "
-                           f"{_rows_named(rows)}); row {rows[0]}: {problems[0][1]}. Fix those rows, or pass "
+                           f"{_rows_named(rows)}); row {rows[0] + 1}: {problems[0][1]}. Fix those rows, or pass "
                            "drop_invalid=True to drop them (the count is logged).")
     bad = set(rows)
     kept = dataset.select([i for i in range(len(dataset)) if i not in bad])
     logger.warning("fastkit: dropped %d of %d rows that cannot be trained (rows %s); first: row %d: %s",
-                   len(rows), len(dataset), _rows_named(rows), rows[0], problems[0][1])
+                   len(rows), len(dataset), _rows_named(rows), rows[0] + 1, problems[0][1])
     if len(kept) == 0:
         raise FastkitError(f"{name}: every row was dropped as untrainable (drop_invalid=True); fix the data.")
     return kept

@@ -70,7 +70,7 @@ def check_first_rows(dataset, where: str = "dataset", drop_invalid: bool = False
     if problems and not drop_invalid:
         bad = [i for i, _ in problems]
         raise FastkitError(f"{where}: rows {_rows_named(bad)} of the stream's first {PEEK_ROWS} cannot be trained; "
-                           f"row {bad[0]}: {problems[0][1]}. Fix those rows, or pass drop_invalid=True "
+                           f"row {bad[0] + 1}: {problems[0][1]}. Fix those rows, or pass drop_invalid=True "
                            "(--drop-invalid) to skip such rows.")
 
 
@@ -83,7 +83,8 @@ class DropCount:
     def add(self, where: str, row: int, why: str) -> None:
         self.count += 1
         if self.count == 10 ** int(math.log10(self.count)):
-            logger.warning("fastkit: %s: %d row(s) dropped so far; latest: row %d: %s", where, self.count, row, why)
+            logger.warning("fastkit: %s: %d row(s) dropped so far; latest: row %d: %s", where, self.count, row + 1,
+                           why)
 
 
 def _messages_of(fmt: str, row: dict, index: int) -> Any:
@@ -142,7 +143,7 @@ def _prepare_batch(batch: dict[str, list], indices: list[int], *, fmt: str, toke
         why = row_problem(fmt, row)
         if why is not None:
             if not drop_invalid:
-                raise FastkitError(f"{where}: row {index} of the stream cannot be trained: {why}. Fix that row, or "
+                raise FastkitError(f"{where}: row {index + 1} of the stream cannot be trained: {why}. Fix that row, or "
                                    "pass drop_invalid=True (--drop-invalid) to skip such rows (counted in the log).")
             dropped.add(where, index, why)
             continue
@@ -157,7 +158,7 @@ def _prepare_batch(batch: dict[str, list], indices: list[int], *, fmt: str, toke
             what = "packing would truncate its end" if packing else "it would be cut silently"
             why = f"{len(ids)} tokens, longer than max_seq_length={max_seq_length}"
             if not drop_long:
-                raise FastkitError(f"{where}: row {index} of the stream is {why}; {what}. Raise max_seq_length, or "
+                raise FastkitError(f"{where}: row {index + 1} of the stream is {why}; {what}. Raise max_seq_length, or "
                                    "pass drop_long=True (--drop-long) to skip such rows (counted in the log).")
             dropped.add(where, index, why)
             continue
@@ -177,7 +178,7 @@ def _check_tokenized_batch(batch: dict[str, list], indices: list[int], *, max_se
         if n > max_seq_length:
             why = f"{n} tokens, longer than max_seq_length={max_seq_length}"
             if not drop_long:
-                raise FastkitError(f"{where}: row {index} of the stream is {why}. Raise max_seq_length, or pass "
+                raise FastkitError(f"{where}: row {index + 1} of the stream is {why}. Raise max_seq_length, or pass "
                                    "drop_long=True (--drop-long) to skip such rows.")
             dropped.add(where, index, why)
             continue

@@ -49,7 +49,7 @@ def open_image(image: Any, row: int, index: int):
     image."""
     from PIL import Image
 
-    label = f"row {row}: images[{index}]"
+    label = f"row {row + 1}: images[{index}]"
     if isinstance(image, Image.Image):
         check_image_size(image, label)
         return as_rgb(image, label)
@@ -99,7 +99,7 @@ def _open_stored(image: dict, row: int, index: int):
     if not image.get("bytes"):
         return open_image(image["path"], row, index)
     body = image["bytes"]
-    label = f"row {row}: images[{index}]"
+    label = f"row {row + 1}: images[{index}]"
     if not isinstance(body, (bytes, bytearray)):
         raise FastkitError(f"{label}: its 'bytes' is a {type(body).__name__}; give the image file's bytes.")
     return _decode(lambda: Image.open(io.BytesIO(body)), label,
@@ -234,14 +234,14 @@ def _download(url: str, row: int, index: int, timeout: float) -> bytes:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             body = answer.read(MAX_IMAGE_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        raise FastkitError(f"row {row}: images[{index}] {url} could not be fetched (HTTP {exc.code} "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} could not be fetched (HTTP {exc.code} "
                            f"{exc.reason}).") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise FastkitError(f"row {row}: images[{index}] {url} could not be fetched ({reason}; timeout "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} could not be fetched ({reason}; timeout "
                            f"{timeout:g} s).") from exc
     if len(body) > MAX_IMAGE_BYTES:
-        raise FastkitError(f"row {row}: images[{index}] {url} answered more than {MAX_IMAGE_BYTES >> 20} MiB; "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} answered more than {MAX_IMAGE_BYTES >> 20} MiB; "
                            "not an image to train on.")
     return body
 
@@ -256,15 +256,15 @@ def _check_image_bytes(body: bytes, url: str, row: int, index: int) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused by check_image_size
             with Image.open(io.BytesIO(body)) as img:
-                check_image_size(img, f"row {row}: images[{index}] {url}")
+                check_image_size(img, f"row {row + 1}: images[{index}] {url}")
                 img.load()  # decoded whole: a truncated download is refused here and never cached
     except FastkitError:
         raise
     except Image.DecompressionBombError as exc:
-        raise FastkitError(f"row {row}: images[{index}] {url} is refused by PIL's decompression-bomb guard ({exc}); "
-                           "resize it (PIL.Image.MAX_IMAGE_PIXELS).") from exc
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} is refused by PIL's decompression-bomb guard "
+                           f"({exc}); resize it (PIL.Image.MAX_IMAGE_PIXELS).") from exc
     except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-        raise FastkitError(f"row {row}: images[{index}] {url} answered {len(body)} bytes that are not an image "
+        raise FastkitError(f"row {row + 1}: images[{index}] {url} answered {len(body)} bytes that are not an image "
                            f"({exc}).") from exc
 
 
@@ -304,7 +304,7 @@ def check_messages(messages: list, index: int) -> None:
     role and a string or a list of parts, a part text (a string) or ``{"type": "image"}`` (its image in the row's
     ``images``); an assistant turn with text to train on, and the chat ending with one."""
     for m, message in enumerate(messages):
-        where = f"row {index}: messages[{m}]"
+        where = f"row {index + 1}: messages[{m}]"
         if not isinstance(message, dict):
             raise FastkitError(f"{where} is a {type(message).__name__}, not an object ({{'role': ..., "
                                "'content': ...}).")
@@ -322,7 +322,7 @@ def check_messages(messages: list, index: int) -> None:
             raise FastkitError(f"{where} is an assistant turn with no text: it would train only the end-of-turn "
                                "token (an image is input, never a label); write the answer or drop the turn.")
     if messages[-1].get("role") != "assistant":
-        raise FastkitError(f"row {index}: the last turn is {messages[-1].get('role')!r}, not 'assistant' (nothing "
+        raise FastkitError(f"row {index + 1}: the last turn is {messages[-1].get('role')!r}, not 'assistant' (nothing "
                            "to train on after it); end the chat with the answer.")
 
 
@@ -372,19 +372,20 @@ def row_images(row: dict, index: int) -> list:
     """The row's images opened, after checking their count against its image parts."""
     messages, images = row.get("messages"), image_list(row)
     if not isinstance(messages, list) or not messages:
-        raise FastkitError(f"row {index}: no 'messages' list (a vision row is {{'messages': [...], 'images': [...]}}).")
+        raise FastkitError(f"row {index + 1}: no 'messages' list (a vision row is "
+                           "{'messages': [...], 'images': [...]}).")
     if row.get("image") is not None:
         beside_too = " beside its 'images'" if "images" in row else ""
-        raise FastkitError(f"row {index}: an 'image' field{beside_too}: a row names its images in 'images' (a list, "
-                           "one per {'type': 'image'} part, in order); rename the field.")
+        raise FastkitError(f"row {index + 1}: an 'image' field{beside_too}: a row names its images in 'images' (a "
+                           "list, one per {'type': 'image'} part, in order); rename the field.")
     check_messages(messages, index)
     parts = image_parts(messages)
     if parts > len(images):
-        raise FastkitError(f"row {index}: {parts} image parts ({{'type': 'image'}}) but {len(images)} image(s) in its "
-                           "'images' column; give one image per image part.")
+        raise FastkitError(f"row {index + 1}: {parts} image parts ({{'type': 'image'}}) but {len(images)} "
+                           "image(s) in its 'images' column; give one image per image part.")
     if parts < len(images):
-        raise FastkitError(f"row {index}: {len(images)} images but only {parts} image part(s) in its messages; each "
-                           "image needs a {'type': 'image'} part where it belongs in the chat.")
+        raise FastkitError(f"row {index + 1}: {len(images)} images but only {parts} image part(s) in its messages; "
+                           "each image needs a {'type': 'image'} part where it belongs in the chat.")
     return [open_image(img, index, i) for i, img in enumerate(images)]
 
 
@@ -396,7 +397,7 @@ def _ids(processor, text: str, images: list, index: int = 0) -> list[int]:
     try:
         out = processor(text=[text], images=[images] if images else None, return_tensors=None)
     except ValueError as exc:  # the processor's own limits (sizes, placeholder counts): bad input, named
-        raise FastkitError(f"row {index}: the processor refused it ({exc}).") from exc
+        raise FastkitError(f"row {index + 1}: the processor refused it ({exc}).") from exc
     ids = out["input_ids"][0]
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)
 
@@ -432,7 +433,7 @@ def check_placeholders(messages: list, strings: Sequence[str], index: int) -> No
         for text in texts:
             hit = next((t for t in strings if isinstance(text, str) and t in text), None)
             if hit is not None:
-                raise FastkitError(f"row {index}: messages[{m}] ({message.get('role')}) holds {hit!r} in its text, "
+                raise FastkitError(f"row {index + 1}: messages[{m}] ({message.get('role')}) holds {hit!r} in its text, "
                                    "the model's image placeholder; an image is a {'type': 'image'} part with its "
                                    "file in 'images'. Remove or reword the literal token.")
 
@@ -469,13 +470,13 @@ def encode_row(row: dict, processor, index: int = 0) -> tuple[list[int], list[in
         through = _ids(processor, _render(processor, messages[:i + 1]), images[:image_parts(messages[:i + 1])],
                        index)
         if ids[:len(through)] != through:
-            raise FastkitError(f"row {index}: the chat template does not render turn {i} as a prefix of the whole "
+            raise FastkitError(f"row {index + 1}: the chat template does not render turn {i} as a prefix of the whole "
                                "chat; its assistant span cannot be masked exactly.")
         mask[start:len(through)] = [1] * (len(through) - start)
     if images:
         mask = [0 if image else m for m, image in zip(mask, image_positions(processor, text, ids))]
     if not any(mask):
-        raise FastkitError(f"row {index}: no assistant turn to train on.")
+        raise FastkitError(f"row {index + 1}: no assistant turn to train on.")
     return ids, mask
 
 
@@ -499,7 +500,7 @@ def rows_within(rows, processor, max_seq_length: int, *, where: str | None = Non
             ids, _ = encode_row(row, processor, index)
             if len(ids) > max_seq_length and not drop_long:
                 n_image = sum(1 for t in ids if t == image_id) if image_id is not None else 0
-                raise FastkitError(f"row {index}: {len(ids)} tokens ({n_image} of them image tokens, "
+                raise FastkitError(f"row {index + 1}: {len(ids)} tokens ({n_image} of them image tokens, "
                                    f"{len(row_images(row, index))} image(s)) is longer than max_seq_length="
                                    f"{max_seq_length}; raise max_seq_length, use smaller images, or drop the row.")
         if len(ids) > max_seq_length:
@@ -557,7 +558,7 @@ class VisionCollator:
         for i, row in enumerate(rows):
             ids, mask = encode_row(row, self.processor, i)
             if len(ids) > self.max_seq_length:
-                raise FastkitError(f"row {i} of this batch is {len(ids)} tokens, longer than max_seq_length="
+                raise FastkitError(f"row {i + 1} of this batch is {len(ids)} tokens, longer than max_seq_length="
                                    f"{self.max_seq_length} (check_vision_rows names such rows before training).")
             where = slice(0, len(ids)) if right else slice(labels.shape[1] - len(ids), labels.shape[1])
             labels[i, where] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), IGNORE_INDEX)
@@ -639,7 +640,7 @@ def read_image_rows(source: Any, where: str = "data") -> list[dict] | None:
                            "max_rows and split apply to text data only. Drop them (or edit the file).")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise FastkitError(f"{where} {path}: row {i} is a {type(row).__name__}, not an object "
+            raise FastkitError(f"{where} {path}: row {i + 1} is a {type(row).__name__}, not an object "
                                "({\"messages\": [...], \"images\": [...]}).")
     return [beside(row, path.parent) for row in rows]
 

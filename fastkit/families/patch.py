@@ -53,8 +53,9 @@ class LoadReport:
         lines = [
             f"fastkit: {self.model_type} on {self.device}, {self.dtype}, attention={self.attn_implementation}, "
             f"max_seq_length={self.max_seq_length}",
-            f"fastkit: memory free {mem.free / GiB:.1f} of {mem.total / GiB:.1f} GiB",
         ]
+        if mem.device != "cpu":  # on the host the device line above already gives the RAM free (describe_device)
+            lines.append(f"fastkit: memory free {mem.free / GiB:.1f} of {mem.total / GiB:.1f} GiB")
         for name, how in self.active.items():
             lines.append(f"fastkit:   + {name}: {how}")
         for name, why in self.skipped.items():

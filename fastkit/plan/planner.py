@@ -59,7 +59,8 @@ class PlanBuildError(FastkitError):
 
 
 def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | str = 2048, batch_size: int = 1,
-         r: int | None = 16, load_in_4bit: bool = False, offload: bool = False, **options: Any) -> Plan:
+         r: int | None = 16, load_in_4bit: bool = False, offload: bool = False, interface: str = "python",
+         **options: Any) -> Plan:
     """Predict the training peak of ``model_or_config`` on ``gpu``, by component, with a verdict and advice.
 
     ``options`` are the other fields of :class:`PlanInputs` (``checkpointing``, ``optimizer``, ``loss``,
@@ -67,7 +68,8 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
     downloaded but a Hub id's ``config.json`` (none for the models in
     :data:`fastkit.plan.configs.KNOWN_CONFIGS`); no weights are built. ``max_seq_length="max"``: the longest
     packed row that fits, per setup of :data:`SETUPS` (``Plan.longest``, found with this same model), and the
-    plan of the asked setup at its own longest row.
+    plan of the asked setup at its own longest row. ``interface``: the words of ``Plan.advice``, ``"python"``
+    (these arguments, ``get_peft_model``'s) or ``"cli"`` (``fastkit train``'s flags; :data:`report.INTERFACES`).
     """
     unknown = set(options) - set(PlanInputs.__dataclass_fields__)
     if unknown:
@@ -94,10 +96,11 @@ def plan(model_or_config: Any, gpu: str | float = "t4", max_seq_length: int | st
     elif not search:  # the search tries lengths up to the model's context itself
         checks.check_max_seq_length(max_seq_length, config)
     name = model_or_config if isinstance(model_or_config, str) else getattr(config, "name_or_path", "")
-    return _predict(config, inputs, budget, name, search=search)
+    return _predict(config, inputs, budget, name, search=search, interface=interface)
 
 
-def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "", search: bool = False) -> Plan:
+def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "", search: bool = False,
+             interface: str = "python") -> Plan:
     """:func:`plan`'s prediction, for inputs already checked against ``config`` (``max_seq_length``: by
     :func:`plan`, :func:`auto_plan`, or the loader before :func:`check_fits`); ``search``: the longest rows too."""
     inputs.load_in_4bit = inputs.load_in_4bit or prequantized_4bit(config)
@@ -107,7 +110,7 @@ def _predict(config, inputs: PlanInputs, budget: int | None, name: str = "", sea
         longest = longest_rows(shape, inputs, budget, _context(config))
         asked = longest_row(shape, inputs, budget, _context(config))
         inputs.max_seq_length = asked or MIN_SEARCH
-    result = _result(name or config.model_type, shape, inputs, budget)
+    result = _result(name or config.model_type, shape, inputs, budget, interface)
     result.longest = longest
     if inputs.kind == "grpo" and budget is not None:
         result.largest = largest_grpo(shape, inputs, budget, _context(config))
@@ -126,7 +129,7 @@ def _shape(config) -> ModelShape:
                              f"device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from exc
 
 
-def _result(name: str, shape: ModelShape, inputs: PlanInputs, budget: int | None) -> Plan:
+def _result(name: str, shape: ModelShape, inputs: PlanInputs, budget: int | None, interface: str) -> Plan:
     result = Plan(name, inputs, budget=budget)
     result.components = components(shape, inputs, cuda=budget is not None)
     if shape.vision_params:
@@ -138,7 +141,7 @@ def _result(name: str, shape: ModelShape, inputs: PlanInputs, budget: int | None
         host = {k: v for k, v in host.items() if not k.startswith("host (pinned)")}
     result.host = host
     if not result.fits:
-        result.advice = advise(shape, inputs, budget)
+        result.advice = advise(shape, inputs, budget, interface)
     if inputs.gpus > 1:
         result.single = _peak(components(shape, PlanInputs(**{**inputs.__dict__, "gpus": 1, "fsdp": False}),
                                          cuda=budget is not None))
@@ -232,6 +235,29 @@ def _auto(config, gpu, max_seq_length: int, load_in_4bit: bool, name: str = "") 
     return first
 
 
+def default_setup(model_or_config, gpu, max_seq_length: int, load_in_4bit: bool) -> tuple[str, dict] | None:
+    """What FastModel's defaults (``get_peft_model``'s ``use_gradient_checkpointing="auto"`` and
+    ``host_weights="auto"``, what ``fastkit train`` runs with) turn on for this model: :func:`check_fits`'
+    load-time decision (LoRA r=16, batch 1): nothing where plain checkpointing fits, else the :func:`auto_plan`
+    step, as ``(what, PlanInputs fields)``. None when nothing is turned on (it fits, nothing fits, or unified memory).
+    """
+    if gpu_budget(gpu) is None or is_unified(gpu):
+        return None
+    name = model_or_config if isinstance(model_or_config, str) else ""
+    config = planned_config(model_or_config)
+    check_config(config)
+    _check_decoder(config)
+    checks.check_max_seq_length(max_seq_length, config)
+    inputs = PlanInputs(gpu=str(gpu), max_seq_length=max_seq_length, load_in_4bit=load_in_4bit, unified=False)
+    if _predict(config, inputs, gpu_budget(gpu), name).fits:
+        return None
+    found = _auto(config, gpu, max_seq_length, load_in_4bit, name)
+    if found is None:
+        return None
+    knobs = found[1].inputs
+    return found[0], dict(offload=knobs.offload, host_embedding=knobs.host_embedding, host_lm_head=knobs.host_lm_head)
+
+
 def check_fits(config, device, gpu: str | float | None, max_seq_length: int,
                load_in_4bit: bool) -> Plan | None:
     """The load-time verdict (LoRA r=16, checkpointing, batch 1): None off CUDA without a ``gpu`` target.
@@ -280,5 +306,5 @@ def check_fits(config, device, gpu: str | float | None, max_seq_length: int,
 
 
 __all__ = ["EIGHT_BIT", "GPUS", "OPTIMIZER_STATE_BYTES", "SETUPS", "UNIFIED", "Plan", "PlanBuildError", "PlanInputs",
-           "auto_plan", "check_config", "check_fits", "context_table", "default_optimizer", "gpu_budget",
-           "is_unified", "longest_row", "longest_rows", "plan", "prequantized_4bit", "read_config"]
+           "auto_plan", "check_config", "check_fits", "context_table", "default_optimizer", "default_setup",
+           "gpu_budget", "is_unified", "longest_row", "longest_rows", "plan", "prequantized_4bit", "read_config"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fastkit.errors import FastkitError
 from fastkit.plan import rl
 from fastkit.plan.gpus import CARDS, UNIFIED_NOTE
 from fastkit.plan.multi import setup_words
@@ -190,82 +191,113 @@ def _setup_line(inputs: PlanInputs, cuda: bool) -> str:
     return f"{adapter}, {weights}, {ckpt}{where}, loss {inputs.loss}, optimizer {optimizer}{setup_words(inputs)}"
 
 
-def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
-    """The host-weights knobs :func:`advise` tries (LoRA only: the weights must be frozen; untied only)."""
+INTERFACES = ("python", "cli")
+"""The words a plan's advice is given in (``plan(..., interface=...)``): ``"python"``, the arguments of
+``from_pretrained`` / ``get_peft_model`` / ``make_trainer``; ``"cli"``, the flags of ``fastkit train`` (which
+``fastkit plan`` takes too)."""
+
+
+def _host_tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[tuple[str, str], dict]]:
+    """The host-weights knobs :func:`advise` tries (LoRA only: the weights must be frozen; untied only). fastkit
+    train has no flag for them: its load-time plan turns them on where it needs them (--checkpointing auto)."""
     if inputs.r is None or shape.tied:
         return []
     tries = []
+    cli = " (fastkit train turns it on by itself where its load-time plan needs it; the table: add {})"
     if not inputs.host_embedding:
-        tries.append(("keep the frozen input embedding on the host (get_peft_model(host_weights="
-                      "fastkit.HostWeights(input_embedding=True)))", dict(host_embedding=True)))
+        tries.append((("keep the frozen input embedding on the host (get_peft_model(host_weights="
+                       "fastkit.HostWeights(input_embedding=True)))",
+                       "keep the frozen input embedding on the host" + cli.format("--host-embedding")),
+                      dict(host_embedding=True)))
     if not (inputs.host_embedding and inputs.host_lm_head):
-        tries.append(("keep the frozen input embedding and lm_head on the host (get_peft_model(host_weights="
-                      "fastkit.HostWeights(input_embedding=True, lm_head=True)))",
+        tries.append((("keep the frozen input embedding and lm_head on the host (get_peft_model(host_weights="
+                       "fastkit.HostWeights(input_embedding=True, lm_head=True)))",
+                       "keep the frozen input embedding and lm_head on the host"
+                       + cli.format("--host-embedding --host-lm-head")),
                       dict(host_embedding=True, host_lm_head=True)))
     return tries
 
 
-def _tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[str, dict]]:
-    """The single knobs :func:`advise` tries, cheapest in quality first."""
-    tries: list[tuple[str, dict]] = []
+def _tries(shape: ModelShape, inputs: PlanInputs) -> list[tuple[tuple[str, str], dict]]:
+    """The single knobs :func:`advise` tries, cheapest in quality first: ``((python words, cli words), change)``."""
+    tries: list[tuple[tuple[str, str], dict]] = []
     if not inputs.checkpointing:
-        tries.append(("turn on use_gradient_checkpointing=True", dict(checkpointing=True)))
+        tries.append((("turn on use_gradient_checkpointing=True", "--checkpointing on"), dict(checkpointing=True)))
     if inputs.loss == "full":
-        tries.append(("train through make_trainer (TRL's fused LM head) or fastkit's chunked loss",
-                      dict(loss="trl")))
+        tries.append((("train through make_trainer (TRL's fused LM head) or fastkit's chunked loss",
+                       "--chunked-loss"), dict(loss="trl")))
     if inputs.optimizer == "auto" or OPTIMIZER_STATE_BYTES[inputs.optimizer] > OPTIMIZER_STATE_BYTES[EIGHT_BIT]:
-        tries.append((f"use the 8-bit optimizer (optim={EIGHT_BIT!r})", dict(optimizer=EIGHT_BIT)))
+        tries.append(((f"use the 8-bit optimizer (optim={EIGHT_BIT!r})", f"the 8-bit optimizer (--sft optim="
+                       f"{EIGHT_BIT})"), dict(optimizer=EIGHT_BIT)))
     if not inputs.offload and not inputs.unified:  # unified memory: the host is the same pool (UNIFIED)
-        tries.append(("use_gradient_checkpointing='offload' (layer inputs on the host)",
-                      dict(offload=True, checkpointing=True)))
+        tries.append((("use_gradient_checkpointing='offload' (layer inputs on the host)",
+                       "--checkpointing offload (layer inputs on the host)"), dict(offload=True, checkpointing=True)))
     if not inputs.load_in_4bit and inputs.r is not None:
-        tries.append(("load_in_4bit=True (QLoRA)", dict(load_in_4bit=True)))
+        tries.append((("load_in_4bit=True (QLoRA)", "--4bit (QLoRA)"), dict(load_in_4bit=True)))
     if not inputs.unified:
         tries += _host_tries(shape, inputs)
     if inputs.load_in_4bit and shape.experts and inputs.r is not None and inputs.expert_lora:
-        tries.append(("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
-                      dict(expert_lora=False)))
+        tries.append((("LoRA on the linear layers only (get_peft_model(target_modules=[...]) without the experts)",
+                       "LoRA on the linear layers only (--target-modules NAME ... without the experts; the table: "
+                       "add --no-expert-lora)"), dict(expert_lora=False)))
     seq = inputs.max_seq_length if inputs.kind != "grpo" else 0  # GRPO: its own knobs below
     while seq > 256:
         seq //= 2
-        tries.append((f"shorter rows: max_seq_length={seq}", dict(max_seq_length=seq)))
+        tries.append(((f"shorter rows: max_seq_length={seq}", f"shorter rows: --max-seq-length {seq}"),
+                      dict(max_seq_length=seq)))
     if inputs.batch_size > 1:
-        tries.append(("batch_size=1 with gradient_accumulation_steps", dict(batch_size=1)))
+        tries.append((("batch_size=1 with gradient_accumulation_steps", f"--batch-size 1 --grad-accumulation "
+                       f"{inputs.batch_size}"), dict(batch_size=1)))
     tries += _grpo_tries(inputs)
     if inputs.r is not None and inputs.r > 8:
-        tries.append(("smaller LoRA rank: r=8", dict(r=8)))
+        tries.append((("smaller LoRA rank: r=8", "smaller LoRA rank: --lora-r 8"), dict(r=8)))
     return tries
 
 
-def _grpo_tries(inputs: PlanInputs) -> list[tuple[str, dict]]:
+def _grpo_tries(inputs: PlanInputs) -> list[tuple[tuple[str, str], dict]]:
     """GRPO's own knobs: fewer completions per prompt, shorter completions (halved, while sensible)."""
     if inputs.kind != "grpo":
         return []
     tries = []
     if inputs.num_generations >= 4:
         g = inputs.num_generations // 2
-        tries.append((f"fewer completions per prompt: num_generations={g}", dict(num_generations=g)))
+        tries.append(((f"fewer completions per prompt: num_generations={g}", f"fewer completions per prompt: "
+                       f"--num-generations {g}"), dict(num_generations=g)))
     if inputs.max_completion_length >= 128:
         c = inputs.max_completion_length // 2
-        tries.append((f"shorter completions: max_completion_length={c}", dict(max_completion_length=c,
-                                                                               max_prompt_length=rl.prompt_tokens(inputs))))
+        tries.append(((f"shorter completions: max_completion_length={c}", f"shorter completions: "
+                       f"--max-completion-length {c}"),
+                      dict(max_completion_length=c, max_prompt_length=rl.prompt_tokens(inputs))))
     return tries
 
 
-def advise(shape: ModelShape, inputs: PlanInputs, budget: int) -> list[str]:
-    """Single knobs that bring the plan under ``budget``, cheapest in quality first."""
-    cuda = True
+def advise(shape: ModelShape, inputs: PlanInputs, budget: int, interface: str = "python") -> list[str]:
+    """Single knobs that bring the plan under ``budget``, cheapest in quality first, in the words of
+    ``interface`` (:data:`INTERFACES`)."""
+    if interface not in INTERFACES:
+        raise FastkitError(f"interface must be one of {', '.join(INTERFACES)}, got {interface!r}.")
+    cli = interface == "cli"
     fixes = []
-    for text, change in _tries(shape, inputs):
+    for words, change in _tries(shape, inputs):
         trial = PlanInputs(**{**inputs.__dict__, **change})
-        total = _peak(components(shape, trial, cuda))
+        total = _peak(components(shape, trial, cuda=True))
         if total <= budget:
-            fixes.append(f"Fix: {text} (predicted {total / GiB:.1f} GiB).")
+            fixes.append(f"Fix: {words[cli]} (predicted {total / GiB:.1f} GiB).")
             if "max_seq_length" in change:
                 break
     if not fixes:
-        fixes.append("No single knob is enough: combine 4-bit, offload and shorter rows, or use a larger GPU."
-                     if not inputs.unified else "No single knob is enough: combine 4-bit and shorter rows.")
+        fixes.append(_no_single_knob(inputs, cli))
     if inputs.unified:
         fixes.append(f"(Not offered: activation offload and host weights; {UNIFIED_NOTE}.)")
     return fixes
+
+
+def _no_single_knob(inputs: PlanInputs, cli: bool) -> str:
+    """The advice when no single knob fits: what to combine (those not on yet; no offload on unified memory)."""
+    words = [("--4bit", "4-bit", inputs.load_in_4bit), ("--checkpointing offload", "offload",
+                                                        inputs.offload or inputs.unified),
+             ("a shorter --max-seq-length", "shorter rows", False)]
+    knobs = [w[0] if cli else w[1] for w in words if not w[2]]
+    text = f"combine {', '.join(knobs[:-1])} and {knobs[-1]}" if len(knobs) > 1 else f"use {knobs[0]}"
+    larger = "" if inputs.unified else ", or use a larger GPU"
+    return f"No single knob is enough: {text}{larger}."

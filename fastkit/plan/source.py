@@ -95,6 +95,39 @@ def _hub_reachable() -> bool:
     return True
 
 
+def cached_config(name: str, revision: str | None = None) -> str | None:
+    """The local Hub cache's ``config.json`` of Hub id ``name``, or None when it holds none."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(name, "config.json", revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 -- not cached (or not a Hub id): the caller decides
+        return None
+
+
+def hub_unanswered() -> str | None:
+    """Why the Hub will not answer, in a few words (``HF_HUB_OFFLINE`` set, or no TCP answer in
+    :data:`HUB_PROBE_S`), or None when it may: a caller fails in seconds instead of in huggingface_hub's retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return "HF_HUB_OFFLINE is set"
+    return None if _hub_reachable() else f"the Hub cannot be reached (no answer in {HUB_PROBE_S:g} s)"
+
+
+def check_hub_answers(name_or_path: Any, revision: str | None = None) -> None:
+    """A Hub id whose config is not cached, with the Hub out of reach (:func:`hub_unanswered`): refused in seconds
+    (transformers retries for half a minute per file before saying the same). A local path or anything not
+    shaped like a Hub id passes: the loader says what it is."""
+    name = str(name_or_path)
+    if os.path.exists(os.path.expanduser(name)) or name.count("/") != 1 or name.startswith((".", "~", "/")):
+        return
+    if cached_config(name, revision) is not None:
+        return
+    why = hub_unanswered()
+    if why is not None:
+        raise FastkitError(f"{why} and {name!r}'s config.json is not in the local cache: it cannot be loaded. "
+                           "Connect to the Hub once to download it, or pass a local model folder.")
+
+
 def _hub_config(name: str) -> str:
     """``name``'s config.json: the local Hub cache first, then the Hub; one line when neither can answer."""
     from fastkit.plan.configs import KNOWN_CONFIGS
@@ -104,13 +137,11 @@ def _hub_config(name: str) -> str:
                            "like 'Qwen/Qwen3-14B'.")
     from huggingface_hub import hf_hub_download
 
-    try:
-        return hf_hub_download(name, "config.json", local_files_only=True)
-    except Exception:  # noqa: BLE001 -- not cached: the Hub below, or the one-line refusal
-        pass
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    if offline or not _hub_reachable():
-        why = "HF_HUB_OFFLINE is set" if offline else f"the Hub cannot be reached (no answer in {HUB_PROBE_S:g} s)"
+    cached = cached_config(name)
+    if cached is not None:
+        return cached
+    why = hub_unanswered()
+    if why is not None:
         raise FastkitError(f"{why} and {name!r}'s config.json is not in the local cache. Pass a local folder or "
                            f"config.json, or one of the models fastkit ships configs for: {', '.join(KNOWN_CONFIGS)}.")
     try:
@@ -188,4 +219,5 @@ def write_shapes() -> None:
     logger.info("wrote %s (%d shapes)", SHAPES, len(lines))
 
 
-__all__ = ["HUB_PROBE_S", "check_config", "count_shapes", "planned_config", "read_config", "write_shapes"]
+__all__ = ["HUB_PROBE_S", "cached_config", "check_config", "check_hub_answers", "count_shapes", "hub_unanswered",
+           "planned_config", "read_config", "write_shapes"]

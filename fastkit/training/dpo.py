@@ -81,20 +81,20 @@ def check_pair_row(row: dict, i: int, where: str = "train_dataset", chat: bool |
     """
     missing = [k for k in ("chosen", "rejected") if k not in row or row[k] is None]
     if missing:
-        raise FastkitError(f"{where} row {i}: no {' / '.join(repr(k) for k in missing)} field (has "
+        raise FastkitError(f"{where} row {i + 1}: no {' / '.join(repr(k) for k in missing)} field (has "
                            f"{sorted(row)}): a preference pair needs 'chosen' and 'rejected' (and usually 'prompt').")
     chat = _is_messages(row["chosen"]) if chat is None else chat
     for key in ("prompt", "chosen", "rejected"):
         if key in row and row[key] is not None:
-            _check_side(row[key], f"{where} row {i} field {key!r}", chat)
+            _check_side(row[key], f"{where} row {i + 1} field {key!r}", chat)
     if chat and row["chosen"][-1]["role"] != "assistant" or chat and row["rejected"][-1]["role"] != "assistant":
-        raise FastkitError(f"{where} row {i}: 'chosen' and 'rejected' must end with an assistant message (the "
+        raise FastkitError(f"{where} row {i + 1}: 'chosen' and 'rejected' must end with an assistant message (the "
                            "answers being compared).")
     if chat and "prompt" in row and row["prompt"] and row["prompt"][-1]["role"] == "assistant":
-        raise FastkitError(f"{where} row {i} field 'prompt' ends with an assistant message: the prompt is the "
+        raise FastkitError(f"{where} row {i + 1} field 'prompt' ends with an assistant message: the prompt is the "
                            "conversation before the compared answers.")
     if row["chosen"] == row["rejected"]:
-        raise FastkitError(f"{where} row {i}: 'chosen' and 'rejected' are the same, so the pair teaches nothing "
+        raise FastkitError(f"{where} row {i + 1}: 'chosen' and 'rejected' are the same, so the pair teaches nothing "
                            "(and DPO's loss is flat on it). Drop the row or fix the pair.")
     return chat
 
@@ -119,7 +119,7 @@ def check_tokenized_pairs(dataset, max_length: int, drop_long: bool, where: str 
     long_rows = []
     for i, (p, c, r) in enumerate(zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"])):
         if not c or not r:
-            raise FastkitError(f"{where} row {i}: the {'chosen' if not c else 'rejected'} answer has no tokens "
+            raise FastkitError(f"{where} row {i + 1}: the {'chosen' if not c else 'rejected'} answer has no tokens "
                                "after the chat template: nothing to compare.")
         if len(p) + max(len(c), len(r)) > max_length:
             long_rows.append((i, len(p) + max(len(c), len(r))))
@@ -133,7 +133,7 @@ def drop_long_rows(dataset, long_rows: list[tuple[int, int]], max_length: int, d
     FastkitError naming the first (DPO's pairs, KTO's rows); ``measure``, ``consequence``, ``rows``: the words."""
     if long_rows and not drop_long:
         i, n = long_rows[0]
-        raise FastkitError(f"{where} row {i} has {n} tokens ({measure}), above max_seq_length="
+        raise FastkitError(f"{where} row {i + 1} has {n} tokens ({measure}), above max_seq_length="
                            f"{max_length} ({len(long_rows)} row(s) in all); {consequence}. Raise "
                            "max_seq_length, shorten the rows, or pass drop_long=True to drop them.")
     if long_rows:

@@ -124,7 +124,7 @@ def wrap_reward_funcs(reward_funcs) -> list:
 
 
 def _check_prompt(prompt: Any, i: int, dataset: str = "train_dataset") -> None:
-    where = f"{dataset} row {i} field 'prompt'"
+    where = f"{dataset} row {i + 1} field 'prompt'"
     if isinstance(prompt, str):
         if not prompt.strip():
             raise FastkitError(f"{where} is empty.")
@@ -158,7 +158,7 @@ def check_prompts(dataset, tokenizer, reward_funcs: Sequence, max_prompt_length:
     for i, prompt in enumerate(dataset["prompt"]):
         n = _prompt_length(tokenizer, prompt)
         if n > max_prompt_length:
-            raise FastkitError(f"{where} row {i}: the prompt has {n} tokens, above max_prompt_length="
+            raise FastkitError(f"{where} row {i + 1}: the prompt has {n} tokens, above max_prompt_length="
                                f"{max_prompt_length} (the context less max_completion_length). Shorten it or raise "
                                "max_prompt_length.")
 
@@ -177,7 +177,7 @@ def check_prompt_rows(dataset, reward_funcs: Sequence, where: str = "train_datas
     for i, prompt in enumerate(dataset["prompt"]):
         _check_prompt(prompt, i, where)
         if isinstance(prompt, list) != chat:
-            raise FastkitError(f"{where} row {i}: prompts mix text and chat messages; use one form.")
+            raise FastkitError(f"{where} row {i + 1}: prompts mix text and chat messages; use one form.")
     return chat
 
 
@@ -189,7 +189,7 @@ def _check_reward_columns(dataset, fn, where: str) -> None:
                                f"{where} has {dataset.column_names}: add it (or give it a default).")
         for i, value in enumerate(dataset[col]):
             if value is None or isinstance(value, str) and not value.strip():
-                raise FastkitError(f"{where} row {i} field {col!r} is empty; reward function "
+                raise FastkitError(f"{where} row {i + 1} field {col!r} is empty; reward function "
                                    f"{reward_name(inner)!r} reads it.")
 
 

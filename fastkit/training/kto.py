@@ -49,17 +49,17 @@ def check_row(row: dict, i: int, where: str = "train_dataset", chat: bool | None
     ``completion`` decides)."""
     missing = [k for k in COLUMNS if k not in row or row[k] is None]
     if missing:
-        raise FastkitError(f"{where} row {i}: no {' / '.join(repr(k) for k in missing)} field (has {sorted(row)}): "
+        raise FastkitError(f"{where} row {i + 1}: no {' / '.join(repr(k) for k in missing)} field (has {sorted(row)}): "
                            "a KTO row needs 'prompt', 'completion' and 'label' (true: a desirable completion).")
-    label = label_value(row["label"], f"{where} row {i}")
+    label = label_value(row["label"], f"{where} row {i + 1}")
     chat = _is_messages(row["completion"]) if chat is None else chat
     for key in ("prompt", "completion"):
-        _check_side(row[key], f"{where} row {i} field {key!r}", chat)
+        _check_side(row[key], f"{where} row {i + 1} field {key!r}", chat)
     if chat and row["completion"][-1]["role"] != "assistant":
-        raise FastkitError(f"{where} row {i} field 'completion' must end with an assistant message (the answer "
+        raise FastkitError(f"{where} row {i + 1} field 'completion' must end with an assistant message (the answer "
                            "being judged).")
     if chat and row["prompt"][-1]["role"] == "assistant":
-        raise FastkitError(f"{where} row {i} field 'prompt' ends with an assistant message: the prompt is the "
+        raise FastkitError(f"{where} row {i + 1} field 'prompt' ends with an assistant message: the prompt is the "
                            "conversation before the judged answer.")
     return chat, label
 
@@ -130,7 +130,7 @@ def check_tokenized_rows(dataset, max_length: int, drop_long: bool, batch_size: 
     long_rows = []
     for i, (p, c) in enumerate(zip(dataset["prompt_ids"], dataset["completion_ids"])):
         if not c:
-            raise FastkitError(f"{where} row {i}: the completion has no tokens after the chat template: nothing "
+            raise FastkitError(f"{where} row {i + 1}: the completion has no tokens after the chat template: nothing "
                                "to judge.")
         if len(p) + len(c) > max_length:
             long_rows.append((i, len(p) + len(c)))

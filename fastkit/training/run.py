@@ -13,6 +13,7 @@ Gradient checkpointing is owned by ``FastModel.get_peft_model`` / :func:`fastkit
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -572,6 +573,10 @@ CARD_LINE = "This model is a fine-tuned version of "
 """The sentence of TRL's model card (trl/templates/lm_model_card.md, TRL 1.16) that names the base model and data."""
 
 
+NO_HUB_MODEL = 'model="None"'
+"""TRL's quick-start line names ``hub_model_id``, None for a run not pushed: the card names the adapters' folder."""
+
+
 def data_name(source) -> str | None:
     """What the model card calls the training data: a path or Hub id as given, a Hub dataset's name, else None."""
     if isinstance(source, (str, os.PathLike)):
@@ -609,7 +614,9 @@ def _name_in_model_card(trainer, train_dataset) -> None:
         line = model_card_sentence(base, trainer.fastkit_data)
         with open(card, encoding="utf-8") as f:
             text = f.read()
-        lines = [line if ln.startswith(CARD_LINE) else ln for ln in text.splitlines()]
+        lora = os.path.join(trainer.args.output_dir, "lora")  # where fastkit train / save_lora put the adapters
+        lines = [line if ln.startswith(CARD_LINE) else ln.replace(NO_HUB_MODEL, f"model={json.dumps(lora)}")
+                 for ln in text.splitlines()]
         with open(card, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
 

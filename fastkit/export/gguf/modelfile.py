@@ -336,7 +336,9 @@ def modelfile(tokenizer, gguf_name: str) -> str | None:
     for d in found:
         if (template_key := (_template_source(tokenizer), d)) not in _WARNED:  # once per template and process
             _WARNED.add(template_key)
-            logger.warning("fastkit: Modelfile TEMPLATE differs from the chat template for %s", d)
+            logger.info("fastkit: the Modelfile's TEMPLATE renders chats as you trained except for %s (noted in the "
+                        "Modelfile). Only chats of that shape differ: for those, run the GGUF in llama.cpp (the chat "
+                        "template is in the file) or chat with the LoRA (fastkit chat)", d)
     template = go_template(layout)
     lines = [f"FROM ./{gguf_name}", *(f"# differs from apply_chat_template: {d}" for d in found),
              f'TEMPLATE """{template}"""']
