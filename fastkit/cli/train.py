@@ -77,6 +77,7 @@ def preflight(args: argparse.Namespace) -> Prepared:
     """Every check that needs no model, run before it loads (minutes for a 14B model): options, the model folder,
     the GGUF quantization, the output folder, the data (path, format, columns, rows) and the resume state."""
     from fastkit.errors import FastkitError
+    from fastkit.extras import require
     from fastkit.training import check_report_to
     from fastkit.training.run import check_stream_options
 
@@ -91,7 +92,8 @@ def preflight(args: argparse.Namespace) -> Prepared:
     _check_fsdp_exports(args)
     images = _image_data(args)  # image + text rows: checked here, every image opened
     vlm = images is not None or _loads_as_vision(args.model, args.twin)
-    if vlm:
+    if vlm:  # its processor reads images with Pillow, text rows too
+        require("PIL", f"--model {args.model} (a vision-language model)")
         _vision_defaults(args, images is not None)
     _check_sft_config(args.train, args.load_in_4bit)
     if images is None:
@@ -110,11 +112,13 @@ def _image_data(args: argparse.Namespace) -> list[dict] | None:
     path), the --eval-split count; None for text data."""
     from fastkit.data.vision import check_image_files, read_image_rows
     from fastkit.errors import FastkitError
+    from fastkit.extras import require
     from fastkit.training.run import split_rows
 
     rows = read_image_rows(args.data, "--data")
     if rows is None:
         return None
+    require("PIL", f"--data {args.data_label} (image + text rows)", "Or train on text rows.")
     model_type, facts = _model_facts(args.model, args.twin)
     if model_type is not None and not _vision_family(model_type, facts, args.twin):
         raise FastkitError(f"--data {args.data_label} holds image + text rows, but --model {args.model} is a text "
@@ -271,12 +275,10 @@ def _check_model_config(model: str, twin: bool, target_modules) -> None:
 def _check_gguf(quantizations: list[str] | None) -> None:
     """``--gguf``: the gguf package writing them needs is installed (names: the parser's choices; llama.cpp for
     K-quants: :func:`fastkit.cli.export.check_menu_arguments`)."""
-    import importlib.util
+    from fastkit.extras import require
 
-    from fastkit.errors import FastkitError
-
-    if quantizations and importlib.util.find_spec("gguf") is None:
-        raise FastkitError("--gguf needs the gguf package: pip install 'fastkit-llm[gguf]' (or drop --gguf).")
+    if quantizations:
+        require("gguf", "--gguf", "Or drop --gguf.")
 
 
 def _check_output_dir(output_dir: str) -> None:

@@ -243,6 +243,11 @@ def make_view(view: str = "auto", title: str | None = None):
         view = os.environ.get("FASTKIT_DASHBOARD") or ("html" if in_notebook() else "terminal")
         if view not in VIEWS[1:]:
             raise ValueError(f"FASTKIT_DASHBOARD must be one of {', '.join(map(repr, VIEWS[1:]))}, got {view!r}")
+    if view in ("html", "widget"):  # the curves are drawn with matplotlib, the panel with ipywidgets
+        from fastkit.extras import require
+
+        for module in ("matplotlib", "ipywidgets")[: 1 + (view == "widget")]:
+            require(module, f"The dashboard's {view!r} view", "Or fit(trainer, view='terminal').")
     if view == "html":
         return HtmlView(title)
     if view == "widget":

@@ -42,9 +42,17 @@ def image_parts(messages: Sequence[dict]) -> int:
                for part in m["content"] if isinstance(part, dict) and part.get("type") == "image")
 
 
+def _require_pillow() -> None:
+    """Images are read with Pillow (the ``vision`` extra): a FastkitError naming it when it is not installed."""
+    from fastkit.extras import require
+
+    require("PIL", "Image + text rows", "Or train on text rows.")
+
+
 def open_image(image: Any, row: int, index: int):
     """``image`` (a path, an http(s) URL: :func:`fetch_image`, or a PIL image) as an RGB PIL image; a FastkitError
     naming the row and the image."""
+    _require_pillow()
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, Image.Image):
@@ -70,6 +78,7 @@ def _open_stored(image: dict, row: int, index: int):
     """An image as ``datasets`` stores one in Parquet: ``{"bytes": ..., "path": ...}`` (the bytes win)."""
     import io
 
+    _require_pillow()
     from PIL import Image, UnidentifiedImageError
 
     if not image.get("bytes"):
@@ -146,6 +155,7 @@ def _download(url: str, row: int, index: int, timeout: float) -> bytes:
 def _check_image_bytes(body: bytes, url: str, row: int, index: int) -> None:
     import io
 
+    _require_pillow()
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -462,6 +472,7 @@ _COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220),
 def shape_rows(n: int = 16, instruction: str = "Describe this image.") -> list[dict]:
     """``n`` offline image + caption rows: a coloured square on another colour, captioned with both (a set to see
     that training runs, not to learn anything)."""
+    _require_pillow()
     from PIL import Image, ImageDraw
 
     names = list(_COLOURS)

@@ -50,6 +50,9 @@ def smollm2_135m_instruct() -> str:
         _repair_tokenizer(target)
         return str(target)
     gguf = smollm2_gguf_path()
+    from fastkit.extras import require
+
+    require("gguf", f"Reading {gguf.name} (the quickstart's weights, once)", "Or run fastkit quickstart --twin.")
     logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
