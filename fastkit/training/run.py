@@ -46,6 +46,7 @@ from fastkit.training.options import (
     TrainOptions,
     available_trackers,
     check_report_to,
+    default_eval_steps,
     trackers,
     write_config,
 )
@@ -254,7 +255,7 @@ def _epoch_steps(trainer, options: TrainOptions, evaluate: bool) -> None:
     total = planned_steps(trainer)
     trainer.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
     if evaluate and options.eval_steps is None:
-        trainer.args.eval_steps = max(1, total // 10)
+        trainer.args.eval_steps = default_eval_steps(total)
 
 
 def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
@@ -449,7 +450,7 @@ def sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str,
         report_to=list(trackers(options.report_to)), seed=options.seed, data_seed=options.seed,
         **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": options.save_total_limit}
            if save_steps else {"save_strategy": "no"}),
-        **({"eval_strategy": "steps", "eval_steps": options.eval_steps or max(1, (max_steps or 10) // 10),
+        **({"eval_strategy": "steps", "eval_steps": options.eval_steps or default_eval_steps(max_steps or 1),
             "per_device_eval_batch_size": batch} if evaluate else {}),
         lr_scheduler_type=options.lr_scheduler_type, warmup_steps=warmup, weight_decay=options.weight_decay,
         dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
