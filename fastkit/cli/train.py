@@ -366,7 +366,7 @@ def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
     (:class:`fastkit.cli.config.Resolved`), ``.train`` / ``.lora`` (the options) and the run's fields by name."""
     from fastkit.cli.config import resolve
 
-    control = ("config", "print_config", "resume", "extend", "command", "run")
+    control = ("config", "print_config", "resume", "extend", "argv", "command", "run")
     given = {k: v for k, v in vars(args).items() if k not in control}
     resolved = resolve(given, args.config)
     from fastkit.cli.config import read_file
@@ -414,8 +414,17 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
+    trainer.fastkit_resume_hint = resume_command(args)  # Ctrl-C's message: how to continue its checkpoint
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
     return save_run(args, model, tokenizer, trainer, metrics.status)
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that continues this run from its newest checkpoint: as typed, with ``--resume``."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or ["train", "..."])
+    return "fastkit " + shlex.join(argv + ([] if "--resume" in argv else ["--resume"]))
 
 
 def save_run(args: argparse.Namespace, model, tokenizer, trainer, status: str) -> int:
@@ -476,4 +485,4 @@ def build(args: argparse.Namespace, prepared: Prepared):
 
 
 __all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "save_run", "data_label", "flag_words",
-           "preflight", "resolved_args", "run"]
+           "preflight", "resolved_args", "resume_command", "run"]

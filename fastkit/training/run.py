@@ -710,8 +710,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
             raise FastkitError(guard.problem)
     except KeyboardInterrupt:
         step = _settle(trainer, callback)
-        logger.warning("fastkit: training interrupted after step %d/%d; the model keeps the weights trained so far.",
-                       step, callback.metrics.max_steps)
+        logger.warning("fastkit: %s", _interrupt_checkpoint(trainer, step, callback.metrics.max_steps))
         callback.finish("interrupted", f"stopped by the user after step {step}")
     except Exception as exc:
         _settle(trainer, callback)
@@ -726,6 +725,28 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
             else:
                 trainer.add_callback(cb)
     return callback.metrics
+
+
+RESUME_HINT = "fit(trainer, resume=True)"
+"""How :func:`fit`'s interrupt message says to continue; the CLI sets ``trainer.fastkit_resume_hint`` to its command."""
+
+
+def _interrupt_checkpoint(trainer, step: int, max_steps: int) -> str:
+    """After Ctrl-C at ``step`` (optimizer steps done): ``checkpoint-<step>`` written (optimizer, scheduler, RNG and
+    run identity with the adapter, as a save step writes it) so that ``resume=True`` continues there; the message."""
+    hint = getattr(trainer, "fastkit_resume_hint", RESUME_HINT)
+    if step == 0:
+        return "interrupted before the first step; nothing was trained and there is nothing to continue."
+    if ranks.world_size() > 1:  # a checkpoint is written by every rank together; they were not stopped together
+        last = last_checkpoint(trainer.args.output_dir)
+        where = f"the newest checkpoint is {os.path.basename(last)}" if last else "no checkpoint was written"
+        return (f"interrupted at step {step}/{max_steps} ({ranks.world_size()} processes: {where}); the model keeps "
+                "the weights trained so far.")
+    folder = os.path.join(trainer.args.output_dir, f"checkpoint-{step}")
+    if not os.path.isdir(folder):  # a save step may have written it already
+        folder = _hf.save_checkpoint(trainer)
+    return (f"interrupted at step {step}/{max_steps}; {os.path.basename(folder)} written ({folder}); continue "
+            f"with: {hint}")
 
 
 def _resume_or_new(trainer, resume: bool, train_kwargs: dict, extend: bool = False) -> str:
