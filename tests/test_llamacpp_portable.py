@@ -105,3 +105,15 @@ def test_a_quantizer_refusal_names_llama_cpps_last_line():
     assert line.startswith("save_gguf(quantization='q6_k'): llama.cpp's quantizer failed (exit status 1): "
                            "llama_model_quantize: failed to quantize: tensor 'x' has wrong shape. Nothing was saved")
     assert f"({signal.Signals.SIGILL.name})" in llamacpp.failure_line("w", -signal.SIGILL, "")
+
+
+def test_the_documented_build_is_the_one_ci_tests():
+    """docs/export.md's install command (README points to it) builds llama.cpp with .ci/run's CMAKE_ARGS."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ci = re.search(r'CMAKE_ARGS="([^"]+)"', (root / ".ci" / "run").read_text())[1].split()
+    doc = re.search(r'CMAKE_ARGS="([^"]+)"', (root / "docs" / "export.md").read_text(), re.S)[1]
+    assert doc.replace("\\\n", " ").split() == ci and "-DGGML_NATIVE=OFF" in ci
+    assert "docs/export.md#llamacpp-the-portable-build" in (root / "README.md").read_text()
