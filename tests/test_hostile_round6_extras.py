@@ -121,3 +121,12 @@ def test_every_extra_named_is_one_of_pyprojects():
         listed = [re.split(r"[<>=\[; ]", spec.strip().strip('"'))[0].lower() for spec in found[1].split(",")]
         assert package.lower() in listed, (module, extra, listed)
         assert install_line(module) == f"pip install 'fastkit-llm[{extra}]'"
+
+
+def test_loading_a_vision_language_model_without_pillow(monkeypatch):
+    """Every command that loads one (train, export, chat, the notebooks): named before any weight is read."""
+    _missing(monkeypatch, "PIL")
+    with pytest.raises(FastkitError, match=re.escape("qwen2_5_vl, a vision-language model (its processor reads "
+                                                     "images) needs Pillow, which is not installed: pip install "
+                                                     "'fastkit-llm[vision]'")):
+        FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=64)
