@@ -46,6 +46,7 @@ def _drive(cb: MetricsCallback, clock: FakeClock, steps: int, eval_after: dict[i
                 clock.now += eval_after[step] / 2
             during.append(progress_line(cb.metrics))
             cb.on_log(args, state, control, logs={"eval_loss": 1.5})
+            assert not cb.metrics.evaluating  # the eval loss is its result: no longer "evaluating"
             cb.on_evaluate(args, state, control)
     cb.on_train_end(args, state, control)
     return during

@@ -282,6 +282,7 @@ class MetricsCallback(TrainerCallback):
             return
         m, step = self.metrics, state.global_step
         if isinstance(logs.get("eval_loss"), (int, float)):
+            self._end_evaluation()  # the evaluation's result: it is over (on_evaluate follows)
             m.eval_loss = float(logs["eval_loss"])
             if not m.eval_history or m.eval_history[-1][0] != step:
                 m.eval_history.append((step, m.eval_loss))
