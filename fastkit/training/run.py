@@ -728,7 +728,8 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
 
 
 RESUME_HINT = "fit(trainer, resume=True)"
-"""How :func:`fit`'s interrupt message says to continue; the CLI sets ``trainer.fastkit_resume_hint`` to its command."""
+"""How :func:`fit`'s interrupt message says to continue; the CLI sets ``trainer.fastkit_resume_hint`` to its command
+(None: a run nobody continues, no checkpoint written)."""
 
 
 def _interrupt_checkpoint(trainer, step: int, max_steps: int) -> str:
@@ -737,6 +738,8 @@ def _interrupt_checkpoint(trainer, step: int, max_steps: int) -> str:
     hint = getattr(trainer, "fastkit_resume_hint", RESUME_HINT)
     if step == 0:
         return "interrupted before the first step; nothing was trained and there is nothing to continue."
+    if hint is None:  # a run nobody continues (the quickstart)
+        return f"interrupted at step {step}/{max_steps}; the model keeps the weights trained so far."
     if ranks.world_size() > 1:  # a checkpoint is written by every rank together; they were not stopped together
         last = last_checkpoint(trainer.args.output_dir)
         where = f"the newest checkpoint is {os.path.basename(last)}" if last else "no checkpoint was written"
