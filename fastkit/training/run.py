@@ -99,8 +99,9 @@ def make_trainer(
     ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data;
     ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
 
-    ``eval_dataset`` (checked like the training data) is evaluated every ``eval_steps`` steps (default:
-    10 times a run) and its loss shows on the dashboard; ``early_stopping_patience`` stops the run when that
+    ``eval_dataset`` (checked like the training data) is evaluated every ``eval_steps`` steps and after the last
+    (default: about 5 times a run, at most every 10 steps: :func:`~fastkit.training.options.default_eval_steps`) and
+    its loss shows on the dashboard; ``early_stopping_patience`` stops the run when that
     loss has not improved for that many evaluations. ``save_steps`` saves a checkpoint every that many steps
     into ``output_dir`` (the ``save_total_limit`` newest kept; ``fit(trainer, resume=True)`` continues from the
     last one); None saves none. ``dashboard`` ('auto', 'html', 'widget', 'terminal', 'none') attaches
