@@ -11,7 +11,7 @@ import pytest
 from transformers import TrainerControl, TrainerState
 
 from fastkit.dashboard import MetricsCallback
-from fastkit.dashboard.render import progress_line, stat_rows
+from fastkit.dashboard.render import progress_line, progress_text, stat_rows
 from fastkit.training import TrainOptions, fit, sft_config
 from fastkit.training.options import EVAL_EVERY_AT_LEAST, EVALS_PER_RUN, default_eval_steps
 from tests.helpers import FakeClock
@@ -44,7 +44,7 @@ def _drive(cb: MetricsCallback, clock: FakeClock, steps: int, eval_after: dict[i
             for _ in range(2):
                 cb.on_prediction_step(args, state, control)
                 clock.now += eval_after[step] / 2
-            during.append(progress_line(cb.metrics))
+            during.append(progress_line(cb.metrics) + progress_text(cb.metrics))  # the terminal's, the notebook's
             cb.on_log(args, state, control, logs={"eval_loss": 1.5})
             assert not cb.metrics.evaluating  # the eval loss is its result: no longer "evaluating"
             cb.on_evaluate(args, state, control)
@@ -59,7 +59,8 @@ def test_a_slow_evaluation_is_left_out_of_the_rates():
     m = cb.metrics
     assert m.steps_per_s == pytest.approx(1.0) and m.tokens_per_s == pytest.approx(100.0)  # 6 steps of 1 s each
     assert m.eval_s == pytest.approx(130.0) and m.elapsed_s == pytest.approx(136.0)
-    assert not m.evaluating and m.eval_every == 10 and all("| evaluating |" in line for line in during), during
+    assert not m.evaluating and m.eval_every == 10
+    assert all("| evaluating |" in line and "evaluating ·" in line for line in during), during
     assert stat_rows(m)["eval_time"].value == "2:10 (not in steps/s, tokens/s)"
 
 
