@@ -64,6 +64,17 @@ def test_a_slow_evaluation_is_left_out_of_the_rates():
     assert stat_rows(m)["eval_time"].value == "2:10 (not in steps/s, tokens/s)"
 
 
+def test_the_eta_counts_the_evaluations_left_at_their_measured_time():
+    clock = FakeClock(0.0)
+    cb = MetricsCallback(warmup_steps=0, clock=clock)
+    etas = {}
+    listener = lambda event, m: etas.__setitem__(m.step, m.eta_s) if event == "step" else None  # noqa: E731
+    cb.add_listener(listener)
+    _drive(cb, clock, steps=25, eval_after={10: 40.0}, eval_steps=10)
+    assert etas[11] == pytest.approx(14 / 1.0 + 2 * 40.0)  # 14 steps at 1 step/s, then evaluations at 20 and 25
+    assert etas[21] == pytest.approx(4 / 1.0 + 1 * 40.0) and etas[25] == 0
+
+
 def test_without_evaluation_the_rates_are_the_wall_clocks():
     clock = FakeClock(0.0)
     cb = MetricsCallback(warmup_steps=0, clock=clock)

@@ -105,6 +105,8 @@ class TrainingMetrics:
     """True while the eval set runs (the views say "evaluating")."""
     eval_s: float = 0.0
     """Seconds spent evaluating so far: in ``elapsed_s``, left out of steps/s and tokens/s."""
+    evaluations: int = 0
+    """Evaluations this run has made (their mean time estimates the ones left in ``eta_s``)."""
     examples: int | None = None
     """Training examples (rows before packing when fastkit built the trainer; else the dataloader's rows)."""
     effective_batch: int | None = None
@@ -328,6 +330,7 @@ class MetricsCallback(TrainerCallback):
         if self.is_main and m.evaluating:
             m.eval_s += self.clock() - self._eval_start
             m.evaluating = False
+            m.evaluations += 1
 
     # -- ends that the trainer does not report ---------------------------------------------
     def finish(self, status: str, error: str | None = None) -> TrainingMetrics:
@@ -368,7 +371,8 @@ class MetricsCallback(TrainerCallback):
         steps_per_s, tokens_per_s = throughput(w.step_end, w.tokens, self._first_step + self.warmup_steps)
         m.steps_per_s, m.tokens_per_s = steps_per_s, tokens_per_s
         m.tokens_seen = w.tokens[max(w.tokens)] if w.tokens else None
-        m.eta_s = (m.max_steps - m.step) / steps_per_s if steps_per_s and m.max_steps else None
+        m.eta_s = (m.max_steps - m.step) / steps_per_s + evals_left(m) * m.eval_s / max(1, m.evaluations) \
+            if steps_per_s and m.max_steps else None
 
     def _read_memory(self) -> None:
         m = self.metrics
@@ -504,6 +508,14 @@ def tracker_metrics(m: TrainingMetrics) -> dict[str, float]:
     if m.syncs_per_step is not None:
         out["fastkit/syncs_per_step"] = float(m.syncs_per_step)
     return out
+
+
+def evals_left(m: TrainingMetrics) -> int:
+    """Evaluations still to come after step ``m.step``: each multiple of ``eval_every`` up to ``max_steps``, and one
+    after the last step when the cadence does not fall on it."""
+    if not m.eval_every or m.step >= m.max_steps:
+        return 0
+    return m.max_steps // m.eval_every - m.step // m.eval_every + (1 if m.max_steps % m.eval_every else 0)
 
 
 def _eval_every(args, state) -> int | None:
