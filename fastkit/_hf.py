@@ -493,6 +493,19 @@ def prepare_inputs(trainer, batch: dict) -> dict:
     return trainer._prepare_inputs(batch)
 
 
+def save_checkpoint(trainer) -> str:
+    """Write ``output_dir/checkpoint-<global_step>`` as ``trainer.train()`` does at a save step (the adapter, optimizer,
+    scheduler, RNG states, trainer_state.json; ``save_total_limit`` applied), then run the ``on_save`` callbacks (the
+    run identity fastkit's resume checks). ``trainer._save_checkpoint(model, trial=None)``; returns the folder.
+
+    checked: transformers 5.24, 5.25 (``_save_checkpoint(self, model, trial)``).
+    Can go when the Trainer exposes saving a resumable checkpoint publicly.
+    """
+    trainer._save_checkpoint(trainer.model, trial=None)
+    trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+    return os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+
+
 def trainer_loss_accumulator(trainer) -> torch.Tensor:
     """The device tensor the Trainer sums step losses into between log points: ``trainer._tr_loss``.
 

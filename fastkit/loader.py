@@ -267,7 +267,10 @@ def wants_vision(facts: registry.ModelFacts | None, vision: bool | None, model_t
     the row has vision facts and is not a composite loaded as text by default (Gemma 3: ``vision=True``)."""
     row_vision = facts is not None and facts.vision is not None
     if vision is None:
-        return row_vision and not facts.text_config
+        vision = row_vision and not facts.text_config
+        if vision:
+            _require_pillow(model_type)
+        return vision
     if not isinstance(vision, bool):
         raise FastkitError(f"vision must be True, False or None, got {vision!r}.")
     if vision and not row_vision:
@@ -277,7 +280,16 @@ def wants_vision(facts: registry.ModelFacts | None, vision: bool | None, model_t
     if not vision and row_vision and not facts.text_config:
         raise FastkitError(f"vision=False: {model_type} loads only as a vision-language model (its text model alone "
                            "is not a checkpoint fastkit loads); drop vision=False and train on text rows.")
+    if vision:
+        _require_pillow(model_type)
     return vision
+
+
+def _require_pillow(model_type: str) -> None:
+    """A vision-language model's processor reads images with Pillow (the ``vision`` extra): named before the load."""
+    from fastkit.extras import require
+
+    require("PIL", f"{model_type}, a vision-language model (its processor reads images)")
 
 
 def _load_processor(name_or_path: str, trust_remote_code: bool, hf_kwargs: dict):

@@ -147,9 +147,9 @@ def hf_ids(tokenizer, text: str) -> list[int]:
 
 
 def load(path: str):
-    import llama_cpp
+    from fastkit.export.gguf import llamacpp  # as fastkit chat loads it (Note: [portable llama.cpp])
 
-    return llama_cpp.Llama(model_path=path, n_ctx=512, logits_all=True, verbose=False, n_threads=2, seed=0)
+    return llamacpp.load(path, "the round trip", n_ctx=512, logits_all=True, n_threads=2, seed=0)
 
 
 def _logits_llama(llm, ids: list[int]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from types import SimpleNamespace
 
@@ -148,12 +149,16 @@ class FakeTrainer:
                                     logging_nan_inf_filter=True, world_size=1,  # the run identity's processes
                                     per_device_train_batch_size=1, gradient_accumulation_steps=1)
         self.state = TrainerState(max_steps=steps)
-        self.callback_handler = SimpleNamespace(callbacks=[PrinterCallback()])
+        self.callback_handler = SimpleNamespace(callbacks=[PrinterCallback()], on_save=lambda args, state, c: c)
+        self.control = TrainerControl()
         self.seen_during_train: list[str] = []
         self.steps, self.interrupt_at, self.clock = steps, interrupt_at, clock or FakeClock()
 
     def add_callback(self, cb):
         self.callback_handler.callbacks.append(cb)
+
+    def _save_checkpoint(self, model, trial):  # what fit writes on Ctrl-C (fastkit._hf.save_checkpoint)
+        os.makedirs(os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}"))
 
     def remove_callback(self, cb):
         self.callback_handler.callbacks.remove(cb)
@@ -211,7 +216,8 @@ def test_fit_widget_view_interrupted(shown, caplog):
     assert "interrupted" in summary.data and "4 / 10" in summary.data and plot.data.startswith(PNG)
     assert box.children[1].children[0].bar_style == "warning"
     assert trainer.model.weight.grad is None           # the half-made gradient is gone
-    assert "training interrupted after step 4/10" in caplog.text
+    assert "interrupted at step 4/10; checkpoint-4 written" in caplog.text
+    assert "continue with: fit(trainer, resume=True)" in caplog.text
 
 
 def test_widget_redraw_is_throttled(shown):

@@ -19,7 +19,7 @@ def test_eval_checkpoints_and_overrides_win():
     options = BASE.replace(save_steps=10, sft={"optim": "sgd", "max_grad_norm": 0.5})
     c = sft_config(options, evaluate=True, **{**DEVICE, "cuda": True})
     assert (c["save_strategy"], c["save_steps"], c["save_total_limit"]) == ("steps", 10, 2)
-    assert (c["eval_strategy"], c["eval_steps"], c["per_device_eval_batch_size"]) == ("steps", 4, 2)
+    assert (c["eval_strategy"], c["eval_steps"], c["per_device_eval_batch_size"]) == ("steps", 10, 2)
     assert c["optim"] == "sgd" and c["max_grad_norm"] == 0.5 and c["dataloader_pin_memory"] is True
     assert sft_config(BASE.replace(eval_steps=7), evaluate=True, **DEVICE)["eval_steps"] == 7
 

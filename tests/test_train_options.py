@@ -67,7 +67,7 @@ def test_eval_split_holds_out_rows_and_evaluates(twin_model, tmp_path):
     whole = _make(twin_model, tmp_path, max_steps=2)
     trainer = _make(twin_model, tmp_path, max_steps=2, eval_split=0.2)
     assert trainer.eval_dataset is not None and len(trainer.eval_dataset) > 0 and trainer.args.eval_strategy == "steps"
-    assert trainer.args.eval_steps == 1
+    assert trainer.args.eval_steps == 10  # default_eval_steps(2): at most every 10 steps, so once, after step 2
     assert len(trainer.train_dataset) < len(whole.train_dataset)  # the held-out rows left the training set
 
 

@@ -222,10 +222,12 @@ def test_llama_cpp_answers_an_image_prompt_as_transformers_does(exported):
 
 
 def test_the_text_gguf_reproduces_the_language_model_in_llama_cpp(exported):
-    llama_cpp = require_llama_cpp()
+    from fastkit.export.gguf import llamacpp
+
+    require_llama_cpp()
     _, model, processor, text_file, _ = exported
     ids = processor.tokenizer("User: What is in the picture?\nAssistant:")["input_ids"]
-    llm = llama_cpp.Llama(text_file, n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    llm = llamacpp.load(text_file, "the text GGUF", n_ctx=64, logits_all=True, n_threads=1)
     llm.eval(ids)
     got = np.asarray(llm.scores[: len(ids)])
     with torch.no_grad():

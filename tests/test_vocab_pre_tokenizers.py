@@ -180,9 +180,9 @@ def write_vocab_gguf(kv: dict, tokenizer, target: Path) -> None:
 
 
 def _llama_ids(path: Path, cases) -> list[list[int]]:
-    import llama_cpp
+    from fastkit.export.gguf import llamacpp
 
-    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llm = llamacpp.load(path, "the vocabulary", vocab_only=True)
     try:  # as test-tokenizer-0: no BOS/EOS added, special tokens not parsed
         return [llm.tokenize(text.encode(), add_bos=False, special=False) for text, _ in cases]
     finally:

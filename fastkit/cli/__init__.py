@@ -221,6 +221,7 @@ def _main(argv: list[str]) -> int:
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")
     args = parser.parse_args(argv)
+    args.argv = argv  # the command as typed: an interrupted run's message says how to continue it
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from fastkit import _quiet

@@ -52,14 +52,15 @@ def _hf_answer(args: argparse.Namespace) -> Answer:
 
 def _gguf_answer(args: argparse.Namespace) -> Answer:
     from fastkit.errors import FastkitError
+    from fastkit.export.gguf import llamacpp
 
     try:
-        import llama_cpp
-    except ImportError as exc:
-        raise FastkitError(f"fastkit chat --model {args.model}: a GGUF runs in llama.cpp, from llama-cpp-python: "
-                           "pip install 'fastkit-llm[llamacpp]'; or chat with the LoRA / merged folder instead."
-                           ) from exc
-    llm = llama_cpp.Llama(model_path=str(args.model), n_ctx=args.max_seq_length, verbose=False, seed=0)
+        llamacpp.require("a GGUF")
+    except FastkitError as exc:
+        raise FastkitError(f"fastkit chat --model {args.model}: {exc} Or chat with the LoRA / merged folder instead."
+                           ) from None
+    # without llama.cpp's extra CPU buffer types: they crash on virtualised Xeons (Note: [portable llama.cpp])
+    llm = llamacpp.load(args.model, "fastkit chat", n_ctx=args.max_seq_length, seed=0)
 
     def answer(messages: list[dict]) -> str:
         out = llm.create_chat_completion(messages=messages, max_tokens=args.max_new_tokens,

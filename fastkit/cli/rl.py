@@ -75,10 +75,11 @@ def refuse_orpo(argv: list[str]) -> None:
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
     """The flags, the ``--config`` file and the defaults as one checked namespace (what preflight and the export
     menu read by name)."""
-    control = ("config", "print_config", "resume", "extend", "help_all", "command", "run")
+    control = ("config", "print_config", "resume", "extend", "help_all", "argv", "command", "run")
     given = {k: v for k, v in vars(args).items() if k not in control}
     resolved = rl_options.resolve(COMMANDS[args.command], given, args.config)
-    out = argparse.Namespace(print_config=args.print_config, resume=args.resume, extend=args.extend)
+    out = argparse.Namespace(print_config=args.print_config, resume=args.resume, extend=args.extend,
+                             argv=getattr(args, "argv", None))
     vars(out).update(vars(resolved.run))
     out.resolved, out.options, out.lora = resolved, resolved.options, resolved.lora
     out.output_dir, out.report_to = resolved.options.output_dir, resolved.options.report_to
@@ -262,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     ranks.quiet_replicas()  # a torchrun job: the main process prints, the others warn only
     prepared = ranks.agreed(preflight, args)  # before the model loads; a refusal on any rank ends every rank
     model, tokenizer, trainer = build(args, prepared)
+    trainer.fastkit_resume_hint = cli_train.resume_command(args)  # Ctrl-C's message: how to continue
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
     return cli_train.save_run(args, model, tokenizer, trainer, metrics.status)  # FSDP: gathered, saved once
 

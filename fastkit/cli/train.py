@@ -82,6 +82,7 @@ def preflight(args: argparse.Namespace) -> Prepared:
     if not args.twin:  # a Hub id out of reach: refused in seconds, before the heavy imports and the data
         check_hub_answers(args.model)
     from fastkit.errors import FastkitError
+    from fastkit.extras import require
     from fastkit.training import check_report_to
     from fastkit.training.run import check_stream_options
 
@@ -96,7 +97,8 @@ def preflight(args: argparse.Namespace) -> Prepared:
     _check_fsdp_exports(args)
     images = _image_data(args)  # image + text rows: checked here, every image opened
     vlm = images is not None or _loads_as_vision(args.model, args.twin)
-    if vlm:
+    if vlm:  # its processor reads images with Pillow, text rows too
+        require("PIL", f"--model {args.model} (a vision-language model)")
         _vision_defaults(args, images is not None)
     _check_sft_config(args.train, args.load_in_4bit)
     if images is None:
@@ -115,11 +117,13 @@ def _image_data(args: argparse.Namespace) -> list[dict] | None:
     path), the --eval-split count; None for text data."""
     from fastkit.data.vision import check_image_files, read_image_rows
     from fastkit.errors import FastkitError
+    from fastkit.extras import require
     from fastkit.training.run import split_rows
 
     rows = read_image_rows(args.data, "--data")
     if rows is None:
         return None
+    require("PIL", f"--data {args.data_label} (image + text rows)", "Or train on text rows.")
     model_type, facts = _model_facts(args.model, args.twin)
     if model_type is not None and not _vision_family(model_type, facts, args.twin):
         raise FastkitError(f"--data {args.data_label} holds image + text rows, but --model {args.model} is a text "
@@ -277,12 +281,10 @@ def _check_model_config(model: str, twin: bool, target_modules) -> None:
 def _check_gguf(quantizations: list[str] | None) -> None:
     """``--gguf``: the gguf package writing them needs is installed (names: the parser's choices; llama.cpp for
     K-quants: :func:`fastkit.cli.export.check_menu_arguments`)."""
-    import importlib.util
+    from fastkit.extras import require
 
-    from fastkit.errors import FastkitError
-
-    if quantizations and importlib.util.find_spec("gguf") is None:
-        raise FastkitError("--gguf needs the gguf package: pip install 'fastkit-llm[gguf]' (or drop --gguf).")
+    if quantizations:
+        require("gguf", "--gguf", "Or drop --gguf.")
 
 
 def _check_output_dir(output_dir: str) -> None:
@@ -370,7 +372,7 @@ def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
     (:class:`fastkit.cli.config.Resolved`), ``.train`` / ``.lora`` (the options) and the run's fields by name."""
     from fastkit.cli.config import resolve
 
-    control = ("config", "print_config", "resume", "extend", "command", "run")
+    control = ("config", "print_config", "resume", "extend", "argv", "command", "run")
     given = {k: v for k, v in vars(args).items() if k not in control}
     resolved = resolve(given, args.config)
     from fastkit.cli.config import read_file
@@ -418,8 +420,17 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
+    trainer.fastkit_resume_hint = resume_command(args)  # Ctrl-C's message: how to continue its checkpoint
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
     return save_run(args, model, tokenizer, trainer, metrics.status)
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that continues this run from its newest checkpoint: as typed, with ``--resume``."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or ["train", "..."])
+    return "fastkit " + shlex.join(argv + ([] if "--resume" in argv else ["--resume"]))
 
 
 def save_run(args: argparse.Namespace, model, tokenizer, trainer, status: str) -> int:
@@ -491,4 +502,4 @@ def build(args: argparse.Namespace, prepared: Prepared):
 
 
 __all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "save_run", "data_label", "flag_words",
-           "next_steps", "preflight", "resolved_args", "run"]
+           "next_steps", "preflight", "resolved_args", "resume_command", "run"]

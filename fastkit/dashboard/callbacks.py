@@ -6,7 +6,8 @@ warm-up steps excluded, loss / learning rate / grad norm curves, device memory r
 (``torch.cuda.mem_get_info``, not NVML, which fails on GB10), host RAM, and which fastkit
 optimizations are active on the model. Drawing is someone else's job: a listener
 (``callback.add_listener(fn)``) gets ``fn(event, metrics)`` for ``"begin"``, ``"step"``,
-``"log"`` and ``"end"``. The views in :mod:`fastkit.dashboard.views` are such listeners.
+``"log"``, ``"evaluate"`` (an evaluation began: it runs until the next step) and ``"end"``. The views in
+:mod:`fastkit.dashboard.views` are such listeners.
 
 Only the main process reports: on other ranks the callback keeps the run's status and step (so
 ``fit`` returns the same status on every rank) and calls no listener, so a ``torchrun`` /
@@ -17,7 +18,10 @@ Throughput, exactly: with ``warmup_steps = w``, the window starts at the end of 
 the trainer's own count (``state.num_input_tokens_seen`` when the trainer tracks it, else TRL's
 logged ``num_tokens``, which counts real, non-padding tokens); ``tokens/s`` is the tokens added
 between the first count seen at or after step ``w`` and the latest one, over the time between
-those two step ends. Nothing here reads a device tensor, so the callback adds no host-device sync.
+those two step ends. Time spent evaluating (from the eval loop's first batch to ``on_evaluate``) is left out of
+that time: the step ends are read on a clock that stops while the eval set runs, so steps/s and tokens/s are
+training's alone (``TrainingMetrics.eval_s`` holds the time left out). Nothing here reads a device tensor, so the
+callback adds no host-device sync.
 """
 
 from __future__ import annotations
@@ -95,6 +99,14 @@ class TrainingMetrics:
     """Latest evaluation loss (``eval_loss`` in the trainer's logs), when there is an eval set."""
     eval_history: list[tuple[int, float]] = field(default_factory=list)
     """(step, eval loss) for every evaluation."""
+    eval_every: int | None = None
+    """Steps between evaluations (the trainer's ``eval_steps``; one more after the last step), None without any."""
+    evaluating: bool = False
+    """True while the eval set runs (the views say "evaluating")."""
+    eval_s: float = 0.0
+    """Seconds spent evaluating so far: in ``elapsed_s``, left out of steps/s and tokens/s."""
+    evaluations: int = 0
+    """Evaluations this run has made (their mean time estimates the ones left in ``eta_s``)."""
     examples: int | None = None
     """Training examples (rows before packing when fastkit built the trainer; else the dataloader's rows)."""
     effective_batch: int | None = None
@@ -197,6 +209,7 @@ class MetricsCallback(TrainerCallback):
         self._sync_counter = None
         self._spike_step = -10**9
         self._spikes: list[Spike] = []
+        self._eval_start = 0.0
 
     # -- listeners -------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -235,6 +248,7 @@ class MetricsCallback(TrainerCallback):
         m.lr_history[:] = _restored(state.log_history, "learning_rate")
         m.grad_norm_history[:] = _restored(state.log_history, "grad_norm")
         m.eval_history[:] = _restored(state.log_history, "eval_loss")
+        m.eval_every = _eval_every(args, state)
         _describe_model(m, model, self._device)
         _describe_run(m, args, model, kwargs.get("train_dataloader"), self.examples)
         self._read_memory()
@@ -255,10 +269,10 @@ class MetricsCallback(TrainerCallback):
         now = self.clock()
         self._finish_sync_count()
         step = state.global_step
-        self._window.step_end[step] = now
+        m = self.metrics
+        self._window.step_end[step] = now - m.eval_s  # training's clock: stopped while evaluating
         if state.num_input_tokens_seen:
             self._window.tokens[step] = int(state.num_input_tokens_seen)
-        m = self.metrics
         m.step, m.epoch, m.elapsed_s = step, float(state.epoch or 0.0), now - self._start
         self._update_rates()
         self._read_memory()
@@ -270,6 +284,7 @@ class MetricsCallback(TrainerCallback):
             return
         m, step = self.metrics, state.global_step
         if isinstance(logs.get("eval_loss"), (int, float)):
+            self._end_evaluation()  # the evaluation's result: it is over (on_evaluate follows)
             m.eval_loss = float(logs["eval_loss"])
             if not m.eval_history or m.eval_history[-1][0] != step:
                 m.eval_history.append((step, m.eval_loss))
@@ -297,13 +312,31 @@ class MetricsCallback(TrainerCallback):
             state.log_history[-1].update(extra)  # the trainer kept a copy: trainer_state.json gets them too
         self._emit("log")
 
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """The eval loop's first batch: an evaluation began (its time is kept out of the rates)."""
+        if self.is_main and not self.metrics.evaluating and self.metrics.status == "running":
+            self._eval_start = self.clock()
+            self.metrics.evaluating = True
+            self._emit("evaluate")
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._end_evaluation()
+
     def on_train_end(self, args, state, control, **kwargs):
         self.finish("finished")
+
+    def _end_evaluation(self) -> None:
+        m = self.metrics
+        if self.is_main and m.evaluating:
+            m.eval_s += self.clock() - self._eval_start
+            m.evaluating = False
+            m.evaluations += 1
 
     # -- ends that the trainer does not report ---------------------------------------------
     def finish(self, status: str, error: str | None = None) -> TrainingMetrics:
         """Close the run as 'finished', 'interrupted' or 'failed' and tell the listeners (once)."""
         self._finish_sync_count()
+        self._end_evaluation()  # an evaluation interrupted or failed
         m = self.metrics
         if m.status != "running":
             return m
@@ -338,7 +371,8 @@ class MetricsCallback(TrainerCallback):
         steps_per_s, tokens_per_s = throughput(w.step_end, w.tokens, self._first_step + self.warmup_steps)
         m.steps_per_s, m.tokens_per_s = steps_per_s, tokens_per_s
         m.tokens_seen = w.tokens[max(w.tokens)] if w.tokens else None
-        m.eta_s = (m.max_steps - m.step) / steps_per_s if steps_per_s and m.max_steps else None
+        m.eta_s = (m.max_steps - m.step) / steps_per_s + evals_left(m) * m.eval_s / max(1, m.evaluations) \
+            if steps_per_s and m.max_steps else None
 
     def _read_memory(self) -> None:
         m = self.metrics
@@ -474,6 +508,23 @@ def tracker_metrics(m: TrainingMetrics) -> dict[str, float]:
     if m.syncs_per_step is not None:
         out["fastkit/syncs_per_step"] = float(m.syncs_per_step)
     return out
+
+
+def evals_left(m: TrainingMetrics) -> int:
+    """Evaluations still to come after step ``m.step``: each multiple of ``eval_every`` up to ``max_steps``, and one
+    after the last step when the cadence does not fall on it."""
+    if not m.eval_every or m.step >= m.max_steps:
+        return 0
+    return m.max_steps // m.eval_every - m.step // m.eval_every + (1 if m.max_steps % m.eval_every else 0)
+
+
+def _eval_every(args, state) -> int | None:
+    """The trainer's steps between evaluations (a share of the run: as the trainer resolved it), or None."""
+    if str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "steps":
+        return None
+    every = getattr(args, "eval_steps", None)
+    every = every if every and every >= 1 else getattr(state, "eval_steps", None)  # below 1: a share of the run
+    return int(every) if every else None
 
 
 def _describe_run(m: TrainingMetrics, args, model, dataloader, examples: int | None) -> None:

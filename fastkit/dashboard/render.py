@@ -159,8 +159,8 @@ def stat_rows(m: TrainingMetrics) -> Rows:
     """Rows for the numbers panel and the summary table.
 
     Keys: ``steps``, ``elapsed``, ``epoch``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
-    ``eval_loss`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`rl_rows`' keys (DPO / GRPO),
-    :func:`memory_rows`' keys, then ``syncs`` (when measured: a debug switch).
+    ``eval_loss`` and ``eval_time`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`rl_rows`' keys
+    (DPO / GRPO), :func:`memory_rows`' keys, then ``syncs`` (when measured: a debug switch).
     """
     eta = f" (ETA {fmt_duration(m.eta_s)})" if m.status == "running" else ""
     rows: Rows = {
@@ -171,7 +171,9 @@ def stat_rows(m: TrainingMetrics) -> Rows:
         "tokens_per_s": Row("Tokens/s", fmt_rate(m.tokens_per_s, "tokens/s")),
         "tokens_seen": Row("Tokens trained", "—" if m.tokens_seen is None else f"{m.tokens_seen:,}"),
         "loss": Row("Loss", fmt_num(m.loss)),
-        **({"eval_loss": Row("Eval loss", fmt_num(m.eval_loss))} if m.eval_history else {}),
+        **({"eval_loss": Row("Eval loss", fmt_num(m.eval_loss)),
+            "eval_time": Row("Evaluating", f"{fmt_duration(m.eval_s)} (not in steps/s, tokens/s)")}
+           if m.eval_history else {}),
         "learning_rate": Row("Learning rate", fmt_num(m.learning_rate, ".2e")),
         "grad_norm": Row("Grad norm", fmt_num(m.grad_norm, ".3g")),
     }
@@ -311,6 +313,15 @@ def run_facts(m: TrainingMetrics) -> str:
     return " · ".join(parts)
 
 
+def eval_cadence(m: TrainingMetrics) -> str:
+    """``"; evaluating every 12 steps and after the last"`` when the run evaluates; else empty."""
+    if not m.eval_every:
+        return ""
+    if m.eval_every >= m.max_steps:
+        return "; evaluating after the last step"
+    return f"; evaluating every {m.eval_every} steps and after the last"
+
+
 def run_kind(m: TrainingMetrics) -> str:
     """'new run', 'resumed from checkpoint-N' or 'continued from checkpoint-N, schedule extended to M steps'."""
     if m.run_note and m.resumed_from is not None:
@@ -356,6 +367,8 @@ def progress_text(m: TrainingMetrics) -> str:
     pct = f"{100 * m.progress:.0f}%"
     eta = f"ETA {fmt_duration(m.eta_s)}" if m.status == "running" else m.status
     rate = fmt_rate(m.steps_per_s, "steps/s") if m.steps_per_s else throughput_note(m)
+    if m.evaluating:
+        rate = f"evaluating · {rate}"
     return (f"<span style='font-size:12px;font-variant-numeric:tabular-nums'>step <b>{m.step}</b> / {m.max_steps}"
             f" · {pct} · {fmt_duration(m.elapsed_s)} elapsed · {eta} · {html.escape(rate)}</span>")
 
@@ -400,7 +413,7 @@ def progress_line(m: TrainingMetrics) -> str:
         mem_s = f"rss {mem.host_rss / GiB:.1f} GiB"
     else:
         mem_s = ""
-    parts = [f"step {m.step}/{m.max_steps} ({100 * m.progress:.0f}%)",
+    parts = [f"step {m.step}/{m.max_steps} ({100 * m.progress:.0f}%)", "evaluating" if m.evaluating else "",
              fmt_rate(m.steps_per_s, "step/s") if m.steps_per_s else "warming up",
              fmt_rate(m.tokens_per_s, "tok/s") if m.tokens_per_s else "",
              f"loss {m.loss:.4f}" if m.loss is not None else "",

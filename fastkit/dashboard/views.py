@@ -27,6 +27,7 @@ from fastkit.dashboard.render import (
     PLOT_SIZE_IN,
     SUMMARY_PLOT_SIZE_IN,
     alert_lines,
+    eval_cadence,
     header_html,
     optimizations_html,
     plot_png,
@@ -92,7 +93,8 @@ class HtmlView:
             self.handle = display(self._bundle(m), raw=True, display_id=True)
             return
         final = event == "end"
-        if not final and now - self._last < max(self.every_s, min(self._plot_s / self.overhead, self.max_every_s)):
+        due = max(self.every_s, min(self._plot_s / self.overhead, self.max_every_s))
+        if not final and event != "evaluate" and now - self._last < due:  # "evaluating" shows at once
             return
         if final or now - self._last_plot >= self.plot_every_s:  # whichever event comes first when due
             self._plot(m, now, size=SUMMARY_PLOT_SIZE_IN if final else PLOT_SIZE_IN)
@@ -171,7 +173,7 @@ class WidgetView:
         now = time.monotonic()
         final = event == "end"
         plot_due = final or (event == "log" and now - self._last_plot >= self.plot_every_s)
-        if plot_due or now - self._last_text >= self.text_every_s:
+        if plot_due or event == "evaluate" or now - self._last_text >= self.text_every_s:
             self._refresh(m, plot=plot_due)
         if final:
             show_summary(m, self.title)
@@ -201,8 +203,11 @@ class TerminalView:
 
     def __call__(self, event: str, m: TrainingMetrics) -> None:
         if event == "begin":
-            logger.info("fastkit: training %s on %s for %d steps (%s)", m.model_type or "model", m.device,
-                        m.max_steps, run_kind(m))
+            logger.info("fastkit: training %s on %s for %d steps (%s)%s", m.model_type or "model", m.device,
+                        m.max_steps, run_kind(m), eval_cadence(m))
+            return
+        if event == "evaluate":
+            logger.info("fastkit: step %d/%d: evaluating the eval set ...", m.step, m.max_steps)
             return
         for line in alert_lines(m):  # each new warning once, as a warning, the moment it is seen
             if line not in self._warned:
@@ -243,6 +248,11 @@ def make_view(view: str = "auto", title: str | None = None):
         view = os.environ.get("FASTKIT_DASHBOARD") or ("html" if in_notebook() else "terminal")
         if view not in VIEWS[1:]:
             raise ValueError(f"FASTKIT_DASHBOARD must be one of {', '.join(map(repr, VIEWS[1:]))}, got {view!r}")
+    if view in ("html", "widget"):  # the curves are drawn with matplotlib, the panel with ipywidgets
+        from fastkit.extras import require
+
+        for module in ("matplotlib", "ipywidgets")[: 1 + (view == "widget")]:
+            require(module, f"The dashboard's {view!r} view", "Or fit(trainer, view='terminal').")
     if view == "html":
         return HtmlView(title)
     if view == "widget":

@@ -42,11 +42,19 @@ def image_parts(messages: Sequence[dict]) -> int:
                for part in m["content"] if isinstance(part, dict) and part.get("type") == "image")
 
 
+def _require_pillow() -> None:
+    """Images are read with Pillow (the ``vision`` extra): a FastkitError naming it when it is not installed."""
+    from fastkit.extras import require
+
+    require("PIL", "Image + text rows", "Or train on text rows.")
+
+
 def open_image(image: Any, row: int, index: int):
     """``image`` (a path, an http(s) URL: :func:`fetch_image`, a PIL image or ``datasets``' ``{"bytes", "path"}``)
     as an RGB PIL image (:func:`as_rgb`: 16-bit scaled, transparency on white, EXIF orientation applied), checked
     against the limits processors enforce (:func:`check_image_size`); a FastkitError naming the row and the
     image."""
+    _require_pillow()
     from PIL import Image
 
     label = f"row {row + 1}: images[{index}]"
@@ -94,6 +102,7 @@ def _open_stored(image: dict, row: int, index: int):
     """An image as ``datasets`` stores one in Parquet: ``{"bytes": ..., "path": ...}`` (the bytes win)."""
     import io
 
+    _require_pillow()
     from PIL import Image
 
     if not image.get("bytes"):
@@ -250,6 +259,7 @@ def _check_image_bytes(body: bytes, url: str, row: int, index: int) -> None:
     import io
     import warnings
 
+    _require_pillow()
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -739,6 +749,7 @@ _COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220),
 def shape_rows(n: int = 16, instruction: str = "Describe this image.") -> list[dict]:
     """``n`` offline image + caption rows: a coloured square on another colour, captioned with both (a set to see
     that training runs, not to learn anything)."""
+    _require_pillow()
     from PIL import Image, ImageDraw
 
     names = list(_COLOURS)

@@ -126,7 +126,12 @@ def gguf_list(gguf: Any) -> list[str]:
 
 
 def check_llama_cpp(quants: list[str]) -> None:
-    """K-quants come from llama.cpp's own quantizer: refuse them, with the install line, where it is missing."""
+    """Every GGUF needs gguf-py, and K-quants llama.cpp's own quantizer: refused, with the install line, where
+    missing."""
+    from fastkit.extras import require
+
+    if quants:  # every GGUF is written with gguf-py
+        require("gguf", f"GGUF {', '.join(quants)}", "Nothing was saved.")
     k = [q for q in quants if q in LLAMA_CPP_QUANTS]
     if k and importlib.util.find_spec("llama_cpp") is None:
         raise FastkitError(f"GGUF {', '.join(k)}: made by llama.cpp's own quantizer (llama_model_quantize), from "

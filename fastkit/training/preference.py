@@ -33,6 +33,7 @@ from fastkit.data.read import as_dataset
 from fastkit.errors import FastkitError
 from fastkit.patching import change, unwrap
 from fastkit.training import dpo, grpo, grpo_pack, kto
+from fastkit.training.options import DEFAULT_MAX_STEPS, default_eval_steps
 from fastkit.training.run import (
     _default_optim,
     _fsdp_processes,
@@ -371,7 +372,7 @@ def _max_length(tokenizer, max_seq_length: int | None, model: torch.nn.Module | 
 def _eval_config(eval_dataset, run: RunOptions, overrides: dict[str, Any]) -> dict[str, Any]:
     if eval_dataset is None:
         return {}
-    steps = overrides.get("eval_steps") or max(1, (run.max_steps or 60) // 10)
+    steps = overrides.get("eval_steps") or default_eval_steps(run.max_steps or DEFAULT_MAX_STEPS)
     return {"eval_strategy": "steps", "eval_steps": steps, "per_device_eval_batch_size": run.batch_size}
 
 

@@ -47,6 +47,7 @@ from fastkit.training.options import (
     TrainOptions,
     available_trackers,
     check_report_to,
+    default_eval_steps,
     trackers,
     write_config,
 )
@@ -99,8 +100,9 @@ def make_trainer(
     ``drop_long=True`` drops rows longer than ``max_seq_length`` (logged) instead of refusing the data;
     ``drop_invalid=True`` drops rows with nothing to train (see :func:`fastkit.data.check_dataset`).
 
-    ``eval_dataset`` (checked like the training data) is evaluated every ``eval_steps`` steps (default:
-    10 times a run) and its loss shows on the dashboard; ``early_stopping_patience`` stops the run when that
+    ``eval_dataset`` (checked like the training data) is evaluated every ``eval_steps`` steps and after the last
+    (default: about 5 times a run, at most every 10 steps: :func:`~fastkit.training.options.default_eval_steps`) and
+    its loss shows on the dashboard; ``early_stopping_patience`` stops the run when that
     loss has not improved for that many evaluations. ``save_steps`` saves a checkpoint every that many steps
     into ``output_dir`` (the ``save_total_limit`` newest kept; ``fit(trainer, resume=True)`` continues from the
     last one); None saves none. ``dashboard`` ('auto', 'html', 'widget', 'terminal', 'none') attaches
@@ -255,7 +257,7 @@ def _epoch_steps(trainer, options: TrainOptions, evaluate: bool) -> None:
     total = planned_steps(trainer)
     trainer.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
     if evaluate and options.eval_steps is None:
-        trainer.args.eval_steps = max(1, total // 10)
+        trainer.args.eval_steps = default_eval_steps(total)
 
 
 def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
@@ -450,7 +452,7 @@ def sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str,
         report_to=list(trackers(options.report_to)), seed=options.seed, data_seed=options.seed,
         **({"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": options.save_total_limit}
            if save_steps else {"save_strategy": "no"}),
-        **({"eval_strategy": "steps", "eval_steps": options.eval_steps or max(1, (max_steps or 10) // 10),
+        **({"eval_strategy": "steps", "eval_steps": options.eval_steps or default_eval_steps(max_steps or 1),
             "per_device_eval_batch_size": batch} if evaluate else {}),
         lr_scheduler_type=options.lr_scheduler_type, warmup_steps=warmup, weight_decay=options.weight_decay,
         dataloader_pin_memory=cuda, disable_tqdm=True, optim=optim, **precision,
@@ -716,8 +718,7 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
             raise FastkitError(guard.problem)
     except KeyboardInterrupt:
         step = _settle(trainer, callback)
-        logger.warning("fastkit: training interrupted after step %d/%d; the model keeps the weights trained so far.",
-                       step, callback.metrics.max_steps)
+        logger.warning("fastkit: %s", _interrupt_checkpoint(trainer, step, callback.metrics.max_steps))
         callback.finish("interrupted", f"stopped by the user after step {step}")
     except Exception as exc:
         _settle(trainer, callback)
@@ -732,6 +733,31 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
             else:
                 trainer.add_callback(cb)
     return callback.metrics
+
+
+RESUME_HINT = "fit(trainer, resume=True)"
+"""How :func:`fit`'s interrupt message says to continue; the CLI sets ``trainer.fastkit_resume_hint`` to its command
+(None: a run nobody continues, no checkpoint written)."""
+
+
+def _interrupt_checkpoint(trainer, step: int, max_steps: int) -> str:
+    """After Ctrl-C at ``step`` (optimizer steps done): ``checkpoint-<step>`` written (optimizer, scheduler, RNG and
+    run identity with the adapter, as a save step writes it) so that ``resume=True`` continues there; the message."""
+    hint = getattr(trainer, "fastkit_resume_hint", RESUME_HINT)
+    if step == 0:
+        return "interrupted before the first step; nothing was trained and there is nothing to continue."
+    if hint is None:  # a run nobody continues (the quickstart)
+        return f"interrupted at step {step}/{max_steps}; the model keeps the weights trained so far."
+    if ranks.world_size() > 1:  # a checkpoint is written by every rank together; they were not stopped together
+        last = last_checkpoint(trainer.args.output_dir)
+        where = f"the newest checkpoint is {os.path.basename(last)}" if last else "no checkpoint was written"
+        return (f"interrupted at step {step}/{max_steps} ({ranks.world_size()} processes: {where}); the model keeps "
+                "the weights trained so far.")
+    folder = os.path.join(trainer.args.output_dir, f"checkpoint-{step}")
+    if not os.path.isdir(folder):  # a save step may have written it already
+        folder = _hf.save_checkpoint(trainer)
+    return (f"interrupted at step {step}/{max_steps}; {os.path.basename(folder)} written ({folder}); continue "
+            f"with: {hint}")
 
 
 def _resume_or_new(trainer, resume: bool, train_kwargs: dict, extend: bool = False) -> str:

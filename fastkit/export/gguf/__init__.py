@@ -13,6 +13,8 @@
                   projector) llama.cpp's multimodal library loads beside it (SmolVLM / Idefics3, Gemma 3)
     modelfile.py  the Ollama Modelfile: a Go TEMPLATE that renders what apply_chat_template renders
     quants.py     the quantization names as data (``QUANTS``; no torch: the CLI's flags read it)
+    llamacpp.py   llama.cpp itself: every GGUF load there (without the extra CPU buffer types that crash on
+                  virtualised Xeons) and its quantizer, run in a child process
 
 Nothing here is imported with the package: ``fastkit.export.gguf.quants`` costs no torch. The names the old module
 ``fastkit.export.gguf`` had (``write_gguf``, ``QUANTS``, ...) are still served from here, for old imports.

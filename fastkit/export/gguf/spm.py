@@ -168,17 +168,19 @@ def check_ids_in_llama_cpp(path, tokenizer, spec: dict) -> None:
         return
     why = (f"makes {tokens[0]!r} (and {len(tokens) - 1} more) by merges that other merges separate, where "
            "llama.cpp's score order may differ from HF's rank order")
+    from fastkit.export.gguf import llamacpp
+
     try:
-        import llama_cpp
-    except ImportError:
+        llamacpp.require("the check")
+    except FastkitError:
         raise _refuse(f"{why}; fastkit checks such a file in llama.cpp itself, and llama-cpp-python is not "
-                      "installed (pip install 'fastkit-llm[llamacpp]')") from None
+                      f"installed ({llamacpp.INSTALL})") from None
     added = _added_ids(spec)
     words = [t.replace(SPACE, " ") for t, i in spec["model"]["vocab"].items()
              if i not in added and len(t) > 1 and t not in BYTE_TOKENS]
     texts = [*PROBE_TEXTS, *words]
     wanted = tokenizer(texts, add_special_tokens=False)["input_ids"]  # one batched call (256k tokens: Gemma)
-    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llm = llamacpp.load(path, "save_gguf's tokenizer check", vocab_only=True)
     try:
         for text, want in zip(texts, wanted):
             got = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)

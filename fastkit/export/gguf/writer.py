@@ -307,15 +307,14 @@ def _llama_cpp(quantization: str):
 
 
 def quantize_with_llama_cpp(source: Path, target: Path, quantization: str, threads: int | None = None) -> None:
-    """llama.cpp's ``llama_model_quantize`` from ``source`` (an f16/bf16 GGUF) to ``target`` as ``quantization``.
-    Tensors whose rows are not a whole number of k-quant blocks (256) get llama.cpp's own fallback type."""
-    llama_cpp = _llama_cpp(quantization)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = LLAMA_CPP_QUANTS[quantization]
-    params.nthread = threads or max(1, (os.cpu_count() or 1))
-    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params)
-    if rc != 0 or not target.exists():
-        raise FastkitError(f"save_gguf: llama.cpp's quantizer failed on {source} (return code {rc}).")
+    """llama.cpp's ``llama_model_quantize`` from ``source`` (an f16/bf16 GGUF) to ``target`` as ``quantization``, in a
+    child process (a crash there is one FastkitError line: :mod:`fastkit.export.gguf.llamacpp`). Tensors whose rows
+    are not a whole number of k-quant blocks (256) get llama.cpp's own fallback type."""
+    from fastkit.export.gguf import llamacpp
+
+    _llama_cpp(quantization)
+    llamacpp.quantize(Path(source), Path(target), LLAMA_CPP_QUANTS[quantization],
+                      threads or max(1, (os.cpu_count() or 1)), f"save_gguf(quantization={quantization!r})")
 
 
 # ------------------------------------------------------------------------------- merged tensors
