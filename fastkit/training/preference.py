@@ -331,6 +331,7 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
                           reward_funcs=funcs, callbacks=list(callbacks))
     keep_fastkit_checkpointing(trainer.model)
     trainer.fastkit_reference = "none (beta=0)" if not beta else "the same model with its adapter disabled"
+    grpo.watch_rewards(trainer)  # None rewards counted; batches no function scored refused (grpo's module docs)
     trainer.fastkit_packed = packing and grpo_pack.pack_logps(trainer)
     if packing and not trainer.fastkit_packed:
         logger.info("fastkit: GRPO log-prob passes padded (no active fastkit packing patch on this model)")
