@@ -46,9 +46,14 @@ OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
 
 
 def data_fingerprint(dataset) -> str:
-    """A hash of the dataset's content as the trainer sees it (every column's Arrow buffers), or its type."""
+    """A hash of the dataset's content as the trainer sees it (every column's Arrow buffers); a stream's
+    (:func:`fastkit.data.stream.stream_fingerprint`), or its type."""
     table = getattr(getattr(dataset, "data", None), "table", None)
     if table is None:
+        from fastkit.data.stream import is_stream, stream_fingerprint
+
+        if is_stream(dataset):  # its files' sizes, first and last bytes (read whole, it may not fit)
+            return stream_fingerprint(dataset)
         return f"{type(dataset).__name__}:{len(dataset) if hasattr(dataset, '__len__') else '?'}"
     h = hashlib.blake2b(digest_size=12)
     for name in sorted(table.column_names):
@@ -123,10 +128,29 @@ def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
         a, b, name = saved.get(key), now.get(key), f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
             out += differences(a, b, name + ".")
-        elif a != b:
-            shown = "training data (its content differs)" if key == "data" else None
-            out.append(shown or f"{name}: checkpoint {a!r:.60}, now {b!r:.60}")
+        elif key == "data" and _data_key(a) != _data_key(b):
+            out.append(_data_words(a, b))
+        elif a != b and key != "data":
+            out.append(f"{name}: checkpoint {a!r:.60}, now {b!r:.60}")
     return out
+
+
+def _data_key(fingerprint: Any) -> Any:
+    """What resume compares of a data fingerprint: a stream's hash (not where its files lie), else all of it."""
+    text = str(fingerprint)
+    return text.split()[1] if text.startswith("stream ") else fingerprint
+
+
+def _data_words(saved: Any, now: Any) -> str:
+    streams = [str(x) for x in (saved, now) if str(x).startswith("stream ")]
+    if not streams:
+        return "training data (its content differs)"
+
+    def named(x: Any) -> str:
+        text = str(x)
+        return text.split(" of ", 1)[1] if text.startswith("stream ") else f"{text:.40}"
+
+    return f"training data: the checkpoint trained on {named(saved)}, this run streams {named(now)}"
 
 
 def checkpoint_step(folder: str | Path) -> int:

@@ -154,6 +154,7 @@ def make_trainer(
         trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     _attach_run(trainer, options, rows)
+    _count_drops(trainer, dataset)
     _epoch_steps(trainer, options, eval_dataset is not None)  # now that the packed rows are known
     _attach_packed_metadata(trainer)
     _name_in_model_card(trainer, train_dataset)
@@ -268,6 +269,21 @@ def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
     trainer.callback_handler.callbacks.insert(0, dash)
     trainer.fastkit_options = options
     trainer.fastkit_config = {**options.to_dict()}
+
+
+def _count_drops(trainer, dataset) -> None:
+    """A stream read with drop_invalid / drop_long: the rows it dropped in all, logged at the end of training."""
+    dropped = getattr(dataset, "fastkit_dropped", None)
+    if dropped is None or dropped.why == "none asked":
+        return
+    from transformers import TrainerCallback
+
+    class _Dropped(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            logger.log(logging.WARNING if dropped.count else logging.INFO, "fastkit: %s", dropped.summary())
+
+    trainer.add_callback(_Dropped())
+    trainer.fastkit_dropped = dropped
 
 
 def every_parameter_used(model: torch.nn.Module) -> bool:
