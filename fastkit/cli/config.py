@@ -457,32 +457,44 @@ def spellings() -> dict[str, str]:
 def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) of a file: names checked (unknown refused naming the key and the file), SFTConfig names at
     the top level moved into sft, values coerced (``1e-4`` written as text) and checked. A key may be spelled
-    as any of the option's flags (``steps``, ``lr``, ``lora-r``); ``--print-config`` writes the field names."""
+    as any of the option's flags (``steps``, ``lr``, ``lora-r``); ``--print-config`` writes the field names. One
+    option set twice in the file (two spellings, or at the top level and under ``sft:``) is refused naming both."""
     fields, alias = _fields(), {**spellings(), **aliases()}
-    options, sft = {}, {}
+    options, sft, seen = {}, {}, {}
+    where = f"--config {path}"
     for key, value in config.items():
-        where = f"--config {path}"
+        written = key
         if (isinstance(key, str) and key not in fields and key not in alias and "-" in key
                 and key.replace("-", "_") in sft_fields()):
             key = key.replace("-", "_")  # an SFTConfig field spelled as its flag (max-grad-norm)
         if key == "sft":
-            named = _file_sft(value, where)
-            options.update({alias.get(k, k): _file_value(fields[alias.get(k, k)][1], v, where)
-                            for k, v in named.items() if _training_name(k)})  # a TrainOptions field's name
-            sft.update({k: v for k, v in named.items() if not _training_name(k)})
+            for k, v in _file_sft(value, where).items():
+                name = alias.get(k, k) if _training_name(k) else k
+                claim(seen, name, f"sft: {k}", where)
+                if _training_name(k):  # a TrainOptions field's name
+                    options[name] = _file_value(fields[name][1], v, where)
+                else:
+                    sft[k] = v
         elif key in fields or key in alias:
             name = alias.get(str(key), key)
-            if name in options:
-                raise ConfigFileError(f"{where}: {key!r} sets {name}, which another key of the file already sets: "
-                                      "keep one of them.")
+            claim(seen, name, written, where)
             options[name] = _file_value(fields[name][1], value, where)
             if name == "data":
                 options[name] = beside_file(options[name], Path(os.path.expanduser(path)).parent)
         elif key in sft_fields():
+            claim(seen, key, written, where)
             sft.update(_file_sft({key: value}, where))
         else:
             raise ConfigFileError(unknown_name(f"--config {path}", str(key)))
     return options, sft
+
+
+def claim(seen: dict[str, str], name: str, key: str, where: str) -> None:
+    """Record that the file's ``key`` sets option ``name``; a second key setting it (another spelling, or the same
+    name at the top level and under ``sft:`` / ``trl:``) is refused naming both: which one wins would be a guess."""
+    first = seen.setdefault(name, key)
+    if first != key:
+        raise ConfigFileError(f"{where}: {first!r} and {key!r} both set {name}: keep one of them.")
 
 
 def beside_file(data: Any, folder: Path) -> Any:
@@ -647,5 +659,6 @@ def print_config(resolved: Resolved) -> str:
     return dump_yaml(resolved.to_dict(), "fastkit train --config FILE reproduces this run.")
 
 
-__all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "data_yaml", "file_layer",
+__all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "claim", "data_yaml",
+           "file_layer",
            "flag_layer", "layered", "print_config", "read_file", "resolve", "scalar", "sft_value"]
