@@ -36,6 +36,7 @@ from fastkit.training import dpo, grpo, grpo_pack, kto
 from fastkit.training.run import (
     _default_optim,
     _fsdp_processes,
+    _name_in_model_card,
     _precision,
     _run_length,
     check_distributed_mode,
@@ -103,6 +104,7 @@ def _base_config(model: torch.nn.Module, run: RunOptions, overrides: dict[str, A
 def _finish(trainer, run: RunOptions, examples: int, overrides: dict[str, Any]):
     """The dashboard attached, first among the callbacks; FSDP given back on CPU processes, as for SFT."""
     _fsdp_processes(trainer)
+    _name_in_model_card(trainer, trainer.train_dataset)  # a README.md of the user's in output_dir is kept
     dash = dashboard_callback(run.dashboard, examples=examples, log_every_step="logging_steps" not in overrides)
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     return trainer
