@@ -151,7 +151,21 @@ def _error_line(exc: Exception) -> tuple[int, str]:
     return (EXIT_BAD_INPUT, text[:400]) if bad_input else (EXIT_FAILED, f"failed: {kind}: {text[:400]}")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """What ``fastkit ARGV`` would run with, read by the CLI's own parser; nothing is run (a usage error is
+    argparse's SystemExit(2)). The check that a documented command runs as written (tests/test_docs_commands.py)."""
+    parser, argv = _parser(argv)
+    return parser.parse_args(argv)
+
+
 def _main(argv: list[str]) -> int:
+    parser, argv = _parser(argv)
+    args = parser.parse_args(argv)
+    return _run(args)
+
+
+def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """fastkit's parser for ``argv`` (a command's flags are built when it runs) and the argv it parses."""
     parser = argparse.ArgumentParser(prog="fastkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_quickstart_parser(sub)
@@ -177,7 +191,10 @@ def _main(argv: list[str]) -> int:
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")
-    args = parser.parse_args(argv)
+    return parser, argv
+
+
+def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from fastkit import _quiet
