@@ -425,13 +425,22 @@ def strict_yaml(text: str, where: str) -> Any:
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 -- a SafeLoader subclass
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest ``--config`` file read: an options file is a few hundred bytes; a bigger one is another file."""
+
+
 def read_file(path: str) -> dict[str, Any]:
     """``--config FILE``: a YAML mapping of option names (values checked by :func:`resolve`)."""
     import yaml
 
     file = Path(os.path.expanduser(path))
     if not file.is_file():
-        raise ConfigFileError(f"--config {path}: no such file.")
+        kind = "a folder" if file.is_dir() else "not a regular file (a device, a pipe, ...)" if file.exists() else None
+        raise ConfigFileError(f"--config {path}: {kind}; give the YAML file itself." if kind else
+                              f"--config {path}: no such file.")
+    if file.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigFileError(f"--config {path}: {file.stat().st_size:,} bytes, more than an options file holds "
+                              f"({MAX_CONFIG_BYTES:,} at most): is it the data file? Give the data as --data.")
     try:
         loaded = strict_yaml(file.read_text(encoding="utf-8"), f"--config {path}")
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -569,6 +578,7 @@ def _one_text(dest: str, value: list) -> bool:
 def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) given as flags: single values of list-or-text options back to text."""
     options, sft = {}, {}
+    pairs = dict(given.get("sft") or [])
     for dest, value in given.items():
         if dest == "sft":  # --sft NAME=VALUE; a TrainOptions field's name (or its SFTConfig name) sets that field
             options.update({aliases().get(k, k): v for k, v in value if _training_name(k)})
@@ -580,7 +590,18 @@ def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             options[dest] = value[0] if _one_text(dest, value) else value
     if "data" in options and len(options["data"]) == 1:
         options["data"] = options["data"][0]
+    _twice(pairs, [d for d in given if d != "sft"], aliases(), "sft")
     return options, sft
+
+
+def _twice(pairs: dict[str, Any], dests: list[str], alias: dict[str, str], key: str) -> None:
+    """``--sft NAME=VALUE`` / ``--trl NAME=VALUE`` naming an option another flag of the command sets: refused
+    naming both (which one wins would be a guess)."""
+    for name in pairs:
+        for dest in dests:
+            if dest.split(":")[-1] in (name, alias.get(name, name)):
+                raise ConfigFileError(f"--{key} {name}=... and --{dest.split(':')[-1].replace('_', '-')} both set "
+                                   f"{alias.get(name, name)}: give it once.")
 
 
 def _list_value(name: str, value: Any, config: str = "SFTConfig") -> Any:

@@ -315,6 +315,7 @@ def flag_layer(command: Command, given: dict[str, Any]) -> tuple[dict[str, Any],
             options[dest] = value[0] if cli_config._one_text(dest, value) else value
     if isinstance(options.get("data"), list):
         options["data"] = _one_source(options["data"], "--data")
+    cli_config._twice(dict(given.get("trl") or []), [d for d in given if d != "trl"], alias, "trl")
     return options, trl
 
 
