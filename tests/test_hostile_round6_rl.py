@@ -153,8 +153,8 @@ def test_grpo_whose_reward_never_scores_exits_2_naming_it_and_saves_nothing(tmp_
     (tmp_path / "rw.py").write_text(NONE_REWARD)
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="fastkit"):
-        rc = main(["grpo", *TWIN, "--steps", "6", "--max-seq-length", "256", "--data", "sample",
-                   "--num-generations", "2", "--max-completion-length", "4", "--reward", f"{tmp_path / 'rw.py'}:nothing",
+        rc = main(["grpo", *TWIN, "--steps", "6", "--max-seq-length", "256", "--data", "sample", "--num-generations",
+                   "2", "--max-completion-length", "4", "--reward", f"{tmp_path / 'rw.py'}:nothing",
                    "--output-dir", str(out)])
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -190,7 +190,8 @@ BOTH = '{"prompt": "Hi", "completion": "a", "label": true, "chosen": "x", "rejec
 
 @pytest.mark.parametrize("command, name, text, said", [
     ("kto", "k.csv", KTO_CSV.format(a="yes", b="no"), "--data {data} row 0 field 'label' must be true or false "
-                                                       "(or 1 / 0): whether the completion is desirable, got str 'yes'"),
+                                                       "(or 1 / 0): whether the completion is desirable, got str "
+                                                       "'yes'"),
     ("kto", "k.csv", KTO_CSV.format(a="1", b=""), "--data {data} row 1 field 'label' must be true or false"),
     ("kto", "k.csv", KTO_CSV.format(a="1", b="2"), "row 1 field 'label' must be true or false (or 1 / 0): whether the "
                                                    "completion is desirable, got str '2'"),

@@ -126,7 +126,8 @@ def disk_full(exc: BaseException, file: Path, needed: int | None = None) -> Fast
         free = "free space unknown"
     size = f"it needs {needed:,} bytes" if needed else "its size is not known beforehand"
     why = exc.strerror if full and exc.strerror else f"a short write: {exc}" if not full else str(exc)
-    return FastkitError(f"The disk is full: writing {file} stopped ({why}); {size}, {free} on "
+    name = file.name.removesuffix(".partial")
+    return FastkitError(f"The disk is full: writing {name} stopped ({why}); {size}, {free} on "
                         f"{file.parent}'s disk. The partial file was removed; free space (or save elsewhere) and "
                         "save again.")
 
