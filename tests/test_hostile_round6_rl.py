@@ -197,7 +197,7 @@ BOTH = '{"prompt": "Hi", "completion": "a", "label": true, "chosen": "x", "rejec
                                                    "completion is desirable, got str '2'"),
     ("kto", "k.csv", KTO_CSV.format(a="1", b="1"), "--data {data}: all 2 rows are desirable (label true)"),
     ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a", "label": true}\n{"prompt": "Yo", "completion": "b", '
-                       '"label": null}\n', "--data {data} row 1: null 'label' (empty in the file)"),
+                       '"label": null}\n', "--data {data} row 1: null 'label' (empty or left out in that row)"),
     ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a", "label": true}\n{"prompt": "Yo", "completion": null, '
                        '"label": false}\n', "--data {data} row 1: null 'completion'"),
     ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a"}\n', "--data {data} row 0: no 'label' field"),

@@ -64,8 +64,9 @@ def check_row(row: dict, i: int, where: str = "train_dataset", chat: bool | None
                            "a KTO row needs 'prompt', 'completion' and 'label' (true: a desirable completion).")
     null = [k for k in COLUMNS if row[k] is None]
     if null:
-        raise FastkitError(f"{where} row {i}: null {' / '.join(repr(k) for k in null)} (empty in the file): a KTO "
-                           "row needs a 'prompt', a 'completion' and a 'label' (true: a desirable completion).")
+        raise FastkitError(f"{where} row {i}: null {' / '.join(repr(k) for k in null)} (empty or left out in that "
+                           "row): a KTO row needs a 'prompt', a 'completion' and a 'label' (true: a desirable "
+                           "completion).")
     label = label_value(row["label"], f"{where} row {i}")
     chat = _is_messages(row["completion"]) if chat is None else chat
     for key in ("prompt", "completion"):
