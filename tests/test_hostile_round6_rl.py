@@ -87,6 +87,17 @@ def test_reward_values_refused_at_once_naming_the_function(value, said):
         wrapped(prompts=["p", "q"], completions=["a", "b"])
 
 
+def test_a_reward_that_raises_or_exits_is_named_with_the_completion():
+    def judge(completions, **kwargs):
+        if any("b" in c for c in completions):
+            raise SystemExit(1)
+        return [0.0] * len(completions)
+
+    with pytest.raises(FastkitError, match=r"reward function 'judge' raised SystemExit: 1 on completion 1 "
+                                           r"\(prompt 'q'\)"):
+        CheckedReward(judge)(prompts=["p", "q"], completions=["a", "b"])
+
+
 def test_reward_values_taken_none_counted():
     wrapped = CheckedReward(_returns(lambda n: [None, 1]))
     assert wrapped(prompts=["p", "q"], completions=["a", "b"]) == [None, 1.0]

@@ -67,7 +67,7 @@ class CheckedReward:
         n = len(completions)
         try:
             out = self.fn(prompts=prompts, completions=completions, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a reward would end the run without a word
             row = self._failing_row(prompts, completions, kwargs)
             where = f" on completion {row} (prompt {_short(prompts[row])})" if row is not None else ""
             raise FastkitError(f"reward function {self.__name__!r} raised {type(exc).__name__}: {exc}{where}.") from exc
@@ -91,7 +91,7 @@ class CheckedReward:
             one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
             try:
                 self.fn(prompts=prompts[i:i + 1], completions=completions[i:i + 1], **one)
-            except Exception:
+            except (Exception, SystemExit):
                 return i
         return None
 
