@@ -224,6 +224,8 @@ def test_streaming_resume_on_other_data_drops_counted_and_the_users_readme_kept(
     assert "train_dataset: 43 row(s) of the stream dropped in all (drop_invalid / drop_long" in text, text
     assert f"{out / 'README.md'} is not a model card fastkit wrote: kept as it is" in text
     assert (out / "README.md").read_text() == "# my notes\n"
+    dropped = json.loads((out / "checkpoint-2" / "fastkit_run.json").read_text())["stream_dropped"]
+    assert dropped["rows"] == 43 and dropped["drops"] >= 43, dropped  # the run record says it too
     other = _chats(tmp_path / "a.jsonl", 300, "other")
     rc = main(["train", *TWIN, "--data", other, "--steps", "3", "--resume", "--extend", "--output-dir", str(out)])
     err = capsys.readouterr().err

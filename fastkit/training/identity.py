@@ -43,6 +43,9 @@ HYPERPARAMETERS = ("learning_rate", "max_steps", "num_train_epochs", "per_device
 """TrainingArguments / SFTConfig / DPOConfig / KTOConfig / GRPOConfig fields that are part of a run's identity (a
 field the trainer's config lacks reads None on both sides)."""
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
+RECORD_ONLY = "stream_dropped"
+"""A checkpoint record's key that is not part of the run's identity: a stream's rows dropped so far (drop_invalid /
+drop_long: ``{"rows": distinct rows, "drops": drops}``)."""
 
 
 def data_fingerprint(dataset) -> str:
@@ -124,7 +127,7 @@ def check_same_processes(saved: dict, now: dict, name: str) -> None:
 def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
     """``"key: checkpoint X, now Y"`` for every leaf that differs between two identities."""
     out = []
-    for key in sorted(set(saved) | set(now)):
+    for key in sorted((set(saved) | set(now)) - {RECORD_ONLY}):
         a, b, name = saved.get(key), now.get(key), f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
             out += differences(a, b, name + ".")
@@ -364,6 +367,7 @@ class RunGuard(TrainerCallback):
     def __init__(self, trainer, note: str):
         check_trainable(trainer.model)
         self.identity = run_identity(trainer)
+        self.dropped = getattr(trainer, "fastkit_dropped", None)  # a stream's drops (fastkit.data.stream.DropCount)
         self.note = note
         self.problem: str | None = None
 
@@ -373,7 +377,10 @@ class RunGuard(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if args.should_save and folder.is_dir():  # the process that wrote the checkpoint (one per job)
-            (folder / RUN_FILE).write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
+            record = dict(self.identity)
+            if self.dropped is not None:  # the record of the run so far, not its identity (resume ignores it)
+                record[RECORD_ONLY] = {"rows": len(self.dropped.rows), "drops": self.dropped.count}
+            (folder / RUN_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         bad = [(k, v) for k, v in (logs or {}).items() if k in ("loss", "grad_norm")
