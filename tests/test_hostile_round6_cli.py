@@ -286,6 +286,21 @@ def test_bench_data_usage_errors_exit_2(tmp_path, capsys, args, said):
     assert stop.value.code == 2 and said in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bench, flag", [("moe", "--tokens"), ("moe", "--rank"), ("moe", "--threads"),
+                                         ("moe", "--batched-gib"), ("offload", "--layers"), ("offload", "--seq"),
+                                         ("packed", "--layers"), ("packed", "--tokens"), ("packed", "--mean-doc"),
+                                         ("sft", "--steps"), ("sft", "--max-len"), ("sft", "--docs"), ("sft", "--r"),
+                                         ("sft", "--logging-steps")])
+def test_every_benchs_counts_below_one_are_usage_errors(capsys, bench, flag):
+    from benchmarks.common import parse_only
+
+    for value in ("0", "-3"):
+        with pytest.raises(SystemExit) as stop:
+            parse_only(bench, [flag, value, "--quick"])
+        assert stop.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+    parse_only(bench, [flag, "2", "--quick"])
+
+
 # -- several processes ------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_processes_refuse_kto_rows_with_both_column_sets_once(tmp_path):
