@@ -49,6 +49,63 @@ def plain(text: str) -> str:
     return re.sub(r"(?::[a-z]+:)?`+([^`]+?)`+", r"\1", text)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (``--rows 0`` or ``-5`` is a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number (give 1 or more)")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def readable_file(text: str) -> Path:
+    """An argparse type: an existing regular file."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'not a file' if path.exists() else 'no such file'}")
+    return path
+
+
+class ParsedOnly(Exception):  # noqa: N818 -- a signal, not an error
+    """Raised by :func:`parse_bench_args` under :func:`parse_only`: the parsed arguments, nothing run."""
+
+    def __init__(self, parsed: argparse.Namespace):
+        super().__init__("parsed only")
+        self.parsed = parsed
+
+
+_PARSE_ONLY: list[bool] = []
+
+
+def parse_only(name: str, argv: Sequence[str]) -> argparse.Namespace:
+    """What ``python -m benchmarks NAME ARGV`` would run with, read by that bench's own parser, nothing run (a
+    usage error is its SystemExit(2)): the check that a documented command runs as written."""
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{name}")
+    _PARSE_ONLY.append(True)
+    try:
+        module.main(list(argv))
+    except ParsedOnly as signal:
+        return signal.parsed
+    finally:
+        _PARSE_ONLY.pop()
+    raise AssertionError(f"benchmarks.{name}.main did not parse through parse_bench_args")
+
+
 def bench_parser(name: str, doc: str, *, quick: str, gpu: str, repeats: str) -> argparse.ArgumentParser:
     """The parser every ``fastkit bench <name>`` starts from; each bench adds its own knobs.
 
@@ -60,11 +117,11 @@ def bench_parser(name: str, doc: str, *, quick: str, gpu: str, repeats: str) -> 
                         help=f"CI smoke run: {quick}. Writes to a temp folder unless --out is given")
     parser.add_argument("--gpu", action="store_true",
                         help=f"GPU profile: {gpu}. Needs CUDA: without it the bench stops before any work (exit 2)")
-    parser.add_argument("--repeats", "--reps", type=int, default=None, help=repeats)
+    parser.add_argument("--repeats", "--reps", type=positive_int, default=None, help=repeats)
     parser.add_argument("--out", default=None,
                         help=f"folder for bench_{name}.md / .png (required for a full run, e.g. --out {ASSETS}; "
                              "with --quick a temp folder by default)")
-    parser.add_argument("--budget-s", type=float, default=None,
+    parser.add_argument("--budget-s", type=positive_float, default=None,
                         help="seconds (from process start) this run may take: remaining cases are skipped, with a "
                              "note in the table, when the next one would not fit (default: no limit)")
     return parser
@@ -173,6 +230,8 @@ def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     if args.out is None and not args.quick:
         parser.error(f"--out is required for a full run (e.g. --out {ASSETS} from the repo root); "
                      "a --quick run writes to a temp folder")
+    if _PARSE_ONLY:
+        raise ParsedOnly(args)
     mark_start()  # the tables of this run name the commit and date it started from
     return args
 
@@ -337,21 +396,26 @@ def mark_start() -> None:
     _STARTED["when"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def provenance(name: str) -> str:
+def bench_command(name: str) -> str:
+    """The command this process runs as ``python -m benchmarks NAME ...`` (what a table's provenance quotes)."""
+    args = sys.argv[1:]
+    args = args[1:] if args[:1] == [name] else args  # python -m benchmarks NAME ... / fastkit bench NAME ...
+    return " ".join(["python -m benchmarks", name, *args])
+
+
+def provenance(name: str, earlier: Sequence[str] = ()) -> str:
     """``Made by commit <sha>[ + uncommitted changes] on <machine>, <UTC date>: <command>.`` The commit and the
     date are the run's start (:func:`mark_start`), so a long run's rewrites never pick up later commits."""
     if not _STARTED:
         mark_start()
     sha, dirty = _STARTED["git"]
     machine = f"{platform.node() or 'unknown host'} ({platform.system()} {platform.machine()}, {os.cpu_count()} CPUs)"
-    args = sys.argv[1:]
-    args = args[1:] if args[:1] == [name] else args  # python -m benchmarks NAME ... / fastkit bench NAME ...
-    command = " ".join(["python -m benchmarks", name, *args])
-    return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {_STARTED['when']}: `{command}`."
+    before = "".join(f"`{c}`, then " for c in earlier)  # the runs whose printed results this one's table adds
+    return f"{PROVENANCE} commit {sha}{dirty} on {machine}, {_STARTED['when']}: {before}`{bench_command(name)}`."
 
 
 def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = None, *,
-                  out: str | os.PathLike | None = None, quick: bool = False) -> Path:
+                  out: str | os.PathLike | None = None, quick: bool = False, earlier: Sequence[str] = ()) -> Path:
     """Write ``bench_<name>.md``, print it, then draw ``bench_<name>.png`` from ``plot()`` (a matplotlib figure).
 
     The table is written before the plot is even built, so a plot that fails (matplotlib absent, as on
@@ -359,7 +423,7 @@ def write_outputs(name: str, markdown: str, plot: Callable[[], Any] | None = Non
     Returns the markdown file's path; see :func:`output_dir` for where it goes.
     """
     check_measured(name, markdown)  # a typo that selects no case never replaces a committed table
-    markdown = markdown.rstrip() + "\n\n" + provenance(name) + "\n"
+    markdown = markdown.rstrip() + "\n\n" + provenance(name, earlier) + "\n"
     folder = output_dir(name, out, quick)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench_{name}.md"

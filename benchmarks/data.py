@@ -24,7 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import bench_parser, machine_line, markdown_table, parse_bench_args, write_outputs
+from benchmarks.common import (
+    bench_command,
+    bench_parser,
+    machine_line,
+    markdown_table,
+    parse_bench_args,
+    positive_int,
+    readable_file,
+    write_outputs,
+)
 
 VARIANTS = ("plain", "plain-assistant", "fastkit", "fastkit-stream")
 # The twin's ChatML template with TRL's {% generation %} markers around each assistant answer and its end of turn:
@@ -253,27 +262,51 @@ def table(results: list[dict], machine: str) -> str:
             "pressure and which grow with the rows for every variant.\n")
 
 
+def _earlier(parser, path: Path) -> list[dict]:
+    """``--with-results``: the JSON lines an earlier run printed (its other lines skipped); a usage error (exit 2)
+    naming the line when one is not a result of this bench."""
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        parser.error(f"--with-results {path}: cannot read it ({exc})")
+    for i, line in enumerate(lines, 1):
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--with-results {path}: line {i} is not valid JSON ({exc.msg})")
+        if not isinstance(row, dict) or not {"variant", "rows_in"} <= set(row):
+            parser.error(f"--with-results {path}: line {i} is not a result of this bench (no 'variant' / 'rows_in')")
+        out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("data", __doc__, quick="2,000 rows", gpu="(CPU only: no GPU part)",
                           repeats="(one run per variant)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[20_000], help="row counts to measure")
+    parser.add_argument("--rows", type=positive_int, nargs="+", default=[20_000], help="row counts to measure")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="which variants to run (default: all)")
-    parser.add_argument("--with-results", type=Path, default=None, metavar="FILE.jsonl",
+    parser.add_argument("--with-results", type=readable_file, default=None, metavar="FILE.jsonl",
                         help="results of an earlier run (the JSON lines it printed) to put in the same table")
     args = parse_bench_args(parser, argv)
     counts = [2_000] if args.quick else args.rows
-    results = [] if args.with_results is None else [
-        json.loads(line) for line in args.with_results.read_text().splitlines() if line.startswith("{")]
+    made_by = bench_command("data")
+    results = [] if args.with_results is None else _earlier(parser, args.with_results)
     with tempfile.TemporaryDirectory(prefix="fastkit-bench-data-") as tmp:
         for n in counts:
             file = str(write_file(Path(tmp) / f"chats-{n}.jsonl", n))
             for variant in args.variants:
                 if n >= BIG and variant == "plain":
                     continue
-                results.append(_child(variant, file, tmp))
-                print(json.dumps(results[-1]), flush=True)
+                results.append({**_child(variant, file, tmp), "made_by": made_by})
+                print(json.dumps(results[-1]), flush=True)  # --with-results reads these lines back
     import torch
 
-    write_outputs("data", table(results, machine_line(torch.device("cpu"))), out=args.out, quick=args.quick)
+    earlier = dict.fromkeys(f"{r['made_by']} > {args.with_results}" for r in results if r.get("made_by") not in
+                            (None, made_by))  # how --with-results' file was made: the table's provenance says it
+    write_outputs("data", table(results, machine_line(torch.device("cpu"))), out=args.out, quick=args.quick,
+                  earlier=list(earlier))
     return 0

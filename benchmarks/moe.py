@@ -51,6 +51,8 @@ from benchmarks.common import (
     load_line,
     markdown_table,
     parse_bench_args,
+    positive_float,
+    positive_int,
     run_cli,
     timed,
     write_outputs,
@@ -349,20 +351,21 @@ def main(argv: list[str] | None = None) -> int:
 
     p = bench_parser("moe", __doc__, quick="tiny shapes, a few seconds", gpu="H200 profile: bf16, full token counts",
                      repeats="interleaved repetitions, median reported (default 3; gpu 10; quick 1)")
-    p.add_argument("--tokens", type=int, default=None, help="tokens per layer call (default 256 CPU, 8192 GPU)")
+    p.add_argument("--tokens", type=positive_int, default=None,
+                   help="tokens per layer call (default 256 CPU, 8192 GPU)")
     p.add_argument("--clock", choices=CLOCKS, default=None,
                    help="wall: perf_counter; cpu: this thread's CPU time, which leaves out the time other processes "
                         "held the core (CPU, 1 thread only; the default there)")
-    p.add_argument("--batched-gib", type=float, default=2.0,
+    p.add_argument("--batched-gib", type=positive_float, default=2.0,
                    help="skip the batched paths where their per-row weight copies would pass this many GiB")
-    p.add_argument("--rank", type=int, default=16, help="LoRA rank for the expert-LoRA comparison")
+    p.add_argument("--rank", type=positive_int, default=16, help="LoRA rank for the expert-LoRA comparison")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--lora-shapes", nargs="*", default=None, choices=list(SHAPES),
                    help="shapes for the LoRA comparison (default: all with --gpu/--quick, qwen3-30b-a3b on CPU: "
                         "PEFT's W + B·A of the GPT-OSS stack needs ~13 GB more in fp32)")
     p.add_argument("--no-4bit", dest="four_bit", action="store_false",
                    help="skip the 4-bit experts rows (fastkit NF4 vs 16-bit vs a per-expert Linear4bit loop)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="CPU threads (default 1: on a shared 2-core machine OpenMP spin-waits make tiny ops "
                         "take milliseconds and the medians meaningless)")
     args = parse_bench_args(p, argv)

@@ -36,6 +36,7 @@ from benchmarks.common import (
     markdown_table,
     median,
     parse_bench_args,
+    positive_int,
     run_cli,
     sync,
     write_outputs,
@@ -342,8 +343,8 @@ def _figure(model_rows: list[dict]):
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser("offload", __doc__, quick="tiny shapes, 1 rep", gpu="6 layers of 8B shapes, 4k tokens, LoRA",
                       repeats="interleaved repetitions (default 3; gpu 3; quick 1)")
-    ap.add_argument("--layers", type=int, default=None, help="override the number of layers")
-    ap.add_argument("--seq", type=int, default=None, help="override the sequence length")
+    ap.add_argument("--layers", type=positive_int, default=None, help="override the number of layers")
+    ap.add_argument("--seq", type=positive_int, default=None, help="override the sequence length")
     args = parse_bench_args(ap, argv)
     device = bench_device(args.gpu)
     budget = TimeBudget(args.budget_s)

@@ -43,6 +43,7 @@ from benchmarks.common import (
     markdown_table,
     median,
     parse_bench_args,
+    positive_int,
     run_cli,
     timed,
     write_outputs,
@@ -446,12 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("packed", __doc__, quick="2 layers, 128 tokens, 1 repetition",
                           gpu="bf16, 32 q heads × 128, 8 kv heads, hidden 1024, 8 layers, 2k/8k/16k tokens",
                           repeats="interleaved repetitions (default 3; gpu 5)")
-    parser.add_argument("--layers", type=int, nargs="+", default=None, help="decoder layers (default 4; gpu 8)")
-    parser.add_argument("--tokens", type=int, nargs="+", default=None,
+    parser.add_argument("--layers", type=positive_int, nargs="+", default=None,
+                        help="decoder layers (default 4; gpu 8)")
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=None,
                         help="tokens per packed row (default 1024 2048; gpu 2048 8192 16384)")
-    parser.add_argument("--mean-doc", type=int, default=256, help="mean document length in tokens")
+    parser.add_argument("--mean-doc", type=positive_int, default=256, help="mean document length in tokens")
     parser.add_argument("--no-checkpointing", action="store_true", help="measure without activation checkpointing")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (1 keeps a shared CPU's timings stable; default: torch's)")
     args = parse_bench_args(parser, argv)
     if args.threads:

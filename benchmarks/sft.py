@@ -38,6 +38,7 @@ from benchmarks.common import (
     markdown_table,
     median,
     parse_bench_args,
+    positive_int,
     run_cli,
     sync,
     write_outputs,
@@ -304,13 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("sft", __doc__, quick="two tiny twins, 3 steps",
                           gpu="4 layers of 8B/30B-A3B/20B widths, 4k rows",
                           repeats="alternating whole runs per side, medians reported (default 1)")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--max-len", type=int, default=2048)
-    parser.add_argument("--docs", type=int, default=400)
-    parser.add_argument("--r", type=int, default=16)
+    parser.add_argument("--steps", type=positive_int, default=8)
+    parser.add_argument("--max-len", type=positive_int, default=2048)
+    parser.add_argument("--docs", type=positive_int, default=400)
+    parser.add_argument("--r", type=positive_int, default=16)
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     parser.add_argument("--cases", default="", help="comma-separated case name prefixes (default: all)")
-    parser.add_argument("--logging-steps", type=int, nargs="+", default=[1],
+    parser.add_argument("--logging-steps", type=positive_int, nargs="+", default=[1],
                         help="log every N steps, both sides; several values: every case at each (e.g. 1 10)")
     args = parse_bench_args(parser, argv)
     device = bench_device(args.gpu)

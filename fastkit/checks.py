@@ -78,25 +78,37 @@ def check_twin_options(dtype: torch.dtype | None, load_in_4bit: bool) -> None:
 
 
 def check_safetensors_files(name_or_path: str) -> None:
-    """Each ``*.safetensors`` in a local folder holds all the bytes its header promises; names the bad file."""
+    """Each ``*.safetensors`` in a local folder holds exactly the bytes its header promises; names the bad file."""
     path = Path(os.path.expanduser(str(name_or_path)))
     if not path.is_dir():
         return
     for file in sorted(path.glob("*.safetensors")):
-        size = file.stat().st_size
-        try:
-            with open(file, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                if n > size - 8:
-                    raise ValueError(f"header of {n} bytes in a {size}-byte file")
-                header = json.loads(f.read(n))
-            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-        except (struct.error, ValueError, KeyError, TypeError) as exc:
-            raise FastkitError(f"Weights file {file} is not a readable safetensors file ({exc}); it is truncated "
-                               "or corrupt. Download or save it again.") from exc
-        if 8 + n + end > size:
-            raise FastkitError(f"Weights file {file} is truncated: {size} bytes on disk, its header needs "
-                               f"{8 + n + end}. Download or save it again.")
+        check_safetensors_file(file)
+
+
+def check_safetensors_file(file: str | Path, what: str = "Weights file") -> None:
+    """``file`` is a whole safetensors file: its header reads, and the file ends where its last tensor does (a
+    truncated copy, and one with bytes after its last tensor -- appended to, or two files joined -- are refused
+    naming the file: safetensors' own SafetensorError names neither the file nor the cause)."""
+    file = Path(file)
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise ValueError(f"header of {n} bytes in a {size}-byte file")
+            header = json.loads(f.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FastkitError(f"{what} {file} is not a readable safetensors file ({exc}); it is truncated "
+                           "or corrupt. Download or save it again.") from exc
+    if 8 + n + end > size:
+        raise FastkitError(f"{what} {file} is truncated: {size} bytes on disk, its header needs "
+                           f"{8 + n + end}. Download or save it again.")
+    if 8 + n + end < size:
+        raise FastkitError(f"{what} {file} has {size - 8 - n - end} bytes after its last tensor ({size} bytes on "
+                           f"disk, its header describes {8 + n + end}): it was appended to or joined with another "
+                           "file. Download or save it again.")
 
 
 def read_adapter_config(folder: str | Path, who: str) -> dict:
@@ -284,6 +296,7 @@ def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None
 
 
 __all__ = ["check_bool", "check_choice", "check_known_options", "check_non_negative_int", "check_positive",
-           "check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_files",
+           "check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_file",
+           "check_safetensors_files",
            "check_save_target", "check_saved", "check_twin_options", "install_packed_guard", "resolve_dtype",
            "resolve_patches"]

@@ -125,6 +125,8 @@ def greedy_agrees(row: Row, limit: float | None) -> None:
     hide the positions after it."""
     margin = 0.0 if limit is None else 2 * limit
     compared = [(i, agree) for i, (gap, agree, _) in enumerate(row.greedy_positions) if gap > margin]
+    deltas = ", ".join(f"{d:.3g}" for *_, d in row.greedy_positions)
+    row.notes.append(f"greedy path: max |Δlogit| per position {deltas}")
     row.greedy_compared = (len(compared), len(row.greedy_positions))
     row.greedy = all(agree for _, agree in compared)
     skipped = [f"{i} (margin {gap:.3g})" for i, (gap, _, _) in enumerate(row.greedy_positions) if gap <= margin]

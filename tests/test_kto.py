@@ -39,7 +39,8 @@ def _check(rows):
 
 
 @pytest.mark.parametrize("rows, match", [
-    ([_row(chat=False), {"prompt": "Hi", "completion": "Yo"}], r"train_dataset row 2: no 'label' field"),
+    ([_row(chat=False), {"prompt": "Hi", "completion": "Yo"}],
+     r"train_dataset row 2: null 'label' \(empty or left out in that row\)"),
     ([_row(label="yes"), _row(label="no")], r"row 1 field 'label' must be true or false \(or 1 / 0\).*'yes'"),
     ([_row(label=1), _row(label=2)], r"row 2 field 'label' must be true or false .*int 2"),
     ([_row(), _row()], r"all 2 rows are desirable \(label true\)\. KTO weighs desirable against undesirable"),

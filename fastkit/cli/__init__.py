@@ -193,7 +193,44 @@ def _error_line(exc: Exception) -> tuple[int, str]:
     return (EXIT_BAD_INPUT, text[:400]) if bad_input else (EXIT_FAILED, f"failed: {kind}: {text[:400]}")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """What ``fastkit ARGV`` would run with, read by the CLI's own parser; nothing is run (a usage error is
+    argparse's SystemExit(2)). The check that a documented command runs as written (tests/test_docs_commands.py)."""
+    parser, argv = _parser(argv)
+    return parser.parse_args(argv)
+
+
 def _main(argv: list[str]) -> int:
+    parser, argv = _parser(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # the command as typed: an interrupted run's message says how to continue it
+    _one_spelling(parser, argv)
+    return _run(args)
+
+
+def _one_spelling(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Two spellings of one option in one command (``--lr 1e-4 --learning-rate 2e-4``), or ``--config`` twice, are
+    refused naming both (which one wins would be a guess; a ``--config`` file left out entirely). The same flag
+    repeated is argparse's rule: the last one wins (``--steps 2 ... --steps 5``)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 -- argparse's
+    sub = subs[0].choices.get(argv[0]) if subs and argv else None
+    if sub is None:
+        return
+    seen: dict[str, str] = {}
+    for word in argv[1:argv.index("--") if "--" in argv else len(argv)]:
+        flag = word.split("=", 1)[0]
+        action = sub._option_string_actions.get(flag)  # noqa: SLF001 -- argparse keeps the flags there
+        if action is None or isinstance(action, argparse._AppendAction) or action.dest == "help":  # noqa: SLF001
+            continue
+        first = seen.setdefault(action.dest, flag)
+        if first != flag:
+            sub.error(f"{first} and {flag} both set {action.dest.split(':')[-1]}: give it once.")
+    if sum(w.split("=", 1)[0] == "--config" for w in argv) > 1:
+        sub.error("--config given twice: one options file per run (flags override it).")
+
+
+def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """fastkit's parser for ``argv`` (a command's flags are built when it runs) and the argv it parses."""
     parser = argparse.ArgumentParser(prog="fastkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fastkit-llm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,8 +257,10 @@ def _main(argv: list[str]) -> int:
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help of each)")
-    args = parser.parse_args(argv)
-    args.argv = argv  # the command as typed: an interrupted run's message says how to continue it
+    return parser, argv
+
+
+def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from fastkit import _quiet

@@ -425,13 +425,22 @@ def strict_yaml(text: str, where: str) -> Any:
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 -- a SafeLoader subclass
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest ``--config`` file read: an options file is a few hundred bytes; a bigger one is another file."""
+
+
 def read_file(path: str) -> dict[str, Any]:
     """``--config FILE``: a YAML mapping of option names (values checked by :func:`resolve`)."""
     import yaml
 
     file = Path(os.path.expanduser(path))
     if not file.is_file():
-        raise ConfigFileError(f"--config {path}: no such file.")
+        kind = "a folder" if file.is_dir() else "not a regular file (a device, a pipe, ...)" if file.exists() else None
+        raise ConfigFileError(f"--config {path}: {kind}; give the YAML file itself." if kind else
+                              f"--config {path}: no such file.")
+    if file.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigFileError(f"--config {path}: {file.stat().st_size:,} bytes, more than an options file holds "
+                              f"({MAX_CONFIG_BYTES:,} at most): is it the data file? Give the data as --data.")
     try:
         loaded = strict_yaml(file.read_text(encoding="utf-8"), f"--config {path}")
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -457,32 +466,44 @@ def spellings() -> dict[str, str]:
 def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) of a file: names checked (unknown refused naming the key and the file), SFTConfig names at
     the top level moved into sft, values coerced (``1e-4`` written as text) and checked. A key may be spelled
-    as any of the option's flags (``steps``, ``lr``, ``lora-r``); ``--print-config`` writes the field names."""
+    as any of the option's flags (``steps``, ``lr``, ``lora-r``); ``--print-config`` writes the field names. One
+    option set twice in the file (two spellings, or at the top level and under ``sft:``) is refused naming both."""
     fields, alias = _fields(), {**spellings(), **aliases()}
-    options, sft = {}, {}
+    options, sft, seen = {}, {}, {}
+    where = f"--config {path}"
     for key, value in config.items():
-        where = f"--config {path}"
+        written = key
         if (isinstance(key, str) and key not in fields and key not in alias and "-" in key
                 and key.replace("-", "_") in sft_fields()):
             key = key.replace("-", "_")  # an SFTConfig field spelled as its flag (max-grad-norm)
         if key == "sft":
-            named = _file_sft(value, where)
-            options.update({alias.get(k, k): _file_value(fields[alias.get(k, k)][1], v, where)
-                            for k, v in named.items() if _training_name(k)})  # a TrainOptions field's name
-            sft.update({k: v for k, v in named.items() if not _training_name(k)})
+            for k, v in _file_sft(value, where).items():
+                name = alias.get(k, k) if _training_name(k) else k
+                claim(seen, name, f"sft: {k}", where)
+                if _training_name(k):  # a TrainOptions field's name
+                    options[name] = _file_value(fields[name][1], v, where)
+                else:
+                    sft[k] = v
         elif key in fields or key in alias:
             name = alias.get(str(key), key)
-            if name in options:
-                raise ConfigFileError(f"{where}: {key!r} sets {name}, which another key of the file already sets: "
-                                      "keep one of them.")
+            claim(seen, name, written, where)
             options[name] = _file_value(fields[name][1], value, where)
             if name == "data":
                 options[name] = beside_file(options[name], Path(os.path.expanduser(path)).parent)
         elif key in sft_fields():
+            claim(seen, key, written, where)
             sft.update(_file_sft({key: value}, where))
         else:
             raise ConfigFileError(unknown_name(f"--config {path}", str(key)))
     return options, sft
+
+
+def claim(seen: dict[str, str], name: str, key: str, where: str) -> None:
+    """Record that the file's ``key`` sets option ``name``; a second key setting it (another spelling, or the same
+    name at the top level and under ``sft:`` / ``trl:``) is refused naming both: which one wins would be a guess."""
+    first = seen.setdefault(name, key)
+    if first != key:
+        raise ConfigFileError(f"{where}: {first!r} and {key!r} both set {name}: keep one of them.")
 
 
 def beside_file(data: Any, folder: Path) -> Any:
@@ -557,6 +578,7 @@ def _one_text(dest: str, value: list) -> bool:
 def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, sft) given as flags: single values of list-or-text options back to text."""
     options, sft = {}, {}
+    pairs = dict(given.get("sft") or [])
     for dest, value in given.items():
         if dest == "sft":  # --sft NAME=VALUE; a TrainOptions field's name (or its SFTConfig name) sets that field
             options.update({aliases().get(k, k): v for k, v in value if _training_name(k)})
@@ -568,7 +590,18 @@ def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             options[dest] = value[0] if _one_text(dest, value) else value
     if "data" in options and len(options["data"]) == 1:
         options["data"] = options["data"][0]
+    _twice(pairs, [d for d in given if d != "sft"], aliases(), "sft")
     return options, sft
+
+
+def _twice(pairs: dict[str, Any], dests: list[str], alias: dict[str, str], key: str) -> None:
+    """``--sft NAME=VALUE`` / ``--trl NAME=VALUE`` naming an option another flag of the command sets: refused
+    naming both (which one wins would be a guess)."""
+    for name in pairs:
+        for dest in dests:
+            if dest.split(":")[-1] in (name, alias.get(name, name)):
+                raise ConfigFileError(f"--{key} {name}=... and --{dest.split(':')[-1].replace('_', '-')} both set "
+                                   f"{alias.get(name, name)}: give it once.")
 
 
 def _list_value(name: str, value: Any, config: str = "SFTConfig") -> Any:
@@ -647,5 +680,6 @@ def print_config(resolved: Resolved) -> str:
     return dump_yaml(resolved.to_dict(), "fastkit train --config FILE reproduces this run.")
 
 
-__all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "data_yaml", "file_layer",
+__all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "claim", "data_yaml",
+           "file_layer",
            "flag_layer", "layered", "print_config", "read_file", "resolve", "scalar", "sft_value"]

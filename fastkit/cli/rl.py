@@ -199,8 +199,9 @@ def _import_reward(spec: str):
     where, _, attr = spec.rpartition(":")
     try:
         module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
-    except (ImportError, OSError, SyntaxError) as exc:
-        raise FastkitError(f"--reward {spec}: cannot import {where!r} ({type(exc).__name__}: {exc}).") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's file failed at import: its error, exit 2
+        raise FastkitError(f"--reward {spec}: cannot import {where!r} ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}).") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise FastkitError(f"--reward {spec}: {where!r} has no function {attr!r}.")
@@ -212,7 +213,7 @@ def _load_file(path: str):
 
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"no such file {path}")
+        raise FileNotFoundError(f"no such file {path}" if not file.exists() else f"{path} is not a file")
     spec = importlib.util.spec_from_file_location(f"fastkit_reward_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -315,6 +315,7 @@ def flag_layer(command: Command, given: dict[str, Any]) -> tuple[dict[str, Any],
             options[dest] = value[0] if cli_config._one_text(dest, value) else value
     if isinstance(options.get("data"), list):
         options["data"] = _one_source(options["data"], "--data")
+    cli_config._twice(dict(given.get("trl") or []), [d for d in given if d != "trl"], alias, "trl")
     return options, trl
 
 
@@ -327,19 +328,21 @@ def _one_source(data: list, where: str) -> Any:
 
 def file_layer(command: Command, config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(options, TRL fields) of a ``--config`` file: any spelling of a flag, TRL's fields at the top level or under
-    ``trl:``; an unknown key is refused naming it and the file."""
+    ``trl:``; an unknown key is refused naming it and the file, one option set by two keys naming both."""
     where, names, hints = f"--config {path}", spellings(command), trl_hints(command.trl_config)
-    options, trl = {}, {}
+    options, trl, seen = {}, {}, {}
     for key, value in config.items():
         if key == "trl":
-            trl.update(_file_trl(command, value, where))
+            named = _file_trl(command, value, where)
+            for name in named:
+                cli_config.claim(seen, name, f"trl: {name}", where)
+            trl.update(named)
         elif key in names:
             name = names[key]
-            if name in options:
-                raise ConfigFileError(f"{where}: {key!r} sets {name}, which another key of the file already sets: "
-                                      "keep one of them.")
+            cli_config.claim(seen, name, key, where)
             options[name] = _file_value(fields(command)[name], value, where, path)
         elif isinstance(key, str) and key.replace("-", "_") in hints:
+            cli_config.claim(seen, key.replace("-", "_"), key, where)
             trl.update(_file_trl(command, {key.replace("-", "_"): value}, where))
         else:
             raise ConfigFileError(_unknown(command, where, str(key)))

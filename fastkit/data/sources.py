@@ -160,6 +160,10 @@ class DataSource:
         return self.path + ("?" + "&".join(parts) if parts else "")
 
 
+MAX_WEIGHT = 10_000
+"""The largest ``weight``: a row used more often than this is a typo (``1e300``), not a mix."""
+
+
 def _check_number(value: Any, key: str, where: str, kind: type) -> None:
     if value is None:
         return
@@ -168,6 +172,9 @@ def _check_number(value: Any, key: str, where: str, kind: type) -> None:
         what = ("a positive number (how often each row is used: 2 = twice)" if kind is float
                 else "a positive whole number of rows")
         raise FastkitError(f"{where}: {key} must be {what}, got {value!r}.")
+    if kind is float and value > MAX_WEIGHT:
+        raise FastkitError(f"{where}: {key}={value:g} would use each row {value:g} times; the most is {MAX_WEIGHT:,} "
+                           "(a mix's weights say how often each row is used: 2 = twice).")
 
 
 def _query_value(value: Any) -> str:

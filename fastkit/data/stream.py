@@ -14,7 +14,11 @@ runs as it draws rows (TRL's ``max_steps`` path; TRL packs the stream a batch at
   with one multi-turn chat masks every chat by assistant turn); a stream decides per row, since it cannot look
   ahead. Packing stays exact per document: TRL's packed rows carry each document's length.
 - the first :data:`PEEK_ROWS` rows are checked when the trainer is built, so a wrong format, a missing chat
-  template or a bad first row fails before any step.
+  template or a bad first row fails before any step;
+- rows dropped (``drop_invalid`` / ``drop_long``) are logged at the 1st, 10th, 100th... drop and counted in all at
+  the end of training;
+- a stream's fingerprint (:func:`stream_fingerprint`, what ``resume`` compares) is each file's size and its first
+  and last 64 KiB, not its type: ``resume=True`` on another file is refused naming both.
 
 What a stream cannot do, refused when the trainer is built: ``epochs`` (no length: give ``max_steps``),
 ``eval_split`` (give ``eval_dataset``), and TRL's own tokenization (``assistant_only_loss``, another chat template
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any
 
 from fastkit.errors import FastkitError
@@ -75,13 +80,24 @@ def check_first_rows(dataset, where: str = "dataset", drop_invalid: bool = False
 
 
 class DropCount:
-    """Rows a stream dropped (``drop_invalid`` / ``drop_long``), logged at the 1st, 10th, 100th, ... drop."""
+    """Rows a stream dropped (``drop_invalid`` / ``drop_long``), logged at the 1st, 10th, 100th, ... drop, and in
+    all at the end of training (:meth:`summary`; the stream carries it as ``fastkit_dropped``)."""
 
-    def __init__(self):
+    def __init__(self, where: str = "dataset", why: str = ""):
         self.count = 0
+        self.rows: set[int] = set()
+        self.where, self.why = where, why
+
+    def summary(self) -> str:
+        """The end-of-training line: how many rows of the stream were dropped in all (a row drawn again on a later
+        pass over the stream is one row, dropped again)."""
+        again = f"; {self.count} drops: the trainer drew the stream more than once" if self.count != len(self.rows) \
+            else ""
+        return f"{self.where}: {len(self.rows)} row(s) of the stream dropped in all ({self.why}{again})"
 
     def add(self, where: str, row: int, why: str) -> None:
         self.count += 1
+        self.rows.add(row)
         if self.count == 10 ** int(math.log10(self.count)):
             logger.warning("fastkit: %s: %d row(s) dropped so far; latest: row %d: %s", where, self.count, row + 1,
                            why)
@@ -198,7 +214,8 @@ def check_stream(dataset, tokenizer, max_seq_length: int, packing: bool = True, 
                            "skip_prepare_dataset) would replace. Drop those options, or load the data without "
                            "streaming.")
     columns = stream_columns(dataset, where)
-    dropped = DropCount()
+    dropped = DropCount(where, " / ".join(n for n, on in (("drop_invalid", drop_invalid), ("drop_long", drop_long))
+                                         if on) or "none asked")
     if "input_ids" in columns:
         out = dataset.map(_check_tokenized_batch, batched=True, batch_size=BATCH_ROWS, with_indices=True,
                           fn_kwargs=dict(max_seq_length=max_seq_length, drop_long=drop_long, where=where,
@@ -213,8 +230,54 @@ def check_stream(dataset, tokenizer, max_seq_length: int, packing: bool = True, 
                                          drop_invalid=drop_invalid, drop_long=drop_long, where=where,
                                          dropped=dropped))
     _peek(out, where)
-    dropped.count = 0  # the trainer draws the stream from its start again: its drops are counted anew
+    dropped.count, dropped.rows = 0, set()  # the trainer draws the stream from its start again: counted anew
+    out.fastkit_dropped = dropped  # make_trainer logs the count at the end of training
     return out
+
+
+FINGERPRINT_BYTES = 1 << 16
+"""Bytes read from the start and from the end of each file a stream reads, for its fingerprint."""
+FINGERPRINT_ROWS = 16
+"""Rows drawn for the fingerprint of a stream without local files (a Hub stream, a generator)."""
+
+
+def source_files(stream) -> list[str]:
+    """The files a ``datasets`` stream reads, found in its chain of example iterables (every source of an
+    interleaved mix); [] for a stream that reads none (a generator) or that ``datasets`` builds otherwise."""
+    files, todo = [], [getattr(stream, "_ex_iterable", None)]
+    while todo:
+        node = todo.pop()
+        if node is None:
+            continue
+        kwargs = getattr(node, "kwargs", None) or {}
+        listed = kwargs.get("original_files") or kwargs.get("base_files") or []
+        files += [str(f) for f in listed if isinstance(f, (str, os.PathLike))]
+        todo += [getattr(node, "ex_iterable", None), *(getattr(node, "ex_iterables", None) or [])]
+    return list(dict.fromkeys(files))
+
+
+def stream_fingerprint(stream) -> str:
+    """A stream's fingerprint without reading it all: each local file's size and its first and last
+    :data:`FINGERPRINT_BYTES` bytes (where the file lies is not part of it: a moved file is the same data), else its
+    first :data:`FINGERPRINT_ROWS` rows. ``"stream <hash> of <what was read>"``; resume compares the hash."""
+    import hashlib
+    import json
+
+    h = hashlib.blake2b(digest_size=12)
+    files = source_files(stream)
+    if files and all(os.path.isfile(f) for f in files):
+        for f in files:
+            size = os.path.getsize(f)
+            with open(f, "rb") as handle:
+                h.update(f"{size}:".encode() + handle.read(FINGERPRINT_BYTES))
+                handle.seek(max(0, size - FINGERPRINT_BYTES))
+                h.update(handle.read(FINGERPRINT_BYTES))
+        what = ", ".join(f"{f} ({os.path.getsize(f)} bytes)" for f in files[:3]) + (" ..." if len(files) > 3 else "")
+    else:
+        for row in stream.take(FINGERPRINT_ROWS):
+            h.update(json.dumps(row, sort_keys=True, default=str).encode())
+        what = f"its first {FINGERPRINT_ROWS} rows"
+    return f"stream {h.hexdigest()} of {what}"
 
 
 def _string_prompts(dataset) -> bool:
@@ -239,4 +302,5 @@ def _peek(stream, where: str) -> None:
                            "assistant response to train on.")
 
 
-__all__ = ["BATCH_ROWS", "PEEK_ROWS", "check_first_rows", "check_stream", "is_stream", "stream_columns"]
+__all__ = ["BATCH_ROWS", "FINGERPRINT_BYTES", "FINGERPRINT_ROWS", "PEEK_ROWS", "DropCount", "check_first_rows",
+           "check_stream", "is_stream", "source_files", "stream_columns", "stream_fingerprint"]

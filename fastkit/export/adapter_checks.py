@@ -36,6 +36,10 @@ def write_info(model: torch.nn.Module, folder: Path) -> None:
 def _header(file: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
+    from fastkit.checks import check_safetensors_file
+
+    check_safetensors_file(file, "Adapter file")  # truncated, or bytes after the last tensor: named
+
     with safe_open(str(file), framework="pt") as f:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 

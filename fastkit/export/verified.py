@@ -103,19 +103,31 @@ def scratch_sibling(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def short_write(exc: BaseException) -> bool:
+    """numpy's ``tofile`` on a full disk: ``OSError("8192 requested and 5184 written")`` without an errno (the
+    ENOSPC of the write that came up short is lost): a write that stopped early is a full disk (or a quota)."""
+    import re
+
+    return (isinstance(exc, OSError) and exc.errno is None
+            and re.fullmatch(r"\d+ requested and \d+ written", str(exc).strip()) is not None)
+
+
 def disk_full(exc: BaseException, file: Path, needed: int | None = None) -> FastkitError | None:
     """The FastkitError for a save that ran out of disk space (ENOSPC, or a quota's EDQUOT) writing ``file``, or None
     for any other error. The caller has removed the partial file; ``needed``: the bytes the file takes, if known."""
     import errno
 
-    if not (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))):
+    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    if not (full or short_write(exc)):
         return None
     try:
         free = f"{shutil.disk_usage(file.parent if file.parent.exists() else Path.cwd()).free:,} bytes free now"
     except OSError:
         free = "free space unknown"
     size = f"it needs {needed:,} bytes" if needed else "its size is not known beforehand"
-    return FastkitError(f"The disk is full: writing {file.name} stopped ({exc.strerror or exc}); {size}, {free} on "
+    why = exc.strerror if full and exc.strerror else f"a short write: {exc}" if not full else str(exc)
+    name = file.name.removesuffix(".partial")
+    return FastkitError(f"The disk is full: writing {name} stopped ({why}); {size}, {free} on "
                         f"{file.parent}'s disk. The partial file was removed; free space (or save elsewhere) and "
                         "save again.")
 

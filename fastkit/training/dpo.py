@@ -99,11 +99,25 @@ def check_pair_row(row: dict, i: int, where: str = "train_dataset", chat: bool |
     return chat
 
 
+PAIR_COLUMNS, UNPAIRED_COLUMNS = ("chosen", "rejected"), ("completion", "label")
+"""DPO's answer columns and KTO's: a data set holding both is refused (which one trains would be a guess)."""
+
+
+def check_one_form(columns, where: str) -> None:
+    """Refuse rows holding both DPO's (``chosen`` / ``rejected``) and KTO's (``completion`` / ``label``) columns,
+    naming both sets: DPO would train on the pairs and KTO on the unpaired rows, each ignoring the other."""
+    if set(PAIR_COLUMNS) <= set(columns) and set(UNPAIRED_COLUMNS) <= set(columns):
+        raise FastkitError(f"{where} holds both preference pairs (columns 'chosen', 'rejected') and unpaired rows "
+                           "(columns 'completion', 'label'); which to train on would be a guess: keep one set of "
+                           "columns (fastkit dpo trains on pairs, fastkit kto on unpaired rows or on pairs).")
+
+
 def check_pairs(dataset, tokenizer, where: str = "train_dataset") -> None:
     """Every row a usable preference pair, one form for the whole set, a chat template for chat rows
     (``tokenizer=None``: the rows only, before a model loads; ``fastkit dpo``'s preflight)."""
     if len(dataset) == 0:
         raise FastkitError(f"{where} is empty: give preference pairs (prompt, chosen, rejected).")
+    check_one_form(dataset.column_names, where)
     chat = check_pair_row(dataset[0], 0, where)
     for i in range(1, len(dataset)):
         check_pair_row(dataset[i], i, where, chat)
@@ -274,5 +288,7 @@ def preference_accuracy(model: torch.nn.Module, tokenizer, pairs) -> tuple[float
     return sum(m > 0 for m in margins) / len(margins), sum(margins) / len(margins)
 
 
-__all__ = ["PACK_CHANGE", "ROW_LENS_KWARG", "ROW_SPANS_KWARG", "PairLengthsCollator", "check_pair_row", "check_pairs",
-           "check_tokenized_pairs", "drop_long_rows", "pack_pairs", "preference_accuracy"]
+__all__ = ["PACK_CHANGE", "PAIR_COLUMNS", "ROW_LENS_KWARG", "ROW_SPANS_KWARG", "UNPAIRED_COLUMNS",
+           "PairLengthsCollator",
+           "check_one_form", "check_pair_row", "check_pairs", "check_tokenized_pairs", "drop_long_rows", "pack_pairs",
+           "preference_accuracy"]

@@ -7,18 +7,31 @@ an assistant turn, one longer than ``max_prompt_length`` tokens, and a column a 
 keyword lists), TRL's name for it (``rewards/<name>/mean`` in the logs), and a :class:`FastkitError` naming the
 function and the row when it raises, returns None, returns the wrong number of rewards, or a reward that is not
 a finite number (None for one completion stays TRL's "not applicable": NaN, left out of the mean).
+
+The rule for reward values: a number (int, float, NumPy / torch scalar) is trained on; None is TRL's "not
+applicable" and is *counted* (:class:`RewardCounts`: per function, and the completions no function scored, which
+TRL gives advantage 0 and so never trains on), logged when it first happens and summed up at the end of the run;
+a batch in which no function scored any completion is warned about, and :data:`UNSCORED_BATCHES` such batches in a
+row end the run with a FastkitError naming the functions (an adapter trained on nothing would otherwise be saved
+and "verified"). NaN, inf, a bool, a string or any other type, the wrong number of values, no list at all, or an
+exception are refused at once, naming the function, the value and the completion.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastkit.errors import FastkitError
 
+logger = logging.getLogger(__name__)
+
+UNSCORED_BATCHES = 3
+"""Batches of completions in a row that no reward function scored (every value None) before the run is refused."""
 TRL_REWARD_ARGS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                              "environments"})
 """Keyword arguments TRL 1.16's GRPOTrainer gives every reward function besides the dataset's columns."""
@@ -54,7 +67,7 @@ class CheckedReward:
         n = len(completions)
         try:
             out = self.fn(prompts=prompts, completions=completions, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a reward would end the run without a word
             row = self._failing_row(prompts, completions, kwargs)
             where = f" on completion {row} (prompt {_short(prompts[row])})" if row is not None else ""
             raise FastkitError(f"reward function {self.__name__!r} raised {type(exc).__name__}: {exc}{where}.") from exc
@@ -78,7 +91,7 @@ class CheckedReward:
             one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
             try:
                 self.fn(prompts=prompts[i:i + 1], completions=completions[i:i + 1], **one)
-            except Exception:
+            except (Exception, SystemExit):
                 return i
         return None
 
@@ -121,6 +134,77 @@ def wrap_reward_funcs(reward_funcs) -> list:
         raise FastkitError(f"reward_funcs has two functions named the same ({names}); the dashboard and logs tell them "
                            "apart by name: rename one.")
     return out
+
+
+class RewardCounts:
+    """None rewards counted across a run (see the module docstring): per function, and the completions that no
+    function scored; :data:`UNSCORED_BATCHES` wholly unscored batches in a row raise a FastkitError."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.none = [0] * len(names)
+        self.completions = self.unscored = self.in_row = 0
+
+    def add(self, rewards) -> None:
+        """One batch's ``(completions, functions)`` rewards, NaN where a function returned None (TRL's form, gathered
+        from every process, so every rank counts and refuses alike)."""
+        import torch
+
+        missing = torch.isnan(rewards.detach().float()).cpu()
+        n = missing.shape[0]
+        unscored = int(missing.all(dim=1).sum())
+        self.completions += n
+        self.unscored += unscored
+        self.none = [a + int(b) for a, b in zip(self.none, missing.sum(dim=0).tolist())]
+        self.in_row = self.in_row + 1 if n and unscored == n else 0
+        if self.in_row >= UNSCORED_BATCHES:
+            raise FastkitError(f"reward function(s) {self._named()} returned None for every completion of "
+                               f"{self.in_row} batches in a row: GRPO has nothing to learn from (every advantage is "
+                               "0, the adapter would not move). Make them return a number for the completions they "
+                               "can judge (None means 'not applicable').")
+        if unscored and self.unscored == unscored:  # the first time: said at once, summed up at the end
+            logger.warning("fastkit: %d of %d completions got None from every reward function (%s): their advantage "
+                           "is 0, they are not trained on (counted; summed up at the end of the run)", unscored, n,
+                           self._named())
+
+    def _named(self) -> str:
+        return ", ".join(repr(name) for name in self.names)
+
+    def summary(self) -> str | None:
+        """One line of the run's None counts, or None when every function scored every completion."""
+        if not any(self.none):
+            return None
+        per = "; ".join(f"{name!r} None for {k} of {self.completions}" + (" (every one: never applicable?)"
+                                                                            if k == self.completions else "")
+                        for name, k in zip(self.names, self.none) if k)
+        return (f"GRPO rewards over the run: {per}; {self.unscored} of {self.completions} completions scored by no "
+                "function (advantage 0, not trained on)")
+
+
+def watch_rewards(trainer) -> RewardCounts:
+    """Count the None rewards of ``trainer`` (a ``trl.GRPOTrainer``) as it scores each batch, and log the count at
+    the end of training (:class:`RewardCounts`); kept as ``trainer.fastkit_reward_counts``."""
+    from transformers import TrainerCallback
+
+    counts = RewardCounts([reward_name(f) if not isinstance(f, str) else f for f in trainer.reward_funcs])
+    original = trainer._calculate_rewards
+
+    def _calculate_rewards(*args: Any, **kwargs: Any):
+        rewards = original(*args, **kwargs)
+        if trainer.model.training:  # evaluation batches are not trained on
+            counts.add(rewards)
+        return rewards
+
+    class _Summary(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            line = counts.summary()
+            if line:
+                logger.warning("fastkit: %s", line)
+
+    trainer._calculate_rewards = _calculate_rewards
+    trainer.add_callback(_Summary())
+    trainer.fastkit_reward_counts = counts
+    return counts
 
 
 def _check_prompt(prompt: Any, i: int, dataset: str = "train_dataset") -> None:
@@ -212,5 +296,5 @@ def answer_scores(model, tokenizer, dataset, reward_funcs: Sequence, max_new_tok
     return scores
 
 
-__all__ = ["CheckedReward", "TRL_REWARD_ARGS", "answer_scores", "check_prompt_rows", "check_prompts", "needed_columns",
-           "reward_name", "wrap_reward_funcs"]
+__all__ = ["TRL_REWARD_ARGS", "UNSCORED_BATCHES", "CheckedReward", "RewardCounts", "answer_scores", "check_prompt_rows",
+           "check_prompts", "needed_columns", "reward_name", "watch_rewards", "wrap_reward_funcs"]

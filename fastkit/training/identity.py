@@ -43,12 +43,20 @@ HYPERPARAMETERS = ("learning_rate", "max_steps", "num_train_epochs", "per_device
 """TrainingArguments / SFTConfig / DPOConfig / KTOConfig / GRPOConfig fields that are part of a run's identity (a
 field the trainer's config lacks reads None on both sides)."""
 OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
+RECORD_ONLY = "stream_dropped"
+"""A checkpoint record's key that is not part of the run's identity: a stream's rows dropped so far (drop_invalid /
+drop_long: ``{"rows": distinct rows, "drops": drops}``)."""
 
 
 def data_fingerprint(dataset) -> str:
-    """A hash of the dataset's content as the trainer sees it (every column's Arrow buffers), or its type."""
+    """A hash of the dataset's content as the trainer sees it (every column's Arrow buffers); a stream's
+    (:func:`fastkit.data.stream.stream_fingerprint`), or its type."""
     table = getattr(getattr(dataset, "data", None), "table", None)
     if table is None:
+        from fastkit.data.stream import is_stream, stream_fingerprint
+
+        if is_stream(dataset):  # its files' sizes, first and last bytes (read whole, it may not fit)
+            return stream_fingerprint(dataset)
         return f"{type(dataset).__name__}:{len(dataset) if hasattr(dataset, '__len__') else '?'}"
     h = hashlib.blake2b(digest_size=12)
     for name in sorted(table.column_names):
@@ -119,14 +127,33 @@ def check_same_processes(saved: dict, now: dict, name: str) -> None:
 def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
     """``"key: checkpoint X, now Y"`` for every leaf that differs between two identities."""
     out = []
-    for key in sorted(set(saved) | set(now)):
+    for key in sorted((set(saved) | set(now)) - {RECORD_ONLY}):
         a, b, name = saved.get(key), now.get(key), f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
             out += differences(a, b, name + ".")
-        elif a != b:
-            shown = "training data (its content differs)" if key == "data" else None
-            out.append(shown or f"{name}: checkpoint {a!r:.60}, now {b!r:.60}")
+        elif key == "data" and _data_key(a) != _data_key(b):
+            out.append(_data_words(a, b))
+        elif a != b and key != "data":
+            out.append(f"{name}: checkpoint {a!r:.60}, now {b!r:.60}")
     return out
+
+
+def _data_key(fingerprint: Any) -> Any:
+    """What resume compares of a data fingerprint: a stream's hash (not where its files lie), else all of it."""
+    text = str(fingerprint)
+    return text.split()[1] if text.startswith("stream ") else fingerprint
+
+
+def _data_words(saved: Any, now: Any) -> str:
+    streams = [str(x) for x in (saved, now) if str(x).startswith("stream ")]
+    if not streams:
+        return "training data (its content differs)"
+
+    def named(x: Any) -> str:
+        text = str(x)
+        return text.split(" of ", 1)[1] if text.startswith("stream ") else f"{text:.40}"
+
+    return f"training data: the checkpoint trained on {named(saved)}, this run streams {named(now)}"
 
 
 def checkpoint_step(folder: str | Path) -> int:
@@ -340,6 +367,7 @@ class RunGuard(TrainerCallback):
     def __init__(self, trainer, note: str):
         check_trainable(trainer.model)
         self.identity = run_identity(trainer)
+        self.dropped = getattr(trainer, "fastkit_dropped", None)  # a stream's drops (fastkit.data.stream.DropCount)
         self.note = note
         self.problem: str | None = None
 
@@ -349,7 +377,10 @@ class RunGuard(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if args.should_save and folder.is_dir():  # the process that wrote the checkpoint (one per job)
-            (folder / RUN_FILE).write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
+            record = dict(self.identity)
+            if self.dropped is not None:  # the record of the run so far, not its identity (resume ignores it)
+                record[RECORD_ONLY] = {"rows": len(self.dropped.rows), "drops": self.dropped.count}
+            (folder / RUN_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         bad = [(k, v) for k, v in (logs or {}).items() if k in ("loss", "grad_norm")

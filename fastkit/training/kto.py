@@ -6,8 +6,12 @@ text, or lists of chat messages (the prompt ending before the answer, the comple
 Preference pairs (``prompt`` / ``chosen`` / ``rejected``, :mod:`fastkit.training.dpo`'s form) are accepted too and
 unpaired first (each pair -> a desirable and an undesirable row, side by side).
 
-Labels: Python / NumPy bools, or the integers 0 and 1 (a CSV or Parquet column of 0/1 reads as integers); the
-column is cast to bool. Anything else (``"yes"``, 2, None, 0.5) is refused naming the row.
+Labels: Python / NumPy bools, the integers 0 and 1 (a Parquet column of 0/1), or those as text, any case
+(``"true"`` / ``"false"`` / ``"1"`` / ``"0"``: a CSV file's column is read as text); the column becomes bool.
+Anything else (``"yes"``, 2, 0.5, an empty cell) is refused naming the row; a null label is "null 'label' in row N".
+
+A data set holding both KTO's columns (``completion`` / ``label``) and DPO's (``chosen`` / ``rejected``) is refused
+naming both (:func:`fastkit.training.dpo.check_one_form`): which set to train on would be a guess.
 
 Refused before any step, naming the row: a missing ``prompt`` / ``completion`` / ``label``, a field in the other
 form than the first row's, a message without ``role`` / text ``content``, a completion that does not end with an
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from fastkit.errors import FastkitError
-from fastkit.training.dpo import _check_side, _is_messages, check_pairs, drop_long_rows
+from fastkit.training.dpo import _check_side, _is_messages, check_one_form, check_pairs, drop_long_rows
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +38,19 @@ COLUMNS = ("prompt", "completion", "label")
 """KTO's unpaired form: what every row holds."""
 
 
+LABEL_TEXTS = {"true": True, "false": False, "1": True, "0": False}
+"""A label written as text (a CSV column is read as text): these words, any case, spaces around them ignored."""
+
+
 def label_value(value: Any, where: str) -> bool:
-    """A row's ``label`` as a bool: True / False (Python or NumPy), or the integers 1 / 0."""
+    """A row's ``label`` as a bool: True / False (Python or NumPy), the integers 1 / 0, or those as text
+    (:data:`LABEL_TEXTS`: ``"true"``, ``"0"``, ...: a CSV file's column)."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)) and value in (0, 1):
         return bool(value)
+    if isinstance(value, str) and value.strip().lower() in LABEL_TEXTS:
+        return LABEL_TEXTS[value.strip().lower()]
     raise FastkitError(f"{where} field 'label' must be true or false (or 1 / 0): whether the completion is desirable, "
                        f"got {type(value).__name__} {value!r:.40}.")
 
@@ -47,10 +58,15 @@ def label_value(value: Any, where: str) -> bool:
 def check_row(row: dict, i: int, where: str = "train_dataset", chat: bool | None = None) -> tuple[bool, bool]:
     """Check one unpaired row; returns ``(chat, label)``. ``chat``: the form the first row set (None: this row's
     ``completion`` decides)."""
-    missing = [k for k in COLUMNS if k not in row or row[k] is None]
+    missing = [k for k in COLUMNS if k not in row]
     if missing:
         raise FastkitError(f"{where} row {i + 1}: no {' / '.join(repr(k) for k in missing)} field (has {sorted(row)}): "
                            "a KTO row needs 'prompt', 'completion' and 'label' (true: a desirable completion).")
+    null = [k for k in COLUMNS if row[k] is None]
+    if null:
+        raise FastkitError(f"{where} row {i + 1}: null {' / '.join(repr(k) for k in null)} (empty or left out in "
+                           "that row): a KTO row needs a 'prompt', a 'completion' and a 'label' (true: a desirable "
+                           "completion).")
     label = label_value(row["label"], f"{where} row {i + 1}")
     chat = _is_messages(row["completion"]) if chat is None else chat
     for key in ("prompt", "completion"):
@@ -67,6 +83,7 @@ def check_row(row: dict, i: int, where: str = "train_dataset", chat: bool | None
 def unpaired(dataset, where: str = "train_dataset"):
     """KTO's rows: ``dataset`` itself, or its preference pairs (checked as DPO's) unpaired into two rows each, side
     by side (KTO reads its rows in order: each batch then holds both labels)."""
+    check_one_form(dataset.column_names, where)
     if len(dataset) == 0 or "completion" in dataset.column_names or "chosen" not in dataset.column_names:
         return dataset
     check_pairs(dataset, None, where)
@@ -118,8 +135,12 @@ def _bool_labels(dataset):
         return dataset
     from datasets import Value
 
-    logger.info("fastkit: KTO labels 0 / 1 read as false / true")
-    return dataset.cast_column("label", Value("bool"))
+    logger.info("fastkit: KTO labels %s read as false / true",
+                "'false' / 'true' or '0' / '1' (text)" if dataset.features["label"].dtype == "string" else "0 / 1")
+    features = dataset.features.copy()
+    features["label"] = Value("bool")
+    return dataset.map(lambda batch: {"label": [label_value(x, "label") for x in batch["label"]]}, batched=True,
+                       features=features)  # each label checked row by row before
 
 
 def check_tokenized_rows(dataset, max_length: int, drop_long: bool, batch_size: int, where: str = "train_dataset",

@@ -372,15 +372,27 @@ def split_names(values: dict[str, Any], where: str = "make_trainer") -> tuple[di
     """``values`` -> (TrainOptions fields, SFTConfig pass-through); an unknown name is refused with the closest."""
     own = {f.name for f in dataclasses.fields(TrainOptions)} - {"sft"}
     alias = aliases()
-    fields, sft = {}, {}
+    fields, sft, given = {}, {}, {}
     for name, value in values.items():
         if name in own or name in alias:
+            first = given.setdefault(alias.get(name, name), name)
+            if first != name:  # epochs= and num_train_epochs= : which one wins would be a guess
+                raise FastkitError(f"{where}: {first}= and {name}= both set {alias.get(name, name)}; give one.")
             fields[alias.get(name, name)] = value
         elif name in sft_fields():
-            sft[name] = value
+            sft.update(_sft_beside(sft, {name: value}, where))
+        elif name == "sft" and isinstance(value, dict):  # sft={...} beside the keywords: one place per field
+            sft.update(_sft_beside(sft, value, where))
         else:
             raise FastkitError(unknown_name(where, name))
     return fields, sft
+
+
+def _sft_beside(sft: dict[str, Any], value: dict[str, Any], where: str) -> dict[str, Any]:
+    for key in value:
+        if key in sft:
+            raise FastkitError(f"{where}: {key}= and sft[{key!r}] both set {key}; give one.")
+    return value
 
 
 def unknown_name(where: str, name: str, extra: tuple[str, ...] = ()) -> str:

@@ -37,6 +37,7 @@ from fastkit.training.options import DEFAULT_MAX_STEPS, default_eval_steps
 from fastkit.training.run import (
     _default_optim,
     _fsdp_processes,
+    _name_in_model_card,
     _precision,
     _run_length,
     check_distributed_mode,
@@ -104,6 +105,7 @@ def _base_config(model: torch.nn.Module, run: RunOptions, overrides: dict[str, A
 def _finish(trainer, run: RunOptions, examples: int, overrides: dict[str, Any]):
     """The dashboard attached, first among the callbacks; FSDP given back on CPU processes, as for SFT."""
     _fsdp_processes(trainer)
+    _name_in_model_card(trainer, trainer.train_dataset)  # a README.md of the user's in output_dir is kept
     dash = dashboard_callback(run.dashboard, examples=examples, log_every_step="logging_steps" not in overrides)
     trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
     return trainer
@@ -332,6 +334,7 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
                           reward_funcs=funcs, callbacks=list(callbacks))
     keep_fastkit_checkpointing(trainer.model)
     trainer.fastkit_reference = "none (beta=0)" if not beta else "the same model with its adapter disabled"
+    grpo.watch_rewards(trainer)  # None rewards counted; batches no function scored refused (grpo's module docs)
     trainer.fastkit_packed = packing and grpo_pack.pack_logps(trainer)
     if packing and not trainer.fastkit_packed:
         logger.info("fastkit: GRPO log-prob passes padded (no active fastkit packing patch on this model)")

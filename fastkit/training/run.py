@@ -157,6 +157,7 @@ def make_trainer(
         trainer = ZeroSyncSFTTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
                                      processing_class=tokenizer, callbacks=[*callbacks, *_early_stopping(options)])
     _attach_run(trainer, options, rows)
+    _count_drops(trainer, dataset)
     _epoch_steps(trainer, options, eval_dataset is not None)  # now that the packed rows are known
     _attach_packed_metadata(trainer)
     _name_in_model_card(trainer, train_dataset)
@@ -271,6 +272,21 @@ def _attach_run(trainer, options: TrainOptions, rows: int | None) -> None:
     trainer.callback_handler.callbacks.insert(0, dash)
     trainer.fastkit_options = options
     trainer.fastkit_config = {**options.to_dict()}
+
+
+def _count_drops(trainer, dataset) -> None:
+    """A stream read with drop_invalid / drop_long: the rows it dropped in all, logged at the end of training."""
+    dropped = getattr(dataset, "fastkit_dropped", None)
+    if dropped is None or dropped.why == "none asked":
+        return
+    from transformers import TrainerCallback
+
+    class _Dropped(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            logger.log(logging.WARNING if dropped.count else logging.INFO, "fastkit: %s", dropped.summary())
+
+    trainer.add_callback(_Dropped())
+    trainer.fastkit_dropped = dropped
 
 
 def every_parameter_used(model: torch.nn.Module) -> bool:
@@ -600,16 +616,33 @@ def model_card_sentence(base: str | None, data: str | None) -> str:
     return f"{CARD_LINE}{named(base, 'models')}, trained on {named(data, 'datasets')} with fastkit."
 
 
+CARD_MARKER = "<!-- fastkit: this model card was written by fastkit; a later run in this folder replaces it -->"
+"""The last line of the run folder's README.md fastkit writes: a README.md without it is the user's, and kept."""
+
+
+def is_fastkit_card(text: str) -> bool:
+    """Whether a run folder's README.md is fastkit's model card: its marker, or (a card from before the marker)
+    fastkit's sentence naming the base model and data."""
+    return CARD_MARKER in text or any(ln.startswith(CARD_LINE) and ln.rstrip().endswith("with fastkit.")
+                                      for ln in text.splitlines())
+
+
 def _name_in_model_card(trainer, train_dataset) -> None:
     """TRL's card says "fine-tuned version of [None]" for a model loaded from a folder, and names no data: after
     TRL writes it, its sentence names the base model (Hub id or folder) and the data (``trainer.fastkit_data``
-    when set, as the CLI does with ``--data``, else the dataset's path or Hub name)."""
+    when set, as the CLI does with ``--data``, else the dataset's path or Hub name), and fastkit's marker ends it.
+
+    The rule for a run folder's README.md: TRL writes its card there at every checkpoint and at the end; fastkit
+    lets it replace only a card fastkit wrote (:func:`is_fastkit_card`). A README.md of the user's (or any other
+    tool's, a plain TRL card included) is kept byte for byte and the card is not written (said once a run)."""
     original = trainer.create_model_card
     trainer.fastkit_data = data_name(train_dataset)
 
     def create_model_card(*args, **kwargs):
-        original(*args, **kwargs)
         card = os.path.join(trainer.args.output_dir, "README.md")
+        if _users_card(trainer, card):
+            return
+        original(*args, **kwargs)
         if not os.path.isfile(card):
             return
         base = str(getattr(unwrap(trainer.model).config, "_name_or_path", "") or "") or None
@@ -620,9 +653,25 @@ def _name_in_model_card(trainer, train_dataset) -> None:
         lines = [line if ln.startswith(CARD_LINE) else ln.replace(NO_HUB_MODEL, f"model={json.dumps(lora)}")
                  for ln in text.splitlines()]
         with open(card, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write("\n".join(ln for ln in lines if ln != CARD_MARKER) + "\n\n" + CARD_MARKER + "\n")
 
     trainer.create_model_card = create_model_card
+
+
+def _users_card(trainer, card: str) -> bool:
+    """True (said once per trainer) when ``card`` exists and is not fastkit's: it is kept, no card is written."""
+    if not os.path.lexists(card):
+        return False
+    try:
+        with open(card, encoding="utf-8", errors="replace") as f:
+            ours = os.path.isfile(card) and not os.path.islink(card) and is_fastkit_card(f.read(1 << 20))
+    except OSError:
+        ours = False
+    if not ours and not getattr(trainer, "fastkit_card_kept", False):
+        trainer.fastkit_card_kept = True
+        logger.warning("fastkit: %s is not a model card fastkit wrote: kept as it is, the run's model card is not "
+                       "written (move it away to get one)", card)
+    return not ours
 
 
 def _attach_packed_metadata(trainer) -> None:
