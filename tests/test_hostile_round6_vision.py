@@ -81,7 +81,7 @@ def test_a_literal_placeholder_is_refused_with_the_processor_in_hand(processors,
     processor = processors[family]
     literal = processor.image_token
     row = chat([twin_image(1)], answer=f"it is {literal}")
-    with pytest.raises(FastkitError, match=rf"row 0: messages\[1\] \(assistant\) holds '{literal}'"):
+    with pytest.raises(FastkitError, match=rf"row 1: messages\[1\] \(assistant\) holds '{literal}'"):
         check_vision_rows([row], processor, 512)
 
 
@@ -90,7 +90,7 @@ def test_the_processors_own_refusal_is_bad_input_naming_the_row(processors, monk
     named as the row's, a FastkitError (exit 2), not a raw error (exit 3)."""
     monkeypatch.setattr("fastkit.data.vision.MAX_ASPECT_RATIO", 10**6)
     row = chat([Image.new("RGB", (2, 500))])
-    with pytest.raises(FastkitError, match="row 0: the processor refused it .*aspect ratio"):
+    with pytest.raises(FastkitError, match="row 1: the processor refused it .*aspect ratio"):
         check_vision_rows([row], processors["qwen2_5_vl"], 512)
 
 
@@ -100,7 +100,7 @@ def test_in_memory_images_follow_the_same_pixel_rules():
     grey = Image.fromarray(np.full((8, 8), 65535, dtype=np.uint16))
     assert open_image(grey, 0, 0).getpixel((0, 0)) == (255, 255, 255)
     assert open_image(Image.new("RGBA", (8, 8), (0, 0, 0, 0)), 0, 0).getpixel((0, 0)) == (255, 255, 255)
-    with pytest.raises(FastkitError, match="row 3: images\\[1\\] is 400x2 pixels"):
+    with pytest.raises(FastkitError, match="row 4: images\\[1\\] is 400x2 pixels"):
         open_image(Image.new("RGB", (400, 2)), 3, 1)
 
 
@@ -154,7 +154,7 @@ def no_proxy(monkeypatch):
 
 def test_a_truncated_download_is_refused_naming_the_url_and_not_cached(server, tmp_path):
     url = f"{server}/cut.jpg"
-    with pytest.raises(FastkitError, match=f"row 0: images\\[0\\] {url} answered \\d+ bytes that are not an image"):
+    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {url} answered \\d+ bytes that are not an image"):
         fetch_images([chat([url])], cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
 
@@ -165,14 +165,14 @@ def test_a_broken_cached_file_is_refused_naming_its_url(server, tmp_path):
     cached = fetched[0]["images"][0]
     with open(cached, "r+b") as f:  # damaged after the fetch (a full disk, an older fastkit's cache)
         f.truncate(100)
-    with pytest.raises(FastkitError, match=f"row 0: images\\[0\\] {url} \\(fetched into '{cached}'\\) is not a "
+    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {url} \\(fetched into '{cached}'\\) is not a "
                                            "readable image"):
         open_image(cached, 0, 0)
 
 
 def test_a_url_too_wide_is_refused_naming_it(server, tmp_path):
     url = f"{server}/wide.png"
-    with pytest.raises(FastkitError, match=f"row 0: images\\[0\\] {url} is 400x2 pixels"):
+    with pytest.raises(FastkitError, match=f"row 1: images\\[0\\] {url} is 400x2 pixels"):
         fetch_images([chat([url])], cache_dir=tmp_path)
 
 
@@ -211,9 +211,9 @@ def _late_missing(folder):
 
 
 @pytest.mark.parametrize("build, message", [
-    (_dev_null, "--data: row 0: images[0] '/dev/null' is a character device, not an image file"),
-    (_placeholder, "--data: row 0: messages[1] (assistant) holds '<|image_pad|>'"),
-    (_late_missing, "--data: row 120: images[0]"),
+    (_dev_null, "--data: row 1: images[0] '/dev/null' is a character device, not an image file"),
+    (_placeholder, "--data: row 1: messages[1] (assistant) holds '<|image_pad|>'"),
+    (_late_missing, "--data: row 121: images[0]"),
 ], ids=["device", "placeholder", "row-120"])
 def test_fastkit_train_refuses_before_the_model_loads(vlm_folder, tmp_path, capsys, monkeypatch, build, message):
     def refuse(*args, **kwargs):
