@@ -200,25 +200,25 @@ BOTH = '{"prompt": "Hi", "completion": "a", "label": true, "chosen": "x", "rejec
 
 
 @pytest.mark.parametrize("command, name, text, said", [
-    ("kto", "k.csv", KTO_CSV.format(a="yes", b="no"), "--data {data} row 0 field 'label' must be true or false "
+    ("kto", "k.csv", KTO_CSV.format(a="yes", b="no"), "--data {data} row 1 field 'label' must be true or false "
                                                        "(or 1 / 0): whether the completion is desirable, got str "
                                                        "'yes'"),
-    ("kto", "k.csv", KTO_CSV.format(a="1", b=""), "--data {data} row 1 field 'label' must be true or false"),
-    ("kto", "k.csv", KTO_CSV.format(a="1", b="2"), "row 1 field 'label' must be true or false (or 1 / 0): whether the "
+    ("kto", "k.csv", KTO_CSV.format(a="1", b=""), "--data {data} row 2 field 'label' must be true or false"),
+    ("kto", "k.csv", KTO_CSV.format(a="1", b="2"), "row 2 field 'label' must be true or false (or 1 / 0): whether the "
                                                    "completion is desirable, got str '2'"),
     ("kto", "k.csv", KTO_CSV.format(a="1", b="1"), "--data {data}: all 2 rows are desirable (label true)"),
     ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a", "label": true}\n{"prompt": "Yo", "completion": "b", '
-                       '"label": null}\n', "--data {data} row 1: null 'label' (empty or left out in that row)"),
+                       '"label": null}\n', "--data {data} row 2: null 'label' (empty or left out in that row)"),
     ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a", "label": true}\n{"prompt": "Yo", "completion": null, '
-                       '"label": false}\n', "--data {data} row 1: null 'completion'"),
-    ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a"}\n', "--data {data} row 0: no 'label' field"),
+                       '"label": false}\n', "--data {data} row 2: null 'completion'"),
+    ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a"}\n', "--data {data} row 1: no 'label' field"),
     ("kto", "k.jsonl", '{"prompt": "Hi", "completion": "a", "label": 0.5}\n', "got float 0.5"),
     ("kto", "k.jsonl", BOTH, "--data {data} holds both preference pairs (columns 'chosen', 'rejected') and unpaired "
                              "rows (columns 'completion', 'label')"),
     ("dpo", "k.jsonl", BOTH, "--data {data} holds both preference pairs"),
     ("kto", "k.csv", "", "{data}"),
     ("kto", "k.jsonl", b'{"prompt": "caf\xe9", "completion": "a", "label": true}\n', "{data}"),
-    ("dpo", "k.jsonl", '{"prompt": "Hi", "chosen": null, "rejected": "b"}\n', "--data {data} row 0"),
+    ("dpo", "k.jsonl", '{"prompt": "Hi", "chosen": null, "rejected": "b"}\n', "--data {data} row 1"),
 ])
 def test_kto_and_dpo_rows_exit_2_naming_them(tmp_path, capsys, no_load, command, name, text, said):
     data = _rows(tmp_path / name, text)
@@ -239,8 +239,8 @@ def test_grpo_prompt_rows_refused_by_form(tmp_path):
     from datasets import Dataset
 
     funcs = grpo.wrap_reward_funcs([_returns(lambda n: [0.0] * n)])
-    for rows, said in (([{"prompt": None}], "row 0 field 'prompt' must be text"),
-                       ([{"prompt": "  "}], "row 0 field 'prompt' is empty"),
-                       ([{"prompt": 3}], "row 0 field 'prompt' must be text or a list of messages, got int")):
+    for rows, said in (([{"prompt": None}], "row 1 field 'prompt' must be text"),
+                       ([{"prompt": "  "}], "row 1 field 'prompt' is empty"),
+                       ([{"prompt": 3}], "row 1 field 'prompt' must be text or a list of messages, got int")):
         with pytest.raises(FastkitError, match=said):
             grpo.check_prompt_rows(Dataset.from_list(rows), funcs)
