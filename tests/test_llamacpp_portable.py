@@ -113,7 +113,7 @@ def test_the_documented_build_is_the_one_ci_tests():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    ci = re.search(r'CMAKE_ARGS="([^"]+)"', (root / ".ci" / "run").read_text())[1].split()
+    ci = re.search(r'CMAKE_ARGS="([^"]+)"', (root / ".ci" / "run").read_text())[1].replace("\\\n", " ").split()
     doc = re.search(r'CMAKE_ARGS="([^"]+)"', (root / "docs" / "export.md").read_text(), re.S)[1]
     assert doc.replace("\\\n", " ").split() == ci and "-DGGML_NATIVE=OFF" in ci
     assert "docs/export.md#llamacpp-the-portable-build" in (root / "README.md").read_text()
