@@ -66,6 +66,18 @@ def _fastkit_logs_reach_caplog():
     logger.propagate = old
 
 
+@pytest.fixture
+def fastkit_log(caplog):
+    """caplog for the 'fastkit' logger, which has its own handler and does not propagate."""
+    import logging
+
+    log = logging.getLogger("fastkit")
+    log.addHandler(caplog.handler)
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        yield caplog
+    log.removeHandler(caplog.handler)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from fastkit.families.twins import twin_tokenizer

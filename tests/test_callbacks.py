@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -12,16 +11,6 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 from fastkit.dashboard import MetricsCallback, throughput
 from fastkit.training import fit
 from tests.helpers import FakeClock
-
-
-@pytest.fixture
-def fastkit_log(caplog):
-    """caplog for the 'fastkit' logger, which has its own handler and does not propagate."""
-    log = logging.getLogger("fastkit")
-    log.addHandler(caplog.handler)
-    with caplog.at_level(logging.INFO, logger="fastkit"):
-        yield caplog
-    log.removeHandler(caplog.handler)
 
 
 def _run_synthetic(cb: MetricsCallback, clock: FakeClock, durations: list[float], tokens_per_step: list[int],

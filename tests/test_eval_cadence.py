@@ -4,7 +4,6 @@ steps/s and tokens/s over training steps only (a slow evaluation left out), on a
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -80,15 +79,6 @@ def test_without_evaluation_the_rates_are_the_wall_clocks():
     cb = MetricsCallback(warmup_steps=0, clock=clock)
     _drive(cb, clock, steps=4, eval_after={})
     assert cb.metrics.steps_per_s == pytest.approx(1.0) and cb.metrics.eval_s == 0 and cb.metrics.eval_every is None
-
-
-@pytest.fixture
-def fastkit_log(caplog):
-    log = logging.getLogger("fastkit")
-    log.addHandler(caplog.handler)
-    with caplog.at_level(logging.INFO, logger="fastkit"):
-        yield caplog
-    log.removeHandler(caplog.handler)
 
 
 @pytest.mark.parametrize("steps, evaluated", [(6, [6]), (12, [10, 12])])

@@ -28,15 +28,6 @@ class _CtrlC(TrainerCallback):
             raise KeyboardInterrupt
 
 
-@pytest.fixture
-def fastkit_log(caplog):
-    log = logging.getLogger("fastkit")
-    log.addHandler(caplog.handler)
-    with caplog.at_level(logging.INFO, logger="fastkit"):
-        yield caplog
-    log.removeHandler(caplog.handler)
-
-
 def _trainer(tokenizer, out, callbacks=()):
     model, _ = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=128, twin=True)
     model = FastModel.get_peft_model(model, r=4, lora_alpha=8, lora_dropout=0.1)  # dropout: the RNG resumes too
