@@ -24,6 +24,11 @@ SERIAL = {
 needs the whole machine: several processes of its own, or a wall-clock limit that a busy machine can miss."""
 
 
+LLAMA_CPP_ITEMS = {"test_docs_code.py": "export.md"}
+"""Tests that reach llama.cpp through fastkit without naming it in their file: file -> a part of the test's id
+(docs/export.md's code blocks make a K-quant, which llama.cpp's quantizer writes)."""
+
+
 def _uses_llama_cpp(path) -> bool:
     """A test file that loads llama.cpp (``llama_cpp``, directly or through tests/gguf_round_trip.py)."""
     text = path.read_text(encoding="utf-8")
@@ -38,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
         path = item.path
         if path.name in SERIAL:
             item.add_marker(pytest.mark.serial)
-        if uses_llama_cpp.setdefault(path, _uses_llama_cpp(path)):
+        if uses_llama_cpp.setdefault(path, _uses_llama_cpp(path)) or LLAMA_CPP_ITEMS.get(path.name, "\0") in item.name:
             item.add_marker(pytest.mark.llamacpp)
     if torch.cuda.is_available():
         return

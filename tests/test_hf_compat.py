@@ -419,6 +419,40 @@ def check_trainer_loss_accumulator():
     assert len(seen) == 2 and seen[0].ndim == 0 and seen[0] > 0  # the un-logged sum, zeroed by each log
 
 
+def check_argparse_flags():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    train = sub.add_parser("train")
+    group = train.add_argument_group("g")
+    group.add_argument("--lr", "--learning-rate", dest="learning_rate")
+    train.add_argument("--tag", action="append")
+    found = _hf.argparse_flags(parser)
+    assert found["train"][0] is train
+    assert found["train"][1] == {"--lr": "learning_rate", "--learning-rate": "learning_rate"}  # no help, no append
+
+
+def check_save_checkpoint():
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = _sft_trainer(out_dir)
+        trainer.train()
+        saved, seen = [], []
+        from transformers import TrainerCallback
+
+        class Spy(TrainerCallback):
+            def on_save(self, *args, **kwargs):
+                seen.append(True)
+
+        trainer.add_callback(Spy())
+        saved.append(_hf.save_checkpoint(trainer))
+        assert saved[0] == os.path.join(out_dir, "checkpoint-2") and seen == [True]  # the on_save callbacks ran
+        assert {"trainer_state.json", "optimizer.pt", "scheduler.pt"} <= set(os.listdir(saved[0]))
+
+
 def check_steps_since_log():
     import tempfile
 

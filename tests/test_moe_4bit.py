@@ -79,8 +79,9 @@ def test_nf4_bytes_and_dequant_are_bitsandbytes(shape, double_quant, dtype, chun
     assert torch.equal(q.dequantize(), reference)  # bit-exact, every expert
     if shape[-1] % 64 == 0:
         assert torch.equal(q.dequantize(), bnb.dequantize_4bit(packed, state))
-    else:  # bnb's CPU C kernel blocks per ROW (m, n): it misreads its own flat format when n % 64 != 0
-        assert not torch.equal(q.dequantize(), bnb.dequantize_4bit(packed, state))
+    # Rows of another width are not compared with bnb's CPU C kernel: it has blocked per row (m, n) and misread its own
+    # flat format when n % 64 != 0 on some CPUs and not others (bitsandbytes 0.50.2, the same wheel: issue 58), so
+    # the reference above (its portable op, the CUDA kernel's arithmetic) is the one compared with.
 
 
 def test_model_to_dtype_changes_the_compute_dtype_not_the_codes():

@@ -212,21 +212,23 @@ def _one_spelling(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """Two spellings of one option in one command (``--lr 1e-4 --learning-rate 2e-4``), or ``--config`` twice, are
     refused naming both (which one wins would be a guess; a ``--config`` file left out entirely). The same flag
     repeated is argparse's rule: the last one wins (``--steps 2 ... --steps 5``)."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 -- argparse's
-    sub = subs[0].choices.get(argv[0]) if subs and argv else None
+    from fastkit._hf import argparse_flags
+
+    sub = argparse_flags(parser).get(argv[0]) if argv else None
     if sub is None:
         return
+    parser_of, flags = sub
     seen: dict[str, str] = {}
     for word in argv[1:argv.index("--") if "--" in argv else len(argv)]:
         flag = word.split("=", 1)[0]
-        action = sub._option_string_actions.get(flag)  # noqa: SLF001 -- argparse keeps the flags there
-        if action is None or isinstance(action, argparse._AppendAction) or action.dest == "help":  # noqa: SLF001
+        dest = flags.get(flag)
+        if dest is None:
             continue
-        first = seen.setdefault(action.dest, flag)
+        first = seen.setdefault(dest, flag)
         if first != flag:
-            sub.error(f"{first} and {flag} both set {action.dest.split(':')[-1]}: give it once.")
+            parser_of.error(f"{first} and {flag} both set {dest.split(':')[-1]}: give it once.")
     if sum(w.split("=", 1)[0] == "--config" for w in argv) > 1:
-        sub.error("--config given twice: one options file per run (flags override it).")
+        parser_of.error("--config given twice: one options file per run (flags override it).")
 
 
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:

@@ -102,11 +102,11 @@ def load_saved(path: str, max_seq_length: int = 2048, trainable: bool = False):
 def _vision(folder: Path, model: str, twin: bool) -> dict:
     """``{"vision": True}`` where ``folder`` holds a processor and ``model`` is a vision-language family (Gemma 3
     loads its text model otherwise); ``{}`` where that is not known here (the load decides)."""
-    from fastkit.cli.train import _model_facts
+    from fastkit.cli.model_facts import model_facts
 
     if not saved_processor(folder):
         return {}
-    _, facts = _model_facts(model, twin)
+    _, facts = model_facts(model, twin)
     return {"vision": True} if facts is not None and facts.vision is not None else {}
 
 

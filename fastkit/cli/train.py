@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fastkit.cli import export as cli_export
+from fastkit.cli.model_facts import model_facts
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def _image_data(args: argparse.Namespace) -> list[dict] | None:
     if rows is None:
         return None
     require("PIL", f"--data {args.data_label} (image + text rows)", "Or train on text rows.")
-    model_type, facts = _model_facts(args.model, args.twin)
+    model_type, facts = model_facts(args.model, args.twin)
     if model_type is not None and not _vision_family(model_type, facts, args.twin):
         raise FastkitError(f"--data {args.data_label} holds image + text rows, but --model {args.model} is a text "
                            f"model ({model_type}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, "
@@ -150,39 +151,10 @@ def _vision_family(model_type: str, facts, twin: bool) -> bool:
                for name, row in registry.MODEL_TABLE.items())
 
 
-def _model_facts(model: str, twin: bool):
-    """``(model_type, table row)`` of ``--model`` read without loading it (a local config.json, a twin's family, a
-    cached Hub config); ``(None, None)`` when it cannot be told here (the load decides)."""
-    from fastkit import registry
-
-    config = Path(os.path.expanduser(model)) / "config.json"
-    model_type = None
-    if config.is_file():
-        try:
-            model_type = json.loads(config.read_text()).get("model_type")
-        except (OSError, ValueError):
-            return None, None
-    elif twin:
-        from fastkit.families.twins import twin_family
-
-        try:
-            model_type = twin_family(model)[0]
-        except ValueError:
-            return None, None
-    else:
-        try:
-            from transformers import AutoConfig
-
-            model_type = AutoConfig.from_pretrained(model).model_type
-        except Exception:  # noqa: BLE001 -- not here or not readable offline: FastModel.from_pretrained says why
-            return None, None
-    return model_type, registry.facts_for(model_type) if isinstance(model_type, str) else None
-
-
 def _loads_as_vision(model: str, twin: bool) -> bool:
     """``--model`` is a family that loads only as a vision-language model (Qwen2.5-VL, SmolVLM, ...; Gemma 3 loads
     its text model for text rows)."""
-    _, facts = _model_facts(model, twin)
+    _, facts = model_facts(model, twin)
     return facts is not None and facts.vision is not None and not facts.text_config
 
 
