@@ -493,30 +493,6 @@ def prepare_inputs(trainer, batch: dict) -> dict:
     return trainer._prepare_inputs(batch)
 
 
-def argparse_flags(parser) -> dict[str, tuple[Any, dict[str, str]]]:
-    """Per subcommand of ``parser``: ``(its parser, {flag: destination})`` for the flags that take one value (not
-    ``help``, not the ``append`` kinds, which may be repeated). argparse keeps both in private attributes
-    (``parser._actions``, a subparser's ``_option_string_actions``); fastkit reads them to refuse two spellings of one
-    option in one command (``--lr`` and ``--learning-rate``).
-
-    checked: python 3.10, 3.11, 3.12, 3.13 (argparse's ``_SubParsersAction``, ``_AppendAction``, ``_AppendConstAction``,
-    ``_ExtendAction``, ``_HelpAction``).
-    Can go when argparse exposes the actions of a parser publicly.
-    """
-    import argparse
-
-    repeatable = (argparse._AppendAction, argparse._AppendConstAction, argparse._HelpAction,
-                  argparse._CountAction)
-    found = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                flags = {flag: a.dest for flag, a in sub._option_string_actions.items()
-                         if not isinstance(a, repeatable)}
-                found[name] = (sub, flags)
-    return found
-
-
 def save_checkpoint(trainer) -> str:
     """Write ``output_dir/checkpoint-<global_step>`` as ``trainer.train()`` does at a save step (the adapter, optimizer,
     scheduler, RNG states, trainer_state.json; ``save_total_limit`` applied), then run the ``on_save`` callbacks (the
@@ -925,5 +901,5 @@ __all__ = [
     "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",
     "set_experts_implementation", "set_sft_token_total", "sft_metrics", "sft_token_total", "sft_tp_size",
-    "argparse_flags", "save_checkpoint", "steps_since_log", "trainer_loss_accumulator",
+    "save_checkpoint", "steps_since_log", "trainer_loss_accumulator",
 ]

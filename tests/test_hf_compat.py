@@ -25,7 +25,7 @@ from fastkit.patching import Swapper
 from fastkit.registry import facts_for
 
 ROOT = Path(__file__).resolve().parents[1] / "fastkit"
-COMPAT = ("_hf.py", "_torch.py")  # the compat layers: the only files that may reach upstream private names
+COMPAT = ("_hf.py", "_torch.py", "_stdlib.py")  # the compat layers: the only files that may reach private names
 TABLE = "registry.py"  # the one table of family facts: its rows name upstream classes (experts, stateful layers)
 
 # Deep module paths only the compat layer may import from.
@@ -417,20 +417,6 @@ def check_trainer_loss_accumulator():
         trainer.add_callback(Spy())
         trainer.train()
     assert len(seen) == 2 and seen[0].ndim == 0 and seen[0] > 0  # the un-logged sum, zeroed by each log
-
-
-def check_argparse_flags():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    train = sub.add_parser("train")
-    group = train.add_argument_group("g")
-    group.add_argument("--lr", "--learning-rate", dest="learning_rate")
-    train.add_argument("--tag", action="append")
-    found = _hf.argparse_flags(parser)
-    assert found["train"][0] is train
-    assert found["train"][1] == {"--lr": "learning_rate", "--learning-rate": "learning_rate"}  # no help, no append
 
 
 def check_save_checkpoint():
@@ -884,3 +870,20 @@ def test_the_scan_flags_a_private_name_planted_in_a_fastkit_file(tmp_path):
     planted = source + "\n\ndef _planted(model):\n    return model.config._some_new_private_flag\n"
     assert private_uses(planted) == [f"{planted.count(chr(10))}: model.config._some_new_private_flag "
                                      "(private attribute of an upstream object)"]
+
+
+def test_stdlib_argparse_flags():
+    """fastkit._stdlib.argparse_flags: argparse's private names still where it reads them."""
+    import argparse
+
+    from fastkit._stdlib import argparse_flags
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    train = sub.add_parser("train")
+    group = train.add_argument_group("g")
+    group.add_argument("--lr", "--learning-rate", dest="learning_rate")
+    train.add_argument("--tag", action="append")
+    found = argparse_flags(parser)
+    assert found["train"][0] is train
+    assert found["train"][1] == {"--lr": "learning_rate", "--learning-rate": "learning_rate"}  # no help, no append

@@ -212,7 +212,7 @@ def _one_spelling(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """Two spellings of one option in one command (``--lr 1e-4 --learning-rate 2e-4``), or ``--config`` twice, are
     refused naming both (which one wins would be a guess; a ``--config`` file left out entirely). The same flag
     repeated is argparse's rule: the last one wins (``--steps 2 ... --steps 5``)."""
-    from fastkit._hf import argparse_flags
+    from fastkit._stdlib import argparse_flags
 
     sub = argparse_flags(parser).get(argv[0]) if argv else None
     if sub is None:
