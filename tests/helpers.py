@@ -142,3 +142,14 @@ def require_llama_cpp():
             pytest.fail("llama_cpp is not importable in CI: .ci/run must install fastkit-llm[llamacpp]")
         pytest.skip("llama-cpp-python is not installed (pip install 'fastkit-llm[llamacpp]')")
     return llama_cpp
+
+
+def saved_vlm_twin(tmp_path_factory) -> str:
+    """A Qwen2.5-VL twin saved as a checkpoint folder (weights, config, processor): a module fixture's folder."""
+    from fastkit import FastModel
+
+    folder = tmp_path_factory.mktemp("vlm")
+    model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return str(folder)

@@ -188,11 +188,9 @@ def test_a_url_in_every_form_is_fetched_before_training(server, tmp_path, form):
 # -- end to end: fastkit train, exit 2 before the model loads -------------------------------------------------------
 @pytest.fixture(scope="module")
 def vlm_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vlm")
-    model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return str(folder)
+    from tests.helpers import saved_vlm_twin
+
+    return saved_vlm_twin(tmp_path_factory)
 
 
 def _dev_null(folder):

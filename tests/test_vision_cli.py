@@ -20,11 +20,9 @@ QUESTION = {"role": "user", "content": [{"type": "image"}, {"type": "text", "tex
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
     """A Qwen2.5-VL twin saved as a checkpoint folder (weights, config, processor), loaded back like any model."""
-    folder = tmp_path_factory.mktemp("vlm")
-    model, processor = FastModel.from_pretrained("qwen2_5_vl", twin=True, max_seq_length=256)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return str(folder)
+    from tests.helpers import saved_vlm_twin
+
+    return saved_vlm_twin(tmp_path_factory)
 
 
 def _rows(folder, n: int = 3, images=None) -> str:
