@@ -71,11 +71,6 @@ class Row:
     the same tokens): (transformers' top-1 minus top-2 logit, llama.cpp's argmax is that token, max |Δlogit|)."""
     greedy_compared: tuple[int, int] = (0, 0)
     """Positions compared (margin above 2 x bound) of all positions."""
-
-    @property
-    def path_delta(self) -> float:
-        """max |Δlogit| over every position of the greedy continuation (teacher-forced)."""
-        return max((delta for _, _, delta in self.greedy_positions), default=float("nan"))
     logits_delta: float = float("nan")
     """max |Δ| of the first generated token's logits (llama.cpp vs transformers, fp32)."""
     logits_scale: float = float("nan")
@@ -105,7 +100,13 @@ TOLERANCE = {"f16": 5e-3, "q8_0": 8e-2}
 """max |Δlogit| llama.cpp may differ from transformers by, per quantization, as a fraction of max(1, max |logit|):
 see tests/test_llamacpp_round_trip.py's docstring for why each holds."""
 Q8_0_TOLERANCE = {"qwen3_next (gpt-2)": 1.5e-1}
-"""Twins whose logits move more under q8_0 rounding than the others', measured (tests/test_llamacpp_round_trip.py)."""
+"""Twins whose first-token logits move more under q8_0 rounding
+than the others', measured. qwen3_next (transformers 5.25, this twin trained 30 steps at lr 1e-2, max |logit| 0.72):
+fastkit's q8_0 0.088; llama.cpp's own quantizer on fastkit's f16 file 0.012, with every Q8_0 tensor byte-identical to
+fastkit's quantizer run on the f16-rounded weights (gguf.quants, llama.cpp's algorithm): the one difference is f32 vs
+f16 input, i.e. rounding at the 1e-3 level moves this gated-delta twin's logits by up to 12%. f16 reproduces at 1e-3,
+greedy text and perplexity (0.998) hold, and 5.24 on the same environment misses the bound too (greedy differs), so
+neither the export nor 5.25's modeling is the cause (issue 47)."""
 def bound(row: Row) -> float | None:
     """The logit bound of ``row``'s quantization, scaled by its logits (None for the k-quants: not asserted)."""
     if row.quantization == "q8_0":
