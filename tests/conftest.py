@@ -35,9 +35,40 @@ def _uses_llama_cpp(path) -> bool:
     return "llama_cpp" in text or "gguf_round_trip" in text
 
 
+def _reorder(items, order: str) -> None:
+    """FASTKIT_TEST_ORDER, for flake hunts: ``reverse`` (files last to first, each file's tests last to first) or
+    ``random:SEED`` (files shuffled, each file's tests shuffled; the same seed gives the same order in every xdist
+    worker, which xdist requires). A file's tests stay together, so module fixtures are set up once either way."""
+    import random
+
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    files = list(by_file.values())
+    if order == "reverse":
+        files.reverse()
+        for group in files:
+            group.reverse()
+    elif order.startswith("random:") and order[7:].isdigit():
+        rng = random.Random(int(order[7:]))
+        rng.shuffle(files)
+        for group in files:
+            rng.shuffle(group)
+    else:
+        raise pytest.UsageError(f"FASTKIT_TEST_ORDER={order!r}: use 'reverse' or 'random:SEED' (e.g. random:7)")
+    items[:] = [item for group in files for item in group]
+
+
+def pytest_report_header(config):
+    order = os.environ.get("FASTKIT_TEST_ORDER")
+    return f"test order: FASTKIT_TEST_ORDER={order}" if order else None
+
+
 def pytest_collection_modifyitems(config, items):
     """``serial`` (:data:`SERIAL`) and ``llamacpp`` (files that load llama.cpp: .ci/run runs them once its build is
-    done) markers by file; GPU tests skip without CUDA."""
+    done) markers by file; GPU tests skip without CUDA; FASTKIT_TEST_ORDER reorders (:func:`_reorder`)."""
+    if os.environ.get("FASTKIT_TEST_ORDER"):
+        _reorder(items, os.environ["FASTKIT_TEST_ORDER"])
     uses_llama_cpp: dict = {}
     for item in items:
         path = item.path
