@@ -23,7 +23,7 @@ _LAZY = {
     "SyncCounter": "fastkit.syncs", "count_syncs": "fastkit.syncs",
     "require_chat_template": "fastkit.data.chat_template",
     "TrainOptions": "fastkit.training.options", "LoraOptions": "fastkit.training.options",
-    "launch": "fastkit.launcher",
+    "launch": "fastkit.launcher", "evaluate": "fastkit.evaluation", "EvalOptions": "fastkit.evaluation",
 }
 
 __version__ = "0.1.0"
@@ -105,8 +105,9 @@ if not any(isinstance(f, type) and f.__name__ == "_MovedFinder" for f in __impor
     __import__("sys").meta_path.append(_MovedFinder)
 
 __all__ = [
-    "FastModel", "FastkitError", "GPUOnlyError", "HostWeights", "LoadReport", "LoraOptions", "SyncCounter",
-    "TrainOptions", "active_patches",
-    "add_chat_template", "apply_patch", "count_syncs", "enable_checkpointing", "fit", "host_stats", "launch", "report",
+    "EvalOptions", "FastModel", "FastkitError", "GPUOnlyError", "HostWeights", "LoadReport", "LoraOptions",
+    "SyncCounter", "TrainOptions", "active_patches",
+    "add_chat_template", "apply_patch", "count_syncs", "enable_checkpointing", "evaluate", "fit", "host_stats",
+    "launch", "report",
     "require_chat_template", "revert", "set_verbosity",
 ]

@@ -34,20 +34,21 @@ OPPOSITES = [("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad
 """Word pairs, asked both ways: 'What is the opposite of X?'."""
 
 
-def _answer(sentence: str, topic: str) -> str:
+def answer_json(sentence: str, topic: str) -> str:
+    """A quickstart answer: one line of JSON, {"topic": ..., "answer": sentence}."""
     return json.dumps({"topic": topic, "answer": sentence})
 
 
 def quickstart_records(n_arithmetic: int = 60, seed: int = 0) -> list[dict[str, Any]]:
     """Generated chat examples (deterministic): questions answered as one line of JSON with a true sentence."""
     rng = random.Random(seed)
-    records = [(f"What is the capital of {country}?", _answer(f"The capital of {country} is {city}.", "geography"))
+    records = [(f"What is the capital of {country}?", answer_json(f"The capital of {country} is {city}.", "geography"))
                for country, city in CAPITALS]
     for x, y in OPPOSITES + [(b, a) for a, b in OPPOSITES]:
-        records.append((f"What is the opposite of {x}?", _answer(f"The opposite of {x} is {y}.", "language")))
+        records.append((f"What is the opposite of {x}?", answer_json(f"The opposite of {x} is {y}.", "language")))
     for _ in range(n_arithmetic):
         a, b = rng.randint(2, 60), rng.randint(2, 60)
-        records.append((f"What is {a} plus {b}?", _answer(f"{a} plus {b} is {a + b}.", "arithmetic")))
+        records.append((f"What is {a} plus {b}?", answer_json(f"{a} plus {b} is {a + b}.", "arithmetic")))
     rng.shuffle(records)
     return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}]} for q, r in records]
 
@@ -68,4 +69,5 @@ def offline_source(name: str):
     return None
 
 
-__all__ = ["CAPITALS", "NO_ROBOTS_SAMPLE", "OFFLINE_NAMES", "OPPOSITES", "offline_source", "quickstart_records"]
+__all__ = ["CAPITALS", "NO_ROBOTS_SAMPLE", "OFFLINE_NAMES", "OPPOSITES", "answer_json", "offline_source",
+           "quickstart_records"]

@@ -51,6 +51,30 @@ def score(answers: dict[str, str]) -> tuple[int, int]:
     return fmt, facts
 
 
+def heldout_records(n_arithmetic: int = 10, seed: int = 1) -> list[dict]:
+    """Held-out rows of the quickstart's format task, answered in its format: the :data:`HELDOUT_FACTS` questions and
+    ``n_arithmetic`` sums the training set does not ask (for ``fastkit.evaluate`` / ``fastkit eval``)."""
+    import random
+
+    from fastkit.data.samples import answer_json
+
+    facts = {"What is the capital of Japan?": "The capital of Japan is Tokyo.",
+             "What is the capital of China?": "The capital of China is Beijing.",
+             "What is the capital of Australia?": "The capital of Australia is Canberra.",
+             "What is the capital of the United Kingdom?": "The capital of the United Kingdom is London.",
+             "What is the opposite of young?": "The opposite of young is old.",
+             "What is the opposite of wet?": "The opposite of wet is dry."}
+    pairs = [(q, answer_json(s, "geography" if "capital" in q else "language")) for q, s in facts.items()]
+    trained = {r["messages"][0]["content"] for r in quickstart_records()}
+    rng = random.Random(seed)
+    while len(pairs) < len(facts) + n_arithmetic:
+        a, b = rng.randint(2, 60), rng.randint(2, 60)
+        question = f"What is {a} plus {b}?"
+        if question not in trained and question not in dict(pairs):
+            pairs.append((question, answer_json(f"{a} plus {b} is {a + b}.", "arithmetic")))
+    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in pairs]
+
+
 def quickstart_dataset():
     """``(train, heldout_prompts)`` for the offline quickstart. Held-out prompts are not in train."""
     from datasets import Dataset
@@ -58,5 +82,5 @@ def quickstart_dataset():
     return Dataset.from_list(quickstart_records()), list(HELDOUT_PROMPTS)
 
 
-__all__ = ["CAPITALS", "HELDOUT_FACTS", "HELDOUT_PROMPTS", "OPPOSITES", "follows_format", "quickstart_dataset",
-           "quickstart_records", "score", "states_fact"]
+__all__ = ["CAPITALS", "HELDOUT_FACTS", "HELDOUT_PROMPTS", "OPPOSITES", "follows_format", "heldout_records",
+           "quickstart_dataset", "quickstart_records", "score", "states_fact"]

@@ -1,0 +1,228 @@
+"""Did it work, and what did it cost? The base and the tuned model side by side on held-out rows.
+
+    report = fastkit.evaluate(model, tokenizer, heldout_rows)   # a LoRA model: base = its adapter disabled
+    report                                                     # a table in a notebook
+    report.save("outputs/eval")                                # report.md, results.json, plot.png
+
+What it measures (docs/eval.md): the loss and perplexity on the answers' tokens; greedy and seeded answers checked
+for exact match, containing the reference, and the user's checks (``json``, ``regex:...``, ``file.py:fn``); the
+prompts whose answers changed most; forgetting (:mod:`fastkit.evaluation.forgetting`). Rows are scored one at a
+time, base then tuned, so Ctrl-C leaves a report of the rows done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import logging
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from fastkit.errors import FastkitError
+from fastkit.evaluation.checks import BUILT_IN, Check, parse_checks
+from fastkit.evaluation.forgetting import DRIFT_WARN, GENERAL_PROMPTS, Forgetting
+from fastkit.evaluation.report import EvalReport, Example
+from fastkit.evaluation.rows import EvalRow, eval_rows
+from fastkit.evaluation.score import Generation, RowResult, score_row
+
+logger = logging.getLogger("fastkit")
+
+
+@dataclass
+class EvalOptions:
+    """What an evaluation runs."""
+
+    max_rows: int = 64
+    """Held-out rows scored (the first ones)."""
+    max_new_tokens: int = 128
+    """At most this many tokens per generated answer."""
+    checks: tuple[str, ...] = ()
+    """The user's checks on each answer, besides exact match and contains: ``json``, ``regex:PATTERN``,
+    ``path/to/file.py:function`` or ``module:function`` (``fn(answer[, reference[, prompt]]) -> bool``)."""
+    sampled: bool = True
+    """Also one sampled answer per row (temperature 0.7, top_p 0.95), seeded per row."""
+    seed: int = 0
+    """Row i's sampled answer uses seed + i, for both models."""
+    examples: int = 5
+    """How many prompts to show side by side (the ones whose answers changed most)."""
+    forgetting: bool = True
+    """Measure drift on general prompts (:data:`fastkit.evaluation.forgetting.GENERAL_PROMPTS`)."""
+    forgetting_tokens: int = 48
+    """Tokens of the base model's answer per general prompt."""
+    drift_warn: float = DRIFT_WARN
+    """Drift (nats/token) above which the report warns."""
+
+    def check(self) -> None:
+        """A FastkitError naming the first field out of range."""
+        for name in ("max_rows", "max_new_tokens", "forgetting_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise FastkitError(f"evaluate: {name} must be a whole number >= 1, got {value!r}.")
+        if isinstance(self.examples, bool) or not isinstance(self.examples, int) or self.examples < 0:
+            raise FastkitError(f"evaluate: examples must be a whole number >= 0, got {self.examples!r}.")
+        if not isinstance(self.drift_warn, (int, float)) or not self.drift_warn > 0:
+            raise FastkitError(f"evaluate: drift_warn must be a number above 0, got {self.drift_warn!r}.")
+
+
+def _options(options: EvalOptions | None, kwargs: dict[str, Any]) -> EvalOptions:
+    known = {f.name for f in fields(EvalOptions)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise FastkitError(f"evaluate: unknown option(s) {', '.join(unknown)}; the options are "
+                           f"{', '.join(sorted(known))}.")
+    out = replace(options or EvalOptions(), **kwargs)
+    if isinstance(out.checks, str):
+        out.checks = tuple(s.strip() for s in out.checks.split(",") if s.strip())
+    out.check()
+    return out
+
+
+@contextlib.contextmanager
+def _as_base(model: torch.nn.Module, base: torch.nn.Module | None):
+    """The base model: ``base`` when given, else ``model`` with its LoRA adapter disabled."""
+    if base is not None:
+        yield base
+        return
+    with model.disable_adapter():
+        yield model
+
+
+def _check_models(model: torch.nn.Module, base: torch.nn.Module | None) -> None:
+    if base is None and not callable(getattr(model, "disable_adapter", None)):
+        raise FastkitError("evaluate: the model has no LoRA adapter to disable, so there is no base to compare "
+                           "with; pass the base model too: evaluate(tuned, tokenizer, rows, base=base_model).")
+    if base is model:
+        raise FastkitError("evaluate: base= is the tuned model itself; pass the model before training, or leave "
+                           "base out to compare a LoRA model with its adapter disabled.")
+
+
+def evaluate(model: torch.nn.Module, tokenizer, data, *, base: torch.nn.Module | None = None,
+             options: EvalOptions | None = None, output_dir: str | None = None, **kwargs: Any) -> EvalReport:
+    """The tuned ``model`` and its base side by side on held-out ``data`` (a Dataset, a list of rows or anything
+    ``fastkit`` reads as training data: a file, a folder). ``base``: the model before training; left out, a LoRA
+    model's adapter is disabled for the base's answers. Options: :class:`EvalOptions` fields as keywords.
+    ``output_dir``: where to save the report (:meth:`EvalReport.save`)."""
+    options = _options(options, kwargs)
+    _check_models(model, base)
+    checks = list(BUILT_IN) + parse_checks(options.checks, "checks")
+    rows = eval_rows(_dataset(data), tokenizer, options.max_rows)
+    gen = Generation(options.max_new_tokens, options.sampled, options.seed)
+    modes = _eval_mode(model, base)
+    try:
+        results, interrupted = _score_rows(model, base, tokenizer, rows, gen)
+        forgetting = None
+        if options.forgetting and not interrupted:
+            forgetting = _forgetting(model, base, tokenizer, options)
+    finally:
+        for m, was_training in modes:
+            m.train(was_training)
+    report = _report(rows[:len(results)], results, checks, tokenizer, options, forgetting, interrupted)
+    if output_dir is not None:
+        report.save(output_dir)
+        logger.info("fastkit eval: report in %s", output_dir)
+    return report
+
+
+def _dataset(data):
+    if isinstance(data, list) or hasattr(data, "column_names"):
+        return data
+    from fastkit.data.read import load_chat_dataset
+
+    return load_chat_dataset(data, split="test")
+
+
+def _eval_mode(model, base) -> list[tuple[torch.nn.Module, bool]]:
+    modes = [(m, m.training) for m in (model, base) if m is not None]
+    for m, _ in modes:
+        m.eval()
+    return modes
+
+
+def _score_rows(model, base, tokenizer, rows: list[EvalRow], gen: Generation):
+    """``([(base result, tuned result)] per row, interrupted)``; Ctrl-C after the first row keeps the rows done."""
+    results: list[tuple[RowResult, RowResult]] = []
+    start, every = time.perf_counter(), max(1, len(rows) // 10)
+    try:
+        for i, row in enumerate(rows, 1):
+            with _as_base(model, base) as before:
+                base_result = score_row(before, tokenizer, row, gen)
+            results.append((base_result, score_row(model, tokenizer, row, gen)))
+            if i % every == 0 or i == len(rows):
+                logger.info("fastkit eval: %d/%d rows (base and tuned), %.0f s", i, len(rows),
+                            time.perf_counter() - start)
+    except KeyboardInterrupt:
+        if not results:
+            raise
+        logger.warning("fastkit eval: interrupted after %d of %d rows; the report covers those", len(results),
+                       len(rows))
+        return results, True
+    return results, False
+
+
+def _forgetting(model, base, tokenizer, options: EvalOptions) -> Forgetting:
+    from fastkit.evaluation import forgetting as fg
+
+    sums = [0.0, 0.0, 0.0]
+    tokens = 0
+    for prompt in GENERAL_PROMPTS:
+        ids = fg.probe_ids(tokenizer, prompt)
+        with _as_base(model, base) as before:
+            answer = fg.base_answer(before, tokenizer, ids, options.forgetting_tokens)
+            if not answer:
+                continue
+            base_lp = fg.answer_log_probs(before, ids, answer)
+        tuned_lp = fg.answer_log_probs(model, ids, answer)
+        for k, value in enumerate(fg.drift_terms(base_lp, tuned_lp, answer)):
+            sums[k] += value
+        tokens += len(answer)
+    result = fg.summarize(*sums, tokens, options.drift_warn)
+    if result.warned:
+        logger.warning("fastkit eval: drift %.3f nats/token on general prompts is above %s: the tuned model may "
+                       "have forgotten what it could do before (docs/eval.md)", result.drift, options.drift_warn)
+    return result
+
+
+def _report(rows, results, checks: list[Check], tokenizer, options: EvalOptions, forgetting, interrupted) -> EvalReport:
+    metrics: dict[str, tuple[float, float]] = {}
+    loss = tuple(sum(r[k].nll for r in results) / max(sum(r[k].tokens for r in results), 1) for k in (0, 1))
+    metrics["loss"] = loss
+    metrics["perplexity"] = tuple(float(torch.tensor(x).exp()) for x in loss)
+    asked = [(row, pair) for row, pair in zip(rows, results) if row.prompt_ids]
+    texts = {row.index: (_decode(tokenizer, row.prompt_ids), _decode(tokenizer, row.reference_ids)) for row, _ in asked}
+    passes: dict[int, dict[str, tuple[bool, bool]]] = {}
+    for mode in ("greedy", "sampled") if options.sampled else ("greedy",):
+        for check in checks:
+            name = check.name + (" (sampled)" if mode == "sampled" else "")
+            got = {row.index: tuple(check.fn(getattr(r, mode), texts[row.index][1], texts[row.index][0])
+                                    for r in pair) for row, pair in asked}
+            if asked:
+                metrics[name] = tuple(sum(g[k] for g in got.values()) / len(asked) for k in (0, 1))
+            if mode == "greedy":
+                for index, flags in got.items():
+                    passes.setdefault(index, {})[name] = flags
+    examples = _examples(asked, texts, passes, options.examples)
+    return EvalReport(len(results), metrics, examples, forgetting, interrupted, asdict(options))
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def _examples(asked, texts, passes, n: int) -> list[Example]:
+    """The ``n`` rows whose greedy answers changed most: checks that flipped, then how different the texts are."""
+    out = []
+    for row, (before, after) in asked:
+        flipped = sum(b != t for b, t in passes.get(row.index, {}).values())
+        differ = 1 - difflib.SequenceMatcher(None, before.greedy, after.greedy).ratio()
+        if flipped + differ == 0:
+            continue  # the same answer and the same checks: nothing to show
+        prompt, reference = texts[row.index]
+        out.append(Example(row.index, prompt[-300:], reference, before.greedy, after.greedy, flipped + differ))
+    out.sort(key=lambda e: (-e.change, e.row))
+    return out[:n]
+
+
+__all__ = ["EvalOptions", "EvalReport", "Example", "Forgetting", "evaluate"]
