@@ -25,9 +25,12 @@ checkpointing saves) is fp32 instead of fp16: 2x those bytes (fastkit.plan count
 from __future__ import annotations
 
 import functools
+import logging
 import types
 
 import torch
+
+logger = logging.getLogger("fastkit")
 
 FP16_RESIDUAL = "fp16_residual"
 
@@ -111,4 +114,20 @@ def protect_fp16(model: torch.nn.Module) -> tuple[bool, str]:
     return apply_patch(unwrap(model), Fp16ResidualPatch())
 
 
-__all__ = ["FP16_RESIDUAL", "Fp16ResidualPatch", "protect_fp16"]
+def protect_fp16_compute(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
+    """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
+    keep the residual stream in fp32 (:func:`protect_fp16`), and say so in the load report (``FastModel`` calls it
+    after loading)."""
+    saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
+    if dtype != torch.float16 or saved in (torch.float16, "float16"):
+        return
+    from fastkit.patching import report
+
+    ok, how = protect_fp16(model)
+    rep = report(model)
+    if rep is not None:
+        (rep.active if ok else rep.skipped)[FP16_RESIDUAL] = how
+    logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
+
+
+__all__ = ["FP16_RESIDUAL", "Fp16ResidualPatch", "protect_fp16", "protect_fp16_compute"]
