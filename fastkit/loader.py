@@ -228,7 +228,7 @@ class Quantization:
         if self.linear == "bnb_4bit":
             from transformers import BitsAndBytesConfig
 
-            from fastkit import ranks
+            from fastkit.distributed import ranks
 
             # FSDP flattens and shards the 4-bit weights with the others: stored in the compute dtype (the recipe
             # accelerate and PEFT document), not bitsandbytes' default uint8
@@ -341,7 +341,7 @@ class FastModel:
         Idefics3, Gemma 3 with ``vision=True``) load as ``AutoModelForImageTextToText`` and return
         ``(model, processor)`` (``processor.tokenizer`` is the tokenizer); see docs/vision.md.
         """
-        from fastkit import ranks
+        from fastkit.distributed import ranks
 
         ranks.quiet_replicas()  # under torchrun: one process reports; its PartialState picks this rank's GPU
         device = pick_device()

@@ -243,7 +243,7 @@ def test_trl_reference_pass_keeps_fastkit_offloaded_checkpointing(tmp_path):
     checkpoint function back on every layer; fastkit's offloaded one must survive a DPO step."""
     from fastkit import _hf
     from fastkit.patches.offload.pipeline import OffloadedCheckpoint
-    from fastkit.testing import OffloadTestConfig
+    from fastkit.patches.offload.testing import OffloadTestConfig
 
     model, tok = FastModel.from_pretrained(SMOL, max_seq_length=256, twin=True)
     cfg = OffloadTestConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
