@@ -295,7 +295,7 @@ def test_dpo_other_pair_forms_train_packed(tmp_path, form):
 
 def test_revert_removes_what_the_dpo_trainer_changed(tmp_path):
     import fastkit
-    from fastkit.patches.packing.patch import _decoder
+    from fastkit.patches.layout import decoder as _decoder
 
     model, tok = _lora()
     decoder = _decoder(model.get_base_model())

@@ -463,7 +463,7 @@ def build(args: argparse.Namespace, prepared: Prepared):
         rows = check_dataset(rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
                              drop_invalid=options.drop_invalid)
     for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
-        from fastkit.export.gguf.writer import _check
+        from fastkit.export.gguf.writer import check_before_writing as _check
 
         _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
     model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)

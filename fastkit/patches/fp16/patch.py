@@ -30,6 +30,8 @@ import types
 
 import torch
 
+from fastkit.patches.layout import decoder
+
 logger = logging.getLogger("fastkit")
 
 FP16_RESIDUAL = "fp16_residual"
@@ -74,7 +76,7 @@ def _wrap(module: torch.nn.Module, swap, *, inputs: torch.dtype | None, output: 
 
 def _parts(model: torch.nn.Module):
     """(embedding, decoder layers, final norm) of a decoder-only LM, or None where the layout is unknown."""
-    inner = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    inner = decoder(model, language_model=False)
     layers = getattr(inner, "layers", None)
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     norm = getattr(inner, "norm", None)
