@@ -68,16 +68,16 @@ def get_peft_model(
     no LoRA); ``finetune_vision_layers=True`` (Unsloth's name) adds them, as does a ``target_modules`` naming
     them.
     """
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
+    from peft import get_peft_model as peft_wrap
 
     if options is not None:  # keywords given beside options change those options, as make_trainer's do
         given = dict(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                      use_gradient_checkpointing=use_gradient_checkpointing, target_experts=target_experts)
         kwargs = {**_lora_options(options), **_changed_from_defaults(given, lora_kwargs)}
         vision_layers = kwargs.pop("finetune_vision_layers", False) or finetune_vision_layers
-        return get_peft_model(model, **kwargs, bias=bias, random_state=random_state,
-                                        offload_config=offload_config, host_weights=host_weights,
-                                        finetune_vision_layers=vision_layers)
+        return get_peft_model(model, **kwargs, bias=bias, random_state=random_state, offload_config=offload_config,
+                              host_weights=host_weights, finetune_vision_layers=vision_layers)
     checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
                        bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
     if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
@@ -90,7 +90,7 @@ def get_peft_model(
     lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, task_type="CAUSAL_LM",
                       target_modules=_table_targets(model, target_modules, finetune_vision_layers),
                       **lora_kwargs)
-    peft_model = get_peft_model(model, lora)
+    peft_model = peft_wrap(model, lora)
     object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
     # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
     # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
