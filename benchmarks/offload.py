@@ -45,7 +45,7 @@ from fastkit.device import GiB
 from fastkit.patches.offload.patch import OffloadConfig, enable_offload, offload_controller
 from fastkit.patches.offload.streams import Throttle
 from fastkit.patching import revert
-from fastkit.testing import OffloadTestConfig
+from fastkit.patches.offload.testing import OffloadTestConfig
 from fastkit.units import fmt_bytes
 
 MODES = ["no checkpointing", "plain checkpointing", "transformers offload=True", "TRL activation_offloading",

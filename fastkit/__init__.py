@@ -23,7 +23,8 @@ _LAZY = {
     "SyncCounter": "fastkit.syncs", "count_syncs": "fastkit.syncs",
     "require_chat_template": "fastkit.data.chat_template",
     "TrainOptions": "fastkit.training.options", "LoraOptions": "fastkit.training.options",
-    "launch": "fastkit.launcher", "evaluate": "fastkit.evaluation", "EvalOptions": "fastkit.evaluation",
+    "launch": "fastkit.distributed.launcher", "ranks": "fastkit.distributed", "evaluate": "fastkit.evaluation",
+    "EvalOptions": "fastkit.evaluation",
 }
 
 __version__ = "0.1.0"
@@ -74,6 +75,10 @@ _MOVED = {
     "fastkit.export.gguf_more": "fastkit.export.gguf.more",
     "fastkit.export.modelfile": "fastkit.export.gguf.modelfile",
     "fastkit.export.quants": "fastkit.export.gguf.quants",
+    # round 5: the several-processes code in fastkit.distributed; the test-only seams beside the offload patch
+    "fastkit.ranks": "fastkit.distributed.ranks",
+    "fastkit.launcher": "fastkit.distributed.launcher",
+    "fastkit.testing": "fastkit.patches.offload.testing",
 }
 """Old path -> the module now there; ``import`` of an old path gives that very module (tests/test_public_paths.py)."""
 

@@ -20,13 +20,15 @@ from fastkit import _hf, checks, registry
 from fastkit.data.chat_template import has_chat_template
 from fastkit.device import auto_dtype, pick_device
 from fastkit.errors import FastkitError, GPUOnlyError
-from fastkit.families.patch import LoadReport, patch_with_facts
-from fastkit.patches.host.patch import HostWeights, enable_host_weights
+from fastkit.families.load import load_twin, patch_model
+from fastkit.families.patch import LoadReport
+from fastkit.families.vision import load_processor, wants_vision
+from fastkit.patches.fp16.patch import protect_fp16_compute
 from fastkit.patches.moe.loading import QuantizeWhileLoading
-from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
-from fastkit.patches.moe.nf4 import has_4bit_experts, quantize_experts
-from fastkit.patches.offload.patch import enable_offload
+from fastkit.patches.moe.nf4 import quantize_experts
+from fastkit.patches.offload.checkpointing import enable_checkpointing
 from fastkit.patching import active_patches, change, report, unwrap
+from fastkit.training.lora import check_target_modules, get_peft_model, prepare_kbit_training
 
 logger = logging.getLogger("fastkit")
 
@@ -226,7 +228,7 @@ class Quantization:
         if self.linear == "bnb_4bit":
             from transformers import BitsAndBytesConfig
 
-            from fastkit import ranks
+            from fastkit.distributed import ranks
 
             # FSDP flattens and shards the 4-bit weights with the others: stored in the compute dtype (the recipe
             # accelerate and PEFT document), not bitsandbytes' default uint8
@@ -260,74 +262,6 @@ def _quantization_mode(config, facts, device: torch.device, load_in_4bit: bool, 
     else:
         linear = "16bit"
     return Quantization(linear, mxfp4, experts_4bit=load_in_4bit and facts is not None and facts.moe)
-
-
-def wants_vision(facts: registry.ModelFacts | None, vision: bool | None, model_type: str) -> bool:
-    """Load as a vision-language model (``AutoModelForImageTextToText`` + ``AutoProcessor``)? ``vision=None``: where
-    the row has vision facts and is not a composite loaded as text by default (Gemma 3: ``vision=True``)."""
-    row_vision = facts is not None and facts.vision is not None
-    if vision is None:
-        vision = row_vision and not facts.text_config
-        if vision:
-            _require_pillow(model_type)
-        return vision
-    if not isinstance(vision, bool):
-        raise FastkitError(f"vision must be True, False or None, got {vision!r}.")
-    if vision and not row_vision:
-        known = ", ".join(t for t, f in registry.MODEL_TABLE.items() if f.vision is not None)
-        raise FastkitError(f"vision=True: {model_type} is not a vision-language family fastkit knows (its rows: "
-                           f"{known}); load it without vision=True.")
-    if not vision and row_vision and not facts.text_config:
-        raise FastkitError(f"vision=False: {model_type} loads only as a vision-language model (its text model alone "
-                           "is not a checkpoint fastkit loads); drop vision=False and train on text rows.")
-    if vision:
-        _require_pillow(model_type)
-    return vision
-
-
-def _require_pillow(model_type: str) -> None:
-    """A vision-language model's processor reads images with Pillow (the ``vision`` extra): named before the load."""
-    from fastkit.extras import require
-
-    require("PIL", f"{model_type}, a vision-language model (its processor reads images)")
-
-
-def _load_processor(name_or_path: str, trust_remote_code: bool, hf_kwargs: dict):
-    """The family's processor (tokenizer + image processor), with a pad token like the text loader's."""
-    import importlib.util
-
-    from transformers import AutoProcessor
-
-    hub = {k: v for k, v in (hf_kwargs or {}).items() if k in ("revision", "token")}
-    try:
-        try:
-            processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hub)
-        except (ImportError, AttributeError, OSError):  # a video processor without torchvision: images only
-            if importlib.util.find_spec("torchvision") is not None:
-                raise
-            processor = _hf.processor_class(_processor_name(name_or_path, hub)).from_pretrained(name_or_path, **hub)
-    except (OSError, ValueError, ImportError) as exc:
-        raise FastkitError(f"Could not load a processor from {name_or_path!r} (preprocessor_config.json / "
-                           f"tokenizer files missing or unreadable): {str(exc).splitlines()[0]}") from exc
-    tok = processor.tokenizer
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return processor
-
-
-def _processor_name(name_or_path: str, hub: dict) -> str:
-    """The processor class a checkpoint names (``processor_config.json``, else ``tokenizer_config.json``)."""
-    import json
-
-    from transformers.utils import cached_file
-
-    for file in ("processor_config.json", "tokenizer_config.json"):
-        path = cached_file(name_or_path, file, _raise_exceptions_for_missing_entries=False, **hub)
-        if path is not None:
-            with open(path, encoding="utf-8") as f:
-                if name := json.load(f).get("processor_class"):
-                    return name
-    raise FastkitError(f"{name_or_path!r} names no processor class (processor_config.json / tokenizer_config.json).")
 
 
 def _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device, max_seq_length, load_in_4bit, gpu):
@@ -407,7 +341,7 @@ class FastModel:
         Idefics3, Gemma 3 with ``vision=True``) load as ``AutoModelForImageTextToText`` and return
         ``(model, processor)`` (``processor.tokenizer`` is the tokenizer); see docs/vision.md.
         """
-        from fastkit import ranks
+        from fastkit.distributed import ranks
 
         ranks.quiet_replicas()  # under torchrun: one process reports; its PartialState picks this rank's GPU
         device = pick_device()
@@ -415,7 +349,7 @@ class FastModel:
         checks.check_hf_kwargs(hf_kwargs)
         if twin:
             checks.check_twin_options(dtype, load_in_4bit)
-            return _load_twin(str(name_or_path), device, max_seq_length, patches, dtype, vision)
+            return load_twin(str(name_or_path), device, max_seq_length, patches, dtype, vision)
         config, facts, quant, memory_plan = _preflight(name_or_path, gguf_file, trust_remote_code, hf_kwargs, device,
                                                        max_seq_length, load_in_4bit, gpu)
         _check_4bit_patches(patches, quant)
@@ -438,10 +372,10 @@ class FastModel:
             from fastkit.patches.moe.linear_4bit import quantize_linears_4bit
 
             quantize_linears_4bit(model, dtype)
-        tokenizer = (_load_processor(name_or_path, trust_remote_code, hf_kwargs) if vlm
+        tokenizer = (load_processor(name_or_path, trust_remote_code, hf_kwargs) if vlm
                      else _load_tokenizer(name_or_path, gguf_file, trust_remote_code, hf_kwargs))
-        _patch(model, max_seq_length, patches, log=False)
-        _protect_fp16(model, config, dtype)
+        patch_model(model, max_seq_length, patches, log=False)
+        protect_fp16_compute(model, config, dtype)
         if composite and facts.note not in report(model).notes:
             report(model).notes.append(facts.note)
         if memory_plan is not None:
@@ -467,160 +401,9 @@ class FastModel:
             context = getattr(text, "max_position_embeddings", None)
             max_seq_length = min(2048, context) if isinstance(context, int) and context > 0 else 2048
         checks.check_max_seq_length(max_seq_length, config)
-        return _patch(model, max_seq_length, patches, log=True)
+        return patch_model(model, max_seq_length, patches, log=True)
 
-    @staticmethod
-    def get_peft_model(
-        model: torch.nn.Module,
-        r: int = 16,
-        lora_alpha: int = 16,
-        lora_dropout: float = 0.0,
-        target_modules: str | list[str] = "all-linear",
-        bias: str = "none",
-        use_gradient_checkpointing: bool | str = "auto",
-        random_state: int = 3407,
-        offload_config=None,
-        target_experts: bool = False,
-        host_weights: HostWeights | str = "auto",
-        options=None,
-        finetune_vision_layers: bool = False,
-        **lora_kwargs: Any,
-    ):
-        """Wrap ``model`` with PEFT LoRA (QLoRA when it is 4-bit).
-
-        ``options``: a :class:`fastkit.LoraOptions` (rank, alpha, dropout, targets, rsLoRA, experts,
-        checkpointing: what ``fastkit train`` and the notebooks fill); it replaces those arguments, and a keyword
-        given beside it (not at its default) changes that option, as ``make_trainer``'s keywords change its
-        options (logged).
-
-        ``use_gradient_checkpointing``: ``True`` (plain, non-reentrant), ``"offload"`` (fastkit's
-        double-buffered checkpoint reload, see :mod:`fastkit.patches.offload.patch`; tune it with
-        ``offload_config=fastkit.patches.offload.OffloadConfig(...)``), ``False``, or ``"auto"`` (the
-        default): ``"offload"`` where the load-time memory plan fits only with it, else ``True``.
-
-        ``target_experts=True`` also adapts MoE experts with fastkit's per-expert-group LoRA
-        (:mod:`fastkit.patches.moe.lora`, no ``W + B·A`` per expert per forward). Where PEFT already adapts
-        the experts itself (``"all-linear"`` on qwen3_moe, mixtral, olmoe, deepseek_v3), fastkit runs
-        PEFT's adapter per expert group instead of adding a second one.
-
-        ``host_weights``: a :class:`fastkit.HostWeights` saying which frozen weights stay in host memory (the
-        input embedding, the lm_head streamed in vocabulary chunks: :mod:`fastkit.patches.host`), or
-        ``"auto"`` (the default): those the load-time memory plan needs to fit, else none.
-
-        Vision-language models: ``"all-linear"`` adapts the language model only (the vision tower and projector get
-        no LoRA); ``finetune_vision_layers=True`` (Unsloth's name) adds them, as does a ``target_modules`` naming
-        them.
-        """
-        from peft import LoraConfig, get_peft_model
-
-        if options is not None:  # keywords given beside options change those options, as make_trainer's do
-            given = dict(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
-                         use_gradient_checkpointing=use_gradient_checkpointing, target_experts=target_experts)
-            kwargs = {**_lora_options(options), **_changed_from_defaults(given, lora_kwargs)}
-            vision_layers = kwargs.pop("finetune_vision_layers", False) or finetune_vision_layers
-            return FastModel.get_peft_model(model, **kwargs, bias=bias, random_state=random_state,
-                                            offload_config=offload_config, host_weights=host_weights,
-                                            finetune_vision_layers=vision_layers)
-        checks.check_lora_options(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
-                           bias=bias, use_gradient_checkpointing=use_gradient_checkpointing)
-        if hasattr(model, "peft_config"):  # a re-run notebook cell: the same adapter back, never a nested one
-            return _same_adapter(model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                                 target_modules=target_modules, bias=bias)
-        torch.manual_seed(random_state)
-        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
-            model = prepare_kbit_training(model)
-        check_target_modules(model, target_modules)
-        lora = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias, task_type="CAUSAL_LM",
-                          target_modules=_table_targets(model, target_modules, finetune_vision_layers),
-                          **lora_kwargs)
-        peft_model = get_peft_model(model, lora)
-        object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
-        # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
-        # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
-        four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)
-        if (target_experts or four_bit) and not peft_adapts_experts(peft_model):
-            add_expert_lora(peft_model, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
-        if use_gradient_checkpointing == "auto":
-            rep = report(model)
-            use_gradient_checkpointing = rep.checkpointing if rep is not None else True
-        enable_checkpointing(peft_model, use_gradient_checkpointing, offload_config)
-        if host_weights == "auto":
-            rep = report(model)
-            host_weights = rep.host_weights if rep is not None else HostWeights()
-        if not isinstance(host_weights, HostWeights) or host_weights.any:  # a wrong type is refused there
-            enable_host_weights(peft_model, host_weights)  # after PEFT: only frozen weights go to the host
-        return peft_model
-
-
-ASKED_TARGETS = "fastkit_target_modules"  # on the LoraConfig: target_modules as asked (PEFT resolves 'all-linear')
-
-
-def _vision_targets(model: torch.nn.Module, facts: registry.ModelFacts, vision_layers: bool) -> list[str]:
-    """``"all-linear"`` on a vision-language model: the linear layers of its language model (and, with
-    ``finetune_vision_layers=True``, of its vision tower and projector), by full module name; the routers and the
-    lm_head stay out."""
-    base = unwrap(model)
-    roots = [facts.vision.language_model] + ([facts.vision.tower, facts.vision.projector] if vision_layers else [])
-    routers = _router_linears(model)
-    output = base.get_output_embeddings()
-    names = []
-    for root in dict.fromkeys(roots):
-        names += [f"{root}.{n}" for n, m in base.get_submodule(root).named_modules()
-                  if isinstance(m, torch.nn.Linear) and m is not output and f"{root}.{n}" not in routers]
-    logger.info("fastkit: LoRA 'all-linear' on a vision-language model: %s", "language model and vision tower"
-                if vision_layers else "language model only (finetune_vision_layers=True adds the vision tower)")
-    return sorted(dict.fromkeys(names))
-
-
-def _table_targets(model: torch.nn.Module, target_modules, vision_layers: bool = False):
-    """``"all-linear"`` as the family's table row says (``ModelFacts.default_lora_targets``; a vision-language
-    model: its language model, :func:`_vision_targets`), else every linear layer but the routers
-    (:func:`_router_linears`), else as given."""
-    if target_modules != "all-linear":
-        return target_modules
-    facts = registry.facts_for(getattr(unwrap(model).config, "model_type", ""))
-    from fastkit.families.patch import is_vision_model
-
-    if is_vision_model(model, facts):
-        return _vision_targets(model, facts, vision_layers)
-    if vision_layers:
-        raise FastkitError("finetune_vision_layers=True: this model has no vision tower (a text model, or a "
-                           "vision-language family loaded as text); drop the flag.")
-    if facts is not None and facts.default_lora_targets:
-        return list(facts.default_lora_targets)
-    routers = _router_linears(model)
-    if not routers:
-        return target_modules
-    # PEFT's "all-linear" less the routers: the other linear layers by their last name (lm_head stays out, as there)
-    output = unwrap(model).get_output_embeddings()
-    router_leaves = {n.rsplit(".", 1)[-1] for n in routers}
-    names = {n.rsplit(".", 1)[-1] for n, m in unwrap(model).named_modules()
-             if isinstance(m, torch.nn.Linear) and m is not output}
-    logger.info("fastkit: LoRA 'all-linear' leaves the router(s) %s out (their forward returns the routing, not a "
-                "tensor LoRA can add to)", ", ".join(sorted(router_leaves)))
-    return sorted(names - router_leaves)
-
-
-def check_target_modules(model: torch.nn.Module, target_modules) -> None:
-    """``target_modules`` (names or a regex, as PEFT matches them) names a module of ``model``, else a FastkitError
-    naming the linear layers there are (instead of PEFT's error after the load). ``model`` may be on the meta
-    device (``fastkit train`` checks before any weight loads: :func:`meta_model`)."""
-    if target_modules == "all-linear":
-        return
-    from peft import LoraConfig
-
-    config = LoraConfig(target_modules=target_modules)
-    names = [n for n, _ in unwrap(model).named_modules() if n]
-    if any(_hf.peft_target_matches(config, n) for n in names):
-        return
-    output = unwrap(model).get_output_embeddings()
-    linears = sorted({n.rsplit(".", 1)[-1] for n, m in unwrap(model).named_modules()
-                      if isinstance(m, torch.nn.Linear) and m is not output})
-    regex = (" (a string is a regex over the full module name, e.g. 'model.layers.0.self_attn.q_proj'; give a list "
-             "for names)") if isinstance(target_modules, str) else ""
-    raise FastkitError(f"target_modules={target_modules!r} matches no module of this "
-                       f"{getattr(unwrap(model).config, 'model_type', '')} model{regex}; its linear layers are "
-                       f"{', '.join(linears) or 'none'} (or give 'all-linear').")
+    get_peft_model = staticmethod(get_peft_model)  # fastkit.training.lora: LoRA beside LoraOptions
 
 
 def meta_model(name_or_path: str) -> torch.nn.Module | None:
@@ -645,248 +428,7 @@ def meta_model(name_or_path: str) -> torch.nn.Module | None:
         return None
 
 
-def _router_linears(model: torch.nn.Module) -> set[str]:
-    """Names of MoE routers that subclass ``nn.Linear`` (Llama-4's ``Llama4Router``, Phi-3.5-MoE's
-    ``PhimoeTopKRouter``): their forward returns ``(scores, indices)``, so PEFT's ``"all-linear"``, which wraps every
-    ``nn.Linear``, would break the first forward ("'tuple' object has no attribute 'dtype'"). A subclass from a
-    transformers model file is a model's own layer; quantized linears (bitsandbytes) come from elsewhere and stay."""
-    return {n for n, m in unwrap(model).named_modules()
-            if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear
-            and type(m).__module__.startswith("transformers.models.")}
-
-
-def _same_adapter(model: torch.nn.Module, **asked: Any) -> torch.nn.Module:
-    """``model`` as is when its adapter is the one asked for; else a FastkitError naming the differences."""
-    if not hasattr(model, "active_adapter"):  # the base model inside a PeftModel (PEFT marks it with peft_config)
-        raise FastkitError("get_peft_model: this model already carries a LoRA adapter: it is the base inside the "
-                           "PEFT model an earlier get_peft_model call returned. Use that returned model (assign it: "
-                           "model = FastModel.get_peft_model(model, ...)), or re-load (FastModel.from_pretrained).")
-    _one_lora_adapter(model)
-    have = model.peft_config[model.active_adapter]
-    diff = []
-    for key, value in asked.items():
-        current = getattr(have, key, None)
-        if key == "target_modules":
-            current = getattr(have, ASKED_TARGETS, current)  # what get_peft_model was given ('all-linear')
-            same = value == current or (not isinstance(value, str) and not isinstance(current, str)
-                                        and set(value) == set(current or ()))
-        else:
-            same = value == current
-        if not same:
-            diff.append(f"{key}={value!r} (the model has {current!r})")
-    if diff:
-        raise FastkitError(f"get_peft_model: the model already has a LoRA adapter, with other options: "
-                           f"{', '.join(diff)}. Re-load the model (FastModel.from_pretrained) for a new adapter.")
-    logger.info("fastkit: the model already has this LoRA adapter; returned as it is (re-run cell)")
-    return model
-
-
-def _one_lora_adapter(model: torch.nn.Module) -> None:
-    """The one case a second get_peft_model may return its model as is: a PeftModel with one LoRA adapter. PEFT's
-    tuner layer (``peft_model.base_model``), several adapters or another PEFT method would nest: refused."""
-    from peft import PeftModel
-
-    configs = dict(model.peft_config)
-    types = sorted({str(getattr(getattr(c, "peft_type", None), "value", None)) for c in configs.values()})
-    if not isinstance(model, PeftModel):
-        what = f"PEFT's {type(model).__name__} (the base_model of a PeftModel), not the PeftModel"
-    elif len(configs) > 1:
-        what = f"a PEFT model with {len(configs)} adapters ({', '.join(map(str, configs))})"
-    elif types != ["LORA"]:
-        what = f"a PEFT model with a {', '.join(types)} adapter, not LoRA"
-    else:
-        return
-    raise FastkitError(f"get_peft_model: the model is already {what}; a second get_peft_model would nest adapters. "
-                       "Use the model as it is, or merge_and_unload() (or unload()) it first and call "
-                       "get_peft_model on the model that returns.")
-
-
-def _patch(model: torch.nn.Module, max_seq_length: int, patches, log: bool) -> torch.nn.Module:
-    """:meth:`FastModel.patch` after its check (the loaders checked ``max_seq_length`` already).
-
-    Note: [max_seq_length] checked once per load, where the config is known (``_preflight``; a twin, whose context
-    is not the real model's: a positive int in ``_load_twin``), and carried once: on the load report
-    (``report(model).max_seq_length``), which the banner, checkpoint offload and ``make_trainer`` read.
-    """
-    model = unwrap(model)
-    facts = registry.facts_for(model.config.model_type)
-    if facts is not None or patches is None:
-        return patch_with_facts(model, facts, max_seq_length=max_seq_length, patches=patches, log=log)
-    from fastkit.families.census import self_check
-
-    return patch_with_facts(model, *self_check(model.config), max_seq_length=max_seq_length, patches=patches,
-                            log=log)
-
-
-def prepare_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
-    """Freeze a 4/8-bit model for LoRA, and upcast nothing.
-
-    PEFT's ``prepare_model_for_kbit_training`` casts every 16-bit parameter to fp32: on Qwen3-14B the
-    untied embeddings and lm_head alone (1.56B parameters) grow from 3.1 to 6.2 GB, which is what
-    kept it off a T4. Here embeddings, lm_head and norms keep the dtype they loaded in; the adapters
-    PEFT adds are fp32, and the trainer's autocast runs the 16-bit matmuls.
-    """
-    for param in model.parameters():
-        param.requires_grad_(False)
-    return model
-
-
-def _protect_fp16(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
-    """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
-    keep the residual stream in fp32 (patches/fp16/patch.py), and say so in the load report."""
-    saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
-    if dtype != torch.float16 or saved in (torch.float16, "float16"):
-        return
-    from fastkit.patches.fp16 import FP16_RESIDUAL, protect_fp16
-
-    ok, how = protect_fp16(model)
-    rep = report(model)
-    if rep is not None:
-        (rep.active if ok else rep.skipped)[FP16_RESIDUAL] = how
-    logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
-
-
-def _load_twin(name: str, device: torch.device, max_seq_length: int, patches, dtype: torch.dtype | None = None,
-               vision: bool | None = None):
-    from fastkit.families.twins import TWIN_PREFIX, twin, twin_bpe_tokenizer, twin_family
-
-    checks.check_max_seq_length(max_seq_length, _real_config(name))  # the real model's context, where known
-    name = _twin_name(name)
-    try:
-        family, overrides = twin_family(name)
-    except ValueError as exc:
-        raise FastkitError(str(exc)) from exc
-    family = _twin_vision_family(family, vision)
-    logger.info("fastkit: twin=True: a tiny random %s stands in for %s (no download)", family, name)
-    if wants_vision(registry.facts_for(family), vision, family):
-        return _load_vision_twin(name, family, device, max_seq_length, patches, dtype)
-    model = twin(family, num_hidden_layers=2, **overrides).to(device, dtype=dtype or torch.float32)
-    # its saves say which twin to rebuild (twins are deterministic): PEFT reads the instance attribute
-    model.config._name_or_path = model.name_or_path = TWIN_PREFIX + name
-    tokenizer = twin_bpe_tokenizer()  # with merges, so a twin's GGUF export is one llama.cpp loads
-    _patch(model, max_seq_length, patches, log=True)
-    return model, tokenizer
-
-
-def _twin_vision_family(family: str, vision: bool | None) -> str:
-    """``vision=True`` on a twin whose stand-in is a composite's text model (``google/gemma-3-4b-it`` ->
-    ``gemma3_text``): the vision row whose config builds that text model (``gemma3``)."""
-    row = registry.facts_for(family)
-    if vision is not True or (row is not None and row.vision is not None):
-        return family
-    from transformers import CONFIG_MAPPING
-
-    for model_type, facts in registry.MODEL_TABLE.items():
-        if facts.vision is not None and CONFIG_MAPPING[model_type]().get_text_config().model_type == family:
-            return model_type
-    return family
-
-
-def _load_vision_twin(name: str, family: str, device: torch.device, max_seq_length: int, patches,
-                      dtype: torch.dtype | None):
-    """A tiny random vision-language twin and its processor (:mod:`fastkit.families.vision`)."""
-    from fastkit.families.twins import TWIN_PREFIX
-    from fastkit.families.vision import vision_twin, vision_twin_processor
-
-    model = vision_twin(family).to(device, dtype=dtype or torch.float32)
-    model.config._name_or_path = model.name_or_path = TWIN_PREFIX + name
-    processor = vision_twin_processor(family)
-    _patch(model, max_seq_length, patches, log=True)
-    return model, processor
-
-
-def _real_config(name: str):
-    """The config of the model a twin stands in for, when it is at hand without a download (a local config.json,
-    or a config fastkit ships): its context bounds the twin's ``max_seq_length`` as a real load's would."""
-    import json
-
-    from fastkit.plan.source import _config_from_dict, known_config
-
-    path = os.path.expanduser(name)
-    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    values = None
-    if os.path.basename(file) == "config.json" and os.path.isfile(file):
-        try:
-            with open(file, encoding="utf-8") as f:
-                values = json.load(f)
-        except (OSError, ValueError):
-            return None  # _twin_name names the broken file
-    elif not os.path.exists(path):
-        values = known_config(name)
-    if not isinstance(values, dict) or not values.get("model_type"):
-        return None
-    try:
-        return _config_from_dict(dict(values))
-    except FastkitError:
-        return None
-
-
-def _twin_name(name: str) -> str:
-    """``twin=True`` on a local folder (or its config.json): the model_type its config.json names."""
-    import json
-    from pathlib import Path
-
-    path = Path(os.path.expanduser(name))
-    config = path / "config.json" if path.is_dir() else path
-    if not (config.name == "config.json" and config.is_file()):
-        return name
-    try:
-        values = json.loads(config.read_text())
-    except ValueError as exc:
-        raise FastkitError(f"twin=True: {str(config)!r} is not valid JSON ({exc}).") from exc
-    if not isinstance(values, dict):
-        raise FastkitError(f"twin=True: {str(config)!r} holds a {type(values).__name__}, not a model config mapping.")
-    model_type = values.get("model_type")
-    if not model_type:
-        raise FastkitError(f"twin=True: {str(config)!r} names no model_type to build a twin of.")
-    logger.info("fastkit: twin=True: %s is a local %s config", name, model_type)
-    return str(model_type)
-
-
-def _changed_from_defaults(given: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """get_peft_model's LoRA keywords that differ from their defaults (plus any other LoRA keyword): the ones a
-    caller gave beside ``options=``. The one precedence rule (make_trainer's too): a keyword changes the option;
-    a keyword left at its default leaves the option as it is. Each change is logged."""
-    import inspect
-
-    defaults = {k: v.default for k, v in inspect.signature(FastModel.get_peft_model).parameters.items()}
-    changed = {k: v for k, v in given.items() if v != defaults[k]} | dict(extra)
-    if changed:
-        logger.info("fastkit: get_peft_model: %s given beside options= change those options",
-                    ", ".join(f"{k}={v!r}" for k, v in changed.items()))
-    return changed
-
-
-def _lora_options(options) -> dict[str, Any]:
-    """get_peft_model's arguments from a :class:`fastkit.LoraOptions`."""
-    from fastkit.training.options import LoraOptions
-
-    if not isinstance(options, LoraOptions):
-        raise FastkitError(f"get_peft_model(options=...) takes a fastkit.LoraOptions, got {type(options).__name__}.")
-    return options.peft_kwargs()
-
-
-def enable_checkpointing(model: torch.nn.Module, mode: bool | str = True, offload_config=None) -> str:
-    """Turn on gradient checkpointing: ``True``, ``"offload"`` or ``False``. Returns the mode in effect.
-
-    Also the switch for full fine-tuning (no LoRA): ``enable_checkpointing(model, "offload")``.
-    """
-    if mode not in (True, False, "offload"):
-        raise FastkitError(f"use_gradient_checkpointing must be True, False or 'offload', got {mode!r}.")
-    if mode is False:
-        return "off"
-    base = unwrap(model)
-
-    def turn_on(swap):  # transformers' own switch, its per-layer flags and input-grad hooks recorded for revert
-        swap.record(model, lambda: _hf.enable_activation_checkpointing(base))
-        if hasattr(model, "enable_input_require_grads"):
-            swap.record(model, model.enable_input_require_grads)
-
-    change(base, "checkpointing", turn_on)
-    if mode == "offload":
-        return enable_offload(base, offload_config)
-    return "checkpoint"
-
-
-__all__ = ["FastModel", "LoadReport", "active_patches", "enable_checkpointing", "report",
-           "unwrap"]
+# enable_checkpointing (fastkit.patches.offload.checkpointing), prepare_kbit_training and check_target_modules
+# (fastkit.training.lora) keep this documented path too.
+__all__ = ["FastModel", "LoadReport", "active_patches", "check_target_modules", "enable_checkpointing",
+           "prepare_kbit_training", "report", "unwrap"]

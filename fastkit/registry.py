@@ -331,6 +331,13 @@ class VisionFacts:
     packing_refusal: str = ""
     """Why packing is refused on this vision-language model although its positions are 1-D (shown in the banner;
     the model stays as it was)."""
+    gguf_projector: str = ""
+    """llama.cpp's projector type (clip-impl.h's ``PROJECTOR_TYPE`` name) :mod:`fastkit.export.gguf.mmproj` writes the
+    vision tower + projector as (``"idefics3"``, ``"gemma3"``, ``"qwen2.5vl_merger"``, ``"qwen3vl_merger"``); ``""``:
+    no mmproj, so ``save_gguf`` refuses the family (a text-only GGUF would drop the tuned vision)."""
+    gguf_renames: tuple[tuple[str, str], ...] = ()
+    """``(pattern, replacement)`` from the in-memory tensor names to the checkpoint names gguf's MMPROJ map knows
+    (transformers 5 loads Gemma 3's tower flat)."""
     gguf_shell: str = ""
     """The transformers causal-LM class that hosts the language model for the text GGUF where
     ``AutoModelForCausalLM`` has none for its text config (Qwen2.5-VL's text model: ``Qwen2ForCausalLM``'s layers
@@ -427,13 +434,14 @@ _QWEN_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3
 _QWEN_VISION = dict(language_model="model.language_model", image_token="<|image_pad|>",
                     image_token_key="image_token_id", image_part="<|vision_start|><|image_pad|><|vision_end|>",
                     rope=MROPE, twin_tokens=_QWEN_TOKENS, image_processor="Qwen2VLImageProcessorPil")
+_QWEN_MMPROJ_RENAMES = ((r"^model\.visual\.", "visual."),)
 _QWEN2_5_VL_VISION = VisionFacts(
     tower="model.visual", projector="model.visual.merger", **_QWEN_VISION,
     twin_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
                      window_size=56, fullatt_block_indexes=[1]),
     twin_images=dict(patch_size=14, merge_size=2, size={"shortest_edge": 56 * 56, "longest_edge": 56 * 56}),
     processor="Qwen2_5_VLProcessor", twin_text=dict(_TWIN_TEXT, rope_parameters=_QWEN_MROPE),
-    gguf_shell="Qwen2ForCausalLM")
+    gguf_projector="qwen2.5vl_merger", gguf_renames=_QWEN_MMPROJ_RENAMES, gguf_shell="Qwen2ForCausalLM")
 _QWEN3_VL_VISION = VisionFacts(
     tower="model.visual", projector="model.visual.merger", **_QWEN_VISION,
     twin_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
@@ -441,7 +449,7 @@ _QWEN3_VL_VISION = VisionFacts(
     twin_images=dict(patch_size=16, merge_size=2, size={"shortest_edge": 64 * 64, "longest_edge": 64 * 64}),
     processor="Qwen3VLProcessor",
     twin_text=dict(_TWIN_TEXT, rope_parameters=dict(_QWEN_MROPE, mrope_interleaved=True)),
-    gguf_shell="Qwen3ForCausalLM")
+    gguf_projector="qwen3vl_merger", gguf_renames=_QWEN_MMPROJ_RENAMES, gguf_shell="Qwen3ForCausalLM")
 _GEMMA3_VISION = VisionFacts(
     tower="model.vision_tower", projector="model.multi_modal_projector", language_model="model.language_model",
     image_token="<image_soft_token>", image_token_key="image_token_index", image_part="<start_of_image>",
@@ -457,7 +465,10 @@ _GEMMA3_VISION = VisionFacts(
                     "function), which fastkit's per-document causal kernels do not express; packed batches are "
                     "refused, padded batches train as usual",
     twin_text=dict(_TWIN_TEXT, query_pre_attn_scalar=16, sliding_window=8,
-                   layer_types=["sliding_attention", "full_attention"]))
+                   layer_types=["sliding_attention", "full_attention"]),
+    gguf_projector="gemma3", gguf_renames=((r"^model\.vision_tower\.", "vision_tower.vision_model."),
+                                           (r"^model\.multi_modal_projector\.", "multi_modal_projector."),
+                                           (r"_weight$", ".weight")))
 _IDEFICS3_VISION = VisionFacts(
     tower="model.vision_model", projector="model.connector", language_model="model.text_model",
     image_token="<image>", image_token_key="image_token_id", image_part="<image>",
@@ -467,7 +478,7 @@ _IDEFICS3_VISION = VisionFacts(
     image_processor="Idefics3ImageProcessorPil",
     twin_images=dict(do_image_splitting=False, size={"longest_edge": 64}, max_image_size={"longest_edge": 64}),
     processor="Idefics3Processor", twin_processor=dict(image_seq_len=4),
-    twin_text=dict(_TWIN_TEXT, tie_word_embeddings=False))
+    twin_text=dict(_TWIN_TEXT, tie_word_embeddings=False), gguf_projector="idefics3")
 """SmolVLM (v1: model_type idefics3) and SmolVLM2 (smolvlm): one layout. The smolvlm twin's processor is
 Idefics3Processor (the same prompt for an unsplit image; SmolVLMProcessor needs num2words and a torchvision
 video processor)."""

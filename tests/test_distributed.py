@@ -5,7 +5,7 @@ metadata and the MoE routing stay per-rank correct (a metadata object leaking ac
 would mix documents and change the gradients).
 
 ``fastkit train`` and make_trainer + fit under ``torchrun`` (issue 43): every rank exits 0, one set of lines,
-one save, verified; a refusal or a failure on one rank ends every rank (fastkit.ranks).
+one save, verified; a refusal or a failure on one rank ends every rank (fastkit.distributed.ranks).
 """
 
 import os

@@ -22,8 +22,8 @@ from datasets import Dataset
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.data import check_dataset, load_chat_dataset
 from fastkit.families.twins import twin
+from fastkit.patches.offload.testing import OffloadTestConfig
 from fastkit.patches.packing.patch import LENGTHS_KWARG, PackedCollator, batch_lengths
-from fastkit.testing import OffloadTestConfig
 from tests.helpers import save_twin
 
 TWIN = "HuggingFaceTB/SmolLM2-135M-Instruct"

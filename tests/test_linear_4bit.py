@@ -102,8 +102,8 @@ def test_offload_on_by_default_where_the_plan_needs_it():
 
 def test_get_peft_model_auto_checkpointing_follows_the_report():
     from fastkit import FastModel, active_patches
+    from fastkit.patches.offload.testing import OffloadTestConfig
     from fastkit.patching import report
-    from fastkit.testing import OffloadTestConfig
 
     model, _ = FastModel.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct", max_seq_length=64, twin=True)
     assert report(model).checkpointing is True  # no plan on a CPU

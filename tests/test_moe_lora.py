@@ -253,7 +253,7 @@ def test_default_lora_trains_on_every_moe_family(model_type, caplog):
     import logging
 
     from fastkit import FastModel
-    from fastkit.loader import _router_linears
+    from fastkit.training.lora import _router_linears
 
     caplog.set_level(logging.WARNING, logger="fastkit")  # quiet loads; pytest puts the level back after the test
     model, _ = FastModel.from_pretrained(model_type, twin=True, max_seq_length=64)

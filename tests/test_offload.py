@@ -28,8 +28,8 @@ from fastkit.patches.offload.patch import (
 )
 from fastkit.patches.offload.pipeline import HostPool
 from fastkit.patches.offload.streams import CpuStreams, Throttle
+from fastkit.patches.offload.testing import OffloadTestConfig
 from fastkit.patching import active_patches, apply_patch, revert
-from fastkit.testing import OffloadTestConfig
 
 LAYERS = 4
 
@@ -383,7 +383,8 @@ def test_bench_offload_quick(tmp_path, capsys):
 
 
 def test_the_users_offload_config_has_no_test_seams():
-    """force_cpu_stream / throttle / trace live in fastkit.testing.OffloadTestConfig, not in the user's config."""
+    """force_cpu_stream / throttle / trace live in fastkit.patches.offload.testing.OffloadTestConfig, not in the user's
+    config."""
     from dataclasses import fields
 
     seams = {"force_cpu_stream", "throttle", "trace"}

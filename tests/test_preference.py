@@ -243,7 +243,7 @@ def test_trl_reference_pass_keeps_fastkit_offloaded_checkpointing(tmp_path):
     checkpoint function back on every layer; fastkit's offloaded one must survive a DPO step."""
     from fastkit import _hf
     from fastkit.patches.offload.pipeline import OffloadedCheckpoint
-    from fastkit.testing import OffloadTestConfig
+    from fastkit.patches.offload.testing import OffloadTestConfig
 
     model, tok = FastModel.from_pretrained(SMOL, max_seq_length=256, twin=True)
     cfg = OffloadTestConfig(force_cpu_stream=True, min_tokens=1, min_bytes=0)
@@ -295,7 +295,7 @@ def test_dpo_other_pair_forms_train_packed(tmp_path, form):
 
 def test_revert_removes_what_the_dpo_trainer_changed(tmp_path):
     import fastkit
-    from fastkit.patches.packing.patch import _decoder
+    from fastkit.patches.layout import decoder as _decoder
 
     model, tok = _lora()
     decoder = _decoder(model.get_base_model())

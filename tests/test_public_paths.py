@@ -39,6 +39,13 @@ OLD_PATHS = (
     "from fastkit.export.modelfile import modelfile, stop_tokens",
     "from fastkit.export import modelfile",
     "from fastkit.export.quants import QUANTS, K_QUANTS",
+    # round 5: the loader split by room (its names kept), the several-processes code and the test seams moved
+    "from fastkit.loader import FastModel, LoadReport, enable_checkpointing, prepare_kbit_training, report",
+    "from fastkit.loader import check_target_modules, meta_model, Quantization",
+    "from fastkit import ranks",
+    "from fastkit.ranks import agreed, is_main, world_size, OtherRankFailed",
+    "from fastkit.launcher import launch",
+    "from fastkit.testing import OffloadTestConfig",
 )
 
 
@@ -101,6 +108,15 @@ def test_the_old_gguf_module_names_are_the_writers():
     assert package.write_gguf is writer.write_gguf and package.QUANTS is quants.QUANTS
     assert package.save_gguf is save.save_gguf
     assert importlib.import_module("fastkit.export").save_gguf is save.save_gguf
+
+
+def test_the_loader_keeps_get_peft_model_and_the_ranks_attribute():
+    from fastkit.distributed import ranks
+    from fastkit.loader import FastModel
+    from fastkit.training.lora import get_peft_model
+
+    assert FastModel.get_peft_model is get_peft_model  # the notebook API, its body beside LoraOptions
+    assert fastkit.ranks is ranks and fastkit.launch is importlib.import_module("fastkit.distributed.launcher").launch
 
 
 def test_every_top_level_name_resolves():

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from fastkit import ranks
 from fastkit.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, _error_line
+from fastkit.distributed import ranks
 from fastkit.errors import FastkitError
 from fastkit.training.options import TrainOptions
 from fastkit.training.run import sft_config

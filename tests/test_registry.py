@@ -131,19 +131,19 @@ def test_a_composite_is_refused_4bit_by_its_text_row():
 
 
 def test_looped_experts_follow_the_row_at_run_time(monkeypatch):
-    from fastkit.patches.moe.patch import MoEExpertsPatch, _looped_modules
+    from fastkit.patches.moe.patch import MoEExpertsPatch, looped_modules
 
     model = twin("dbrx")
-    assert {type(m).__name__ for _, m, _ in _looped_modules(model)} == {"DbrxExperts"}
+    assert {type(m).__name__ for _, m, _ in looped_modules(model)} == {"DbrxExperts"}
     row = registry.facts_for("dbrx")
     monkeypatch.setitem(registry.MODEL_TABLE, "dbrx", dataclasses.replace(row, looped_experts=()))
-    assert _looped_modules(model) == []
+    assert looped_modules(model) == []
     assert "no looped family" in MoEExpertsPatch(row).check(model)
     monkeypatch.setitem(registry.MODEL_TABLE, "dbrx_like",  # a new row naming the class: routed again
                         registry.ModelFacts("dbrx_like", moe=True, looped_experts=("DbrxExperts",),
                                             looped_forward="dbrx"))
     assert MoEExpertsPatch(row).check(model) is None
-    assert [type(m).__name__ for _, m, _ in _looped_modules(model)] == ["DbrxExperts"] * 2
+    assert [type(m).__name__ for _, m, _ in looped_modules(model)] == ["DbrxExperts"] * 2
 
 
 def test_the_twin_layer_pattern_is_the_rows():

@@ -5,8 +5,8 @@ import torch
 
 from fastkit import FastkitError, FastModel, active_patches
 from fastkit.export import save_lora, save_merged
+from fastkit.patches.offload.testing import OffloadTestConfig
 from fastkit.quickstart import quickstart_dataset
-from fastkit.testing import OffloadTestConfig
 from fastkit.training import make_trainer
 
 

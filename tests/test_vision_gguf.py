@@ -9,6 +9,7 @@ libmtmd: llama-cpp-python built with -DLLAVA_BUILD=ON (.ci/run), or ``MTMD_CPP_L
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 
 import numpy as np
@@ -241,7 +242,9 @@ def test_a_vision_family_without_an_mmproj_writer_gets_no_text_only_gguf(monkeyp
     from fastkit.export.gguf import mmproj
 
     assert set(mmproj.PROJECTORS) == {t for t, f in registry.MODEL_TABLE.items() if f.vision}  # every row, today
-    monkeypatch.delitem(mmproj.PROJECTORS, "qwen3_vl_moe")  # as a vision row added without its projector would be
+    row = registry.MODEL_TABLE["qwen3_vl_moe"]  # as a vision row added without its projector would be
+    monkeypatch.setitem(registry.MODEL_TABLE, "qwen3_vl_moe",
+                        dataclasses.replace(row, vision=dataclasses.replace(row.vision, gguf_projector="")))
     model, processor = FastModel.from_pretrained("qwen3_vl_moe", twin=True, max_seq_length=256)
     with pytest.raises(FastkitError, match="no GGUF mapping"):
         save_gguf(model, processor, tmp_path / "gguf")

@@ -25,8 +25,8 @@ from fastkit.families.vision import twin_image, vision_twin, vision_twin_process
 from fastkit.loader import enable_checkpointing
 from fastkit.patches.offload.patch import checkpointed_layers, offload_active, offload_controller
 from fastkit.patches.offload.streams import Throttle
+from fastkit.patches.offload.testing import OffloadTestConfig
 from fastkit.patching import active_patches, revert
-from fastkit.testing import OffloadTestConfig
 
 LAYERS = 4
 """Language-model layers of the full fine-tune's twins: three offloaded inputs, two of them prefetched."""

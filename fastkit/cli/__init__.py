@@ -171,15 +171,15 @@ def _reported_elsewhere(exc: BaseException) -> bool:
     """An error every rank of a multi-process run agreed on (fastkit.ranks): only the main process prints it."""
     if not getattr(exc, "fastkit_agreed", False):
         return False
-    from fastkit.ranks import reported_elsewhere
+    from fastkit.distributed.ranks import reported_elsewhere
 
     return reported_elsewhere(exc)
 
 
 def _error_line(exc: Exception) -> tuple[int, str]:
     """(exit status, the one line saying what went wrong); another rank's error (fastkit.ranks) as that rank's."""
+    from fastkit.distributed.ranks import OtherRankFailed
     from fastkit.errors import FastkitError
-    from fastkit.ranks import OtherRankFailed
 
     kind, text = type(exc).__name__, str(exc)
     bad_input = isinstance(exc, (FastkitError, FileNotFoundError))

@@ -258,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:  # nothing is loaded; TRL's fields given were checked against its dataclass's types
         print(rl_options.print_config(args.resolved), end="")
         return 0
-    from fastkit import ranks
+    from fastkit.distributed import ranks
     from fastkit.training import fit
 
     ranks.quiet_replicas()  # a torchrun job: the main process prints, the others warn only

@@ -196,7 +196,7 @@ def _as_chats(rows, model: str):
 def _check_fsdp_exports(args: argparse.Namespace) -> None:
     """Under FSDP the model is sharded across the processes: fastkit train saves the LoRA (gathered, once); the
     merged weights, GGUF files and the upload are made afterwards, from that folder, in one process."""
-    from fastkit import ranks
+    from fastkit.distributed import ranks
     from fastkit.errors import FastkitError
 
     asked = [flag for flag, on in (("--merged", args.merged), ("--gguf", args.gguf),
@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
             _check_sft_config(args.train, args.load_in_4bit)
         print(print_config(args.resolved), end="")
         return 0
-    from fastkit import ranks
+    from fastkit.distributed import ranks
 
     ranks.quiet_replicas()  # a torchrun job: the main process prints, the others warn only
     prepared = ranks.agreed(preflight, args)  # before the model loads; a refusal on any rank ends every rank
@@ -409,7 +409,7 @@ def save_run(args: argparse.Namespace, model, tokenizer, trainer, status: str) -
     """What a finished (or Ctrl-C'd) ``fastkit train`` / ``dpo`` / ``kto`` / ``grpo`` run saves, on every rank; its
     exit status. FSDP: every rank gathers the LoRA, the main one saves it (the menu's exports were refused in the
     preflight); one process or DDP: the main process saves, the others wait for its verdict."""
-    from fastkit import ranks
+    from fastkit.distributed import ranks
     from fastkit.export.sharded import is_sharded, save_sharded_lora
 
     if status not in ("interrupted", "finished"):
@@ -463,7 +463,7 @@ def build(args: argparse.Namespace, prepared: Prepared):
         rows = check_dataset(rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
                              drop_invalid=options.drop_invalid)
     for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
-        from fastkit.export.gguf.writer import _check
+        from fastkit.export.gguf.writer import check_before_writing as _check
 
         _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
     model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)

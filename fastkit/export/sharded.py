@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from fastkit import checks, ranks
+from fastkit import checks
+from fastkit.distributed import ranks
 from fastkit.errors import FastkitError
 
 logger = logging.getLogger("fastkit")

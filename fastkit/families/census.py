@@ -125,7 +125,7 @@ def _census_window(config):
 
 def layout_of(model: torch.nn.Module) -> dict[str, bool]:
     """The attention / experts layout a row must state, read from a built model."""
-    from fastkit.patches.moe.patch import _looped_modules, experts_modules
+    from fastkit.patches.moe.patch import experts_modules, looped_modules
 
     cfg = model.config
     layer_types = getattr(cfg, "layer_types", None) or []
@@ -137,7 +137,7 @@ def layout_of(model: torch.nn.Module) -> dict[str, bool]:
         softcap=bool(getattr(cfg, "attn_logit_softcapping", None)),
         attention_sinks=any(n.endswith(".sinks") for n, _ in model.named_parameters()),
         mla=getattr(cfg, "kv_lora_rank", None) is not None,
-        moe=bool(experts_modules(model) or _looped_modules(model)),
+        moe=bool(experts_modules(model) or looped_modules(model)),
     )
 
 

@@ -99,9 +99,9 @@ def patch_with_facts(model: torch.nn.Module, facts: registry.ModelFacts | None, 
             (rep.active if ok else rep.skipped)[name] = how
         rep.attn_implementation = str(_hf.attn_implementation(config))
     if registry.PACKING not in active_patches(model):  # a packed batch would mix documents: refuse it
-        from fastkit.patches.packing.patch import _decoder
+        from fastkit.patches.layout import decoder
 
-        checks.install_packed_guard(model, _decoder(model), check_positions=facts is None)
+        checks.install_packed_guard(model, decoder(model), check_positions=facts is None)
     set_report(model, rep)
     if log:
         logger.info(rep.banner())

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fastkit import _hf, registry
+from fastkit.errors import FastkitError
 
 VISION_TWIN_VOCAB = 384
 """The twin BPE tokenizer's 320 entries, then the family's image tokens (``VisionFacts.twin_tokens``)."""
@@ -125,5 +126,74 @@ def twin_image(seed: int = 0, size: tuple[int, int] = (64, 48)):
     return Image.fromarray(pixels.numpy(), mode="RGB")
 
 
-__all__ = ["VISION_TWIN_VOCAB", "twin_image", "vision_chat_template", "vision_facts", "vision_twin",
+def wants_vision(facts: registry.ModelFacts | None, vision: bool | None, model_type: str) -> bool:
+    """Load as a vision-language model (``AutoModelForImageTextToText`` + ``AutoProcessor``)? ``vision=None``: where
+    the row has vision facts and is not a composite loaded as text by default (Gemma 3: ``vision=True``)."""
+    row_vision = facts is not None and facts.vision is not None
+    if vision is None:
+        vision = row_vision and not facts.text_config
+        if vision:
+            _require_pillow(model_type)
+        return vision
+    if not isinstance(vision, bool):
+        raise FastkitError(f"vision must be True, False or None, got {vision!r}.")
+    if vision and not row_vision:
+        known = ", ".join(t for t, f in registry.MODEL_TABLE.items() if f.vision is not None)
+        raise FastkitError(f"vision=True: {model_type} is not a vision-language family fastkit knows (its rows: "
+                           f"{known}); load it without vision=True.")
+    if not vision and row_vision and not facts.text_config:
+        raise FastkitError(f"vision=False: {model_type} loads only as a vision-language model (its text model alone "
+                           "is not a checkpoint fastkit loads); drop vision=False and train on text rows.")
+    if vision:
+        _require_pillow(model_type)
+    return vision
+
+
+def _require_pillow(model_type: str) -> None:
+    """A vision-language model's processor reads images with Pillow (the ``vision`` extra): named before the load."""
+    from fastkit.extras import require
+
+    require("PIL", f"{model_type}, a vision-language model (its processor reads images)")
+
+
+def load_processor(name_or_path: str, trust_remote_code: bool, hf_kwargs: dict):
+    """The family's processor (tokenizer + image processor), with a pad token like the text loader's."""
+    import importlib.util
+
+    from transformers import AutoProcessor
+
+    hub = {k: v for k, v in (hf_kwargs or {}).items() if k in ("revision", "token")}
+    try:
+        try:
+            processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hub)
+        except (ImportError, AttributeError, OSError):  # a video processor without torchvision: images only
+            if importlib.util.find_spec("torchvision") is not None:
+                raise
+            processor = _hf.processor_class(_processor_name(name_or_path, hub)).from_pretrained(name_or_path, **hub)
+    except (OSError, ValueError, ImportError) as exc:
+        raise FastkitError(f"Could not load a processor from {name_or_path!r} (preprocessor_config.json / "
+                           f"tokenizer files missing or unreadable): {str(exc).splitlines()[0]}") from exc
+    tok = processor.tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return processor
+
+
+def _processor_name(name_or_path: str, hub: dict) -> str:
+    """The processor class a checkpoint names (``processor_config.json``, else ``tokenizer_config.json``)."""
+    import json
+
+    from transformers.utils import cached_file
+
+    for file in ("processor_config.json", "tokenizer_config.json"):
+        path = cached_file(name_or_path, file, _raise_exceptions_for_missing_entries=False, **hub)
+        if path is not None:
+            with open(path, encoding="utf-8") as f:
+                if name := json.load(f).get("processor_class"):
+                    return name
+    raise FastkitError(f"{name_or_path!r} names no processor class (processor_config.json / tokenizer_config.json).")
+
+
+__all__ = ["VISION_TWIN_VOCAB", "twin_image", "vision_chat_template", "vision_facts", "vision_twin", "wants_vision",
+           "load_processor",
            "vision_twin_config", "vision_twin_processor", "vision_twin_tokenizer"]

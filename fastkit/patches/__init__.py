@@ -9,6 +9,7 @@ without a model. Each subpackage's ``__init__`` re-exports its public names
 
 sizes.py: the byte budgets the patches work within (loss chunk, 4-bit dequantization groups), no torch:
     ``fastkit plan`` counts the same numbers without importing torch.
+layout.py: where a causal LM keeps its decoder (``decoder``, ``decoder_layers``): the one lookup every patch reads.
 
 packing/ (registry name ``packing``):
     patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
@@ -21,6 +22,8 @@ offload/ (``offload``):
     patch.py       glue: ``OffloadConfig``, ``decide``, host-RAM checks, ``OffloadPatch``, ``enable_offload``
     pipeline.py    pure torch: pack/unpack hooks, host and device buffer pools, prefetch, the Notes
     streams.py     pure torch: the copy stream on CUDA or on a CPU worker thread
+    checkpointing.py  ``enable_checkpointing``: plain or offloaded gradient checkpointing, revertible
+    testing.py     test-only seams (``OffloadTestConfig``: the CPU copy stream, throttles, traces)
 
 moe/ (``moe``, ``moe_lora``; the 4-bit experts are the loader's change ``4bit_experts``):
     patch.py       glue: ``MoEConfig``, the experts forwards, ``MoEExpertsPatch``, ``attach_experts``

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def read_config(model_or_config: Any):
     """A transformers config from a config object, a model, a local folder / config.json, or a Hub id."""
     if isinstance(model_or_config, dict):
-        return _config_from_dict(dict(model_or_config))
+        return config_from_dict(dict(model_or_config))
     if not isinstance(model_or_config, (str, os.PathLike)):  # a config or a model: torch and transformers are in
         import torch
         from transformers import PretrainedConfig
@@ -37,11 +37,11 @@ def read_config(model_or_config: Any):
     if not os.path.exists(path):
         shipped = known_config(str(model_or_config))
         if shipped is not None:  # fastkit ships this model's config: never the Hub
-            return _config_from_dict(shipped)
+            return config_from_dict(shipped)
         path = _hub_config(name)
     try:
         with open(path, encoding="utf-8") as f:
-            return _config_from_dict(json.load(f))
+            return config_from_dict(json.load(f))
     except (OSError, ValueError) as exc:
         raise FastkitError(f"Could not read a model config from {path!r}: {exc}") from exc
 
@@ -57,7 +57,7 @@ def planned_config(model_or_config: Any):
     return read_config(model_or_config)
 
 
-def _config_from_dict(values: dict):
+def config_from_dict(values: dict):
     from transformers import CONFIG_MAPPING
 
     if not isinstance(values, dict):

@@ -238,7 +238,7 @@ def _packed_forward(original: Callable) -> Callable:
 def pack_pairs(model: torch.nn.Module) -> bool:
     """Wrap ``model``'s decoder so batches with ``fastkit_row_lens`` run as one packed row; False (nothing changed)
     when fastkit's packing patch is not active on it (padded DPO then)."""
-    from fastkit.patches.packing.patch import _decoder
+    from fastkit.patches.layout import decoder as _decoder
 
     base = unwrap(model)
     if "packing" not in active_patches(base):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fastkit import _hf, checks, ranks
+from fastkit import _hf, checks
 from fastkit.dashboard import MetricsCallback, TrainingMetrics, dashboard_callback
 from fastkit.dashboard.render import shorten
 from fastkit.dashboard.views import VIEWS
@@ -31,6 +31,7 @@ from fastkit.data.stream import is_stream
 from fastkit.data.vision import VisionCollator, fetch_images, is_processor
 from fastkit.data.workers import data_workers, frozen_heap
 from fastkit.device import auto_dtype
+from fastkit.distributed import ranks
 from fastkit.errors import FastkitError
 from fastkit.families.twins import twin_source
 from fastkit.patching import active_patches, change, report, unwrap

@@ -24,7 +24,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.5)
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from fastkit import FastModel, ranks
+    from fastkit import FastModel
+    from fastkit.distributed import ranks
     from fastkit.data.samples import NO_ROBOTS_SAMPLE
     from fastkit.data.sources import load_sources
     from fastkit.export import save_lora

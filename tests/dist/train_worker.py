@@ -3,7 +3,7 @@
 ``--mode fit``: FastModel twin -> get_peft_model -> make_trainer -> fit for two steps; each rank writes the status
 fit returned to ``OUT/status-<rank>.txt`` and the main process saves the LoRA (as ``fastkit train`` does).
 ``--fail-rank N``: rank N raises at the end of step 1 (the others are in the next step's collectives).
-``--mode agree``: :func:`fastkit.ranks.agreed` with a function that fails on ``--fail-rank``; each rank writes
+``--mode agree``: :func:`fastkit.distributed.ranks.agreed` with a function that fails on ``--fail-rank``; each rank writes
 what it raised to ``OUT/agree-<rank>.txt``.
 Every mode: at exit, after fastkit's own exit handler, each rank writes whether a process group was still alive to
 ``OUT/groups-at-exit-<rank>.txt`` (a live gloo group can abort the interpreter's finalization).
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from fastkit import ranks
+from fastkit.distributed import ranks
 
 
 class FailAt(TrainerCallback):

@@ -13,7 +13,7 @@ import torch
 from fastkit.families.twins import twin
 from fastkit.loader import enable_checkpointing
 from fastkit.patches.offload.patch import enable_offload, offload_controller
-from fastkit.testing import OffloadTestConfig
+from fastkit.patches.offload.testing import OffloadTestConfig
 
 pytestmark = pytest.mark.gpu
 

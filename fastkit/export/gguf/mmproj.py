@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -41,18 +41,33 @@ logger = logging.getLogger(__name__)
 
 IDEFICS3, GEMMA3, QWEN25VL, QWEN3VL = "idefics3", "gemma3", "qwen2.5vl_merger", "qwen3vl_merger"
 """llama.cpp's projector types fastkit writes (clip-impl.h's PROJECTOR_TYPE names)."""
-PROJECTORS = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3, "qwen2_5_vl": QWEN25VL, "qwen3_vl": QWEN3VL,
-              "qwen3_vl_moe": QWEN3VL}
-"""model_type -> the llama.cpp projector type fastkit writes for it."""
+
+
+class _Projectors(Mapping):
+    """model_type -> the llama.cpp projector type fastkit writes for it: each vision row's
+    :attr:`fastkit.registry.VisionFacts.gguf_projector`, read from the table at call time."""
+
+    @staticmethod
+    def _rows() -> dict[str, str]:
+        return {t: f.vision.gguf_projector for t, f in registry.MODEL_TABLE.items()
+                if f.vision is not None and f.vision.gguf_projector}
+
+    def __getitem__(self, model_type: str) -> str:
+        return self._rows()[model_type]
+
+    def __iter__(self):
+        return iter(self._rows())
+
+    def __len__(self) -> int:
+        return len(self._rows())
+
+
+PROJECTORS = _Projectors()
+"""model_type -> the llama.cpp projector type fastkit writes for it (the vision rows' ``gguf_projector``)."""
 _QWEN_WINDOW = 112
 """The window (pixels) llama.cpp's qwen2.5vl_merger graph attends within: clip.cpp hard-codes 112 (it reads no
 window key for this projector), Qwen2.5-VL's ``vision_config.window_size``."""
 
-_RENAMES = {"gemma3": ((r"^model\.vision_tower\.", "vision_tower.vision_model."),
-                       (r"^model\.multi_modal_projector\.", "multi_modal_projector."), (r"_weight$", ".weight")),
-            "qwen2_5_vl": ((r"^model\.visual\.", "visual."),), "qwen3_vl": ((r"^model\.visual\.", "visual."),),
-            "qwen3_vl_moe": ((r"^model\.visual\.", "visual."),)}
-"""In-memory names -> the checkpoint names gguf's MMPROJ map knows (transformers 5 loads Gemma 3's tower flat)."""
 
 _ACTIVATIONS = {IDEFICS3: "gelu_pytorch_tanh", GEMMA3: "gelu_pytorch_tanh", QWEN25VL: "silu",
                 QWEN3VL: "gelu_pytorch_tanh"}
@@ -172,7 +187,7 @@ def _tensors(model: torch.nn.Module) -> list[tuple[str, Callable[[], torch.Tenso
         if not hf_name.startswith((facts.tower + ".", facts.projector + ".")):
             continue
         name = hf_name
-        for pattern, repl in _RENAMES.get(base.config.model_type, ()):
+        for pattern, repl in facts.gguf_renames:
             name = re.sub(pattern, repl, name)
         stem, _, suffix = name.rpartition(".")
         gname = _qwen3_name(stem, vision) or names.get_name(stem)

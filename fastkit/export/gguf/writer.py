@@ -87,7 +87,7 @@ def _qtype(quantization: str):
 # ------------------------------------------------------------------------------------------ checks
 
 
-def _check(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> tuple[object, str]:
+def check_before_writing(model: torch.nn.Module, tokenizer, path: Path, quantization: str) -> tuple[object, str]:
     """Every bad input raises here, before a byte is written."""
     if quantization not in QUANTIZATIONS:
         raise FastkitError(f"save_gguf(quantization={quantization!r}) is not supported; use one of "
@@ -748,7 +748,7 @@ def write_gguf(model: torch.nn.Module, tokenizer, path: str | Path, quantization
     not changed; tensors are merged and written one at a time.
     """
     path = Path(path)
-    config, spec = _check(model, tokenizer, path, quantization)
+    config, spec = check_before_writing(model, tokenizer, path, quantization)
     model_type = config.model_type
     from fastkit.export.verified import safe_name  # a file stem: nothing written outside path, no Modelfile injection
 

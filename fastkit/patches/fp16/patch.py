@@ -25,9 +25,14 @@ checkpointing saves) is fp32 instead of fp16: 2x those bytes (fastkit.plan count
 from __future__ import annotations
 
 import functools
+import logging
 import types
 
 import torch
+
+from fastkit.patches.layout import decoder
+
+logger = logging.getLogger("fastkit")
 
 FP16_RESIDUAL = "fp16_residual"
 
@@ -71,7 +76,7 @@ def _wrap(module: torch.nn.Module, swap, *, inputs: torch.dtype | None, output: 
 
 def _parts(model: torch.nn.Module):
     """(embedding, decoder layers, final norm) of a decoder-only LM, or None where the layout is unknown."""
-    inner = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    inner = decoder(model, language_model=False)
     layers = getattr(inner, "layers", None)
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     norm = getattr(inner, "norm", None)
@@ -111,4 +116,20 @@ def protect_fp16(model: torch.nn.Module) -> tuple[bool, str]:
     return apply_patch(unwrap(model), Fp16ResidualPatch())
 
 
-__all__ = ["FP16_RESIDUAL", "Fp16ResidualPatch", "protect_fp16"]
+def protect_fp16_compute(model: torch.nn.Module, config, dtype: torch.dtype) -> None:
+    """fp16 compute of a checkpoint not saved in fp16 (bf16-trained: fp16 overflows its residual stream):
+    keep the residual stream in fp32 (:func:`protect_fp16`), and say so in the load report (``FastModel`` calls it
+    after loading)."""
+    saved = getattr(config, "dtype", None)  # transformers >= 4.56: torch_dtype is a (warning) alias of dtype
+    if dtype != torch.float16 or saved in (torch.float16, "float16"):
+        return
+    from fastkit.patching import report
+
+    ok, how = protect_fp16(model)
+    rep = report(model)
+    if rep is not None:
+        (rep.active if ok else rep.skipped)[FP16_RESIDUAL] = how
+    logger.info("fastkit: fp16 residual stream in fp32 (checkpoint saved as %s): %s", saved, how)
+
+
+__all__ = ["FP16_RESIDUAL", "Fp16ResidualPatch", "protect_fp16", "protect_fp16_compute"]

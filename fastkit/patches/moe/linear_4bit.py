@@ -20,15 +20,10 @@ import logging
 
 import torch
 
+from fastkit.patches.layout import decoder_layers
 from fastkit.patching import Swapper, change
 
 logger = logging.getLogger(__name__)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    inner = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    layers = getattr(inner, "layers", None)
-    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
 
 
 def _to_4bit(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> torch.nn.Module:
@@ -67,7 +62,7 @@ def _refill(weight: torch.nn.Parameter, q: torch.nn.Module, dtype: torch.dtype) 
 
 def _quantize_all(model: torch.nn.Module, compute_dtype: torch.dtype, swap: Swapper) -> int:
     count = 0
-    for layer in _decoder_layers(model):
+    for layer in decoder_layers(model, language_model=False):
         for parent in layer.modules():
             for name, child in list(parent.named_children()):
                 if type(child) is torch.nn.Linear:

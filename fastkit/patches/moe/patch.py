@@ -337,7 +337,7 @@ _LOOPED_FORWARDS = {"dbrx": dbrx_experts_forward, "llama4": llama4_moe_forward}
 """``ModelFacts.looped_forward`` -> the fastkit forward that runs that row's ``looped_experts`` classes."""
 
 
-def _looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, object]]:
+def looped_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, object]]:
     """``(name, module, fastkit forward)`` for looped-family modules fastkit can run."""
     found = []
     for name, m in model.named_modules():
@@ -430,7 +430,7 @@ class MoEExpertsPatch:
     def check(self, model: torch.nn.Module) -> str | None:
         """Why fastkit cannot run this model's experts (None: it can). Raises on an impossible config."""
         found = experts_modules(model)
-        if not found and not _looped_modules(model):
+        if not found and not looped_modules(model):
             return ("no @use_experts_implementation experts module and no looped family fastkit knows "
                     "(DBRX, Llama-4); this MoE keeps transformers' path")
         k = _top_k_of(model)
@@ -441,7 +441,7 @@ class MoEExpertsPatch:
             reason = _why_not(name, m)
             if reason is not None:
                 return reason
-        for name, m, _ in _looped_modules(model):
+        for name, m, _ in looped_modules(model):
             if isinstance(k, int) and k > m.num_experts:
                 raise FastkitError(f"{name}: top_k={k} is larger than num_experts={m.num_experts}: the router "
                                    "cannot pick that many experts.")
@@ -456,7 +456,7 @@ class MoEExpertsPatch:
             _hf.set_experts_implementation(cfg, EXPERTS_KEY, swap)
         for name, m in experts_modules(model):
             swap.setattr(m, _STATE_ATTR, _LayerState(name=name, config=self.config))
-        for name, m, forward in _looped_modules(model):
+        for name, m, forward in looped_modules(model):
             # Note: [looped families] no registry to select a function by key: the instance's own forward
             # is swapped (revert deletes the instance attribute, so the class forward shows through again).
             holder = m.experts if forward is llama4_moe_forward else m

@@ -115,7 +115,7 @@ def decide(model: torch.nn.Module, config: OffloadConfig) -> Decision:
     """Pick the offload mode for ``model`` on this machine. Reads device facts; changes nothing."""
     device = _model_device(model)
     buffers = "double-buffer" if config.double_buffer else "single-buffer"
-    if _seam(config, "force_cpu_stream", False):  # fastkit.testing.OffloadTestConfig only
+    if _seam(config, "force_cpu_stream", False):  # fastkit.patches.offload.testing.OffloadTestConfig only
         if device.type != "cpu":
             raise FastkitError(f"OffloadTestConfig.force_cpu_stream=True runs the pipeline on a CPU model; this model "
                                f"is on {device}. Leave force_cpu_stream off on a GPU.")
@@ -249,7 +249,8 @@ class OffloadPatch:
 
 
 def _seam(config: OffloadConfig, name: str, default):
-    """A test seam's value: only :class:`fastkit.testing.OffloadTestConfig` has them, a user's config never."""
+    """A test seam's value: only :class:`fastkit.patches.offload.testing.OffloadTestConfig` has them, a user's config
+    never."""
     return getattr(config, name, default)
 
 

@@ -49,6 +49,7 @@ import torch
 
 from fastkit import _hf, registry
 from fastkit.errors import FastkitError
+from fastkit.patches.layout import decoder
 from fastkit.patches.packing import attention as kernels
 from fastkit.patches.packing import mrope as packing_mrope
 from fastkit.patches.packing import state as packing_state
@@ -420,14 +421,6 @@ def register_keys(orig: str) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------- patch
 
 
-def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
-    get = getattr(model, "get_decoder", None)
-    inner = get() if callable(get) else None
-    if inner is None:
-        inner = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    return inner if isinstance(inner, torch.nn.Module) else None
-
-
 def _decoder_config(model: torch.nn.Module, inner: torch.nn.Module | None, facts) -> Any:
     """The config the decoder runs under: the model's own, or, on a vision-language row, its language model's text
     config (the vision tower keeps its own attention); None: no decoder to patch."""
@@ -454,7 +447,7 @@ class PackedAttentionPatch:
     def check(self, model: torch.nn.Module) -> str | None:
         if self.facts is not None and not self.facts.packing:
             return f"{self.facts.model_type}: packed attention not supported for this family"
-        inner = _decoder(model)
+        inner = decoder(model)
         config = _decoder_config(model, inner, self.facts)
         if config is None:
             return "no decoder module sharing the model's config"
@@ -480,7 +473,7 @@ class PackedAttentionPatch:
         return tuple(getattr(self.facts, "stateful", ()) or ())
 
     def apply(self, model: torch.nn.Module, swap: Swapper) -> None:
-        inner = _decoder(model)
+        inner = decoder(model)
         config = _decoder_config(model, inner, self.facts)
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)

@@ -3,7 +3,7 @@ accelerate's ``notebook_launcher``.
 
 Each process runs ``train_fn(*args)`` (forked: a function defined in the notebook works); accelerate's state and
 the process group are made inside it, by fastkit or the Trainer, as under ``torchrun``. The main process (rank 0)
-prints, draws the dashboard and saves (:mod:`fastkit.ranks`); the dashboard is drawn as text lines
+prints, draws the dashboard and saves (:mod:`fastkit.distributed.ranks`); the dashboard is drawn as text lines
 (``FASTKIT_DASHBOARD=terminal``), which a forked process can print into the notebook. What ``train_fn`` returns on
 rank 0 is returned here (when it can be pickled; the model and trainer stay in the processes: save from inside
 ``train_fn``).
