@@ -24,8 +24,9 @@ from typing import Any
 from fastkit.cli import export as cli_export
 from fastkit.cli import rl_options
 from fastkit.cli import train as cli_train
-from fastkit.cli.config import OneSpellingFormatter
-from fastkit.cli.rl_options import COMMANDS, Command
+from fastkit.cli.config import Command, OneSpellingFormatter, print_config
+from fastkit.cli.config import resolved_args as resolve_args
+from fastkit.cli.rl_options import COMMANDS
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ def add_parser(sub, name: str, argv: list[str]) -> argparse.ArgumentParser:
     if argv[:1] != [name]:
         return p  # another command runs: nothing of the training stack is imported
     short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
-    trl = "--help-all" in argv or not short and rl_options.needs_trl_flags(command, argv[1:])
-    rl_options.add_arguments(p, command, trl=trl, common_only=short)
+    trl = "--help-all" in argv or not short and command.needs_trl_flags(argv[1:])
+    command.add_arguments(p, trl=trl, common_only=short)
     return p
 
 
@@ -73,18 +74,10 @@ def refuse_orpo(argv: list[str]) -> None:
 
 
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The flags, the ``--config`` file and the defaults as one checked namespace (what preflight and the export
-    menu read by name)."""
-    control = ("config", "print_config", "resume", "extend", "help_all", "argv", "command", "run")
-    given = {k: v for k, v in vars(args).items() if k not in control}
-    resolved = rl_options.resolve(COMMANDS[args.command], given, args.config)
-    out = argparse.Namespace(print_config=args.print_config, resume=args.resume, extend=args.extend,
-                             argv=getattr(args, "argv", None))
-    vars(out).update(vars(resolved.run))
-    out.resolved, out.options, out.lora = resolved, resolved.options, resolved.lora
-    out.output_dir, out.report_to = resolved.options.output_dir, resolved.options.report_to
-    out.steps = resolved.options.max_steps if resolved.options.epochs is None else None
-    out.data_label = _data_label(resolved.command, resolved.run.data)
+    """The flags, the ``--config`` file and the defaults as one checked namespace
+    (:func:`fastkit.cli.config.resolved_args`)."""
+    out = resolve_args(args, COMMANDS[args.command])
+    out.data_label = _data_label(out.resolved.command, out.resolved.run.data)
     return out
 
 
@@ -256,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     after the adapters trained so far are saved). Rank-aware as ``fastkit train``."""
     args = resolved_args(args)
     if args.print_config:  # nothing is loaded; TRL's fields given were checked against its dataclass's types
-        print(rl_options.print_config(args.resolved), end="")
+        print(print_config(args.resolved), end="")
         return 0
     from fastkit import ranks
     from fastkit.training import fit

@@ -53,9 +53,9 @@ def add_parser(sub, sft_flags: bool = True, full: bool = True, common_only: bool
                              "(--help: the usual options; --help-all: every one)", allow_abbrev=False,
                        formatter_class=OneSpellingFormatter)
     if full:
-        from fastkit.cli.config import add_arguments
+        from fastkit.cli.config import TRAIN
 
-        add_arguments(p, sft=sft_flags, common_only=common_only)
+        TRAIN.add_arguments(p, trl=sft_flags, common_only=common_only)
     return p
 
 
@@ -173,7 +173,7 @@ def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
         raise FastkitError(f"--packing: {what} train as padded rows, one example each (fastkit train does not "
                            "pack them); drop --packing.")
     args.train = args.train.replace(packing=False)
-    args.resolved.train = args.train  # the saved fastkit_config.yaml says so
+    args.resolved.options = args.train  # the saved fastkit_config.yaml says so
     args.packing_note = f"fastkit: {what}: packing off for this run (padded rows, one example each; the packing " \
                         "patch the load lists stays unused)"  # logged after the load banner, which lists the patches
 
@@ -340,24 +340,16 @@ def flag_words(text: str) -> str:
 
 
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The parsed flags, the ``--config`` file and the defaults as one checked namespace: ``.resolved``
-    (:class:`fastkit.cli.config.Resolved`), ``.train`` / ``.lora`` (the options) and the run's fields by name."""
-    from fastkit.cli.config import resolve
+    """The parsed flags, the ``--config`` file and the defaults as one checked namespace
+    (:func:`fastkit.cli.config.resolved_args`), the training options also as ``.train``."""
+    from fastkit.cli.config import TRAIN
+    from fastkit.cli.config import resolved_args as resolve_args
 
-    control = ("config", "print_config", "resume", "extend", "argv", "command", "run")
-    given = {k: v for k, v in vars(args).items() if k not in control}
-    resolved = resolve(given, args.config)
-    from fastkit.cli.config import read_file
-
-    explicit = set(given) | (set(read_file(args.config)) if args.config else set())
-    out = argparse.Namespace(**{k: getattr(args, k, False) for k in control if k not in ("command", "run")})
-    vars(out).update(vars(resolved.run))
-    out.resolved, out.train, out.lora = resolved, resolved.train, resolved.lora
-    for name in ("output_dir", "max_seq_length", "drop_invalid", "report_to", "epochs"):
-        setattr(out, name, getattr(resolved.train, name))
-    out.steps = resolved.train.max_steps if resolved.train.epochs is None else None
-    out.data_label = data_label(resolved.run.data)
-    out.explicit = explicit  # the option names given as flags or in the --config file (not defaults)
+    out = resolve_args(args, TRAIN)
+    out.train = out.options
+    for name in ("max_seq_length", "drop_invalid", "epochs"):
+        setattr(out, name, getattr(out.train, name))
+    out.data_label = data_label(out.resolved.run.data)
     return out
 
 
