@@ -180,6 +180,23 @@ class Command:
         return {f.name for f in dataclasses.fields(self.options)} - {self.key} | set(self.aliases())
 
     # -- the flags ----------------------------------------------------------------------------------------------
+    def add_parser(self, sub, argv: list[str] | None, help: str, lead: str, tail: str = ""):
+        """Register the command on the ``sub`` subparsers; its flags only when it runs (``argv``; None: every
+        flag): ``--help`` shows the usual options without importing TRL, ``--help-all`` every one (TRL's too)."""
+        p = sub.add_parser(self.name, help=help, allow_abbrev=False, formatter_class=OneSpellingFormatter,
+                           description=f"{lead}, as the notebooks do, with a progress line in the terminal. Every "
+                                       "option is also a key of a --config YAML file (flags override it); "
+                                       f"--print-config shows the resolved file.{tail}",
+                           usage=f"fastkit {self.name} --model MODEL --data DATA [--config FILE] [options] (--help: "
+                                 "the usual options; --help-all: every one)")
+        if argv is None:
+            self.add_arguments(p)
+        elif argv[:1] == [self.name]:  # another command runs: nothing of the training stack is imported
+            short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
+            trl = "--help-all" in argv or not short and self.needs_trl_flags(argv[1:])
+            self.add_arguments(p, trl=trl, common_only=short)
+        return p
+
     def add_arguments(self, p: argparse.ArgumentParser, trl: bool = True, common_only: bool = False) -> None:
         """Every option as a flag on ``p`` (defaults suppressed: :meth:`resolve` knows what was given); ``trl``: the
         TRL config's other fields too (imports TRL); ``common_only``: ``--help`` shows :attr:`common` only."""

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastkit.cli import export as cli_export
 from fastkit.cli import rl_options
 from fastkit.cli import train as cli_train
-from fastkit.cli.config import Command, OneSpellingFormatter, print_config
+from fastkit.cli.config import Command, print_config
 from fastkit.cli.config import resolved_args as resolve_args
 from fastkit.cli.rl_options import COMMANDS
 
@@ -36,21 +35,8 @@ HELP = {"dpo": "DPO: LoRA-tune a model on preference pairs (prompt, chosen, reje
 
 
 def add_parser(sub, name: str, argv: list[str]) -> argparse.ArgumentParser:
-    """Register ``fastkit dpo`` / ``kto`` / ``grpo`` on ``sub``; the flags only when that command runs (``argv``):
-    ``--help`` shows the usual options without importing TRL, ``--help-all`` every one (TRL's config fields too)."""
-    command = COMMANDS[name]
-    p = sub.add_parser(name, help=HELP[name], allow_abbrev=False, formatter_class=OneSpellingFormatter,
-                       description=f"{HELP[name]}, as the notebooks do, with a progress line in the terminal. Every "
-                                   "option is also a key of a --config YAML file (flags override it); --print-config "
-                                   "shows the resolved file.",
-                       usage=f"fastkit {name} --model MODEL --data DATA [--config FILE] [options] (--help: the usual "
-                             "options; --help-all: every one)")
-    if argv[:1] != [name]:
-        return p  # another command runs: nothing of the training stack is imported
-    short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
-    trl = "--help-all" in argv or not short and command.needs_trl_flags(argv[1:])
-    command.add_arguments(p, trl=trl, common_only=short)
-    return p
+    """Register ``fastkit dpo`` / ``kto`` / ``grpo`` on ``sub`` (:meth:`fastkit.cli.config.Command.add_parser`)."""
+    return COMMANDS[name].add_parser(sub, argv, HELP[name], HELP[name])
 
 
 ORPO_REFUSAL = ("ORPO is not available: TRL 1.16 ships ORPOTrainer only under trl.experimental (no stable API), so "
@@ -103,23 +89,11 @@ class Prepared:
 def preflight(args: argparse.Namespace) -> Prepared:
     """Every check that needs no model, before it loads: options, TRL's config, the model and output folders, the
     export menu, the data row by row, the reward functions, the resume state."""
-    from fastkit.training import check_report_to
-
     command = args.resolved.command
-    if args.extend and not args.resume:
-        from fastkit.errors import FastkitError
-
-        raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
-    check_report_to(args.report_to)
-    cli_train._check_model(args.model, args.twin)
-    cli_train._check_model_config(args.model, args.twin, args.lora.target_modules)
-    cli_train._check_gguf(args.gguf)
-    cli_export.check_menu_arguments(args)
-    cli_train._check_output_dir(args.output_dir)
-    cli_train._check_fsdp_exports(args)
+    cli_train.check_job(args)
     _check_trl_config(command, args.resolved.trl)
     rows, rewards = check_rows(command, read_data(command, args.data), args)
-    return Prepared(rows=rows, rewards=rewards, resume_from=cli_train._check_resume(args) if args.resume else None)
+    return Prepared(rows=rows, rewards=rewards, resume_from=cli_train.check_resume(args) if args.resume else None)
 
 
 def check_rows(command: Command, rows, args: argparse.Namespace) -> tuple[Any, list | None]:
