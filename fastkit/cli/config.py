@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -191,7 +192,7 @@ class Command:
                                  "the usual options; --help-all: every one)")
         if argv is None:
             self.add_arguments(p)
-        elif argv[:1] == [self.name]:  # another command runs: nothing of the training stack is imported
+        elif argv[:1] == [self.name]:  # (another command runs: the name only, nothing of the training stack imported)
             short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
             trl = "--help-all" in argv or not short and self.needs_trl_flags(argv[1:])
             self.add_arguments(p, trl=trl, common_only=short)
@@ -396,17 +397,25 @@ def scalar(text: str) -> Any:
     return text
 
 
+def _argparse_type(convert):
+    """``convert`` as an argparse ``type``: a FastkitError becomes argparse's message (exit 2, naming the flag)."""
+    def typed(text: str) -> Any:
+        try:
+            return convert(text)
+        except FastkitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return typed
+
+
 def _field_type(name: str, f: dataclasses.Field):
     """argparse ``type`` for one option: the text converted, then the field's own check."""
     def convert(text: str) -> Any:
-        try:
-            value = _eval_split(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
-            f.metadata["check"](name, value)
-        except FastkitError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
+        value = _eval_split(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
+        f.metadata["check"](name, value)
         return value
 
-    return convert
+    return _argparse_type(convert)
 
 
 def _eval_split(text: str) -> float | int:
@@ -495,14 +504,15 @@ def _add_trl_arguments(p: argparse.ArgumentParser, config: str, taken: set[str],
     help), and ``--<key> NAME=VALUE`` (``--sft``; ``--trl`` for DPO / GRPO). ``taken``: names fastkit's options set."""
     group = p.add_argument_group(f"trl.{config} fields, passed to the trainer as given (see TRL's docs)")
     group.add_argument(f"--{key}", nargs="+", action="extend", default=argparse.SUPPRESS, metavar="NAME=VALUE",
-                       type=lambda text: _sft_pair(text, config), dest=key,
+                       type=_argparse_type(functools.partial(_sft_pair, config=config)), dest=key,
                        help=f"any {config} field by name, e.g. --{key} max_grad_norm=0.5")
     helps = _sft_helps(config)
     for name, hint in trl_hints(config).items():
         if name in taken:
             continue
         kwargs: dict[str, Any] = dict(dest=f"{key}:{name}", default=argparse.SUPPRESS, help=helps.get(name, ""),
-                                      type=_sft_type(name, hint, config), metavar=name.upper())
+                                      type=_argparse_type(functools.partial(sft_value, name, config=config)),
+                                      metavar=name.upper())
         if hint is bool or accepts(hint, True) and not accepts(hint, "x"):
             kwargs.update(nargs="?", const=True, metavar="BOOL")
         elif accepts(hint, ["x"]):
@@ -542,29 +552,16 @@ def sft_value(name: str, text: str, config: str = "SFTConfig") -> Any:
     raise FastkitError(f"{name}={text!r}: trl.{config}.{name} takes {type_words(hint)}.")
 
 
-def _sft_type(name: str, hint, config: str = "SFTConfig"):
-    def convert(text: str) -> Any:
-        try:
-            return sft_value(name, text, config)
-        except FastkitError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    return convert
-
-
 def _sft_pair(text: str, config: str = "SFTConfig") -> tuple[str, Any]:
     """``--sft NAME=VALUE``: the name checked against the TRL ``config``'s fields, the value against its type."""
     name, sep, value = text.partition("=")
-    try:
-        if not sep:
-            raise FastkitError(f"{text!r}: give NAME=VALUE, e.g. max_grad_norm=0.5.")
-        if name not in trl_hints(config):
-            check_sft_value(name, None, config)  # the did-you-mean
-        converted = sft_value(name, value, config)
-        check_sft_value(name, converted, config)
-        return name, converted
-    except FastkitError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not sep:
+        raise FastkitError(f"{text!r}: give NAME=VALUE, e.g. max_grad_norm=0.5.")
+    if name not in trl_hints(config):
+        check_sft_value(name, None, config)  # the did-you-mean
+    converted = sft_value(name, value, config)
+    check_sft_value(name, converted, config)
+    return name, converted
 
 
 # -- the file -----------------------------------------------------------------------------------------------

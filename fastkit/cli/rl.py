@@ -2,11 +2,11 @@
 ``fastkit train``.
 
 Load (FastModel, patches where they fit) -> LoRA -> ``make_dpo_trainer`` / ``make_kto_trainer`` /
-``make_grpo_trainer`` -> ``fit`` with the
-progress line -> save (LoRA adapters, verified; ``--merged``, ``--gguf`` on request). Options, ``--config`` and
-``--print-config``: :mod:`fastkit.cli.rl_options`. Everything that needs no model is checked before it loads (the
-options, TRL's config, the model folder, the output folder, the data row by row, the reward functions): a bad input
-exits 2 naming the flag or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fastkit train``.
+``make_grpo_trainer`` -> ``fit`` with the progress line -> save (LoRA adapters, verified; ``--merged``, ``--gguf`` on
+request). Options, ``--config`` and ``--print-config``: :mod:`fastkit.cli.config` (their fields:
+:mod:`fastkit.cli.rl_options`). Everything that needs no model is checked before it loads (the options, TRL's config,
+the model folder, the output folder, the data row by row, the reward functions): a bad input exits 2 naming the flag
+or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fastkit train``.
 
 ``--data sample`` is fastkit's shipped set: preference pairs for DPO (and KTO, unpaired), math word problems with an
 ``answer`` column for GRPO (:mod:`fastkit.quickstart.rl_data`).

@@ -421,14 +421,9 @@ def trl_hints(config: str = "SFTConfig") -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
-def sft_hints() -> dict[str, Any]:
-    """trl.SFTConfig's field name -> resolved type (:func:`trl_hints`)."""
-    return trl_hints("SFTConfig")
-
-
 def sft_fields() -> dict[str, Any]:
-    """trl.SFTConfig's init fields and their types (:func:`sft_hints`)."""
-    return sft_hints()
+    """trl.SFTConfig's init fields and their types (:func:`trl_hints`)."""
+    return trl_hints("SFTConfig")
 
 
 def check_sft_value(name: str, value: Any, config: str = "SFTConfig") -> None:
