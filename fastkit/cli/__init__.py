@@ -237,18 +237,9 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--version", action="version", version=f"fastkit-llm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_quickstart_parser(sub)
-    train = argv[:1] == ["train"]  # its flags (TRL's fields among them) are built when it runs
-    if train and "--help-all" in argv:  # every option, TRL's SFTConfig fields included
-        argv = [a for a in argv if a != "--help-all"] + ["--help"]
-        cli_train.add_parser(sub, sft_flags=True, full=True)
-    else:  # --help: the usual options, without importing TRL
-        from fastkit.cli.config import needs_sft_flags
-
-        short = train and bool({"-h", "--help"} & set(argv))
-        cli_train.add_parser(sub, sft_flags=train and not short and needs_sft_flags(argv[1:]), full=train,
-                             common_only=short)
-    if argv[:1] in (["dpo"], ["kto"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's fields included
+    if argv[:1] in (["train"], ["dpo"], ["kto"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's too
         argv = [*argv, "--help"]
+    cli_train.add_parser(sub, argv)  # a command's flags (TRL's fields among them) are built when it runs
     for name in ("dpo", "kto", "grpo"):
         cli_rl.add_parser(sub, name, argv)
     cli_rl.add_orpo_parser(sub)

@@ -1,44 +1,33 @@
-"""``fastkit train``'s options, generated from the dataclasses, and its YAML file.
+"""The options system of every training command: ``fastkit train``, ``dpo``, ``kto`` and ``grpo``.
 
-Every field of :class:`~fastkit.training.options.TrainOptions`, :class:`~fastkit.training.options.LoraOptions`
-and :class:`RunOptions` is a flag, in kebab and snake case (``--lora-alpha`` and ``--lora_alpha``; older names
-such as ``--steps`` and ``--lr`` first, so argparse's messages use them), with the field's help text. Every
-other ``trl.SFTConfig`` field is a flag too (``--warmup-ratio``-style, as ``trl sft`` has them), passed through
-into ``TrainOptions.sft``; ``--sft NAME=VALUE`` reaches any SFTConfig field by name.
+A command is a :class:`Command`: its option groups (dataclasses, one field per option with its help text, flags and
+check: :class:`JobOptions`, the command's training options, :class:`~fastkit.training.options.LoraOptions`), the TRL
+config class its other fields pass through to, and its defaults. From that one description come its flags (each
+field in kebab and snake case, older names such as ``--steps`` first, every other TRL config field as a flag and
+``--sft`` / ``--trl NAME=VALUE``), its ``--config`` YAML (the same names; unknown keys refused naming the key and
+the file), the resolution (defaults < file < flags, one :class:`Resolved`) and ``--print-config`` (the resolved
+YAML, which ``--config`` reads back to the same run). Bad flag values exit 2 with argparse's message; bad file
+values are a FastkitError naming the key and the file. ``fastkit train`` is :data:`TRAIN` (below); the RL commands
+are declared in :mod:`fastkit.cli.rl_options`.
 
-``--config run.yaml`` reads the same names from a file (SFTConfig fields at the top level or under ``sft:``);
-flags override the file, the file overrides the defaults (:data:`CLI_DEFAULTS`, then the dataclasses'). Unknown
-keys are refused naming the key and the file. ``--print-config`` writes the resolved YAML (what the run would
-use; ``--config`` reads it back to the same run) and exits without loading anything. Bad flag values exit 2 with
-argparse's message; bad file values are a FastkitError naming the key and the file.
-
-Why not transformers' ``HfArgumentParser`` / TRL's ``TrlParser`` (judged in issue 46, transformers 5.25, TRL 1.16;
-kept, not rewritten). They do dataclasses -> flags and ``--config`` YAML, but here they would be larger, not
-smaller, and lose messages:
-
-- Lines: this module (600) and ``training/options.py``'s checker (``accepts`` / ``type_words`` /
-  ``check_sft_value``, ~100 of its 487) would shrink by the argparse generation (``_add_field``, ``add_arguments``,
-  ~100 lines) at most: the checks, the aliases (``--steps``, ``--lr``), both spellings, the SFTConfig pass-through,
-  the strict YAML (aliases, repeated keys) and ``--print-config`` stay, and adapters for the parsers would be added.
-- Messages: ``HfArgumentParser(LoraOptions)`` raises ``TypeError: _StoreAction.__init__() got an unexpected keyword
-  argument 'flags'`` (it passes field metadata to argparse); with the metadata stripped, the default of
-  ``checkpointing: bool | str = "auto"`` fails its own bool type ("Truthy value expected: got auto") before any
-  flag is read. Its YAML (``parse_yaml_file``) builds the dataclass from the file's values unchecked (``r: sixteen``
-  is kept as a string), and an unknown key is "Some keys are not used by the HfArgumentParser: [...]", without the
-  file or a did-you-mean; ``TrlParser``'s ``--config`` sets parser defaults, which argparse does not type-check.
-  fastkit's: "--config run.yaml: lora_r must be a positive int, got 'sixteen'." and "unknown option 'lora_rr'; did
-  you mean 'lora_r'?".
-- Startup: ``time fastkit train --help`` 0.42-0.47 s (2 shared cores); ``from transformers import HfArgumentParser``
-  alone 1.99 s (it imports transformers), ``from trl import TrlParser`` 0.93 s (``trl.scripts.utils``: 0.71 s).
+Why not transformers' ``HfArgumentParser`` / TRL's ``TrlParser`` (judged in issue 46, transformers 5.25, TRL 1.16):
+they would be larger here, not smaller (the checks, aliases, both spellings, the pass-through, the strict YAML and
+``--print-config`` stay, plus adapters), and lose messages: ``HfArgumentParser(LoraOptions)`` raises ``TypeError:
+_StoreAction.__init__() got an unexpected keyword argument 'flags'``; with the metadata stripped, the default of
+``checkpointing: bool | str = "auto"`` fails its own bool type; its YAML keeps ``r: sixteen`` unchecked and names an
+unknown key without the file or a did-you-mean. Startup: ``fastkit train --help`` 0.42-0.47 s; ``from transformers
+import HfArgumentParser`` alone 1.99 s, ``from trl import TrlParser`` 0.93 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import functools
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +37,10 @@ from fastkit.training.options import (
     LoraOptions,
     TrainOptions,
     accepts,
-    aliases,
     check_sft_value,
+    dump_yaml,
     option,
-    sft_fields,
+    plain,
     trl_hints,
     type_words,
     unknown_name,
@@ -95,8 +84,9 @@ def _gguf(name: str, value: Any) -> None:
 
 
 @dataclass
-class RunOptions:
-    """What ``fastkit train`` trains and saves, beside the training and LoRA options."""
+class JobOptions:
+    """What a training command (``fastkit train``, ``dpo``, ``kto``, ``grpo``) trains and saves, beside its
+    training and LoRA options."""
 
     model: str | None = option(None, "Hub id or local folder (e.g. Qwen/Qwen3-0.6B)", check=_optional_str)
     """The model to train (required, as a flag or in the file)."""
@@ -125,23 +115,256 @@ class RunOptions:
     """Public Hub repositories (default private)."""
 
 
-CLI_DEFAULTS = dict(max_seq_length=2048, save_steps=50, output_dir="outputs/train", drop_long=True, dashboard="none")
-"""Where ``fastkit train`` differs from make_trainer's defaults (the notebooks' values): a checkpoint every 50
-steps, long rows dropped (counted in the log), the progress line instead of the notebook dashboard."""
-
-GROUPS = (RunOptions, TrainOptions, LoraOptions)
 MENU = ("merged", "gguf", "name", "push_to_hub", "public")
-"""RunOptions' export-menu fields (fastkit.cli.export's flags), last in the YAML before sft."""
-FILE_ONLY = ("sft",)
-"""Fields set from the file (or ``--sft NAME=VALUE``) rather than a flag of their own."""
+"""JobOptions' export-menu fields (fastkit.cli.export's flags), last in the YAML before the pass-through."""
+OWN_FLAGS = ("-h", "--help", "--help-all", "--config", "--print-config", "--print_config", "--resume", "--extend")
+"""The flags every training command has beside its options (:func:`add_run_flags`)."""
 
 
-def _fields() -> dict[str, tuple[type, dataclasses.Field]]:
-    """Every option name -> (its dataclass, its field), in the YAML's order."""
-    return {f.name: (cls, f) for cls in GROUPS for f in dataclasses.fields(cls)}
+@dataclass(frozen=True)
+class Command:
+    """One training command: everything its flags, ``--config`` file and ``--print-config`` differ in."""
+
+    name: str
+    options: type
+    """Its training options (TrainOptions, DpoOptions, ...), between JobOptions and LoraOptions."""
+    trl_config: str
+    """The TRL config class its other fields pass through to (``SFTConfig``, ``DPOConfig``, ...)."""
+    defaults: dict[str, Any]
+    """Where the command's defaults differ from the fields' (the notebooks')."""
+    common: tuple[str, ...]
+    """The options ``--help`` shows (``--help-all``: every one)."""
+    key: str = "trl"
+    """The pass-through: ``--trl NAME=VALUE`` and the file's ``trl:`` mapping (``sft`` for fastkit train)."""
+    title: str = ""
+    """``--help``'s heading of the training options (default: ``training (make_<name>_trainer)``)."""
+    help_all: str = "every option, TRL's config fields included"
+    data_help: str | None = None
+    """One ``--data`` source, with this help (None: several sources, mixed: fastkit train)."""
+    skipped: tuple[str, ...] = ()
+    """JobOptions fields the command does not take."""
+    extra_aliases: dict[str, str] = field(default_factory=dict)
+    """TRL names the command sets itself from an option (DPO's ``max_length`` from ``max_seq_length``)."""
+    sft_rules: bool = False
+    """fastkit train's older pass-through rules: a TRL name of a training option under ``sft:`` sets that option (the
+    RL commands refuse it there), a text value stays text where the field takes text, and an unknown key's
+    did-you-mean is drawn from the options' field names."""
+
+    def groups(self) -> tuple[type, ...]:
+        return (JobOptions, self.options, LoraOptions)
+
+    def fields(self) -> dict[str, tuple[type, dataclasses.Field]]:
+        """Every option name -> (its dataclass, its field), in the YAML's order."""
+        return {f.name: (cls, f) for cls in self.groups() for f in dataclasses.fields(cls)
+                if f.name not in self.skipped}
+
+    def aliases(self) -> dict[str, str]:
+        """TRL's names of the options (``num_train_epochs`` -> ``epochs``) and those make_*_trainer sets from them."""
+        own = {a: f.name for f in dataclasses.fields(self.options) for a in f.metadata.get("aliases", ())}
+        return {**own, **self.extra_aliases}
+
+    def spellings(self) -> dict[str, str]:
+        """Every name an option takes on the command line, without dashes (``steps``, ``max-steps``, ``lr``, ...), and
+        its TRL aliases -> the option's field: a --config file takes each of them."""
+        out = {flag.lstrip("-"): name for name, (_, f) in self.fields().items()
+               for flag in _option_strings(name, f.metadata)}
+        return {**out, **self.aliases()}
+
+    def taken(self) -> set[str]:
+        """TRL config names the options set (no flag of their own, not passed through)."""
+        return set(self.fields()) | set(self.aliases())
+
+    def moved(self) -> set[str]:
+        """Names that set an option when given in the pass-through (``--sft learning_rate=...``)."""
+        if not self.sft_rules:
+            return self.taken()
+        return {f.name for f in dataclasses.fields(self.options)} - {self.key} | set(self.aliases())
+
+    # -- the flags ----------------------------------------------------------------------------------------------
+    def add_parser(self, sub, argv: list[str] | None, help: str, lead: str, tail: str = ""):
+        """Register the command on the ``sub`` subparsers; its flags only when it runs (``argv``; None: every
+        flag): ``--help`` shows the usual options without importing TRL, ``--help-all`` every one (TRL's too)."""
+        p = sub.add_parser(self.name, help=help, allow_abbrev=False, formatter_class=OneSpellingFormatter,
+                           description=f"{lead}, as the notebooks do, with a progress line in the terminal. Every "
+                                       "option is also a key of a --config YAML file (flags override it); "
+                                       f"--print-config shows the resolved file.{tail}",
+                           usage=f"fastkit {self.name} --model MODEL --data DATA [--config FILE] [options] (--help: "
+                                 "the usual options; --help-all: every one)")
+        if argv is None:
+            self.add_arguments(p)
+        elif argv[:1] == [self.name]:  # (another command runs: the name only, nothing of the training stack imported)
+            short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
+            trl = "--help-all" in argv or not short and self.needs_trl_flags(argv[1:])
+            self.add_arguments(p, trl=trl, common_only=short)
+        return p
+
+    def add_arguments(self, p: argparse.ArgumentParser, trl: bool = True, common_only: bool = False) -> None:
+        """Every option as a flag on ``p`` (defaults suppressed: :meth:`resolve` knows what was given); ``trl``: the
+        TRL config's other fields too (imports TRL); ``common_only``: ``--help`` shows :attr:`common` only."""
+        from fastkit.export.gguf.quants import QUANTIZATIONS
+
+        titles = {JobOptions: "what to train and save",
+                  self.options: self.title or f"training (make_{self.name}_trainer)",
+                  LoraOptions: "LoRA (fastkit.LoraOptions)"}
+        groups = {cls: p.add_argument_group(title) for cls, title in titles.items()}
+        length = groups[self.options].add_mutually_exclusive_group()
+        for name, (cls, f) in self.fields().items():
+            if name == self.key:
+                continue  # set from the file or --sft / --trl NAME=VALUE
+            action = _add_field(length if name in ("max_steps", "epochs") else groups[cls], f, QUANTIZATIONS,
+                                self.defaults, self.name)
+            if name == "data" and self.data_help:
+                action.nargs, action.help = None, self.data_help
+            if common_only and name not in self.common:
+                action.help = argparse.SUPPRESS
+        add_run_flags(p, self.help_all)
+        if trl:
+            _add_trl_arguments(p, self.trl_config, self.taken(), self.key)
+
+    def needs_trl_flags(self, argv: list[str]) -> bool:
+        """True when ``argv`` names a flag that is not one of fastkit's options: a TRL config field (or a typo, which
+        the full parser then names). fastkit's own flags parse without importing TRL."""
+        own = {f"--{s}" for s, name in self.spellings().items() if name != self.key} | set(OWN_FLAGS)
+        return any(a.startswith("--") and a.split("=", 1)[0] not in own for a in argv if a != "--")
+
+    # -- the file, the flags, the defaults: one resolved configuration ------------------------------------------
+    def flag_layer(self, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(options, TRL fields) given as flags: single values of list-or-text options back to text."""
+        options, trl, alias, moved = {}, {}, self.aliases(), self.moved()
+        for dest, value in given.items():
+            if dest == self.key:  # --sft / --trl NAME=VALUE; a name an option sets sets that option
+                options.update({alias.get(k, k): v for k, v in value if k in moved})
+                trl.update({k: v for k, v in value if k not in moved})
+            elif dest.startswith(f"{self.key}:"):
+                name = dest.split(":", 1)[1]
+                trl[name] = _list_value(name, value, self.trl_config)
+            else:
+                options[dest] = value[0] if _one_text(dest, value) else value
+        if isinstance(options.get("data"), list) and len(options["data"]) == 1:
+            options["data"] = options["data"][0]
+        _twice(dict(given.get(self.key) or []), [d for d in given if d != self.key], alias, self.key)
+        return options, trl
+
+    def file_layer(self, config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(options, TRL fields) of a ``--config`` file: any spelling of a flag, TRL's fields at the top level (as
+        their flags too: ``max-grad-norm``) or under the pass-through key, values coerced (``1e-4`` written as text)
+        and checked; an unknown key is refused naming it and the file, one option set by two keys naming both."""
+        where, names, hints = f"--config {path}", self.spellings(), trl_hints(self.trl_config)
+        fields, alias, moved = self.fields(), self.aliases(), self.moved()
+        options, trl, seen = {}, {}, {}
+        for key, value in config.items():
+            if key == self.key:
+                for name, item in self._pass_through(value, where).items():
+                    own = alias.get(name, name) if name in moved else None
+                    claim(seen, own or name, f"{self.key}: {name}", where)
+                    if own:
+                        options[own] = self._file_value(fields[own][1], item, where, path)
+                    else:
+                        trl[name] = item
+            elif key in names:
+                claim(seen, names[key], key, where)
+                options[names[key]] = self._file_value(fields[names[key]][1], value, where, path)
+            elif isinstance(key, str) and key.replace("-", "_") in hints:
+                claim(seen, key.replace("-", "_"), key, where)
+                trl.update(self._pass_through({key.replace("-", "_"): value}, where))
+            else:
+                raise ConfigFileError(self._unknown(where, str(key)))
+        return options, trl
+
+    def _file_value(self, f: dataclasses.Field, value: Any, where: str, path: str) -> Any:
+        if f.name == "data" and self.data_help and isinstance(value, list):
+            value = _one_source(value, where + ": data")
+        value = _checked(f, value, where)
+        return beside_file(value, Path(os.path.expanduser(path)).parent) if f.name == "data" else value
+
+    def _pass_through(self, mapping: Any, where: str) -> dict[str, Any]:
+        """The file's TRL config fields (the ``sft:`` / ``trl:`` mapping), each value coerced and checked."""
+        if not isinstance(mapping, dict):
+            raise ConfigFileError(f"{where}: {self.key}: give a mapping of trl.{self.trl_config} fields, got "
+                                  f"{mapping!r:.80}.")
+        hints, out = trl_hints(self.trl_config), {}
+        for name, value in mapping.items():
+            if not self.sft_rules and name in self.taken():
+                raise ConfigFileError(f"{where}: {self.key}: {name} is set by fastkit's option "
+                                      f"{self.aliases().get(name, name)}: give it at the top level.")
+            try:
+                if isinstance(value, str) and name in hints and not (self.sft_rules and accepts(hints[name], value)):
+                    value = sft_value(name, value, self.trl_config)  # '1e-4' read as text by YAML
+                check_sft_value(str(name), value, self.trl_config)
+            except FastkitError as exc:
+                raise ConfigFileError(f"{where}: {exc}") from exc
+            out[name] = value
+        return out
+
+    def _unknown(self, where: str, key: str) -> str:
+        if self.sft_rules:
+            return unknown_name(where, key)
+        close = difflib.get_close_matches(key, [*self.spellings(), *trl_hints(self.trl_config)], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{where}: unknown option {key!r}{hint} (fastkit {self.name}'s options and trl.{self.trl_config} " \
+               "fields are known)."
+
+    def resolve(self, given: dict[str, Any], config_path: str | None) -> Resolved:
+        """Defaults, then the file, then the flags: one checked :class:`Resolved` (the step count resolved, so the
+        YAML says it; ``model`` and ``data`` required)."""
+        layers = [self.file_layer(read_file(config_path), config_path)] if config_path else []
+        values, trl = dict(self.defaults), {}
+        for options, extra in [*layers, self.flag_layer(given)]:
+            _apply(values, options)
+            trl.update(extra)
+        if values.get("max_steps") is None and values.get("epochs") is None:
+            values["max_steps"] = DEFAULT_MAX_STEPS
+        for needed in ("model", "data"):
+            if values.get(needed) is None:
+                raise FastkitError(f"give --{needed} (or {needed}: in the --config file).")
+        split = {cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
+                 for cls in self.groups()}
+        own = {self.key: trl} if self.key in {f.name for f in dataclasses.fields(self.options)} else {}
+        return Resolved(self, JobOptions(**split[JobOptions]), self.options(**split[self.options], **own),
+                        LoraOptions(**split[LoraOptions]), trl)
 
 
-# -- the flags ----------------------------------------------------------------------------------------------
+def _apply(values: dict[str, Any], layer: dict[str, Any]) -> None:
+    """One layer over the ones before; a layer that sets max_steps or epochs replaces both."""
+    if layer.get("max_steps") is not None or layer.get("epochs") is not None:
+        values.pop("max_steps", None)
+        values.pop("epochs", None)
+    values.update(layer)
+
+
+@dataclass
+class Resolved:
+    """A resolved command: what the run uses, and the YAML that reproduces it."""
+
+    command: Command
+    run: JobOptions
+    options: Any
+    """The command's training options (fastkit train's :class:`~fastkit.training.options.TrainOptions`, ...)."""
+    lora: LoraOptions
+    trl: dict[str, Any] = field(default_factory=dict)
+    """The TRL config fields passed through (fastkit train's are also ``options.sft``)."""
+
+    @property
+    def train(self) -> Any:
+        """fastkit train's name of :attr:`options`."""
+        return self.options
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML's mapping: job, training and LoRA options in field order, the export menu, the pass-through."""
+        run = {k: v for k, v in vars(self.run).items() if k not in self.command.skipped}
+        run["data"] = data_yaml(run["data"])
+        menu = {k: run.pop(k) for k in MENU}
+        options, key = self.options.to_dict(), self.command.key
+        extra = options.pop(key) if key in options else plain(self.trl)
+        return {**run, **options, **self.lora.to_dict(), **menu, key: extra}
+
+
+def print_config(resolved: Resolved) -> str:
+    """The YAML ``--print-config`` writes (and the run saves as output_dir/fastkit_config.yaml)."""
+    return dump_yaml(resolved.to_dict(), f"fastkit {resolved.command.name} --config FILE reproduces this run.")
+
+
+# -- flags ------------------------------------------------------------------------------------------------
 def _option_strings(name: str, meta) -> list[str]:
     """Older flag names first (argparse's messages use the first), then kebab, snake and SFTConfig's names."""
     names = [*meta.get("flags", ()), f"--{name.replace('_', '-')}", f"--{name}"]
@@ -174,17 +397,25 @@ def scalar(text: str) -> Any:
     return text
 
 
+def _argparse_type(convert):
+    """``convert`` as an argparse ``type``: a FastkitError becomes argparse's message (exit 2, naming the flag)."""
+    def typed(text: str) -> Any:
+        try:
+            return convert(text)
+        except FastkitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return typed
+
+
 def _field_type(name: str, f: dataclasses.Field):
     """argparse ``type`` for one option: the text converted, then the field's own check."""
     def convert(text: str) -> Any:
-        try:
-            value = _eval_split(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
-            f.metadata["check"](name, value)
-        except FastkitError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
+        value = _eval_split(text) if name == "eval_split" and _is_number(text) else _typed(f, text)
+        f.metadata["check"](name, value)
         return value
 
-    return convert
+    return _argparse_type(convert)
 
 
 def _eval_split(text: str) -> float | int:
@@ -219,10 +450,9 @@ def _is_bool(f: dataclasses.Field) -> bool:
     return isinstance(f.default, bool) and f.name != "checkpointing" or f.name == "chunked_loss"
 
 
-def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...], defaults: dict | None = None,
-               command: str = "train") -> argparse.Action:
+def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...], defaults: dict,
+               command: str) -> argparse.Action:
     """One option as a flag (``defaults``: where the command's defaults differ from the field's)."""
-    defaults = CLI_DEFAULTS if defaults is None else defaults
     default = defaults.get(f.name, f.default)
     shown = "" if default is None or "default" in f.metadata["help"] else f" (default {default})"
     shown = f" (fastkit {command}'s default: {default})" if f.name in defaults else shown
@@ -242,12 +472,6 @@ def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...], defau
     return group.add_argument(*strings, **kwargs)
 
 
-COMMON = ("model", "data", "max_steps", "epochs", "learning_rate", "batch_size", "gradient_accumulation_steps",
-          "max_seq_length", "lora_r", "lora_alpha", "load_in_4bit", "eval_split", "output_dir", "merged", "gguf",
-          "push_to_hub", "twin")
-"""The options ``fastkit train --help`` shows (``--help-all``: every one, TRL's SFTConfig fields included)."""
-
-
 class OneSpellingFormatter(argparse.HelpFormatter):
     """Help that shows each option once, by its first (shortest, most used) spelling: ``--steps N``, not the
     three spellings it also takes (``--max-steps``, ``--max_steps``: every one works on the command line and as a
@@ -259,16 +483,6 @@ class OneSpellingFormatter(argparse.HelpFormatter):
         if action.nargs == 0:  # -h, --help; --resume (its snake_case twin left out)
             return ", ".join(s for s in action.option_strings if "_" not in s) or action.option_strings[0]
         return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
-
-
-_OWN_FLAGS = ("-h", "--help", "--help-all", "--config", "--print-config", "--print_config", "--resume", "--extend")
-
-
-def needs_sft_flags(argv: list[str]) -> bool:
-    """True when ``argv`` names a flag that is not one of fastkit's own options: a TRL SFTConfig field (or a
-    typo, which the full parser then names). fastkit's own flags parse without importing TRL."""
-    own = {f"--{spelling}" for spelling, name in spellings().items() if name not in FILE_ONLY} | set(_OWN_FLAGS)
-    return any(a.startswith("--") and a.split("=", 1)[0] not in own for a in argv if a != "--")
 
 
 def add_run_flags(p: argparse.ArgumentParser, help_all: str) -> None:
@@ -285,43 +499,20 @@ def add_run_flags(p: argparse.ArgumentParser, help_all: str) -> None:
     p.add_argument("--help-all", action="store_true", help=help_all)
 
 
-def add_arguments(p: argparse.ArgumentParser, sft: bool = True, common_only: bool = False) -> None:
-    """Every option as a flag on ``p`` (defaults suppressed: :func:`resolve` knows what was given).
-
-    ``common_only``: the help shows :data:`COMMON` only (the others still parse); for ``fastkit train --help``."""
-    from fastkit.export.gguf.quants import QUANTIZATIONS
-
-    run = p.add_argument_group("what to train and save")
-    train = p.add_argument_group("training (fastkit.TrainOptions)")
-    lora = p.add_argument_group("LoRA (fastkit.LoraOptions)")
-    length = train.add_mutually_exclusive_group()
-    for name, (cls, f) in _fields().items():
-        if name in FILE_ONLY:
-            continue
-        group = length if name in ("max_steps", "epochs") else {RunOptions: run, TrainOptions: train}.get(cls, lora)
-        action = _add_field(group, f, QUANTIZATIONS)
-        if common_only and name not in COMMON:
-            action.help = argparse.SUPPRESS
-    add_run_flags(p, "every option: the ones above, the rest of TrainOptions / LoraOptions and TRL's SFTConfig")
-    if sft:
-        _add_sft_arguments(p)
-
-
-def _add_sft_arguments(p: argparse.ArgumentParser, config: str = "SFTConfig", taken: set[str] | None = None,
-                       key: str = "sft") -> None:
+def _add_trl_arguments(p: argparse.ArgumentParser, config: str, taken: set[str], key: str) -> None:
     """Every other field of the TRL ``config`` (trl.SFTConfig for fastkit train) as a flag (its first sentence as
     help), and ``--<key> NAME=VALUE`` (``--sft``; ``--trl`` for DPO / GRPO). ``taken``: names fastkit's options set."""
     group = p.add_argument_group(f"trl.{config} fields, passed to the trainer as given (see TRL's docs)")
     group.add_argument(f"--{key}", nargs="+", action="extend", default=argparse.SUPPRESS, metavar="NAME=VALUE",
-                       type=lambda text: _sft_pair(text, config), dest=key,
+                       type=_argparse_type(functools.partial(_sft_pair, config=config)), dest=key,
                        help=f"any {config} field by name, e.g. --{key} max_grad_norm=0.5")
-    taken = set(_fields()) | set(aliases()) if taken is None else taken
     helps = _sft_helps(config)
     for name, hint in trl_hints(config).items():
         if name in taken:
             continue
         kwargs: dict[str, Any] = dict(dest=f"{key}:{name}", default=argparse.SUPPRESS, help=helps.get(name, ""),
-                                      type=_sft_type(name, hint, config), metavar=name.upper())
+                                      type=_argparse_type(functools.partial(sft_value, name, config=config)),
+                                      metavar=name.upper())
         if hint is bool or accepts(hint, True) and not accepts(hint, "x"):
             kwargs.update(nargs="?", const=True, metavar="BOOL")
         elif accepts(hint, ["x"]):
@@ -361,32 +552,19 @@ def sft_value(name: str, text: str, config: str = "SFTConfig") -> Any:
     raise FastkitError(f"{name}={text!r}: trl.{config}.{name} takes {type_words(hint)}.")
 
 
-def _sft_type(name: str, hint, config: str = "SFTConfig"):
-    def convert(text: str) -> Any:
-        try:
-            return sft_value(name, text, config)
-        except FastkitError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    return convert
-
-
 def _sft_pair(text: str, config: str = "SFTConfig") -> tuple[str, Any]:
     """``--sft NAME=VALUE``: the name checked against the TRL ``config``'s fields, the value against its type."""
     name, sep, value = text.partition("=")
-    try:
-        if not sep:
-            raise FastkitError(f"{text!r}: give NAME=VALUE, e.g. max_grad_norm=0.5.")
-        if name not in trl_hints(config):
-            check_sft_value(name, None, config)  # the did-you-mean
-        converted = sft_value(name, value, config)
-        check_sft_value(name, converted, config)
-        return name, converted
-    except FastkitError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not sep:
+        raise FastkitError(f"{text!r}: give NAME=VALUE, e.g. max_grad_norm=0.5.")
+    if name not in trl_hints(config):
+        check_sft_value(name, None, config)  # the did-you-mean
+    converted = sft_value(name, value, config)
+    check_sft_value(name, converted, config)
+    return name, converted
 
 
-# -- the file, the flags, the defaults: one resolved configuration ------------------------------------------
+# -- the file -----------------------------------------------------------------------------------------------
 class ConfigFileError(FastkitError):
     """A bad ``--config`` file: its message names the file's keys as written (not rewritten into flags)."""
 
@@ -453,51 +631,6 @@ def read_file(path: str) -> dict[str, Any]:
     return loaded
 
 
-def spellings() -> dict[str, str]:
-    """Every name an option takes on the command line, without its dashes (``steps``, ``max-steps``,
-    ``max_steps``, ``lr``, ``lora-r``, ...) -> the option's field name: a --config file takes each of them."""
-    out = {}
-    for name, (_, f) in _fields().items():
-        for flag in _option_strings(name, f.metadata):
-            out[flag.lstrip("-")] = name
-    return out
-
-
-def file_layer(config: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(options, sft) of a file: names checked (unknown refused naming the key and the file), SFTConfig names at
-    the top level moved into sft, values coerced (``1e-4`` written as text) and checked. A key may be spelled
-    as any of the option's flags (``steps``, ``lr``, ``lora-r``); ``--print-config`` writes the field names. One
-    option set twice in the file (two spellings, or at the top level and under ``sft:``) is refused naming both."""
-    fields, alias = _fields(), {**spellings(), **aliases()}
-    options, sft, seen = {}, {}, {}
-    where = f"--config {path}"
-    for key, value in config.items():
-        written = key
-        if (isinstance(key, str) and key not in fields and key not in alias and "-" in key
-                and key.replace("-", "_") in sft_fields()):
-            key = key.replace("-", "_")  # an SFTConfig field spelled as its flag (max-grad-norm)
-        if key == "sft":
-            for k, v in _file_sft(value, where).items():
-                name = alias.get(k, k) if _training_name(k) else k
-                claim(seen, name, f"sft: {k}", where)
-                if _training_name(k):  # a TrainOptions field's name
-                    options[name] = _file_value(fields[name][1], v, where)
-                else:
-                    sft[k] = v
-        elif key in fields or key in alias:
-            name = alias.get(str(key), key)
-            claim(seen, name, written, where)
-            options[name] = _file_value(fields[name][1], value, where)
-            if name == "data":
-                options[name] = beside_file(options[name], Path(os.path.expanduser(path)).parent)
-        elif key in sft_fields():
-            claim(seen, key, written, where)
-            sft.update(_file_sft({key: value}, where))
-        else:
-            raise ConfigFileError(unknown_name(f"--config {path}", str(key)))
-    return options, sft
-
-
 def claim(seen: dict[str, str], name: str, key: str, where: str) -> None:
     """Record that the file's ``key`` sets option ``name``; a second key setting it (another spelling, or the same
     name at the top level and under ``sft:`` / ``trl:``) is refused naming both: which one wins would be a guess."""
@@ -532,12 +665,7 @@ def _beside(path: str, folder: Path) -> str:
     return os.path.normpath(folder / expanded)
 
 
-def _training_name(name: str) -> bool:
-    """A TrainOptions field or its SFTConfig name (``num_train_epochs``): set there, not passed through."""
-    return name in aliases() or name in {f.name for f in dataclasses.fields(TrainOptions)} - {"sft"}
-
-
-def _file_value(f: dataclasses.Field, value: Any, where: str) -> Any:
+def _checked(f: dataclasses.Field, value: Any, where: str) -> Any:
     if isinstance(value, str) and not _is_list(f) and f.name not in ("model", "name", "output_dir"):
         value = scalar(value) if _is_number(value) else value
     if f.name == "gguf" and isinstance(value, str):
@@ -549,21 +677,6 @@ def _file_value(f: dataclasses.Field, value: Any, where: str) -> Any:
     return value
 
 
-def _file_sft(mapping: Any, where: str) -> dict[str, Any]:
-    if not isinstance(mapping, dict):
-        raise ConfigFileError(f"{where}: sft: give a mapping of trl.SFTConfig fields, got {mapping!r:.80}.")
-    out = {}
-    for name, value in mapping.items():
-        try:
-            if isinstance(value, str) and name in sft_fields() and not accepts(sft_fields()[name], value):
-                value = sft_value(name, value)  # '1e-4' read as text by YAML, for a float field
-            check_sft_value(str(name), value)
-        except FastkitError as exc:
-            raise ConfigFileError(f"{where}: {exc}") from exc
-        out[name] = value
-    return out
-
-
 def _one_text(dest: str, value: list) -> bool:
     """A flag's single value kept as text: ``--report-to``'s; ``--target-modules``' when it is ``all-linear`` or a
     regex. A plain module name (``--target-modules q_proj``) stays a list of names: PEFT reads a string as a regex
@@ -573,25 +686,6 @@ def _one_text(dest: str, value: list) -> bool:
     if dest not in ("target_modules", "report_to") or len(value) != 1:
         return False
     return dest == "report_to" or value[0] == "all-linear" or not re.fullmatch(r"[\w.]+", str(value[0]))
-
-
-def flag_layer(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(options, sft) given as flags: single values of list-or-text options back to text."""
-    options, sft = {}, {}
-    pairs = dict(given.get("sft") or [])
-    for dest, value in given.items():
-        if dest == "sft":  # --sft NAME=VALUE; a TrainOptions field's name (or its SFTConfig name) sets that field
-            options.update({aliases().get(k, k): v for k, v in value if _training_name(k)})
-            sft.update({k: v for k, v in value if not _training_name(k)})
-        elif dest.startswith("sft:"):
-            name = dest[4:]
-            sft[name] = _list_value(name, value)
-        else:
-            options[dest] = value[0] if _one_text(dest, value) else value
-    if "data" in options and len(options["data"]) == 1:
-        options["data"] = options["data"][0]
-    _twice(pairs, [d for d in given if d != "sft"], aliases(), "sft")
-    return options, sft
 
 
 def _twice(pairs: dict[str, Any], dests: list[str], alias: dict[str, str], key: str) -> None:
@@ -612,21 +706,11 @@ def _list_value(name: str, value: Any, config: str = "SFTConfig") -> Any:
     return value
 
 
-@dataclass
-class Resolved:
-    """``fastkit train``'s resolved options: what the run uses, and the YAML that reproduces it."""
-
-    run: RunOptions
-    train: TrainOptions
-    lora: LoraOptions
-
-    def to_dict(self) -> dict[str, Any]:
-        """The YAML's mapping: run, training and LoRA options in field order, ``sft`` last."""
-        run = dict(vars(self.run), data=data_yaml(self.run.data))
-        menu = {k: run.pop(k) for k in MENU}
-        train = self.train.to_dict()
-        sft = train.pop("sft")
-        return {**run, **train, **self.lora.to_dict(), **menu, "sft": sft}
+def _one_source(data: list, where: str) -> Any:
+    if len(data) != 1:
+        raise FastkitError(f"{where}: give one data source (got {len(data)}); fastkit train mixes several, "
+                           "preference and RL runs read one.")
+    return data[0]
 
 
 def data_yaml(data: Any) -> Any:
@@ -638,48 +722,42 @@ def data_yaml(data: Any) -> Any:
     return listed[0] if len(listed) == 1 and isinstance(listed[0], str) else listed
 
 
-def layered(defaults: dict[str, Any], layers: list[tuple[dict[str, Any], dict[str, Any]]],
-            groups) -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
-    """``(values split by options class, TRL fields)``: ``layers`` of ``(options, TRL fields)`` applied in order over
-    ``defaults`` (each command's file, then its flags), the step count resolved, ``model`` and ``data`` required."""
-    values: dict[str, Any] = dict(defaults)
-    trl: dict[str, Any] = {}
-    for options, extra in layers:
-        _apply(values, options)
-        trl.update(extra)
-    if values.get("max_steps") is None and values.get("epochs") is None:
-        values["max_steps"] = DEFAULT_MAX_STEPS  # resolved, so the YAML says it
-    for needed in ("model", "data"):
-        if values.get(needed) is None:
-            raise FastkitError(f"give --{needed} (or {needed}: in the --config file).")
-    split = {cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
-             for cls in groups}
-    return split, trl
+CONTROL = ("config", "print_config", "resume", "extend", "help_all", "argv", "command", "run")
+"""The parsed arguments that are not options."""
 
 
-def resolve(given: dict[str, Any], config_path: str | None) -> Resolved:
-    """Defaults, then the file, then the flags: one checked :class:`Resolved`."""
-    layers = [file_layer(read_file(config_path), config_path)] if config_path else []
-    split, sft = layered(CLI_DEFAULTS, [*layers, flag_layer(given)], GROUPS)
-    return Resolved(run=RunOptions(**split[RunOptions]), train=TrainOptions(**split[TrainOptions], sft=sft),
-                    lora=LoraOptions(**split[LoraOptions]))
+def resolved_args(args: argparse.Namespace, command: Command) -> argparse.Namespace:
+    """The parsed flags, the ``--config`` file and the defaults as one checked namespace: ``.resolved``
+    (:class:`Resolved`), ``.options`` / ``.lora``, the job's fields by name (what the preflight and the export menu
+    read), ``output_dir``, ``report_to``, ``steps`` (None for an --epochs run) and ``explicit`` (the option names given
+    as flags or in the --config file, not defaults)."""
+    given = {k: v for k, v in vars(args).items() if k not in CONTROL}
+    resolved = command.resolve(given, args.config)
+    out = argparse.Namespace(config=args.config, print_config=args.print_config, resume=args.resume,
+                             extend=args.extend, argv=getattr(args, "argv", None), **vars(resolved.run))
+    out.resolved, out.options, out.lora = resolved, resolved.options, resolved.lora
+    out.output_dir, out.report_to = resolved.options.output_dir, resolved.options.report_to
+    out.steps = resolved.options.max_steps if resolved.options.epochs is None else None
+    out.explicit = set(given) | (set(read_file(args.config)) if args.config else set())
+    return out
 
 
-def _apply(values: dict[str, Any], layer: dict[str, Any]) -> None:
-    """One layer over the ones before; a layer that sets max_steps or epochs replaces both."""
-    if layer.get("max_steps") is not None or layer.get("epochs") is not None:
-        values.pop("max_steps", None)
-        values.pop("epochs", None)
-    values.update(layer)
+# -- fastkit train ------------------------------------------------------------------------------------------
+CLI_DEFAULTS = dict(max_seq_length=2048, save_steps=50, output_dir="outputs/train", drop_long=True, dashboard="none")
+"""Where ``fastkit train`` differs from make_trainer's defaults (the notebooks' values): a checkpoint every 50
+steps, long rows dropped (counted in the log), the progress line instead of the notebook dashboard."""
+COMMON = ("model", "data", "max_steps", "epochs", "learning_rate", "batch_size", "gradient_accumulation_steps",
+          "max_seq_length", "lora_r", "lora_alpha", "load_in_4bit", "eval_split", "output_dir", "merged", "gguf",
+          "push_to_hub", "twin")
+"""The options ``fastkit train --help`` shows (``--help-all``: every one, TRL's SFTConfig fields included)."""
+TRAIN = Command("train", TrainOptions, "SFTConfig", CLI_DEFAULTS, COMMON, key="sft",
+                title="training (fastkit.TrainOptions)", sft_rules=True,
+                help_all="every option: the ones above, the rest of TrainOptions / LoraOptions and TRL's SFTConfig")
+"""``fastkit train``: JobOptions, TrainOptions and LoraOptions; any other trl.SFTConfig field passes through."""
+resolve, file_layer, flag_layer, needs_sft_flags = TRAIN.resolve, TRAIN.file_layer, TRAIN.flag_layer, \
+    TRAIN.needs_trl_flags
 
-
-def print_config(resolved: Resolved) -> str:
-    """The YAML ``--print-config`` writes (and ``fit`` saves as output_dir/fastkit_config.yaml)."""
-    from fastkit.training.options import dump_yaml
-
-    return dump_yaml(resolved.to_dict(), "fastkit train --config FILE reproduces this run.")
-
-
-__all__ = ["CLI_DEFAULTS", "ConfigFileError", "Resolved", "RunOptions", "add_arguments", "claim", "data_yaml",
-           "file_layer",
-           "flag_layer", "layered", "print_config", "read_file", "resolve", "scalar", "sft_value"]
+__all__ = ["CLI_DEFAULTS", "COMMON", "CONTROL", "MENU", "OWN_FLAGS", "TRAIN", "Command", "ConfigFileError",
+           "JobOptions", "OneSpellingFormatter", "Resolved", "add_run_flags", "beside_file", "claim", "data_yaml",
+           "file_layer", "flag_layer", "needs_sft_flags", "print_config", "read_file", "resolve", "resolved_args",
+           "scalar", "sft_value", "strict_yaml"]

@@ -2,11 +2,11 @@
 ``fastkit train``.
 
 Load (FastModel, patches where they fit) -> LoRA -> ``make_dpo_trainer`` / ``make_kto_trainer`` /
-``make_grpo_trainer`` -> ``fit`` with the
-progress line -> save (LoRA adapters, verified; ``--merged``, ``--gguf`` on request). Options, ``--config`` and
-``--print-config``: :mod:`fastkit.cli.rl_options`. Everything that needs no model is checked before it loads (the
-options, TRL's config, the model folder, the output folder, the data row by row, the reward functions): a bad input
-exits 2 naming the flag or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fastkit train``.
+``make_grpo_trainer`` -> ``fit`` with the progress line -> save (LoRA adapters, verified; ``--merged``, ``--gguf`` on
+request). Options, ``--config`` and ``--print-config``: :mod:`fastkit.cli.config` (their fields:
+:mod:`fastkit.cli.rl_options`). Everything that needs no model is checked before it loads (the options, TRL's config,
+the model folder, the output folder, the data row by row, the reward functions): a bad input exits 2 naming the flag
+or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fastkit train``.
 
 ``--data sample`` is fastkit's shipped set: preference pairs for DPO (and KTO, unpaired), math word problems with an
 ``answer`` column for GRPO (:mod:`fastkit.quickstart.rl_data`).
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastkit.cli import export as cli_export
 from fastkit.cli import rl_options
 from fastkit.cli import train as cli_train
-from fastkit.cli.config import OneSpellingFormatter
-from fastkit.cli.rl_options import COMMANDS, Command
+from fastkit.cli.config import Command, print_config
+from fastkit.cli.config import resolved_args as resolve_args
+from fastkit.cli.rl_options import COMMANDS
 
 logger = logging.getLogger(__name__)
 
@@ -35,21 +35,8 @@ HELP = {"dpo": "DPO: LoRA-tune a model on preference pairs (prompt, chosen, reje
 
 
 def add_parser(sub, name: str, argv: list[str]) -> argparse.ArgumentParser:
-    """Register ``fastkit dpo`` / ``kto`` / ``grpo`` on ``sub``; the flags only when that command runs (``argv``):
-    ``--help`` shows the usual options without importing TRL, ``--help-all`` every one (TRL's config fields too)."""
-    command = COMMANDS[name]
-    p = sub.add_parser(name, help=HELP[name], allow_abbrev=False, formatter_class=OneSpellingFormatter,
-                       description=f"{HELP[name]}, as the notebooks do, with a progress line in the terminal. Every "
-                                   "option is also a key of a --config YAML file (flags override it); --print-config "
-                                   "shows the resolved file.",
-                       usage=f"fastkit {name} --model MODEL --data DATA [--config FILE] [options] (--help: the usual "
-                             "options; --help-all: every one)")
-    if argv[:1] != [name]:
-        return p  # another command runs: nothing of the training stack is imported
-    short = bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
-    trl = "--help-all" in argv or not short and rl_options.needs_trl_flags(command, argv[1:])
-    rl_options.add_arguments(p, command, trl=trl, common_only=short)
-    return p
+    """Register ``fastkit dpo`` / ``kto`` / ``grpo`` on ``sub`` (:meth:`fastkit.cli.config.Command.add_parser`)."""
+    return COMMANDS[name].add_parser(sub, argv, HELP[name], HELP[name])
 
 
 ORPO_REFUSAL = ("ORPO is not available: TRL 1.16 ships ORPOTrainer only under trl.experimental (no stable API), so "
@@ -73,18 +60,10 @@ def refuse_orpo(argv: list[str]) -> None:
 
 
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The flags, the ``--config`` file and the defaults as one checked namespace (what preflight and the export
-    menu read by name)."""
-    control = ("config", "print_config", "resume", "extend", "help_all", "argv", "command", "run")
-    given = {k: v for k, v in vars(args).items() if k not in control}
-    resolved = rl_options.resolve(COMMANDS[args.command], given, args.config)
-    out = argparse.Namespace(print_config=args.print_config, resume=args.resume, extend=args.extend,
-                             argv=getattr(args, "argv", None))
-    vars(out).update(vars(resolved.run))
-    out.resolved, out.options, out.lora = resolved, resolved.options, resolved.lora
-    out.output_dir, out.report_to = resolved.options.output_dir, resolved.options.report_to
-    out.steps = resolved.options.max_steps if resolved.options.epochs is None else None
-    out.data_label = _data_label(resolved.command, resolved.run.data)
+    """The flags, the ``--config`` file and the defaults as one checked namespace
+    (:func:`fastkit.cli.config.resolved_args`)."""
+    out = resolve_args(args, COMMANDS[args.command])
+    out.data_label = _data_label(out.resolved.command, out.resolved.run.data)
     return out
 
 
@@ -110,23 +89,11 @@ class Prepared:
 def preflight(args: argparse.Namespace) -> Prepared:
     """Every check that needs no model, before it loads: options, TRL's config, the model and output folders, the
     export menu, the data row by row, the reward functions, the resume state."""
-    from fastkit.training import check_report_to
-
     command = args.resolved.command
-    if args.extend and not args.resume:
-        from fastkit.errors import FastkitError
-
-        raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
-    check_report_to(args.report_to)
-    cli_train._check_model(args.model, args.twin)
-    cli_train._check_model_config(args.model, args.twin, args.lora.target_modules)
-    cli_train._check_gguf(args.gguf)
-    cli_export.check_menu_arguments(args)
-    cli_train._check_output_dir(args.output_dir)
-    cli_train._check_fsdp_exports(args)
+    cli_train.check_job(args)
     _check_trl_config(command, args.resolved.trl)
     rows, rewards = check_rows(command, read_data(command, args.data), args)
-    return Prepared(rows=rows, rewards=rewards, resume_from=cli_train._check_resume(args) if args.resume else None)
+    return Prepared(rows=rows, rewards=rewards, resume_from=cli_train.check_resume(args) if args.resume else None)
 
 
 def check_rows(command: Command, rows, args: argparse.Namespace) -> tuple[Any, list | None]:
@@ -256,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     after the adapters trained so far are saved). Rank-aware as ``fastkit train``."""
     args = resolved_args(args)
     if args.print_config:  # nothing is loaded; TRL's fields given were checked against its dataclass's types
-        print(rl_options.print_config(args.resolved), end="")
+        print(print_config(args.resolved), end="")
         return 0
     from fastkit.distributed import ranks
     from fastkit.training import fit

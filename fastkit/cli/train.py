@@ -38,25 +38,13 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
-def add_parser(sub, sft_flags: bool = True, full: bool = True, common_only: bool = False) -> argparse.ArgumentParser:
-    """Register ``fastkit train`` on the ``sub`` subparsers of the main command. Its flags are generated from
-    fastkit.TrainOptions, fastkit.LoraOptions and trl.SFTConfig (``sft_flags``: the last ones, which import TRL);
-    ``full=False`` registers the name only (another command runs: nothing of the training stack is imported);
-    ``common_only``: ``--help`` shows the options people use (``--help-all``: every one)."""
-    from fastkit.cli.config import OneSpellingFormatter
+def add_parser(sub, argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Register ``fastkit train`` on the ``sub`` subparsers of the main command (:meth:`fastkit.cli.config.Command.
+    add_parser`: its flags, from fastkit.TrainOptions, fastkit.LoraOptions and trl.SFTConfig, when it runs)."""
+    from fastkit.cli.config import TRAIN
 
-    p = sub.add_parser("train", help="LoRA-train a model on chat data with the live progress line (as the notebooks)",
-                       description="LoRA-train MODEL on DATA, as the notebooks do, with a progress line in the "
-                                   "terminal. Every option is also a key of a --config YAML file (flags override "
-                                   "it); --print-config shows the resolved file. Defaults are the notebooks'.",
-                       usage="fastkit train --model MODEL --data DATA [--config FILE] [options] "
-                             "(--help: the usual options; --help-all: every one)", allow_abbrev=False,
-                       formatter_class=OneSpellingFormatter)
-    if full:
-        from fastkit.cli.config import add_arguments
-
-        add_arguments(p, sft=sft_flags, common_only=common_only)
-    return p
+    return TRAIN.add_parser(sub, argv, "LoRA-train a model on chat data with the live progress line (as the notebooks)",
+                            "LoRA-train MODEL on DATA", " Defaults are the notebooks'.")
 
 
 INTERRUPTED = 130
@@ -82,20 +70,10 @@ def preflight(args: argparse.Namespace) -> Prepared:
 
     if not args.twin:  # a Hub id out of reach: refused in seconds, before the heavy imports and the data
         check_hub_answers(args.model)
-    from fastkit.errors import FastkitError
     from fastkit.extras import require
-    from fastkit.training import check_report_to
     from fastkit.training.run import check_stream_options
 
-    if args.extend and not args.resume:
-        raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
-    check_report_to(args.report_to)
-    _check_model(args.model, args.twin)
-    _check_model_config(args.model, args.twin, args.lora.target_modules)
-    _check_gguf(args.gguf)
-    cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
-    _check_output_dir(args.output_dir)
-    _check_fsdp_exports(args)
+    check_job(args)
     images = _image_data(args)  # image + text rows: checked here, every image opened
     vlm = images is not None or _loads_as_vision(args.model, args.twin)
     if vlm:  # its processor reads images with Pillow, text rows too
@@ -108,7 +86,24 @@ def preflight(args: argparse.Namespace) -> Prepared:
         check_stream_options(rows, args.train, args.train.epochs)  # a stream's limits, before the model loads
         rows = _as_chats(rows, args.model) if vlm else rows
     return Prepared(rows=images if images is not None else rows,
-                    resume_from=_check_resume(args) if args.resume else None, images=images is not None)
+                    resume_from=check_resume(args) if args.resume else None, images=images is not None)
+
+
+def check_job(args: argparse.Namespace) -> None:
+    """What every training command (train, dpo, kto, grpo) checks before its data: --extend, the trackers, the model
+    folder and its config, --gguf, the export menu, the output folder, the exports under FSDP."""
+    from fastkit.errors import FastkitError
+    from fastkit.training import check_report_to
+
+    if args.extend and not args.resume:
+        raise FastkitError("--extend continues a run: give it with --resume (and the longer --steps or --epochs).")
+    check_report_to(args.report_to)
+    _check_model(args.model, args.twin)
+    _check_model_config(args.model, args.twin, args.lora.target_modules)
+    _check_gguf(args.gguf)
+    cli_export.check_menu_arguments(args)  # llama.cpp for K-quants, the Hub token and repos
+    _check_output_dir(args.output_dir)
+    _check_fsdp_exports(args)
 
 
 def _image_data(args: argparse.Namespace) -> list[dict] | None:
@@ -173,7 +168,7 @@ def _vision_defaults(args: argparse.Namespace, images: bool) -> None:
         raise FastkitError(f"--packing: {what} train as padded rows, one example each (fastkit train does not "
                            "pack them); drop --packing.")
     args.train = args.train.replace(packing=False)
-    args.resolved.train = args.train  # the saved fastkit_config.yaml says so
+    args.resolved.options = args.train  # the saved fastkit_config.yaml says so
     args.packing_note = f"fastkit: {what}: packing off for this run (padded rows, one example each; the packing " \
                         "patch the load lists stays unused)"  # logged after the load banner, which lists the patches
 
@@ -280,7 +275,7 @@ def _read_data(data, drop_invalid: bool, seed: int = 3407, streaming: bool = Fal
     return load_sources(data, seed=seed, drop_invalid=drop_invalid, streaming=streaming, mix=mix)
 
 
-def _check_resume(args: argparse.Namespace) -> str:
+def check_resume(args: argparse.Namespace) -> str:
     """``--resume``: the newest checkpoint in ``--output-dir``, with its optimizer and run files, and (without
     ``--extend``) a run that is not finished. Whether it is this run's is checked once the model is loaded."""
     from fastkit.errors import FastkitError
@@ -340,24 +335,16 @@ def flag_words(text: str) -> str:
 
 
 def resolved_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The parsed flags, the ``--config`` file and the defaults as one checked namespace: ``.resolved``
-    (:class:`fastkit.cli.config.Resolved`), ``.train`` / ``.lora`` (the options) and the run's fields by name."""
-    from fastkit.cli.config import resolve
+    """The parsed flags, the ``--config`` file and the defaults as one checked namespace
+    (:func:`fastkit.cli.config.resolved_args`), the training options also as ``.train``."""
+    from fastkit.cli.config import TRAIN
+    from fastkit.cli.config import resolved_args as resolve_args
 
-    control = ("config", "print_config", "resume", "extend", "argv", "command", "run")
-    given = {k: v for k, v in vars(args).items() if k not in control}
-    resolved = resolve(given, args.config)
-    from fastkit.cli.config import read_file
-
-    explicit = set(given) | (set(read_file(args.config)) if args.config else set())
-    out = argparse.Namespace(**{k: getattr(args, k, False) for k in control if k not in ("command", "run")})
-    vars(out).update(vars(resolved.run))
-    out.resolved, out.train, out.lora = resolved, resolved.train, resolved.lora
-    for name in ("output_dir", "max_seq_length", "drop_invalid", "report_to", "epochs"):
-        setattr(out, name, getattr(resolved.train, name))
-    out.steps = resolved.train.max_steps if resolved.train.epochs is None else None
-    out.data_label = data_label(resolved.run.data)
-    out.explicit = explicit  # the option names given as flags or in the --config file (not defaults)
+    out = resolve_args(args, TRAIN)
+    out.train = out.options
+    for name in ("max_seq_length", "drop_invalid", "epochs"):
+        setattr(out, name, getattr(out.train, name))
+    out.data_label = data_label(out.resolved.run.data)
     return out
 
 
@@ -473,5 +460,5 @@ def build(args: argparse.Namespace, prepared: Prepared):
     return model, tokenizer, trainer
 
 
-__all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "save_run", "data_label", "flag_words",
-           "next_steps", "preflight", "resolved_args", "resume_command", "run"]
+__all__ = ["FLAG_WORDS", "INTERRUPTED", "Prepared", "add_parser", "build", "check_job", "check_resume", "data_label",
+           "flag_words", "next_steps", "preflight", "resolved_args", "resume_command", "run", "save_run"]

@@ -90,7 +90,7 @@ def default_eval_steps(total_steps: int) -> int:
 
 
 # -- value checks beyond fastkit.checks' check_positive / check_bool / check_choice, one per kind of option --
-def _number(name: str, value: Any, low: float = 0.0, low_open: bool = True, high: float = math.inf,
+def check_number(name: str, value: Any, low: float = 0.0, low_open: bool = True, high: float = math.inf,
             allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -110,13 +110,13 @@ def _eval_split(name: str, value: Any) -> None:
                            f"got {value!r}.")
 
 
-def _report_to(name: str, value: Any) -> None:
+def check_trackers(name: str, value: Any) -> None:
     if not (isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
         raise FastkitError(f"{name} must be a tracker name or a list of them, got {value!r}.")
     check_report_to(value)
 
 
-def _output_dir(name: str, value: Any) -> None:
+def check_output_dir(name: str, value: Any) -> None:
     """A folder path (whether it can be written is checked where the run starts: make_trainer, the CLI's preflight)."""
     import os
 
@@ -141,7 +141,7 @@ def _checkpointing(name: str, value: Any) -> None:
         raise FastkitError(f"{name} must be 'auto', 'on' (or True), 'off' (or False) or 'offload', got {value!r}.")
 
 
-def _dashboard(name: str, value: Any) -> None:
+def check_dashboard(name: str, value: Any) -> None:
     from fastkit.dashboard.choices import VIEWS
 
     check_choice(name, value, VIEWS)
@@ -177,9 +177,9 @@ class TrainOptions:
                                    flags=("--steps",), check=functools.partial(check_positive, allow_none=True))
     """Optimizer steps; None with ``epochs`` None means 60. Give this or ``epochs``, not both."""
     epochs: float | None = option(None, "passes over the data instead of max_steps", aliases=("num_train_epochs",),
-                                  check=functools.partial(_number, allow_none=True))
+                                  check=functools.partial(check_number, allow_none=True))
     """Passes over the (packed) training rows, instead of ``max_steps``."""
-    learning_rate: float = option(2e-4, "peak learning rate", flags=("--lr",), check=_number)
+    learning_rate: float = option(2e-4, "peak learning rate", flags=("--lr",), check=check_number)
     """Peak learning rate of the schedule."""
     lr_scheduler_type: str = option("linear", "learning-rate schedule: linear, cosine, constant_with_warmup, ... "
                                     "(transformers' SchedulerType)", check=lambda n, v: _scheduler(n, v))
@@ -187,10 +187,10 @@ class TrainOptions:
     warmup_steps: float | None = option(None, "warm-up steps (a value below 1: that fraction of the run, as "
                                         "warmup_ratio was); default min(5, a tenth of the run)",
                                         aliases=("warmup_ratio",),
-                                        check=functools.partial(_number, low_open=False, allow_none=True))
+                                        check=functools.partial(check_number, low_open=False, allow_none=True))
     """Steps of linear warm-up; below 1 a fraction of the run (transformers 5 folded ``warmup_ratio`` in here, so
     that name sets this field too); None: min(5, run // 10)."""
-    weight_decay: float = option(0.0, "AdamW weight decay", check=functools.partial(_number, low_open=False))
+    weight_decay: float = option(0.0, "AdamW weight decay", check=functools.partial(check_number, low_open=False))
     """Decoupled weight decay of the optimizer."""
     batch_size: int = option(1, "rows (packed rows with packing) per micro-batch per device",
                              aliases=("per_device_train_batch_size",), check=check_positive)
@@ -234,7 +234,7 @@ class TrainOptions:
         check=functools.partial(check_positive, allow_none=True))
     """transformers' EarlyStoppingCallback on the eval loss; None: no early stopping."""
     early_stopping_threshold: float = option(0.0, "how much the eval loss must improve to count as better",
-                                             check=functools.partial(_number, low_open=False))
+                                             check=functools.partial(check_number, low_open=False))
     """Minimum improvement of the eval loss that resets the patience."""
     save_steps: int | None = option(None, "a checkpoint every that many steps in output_dir (None: none)",
                                     check=functools.partial(check_positive, allow_none=True))
@@ -245,12 +245,12 @@ class TrainOptions:
     logging_steps: int | None = option(None, "log (and draw the dashboard's curves) every that many steps; "
                                        "default every step", check=functools.partial(check_positive, allow_none=True))
     """Steps between log points (each log point reads the loss from the device); None: every step."""
-    output_dir: str = option("outputs", "checkpoints and saved models", check=_output_dir)
+    output_dir: str = option("outputs", "checkpoints and saved models", check=check_output_dir)
     """Folder of the checkpoints (and of ``fastkit_config.yaml``, the options a run used)."""
     report_to: str | list[str] = option("none", "none, tensorboard, wandb or trackio (installed ones only)",
-                                        check=_report_to)
+                                        check=check_trackers)
     """Experiment trackers, one or a list (each must be installed)."""
-    dashboard: str = option("auto", "auto, html, widget, terminal or none", check=_dashboard)
+    dashboard: str = option("auto", "auto, html, widget, terminal or none", check=check_dashboard)
     """Which dashboard make_trainer attaches (``fit`` shows its own)."""
     measure_syncs: bool = option(False, "count host-device syncs of one step (a debug switch)", check=check_bool)
     """Count the host-device syncs of one step on the dashboard."""
@@ -266,7 +266,7 @@ class TrainOptions:
 
     def check(self) -> None:
         """Every field checked, naming it (also after a field was assigned: make_trainer checks again)."""
-        _check_fields(self)
+        check_fields(self)
         if self.max_steps is not None and self.epochs is not None:
             raise FastkitError(f"Give max_steps or epochs, not both (got max_steps={self.max_steps!r}, "
                                f"epochs={self.epochs!r}): set the other to None.")
@@ -293,7 +293,7 @@ class TrainOptions:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, field order (``sft`` last): what ``fastkit_config.yaml`` holds."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 @dataclass
@@ -304,10 +304,10 @@ class LoraOptions:
     lora_r: int = option(16, "LoRA rank", check=check_positive)
     """Rank of the low-rank factors."""
     lora_alpha: float | None = option(None, "LoRA scale numerator (default: lora_r, a scale of 1)",
-                                      check=functools.partial(_number, allow_none=True))
+                                      check=functools.partial(check_number, allow_none=True))
     """The adapter's scale is lora_alpha / lora_r (rsLoRA: / sqrt(lora_r)); None: lora_r."""
     lora_dropout: float = option(0.0, "dropout on the adapter's input",
-                                 check=functools.partial(_number, low_open=False, high=1.0))
+                                 check=functools.partial(check_number, low_open=False, high=1.0))
     """Dropout before the LoRA factors, in [0, 1)."""
     target_modules: str | list[str] = option("all-linear", "modules to adapt: all-linear, a regex, or names",
                                              check=_targets)
@@ -326,11 +326,11 @@ class LoraOptions:
     """'auto', 'on' / True, 'off' / False, or 'offload'."""
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
 
     def peft_kwargs(self) -> dict[str, Any]:
         """The ``FastModel.get_peft_model`` arguments these options mean."""
-        _check_fields(self)
+        check_fields(self)
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         kwargs = dict(r=self.lora_r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else self.lora_r,
                       lora_dropout=self.lora_dropout, target_modules=targets, target_experts=self.target_experts,
@@ -345,20 +345,20 @@ class LoraOptions:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-def _check_fields(options) -> None:
+def check_fields(options) -> None:
     for f in dataclasses.fields(options):
         f.metadata["check"](f.name, getattr(options, f.name))
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """YAML-ready: tuples as lists, enums as their values, mappings copied."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value.value if isinstance(value, enum.Enum) else value
 
 
@@ -421,14 +421,9 @@ def trl_hints(config: str = "SFTConfig") -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
-def sft_hints() -> dict[str, Any]:
-    """trl.SFTConfig's field name -> resolved type (:func:`trl_hints`)."""
-    return trl_hints("SFTConfig")
-
-
 def sft_fields() -> dict[str, Any]:
-    """trl.SFTConfig's init fields and their types (:func:`sft_hints`)."""
-    return sft_hints()
+    """trl.SFTConfig's init fields and their types (:func:`trl_hints`)."""
+    return trl_hints("SFTConfig")
 
 
 def check_sft_value(name: str, value: Any, config: str = "SFTConfig") -> None:
@@ -504,7 +499,7 @@ def dump_yaml(config: dict[str, Any], header: str = "") -> str:
     """``config`` as YAML, keys in the given order (``fastkit train --config`` reads it back)."""
     import yaml
 
-    text = yaml.safe_dump(_plain(config), sort_keys=False, allow_unicode=True, default_flow_style=None, width=100)
+    text = yaml.safe_dump(plain(config), sort_keys=False, allow_unicode=True, default_flow_style=None, width=100)
     return "".join(f"# {line}\n" for line in header.splitlines()) + text
 
 
@@ -523,6 +518,7 @@ def write_config(folder: str, config: dict[str, Any], command: str = "train") ->
 
 
 __all__ = ["CONFIG_FILE", "DEFAULT_MAX_STEPS", "EVALS_PER_RUN", "EVAL_EVERY_AT_LEAST", "TRACKERS", "LoraOptions",
-           "TrainOptions", "accepts", "aliases", "available_trackers", "check_report_to", "check_sft_value",
-           "default_eval_steps", "dump_yaml", "option", "option_names", "sft_fields", "split_names", "trackers",
-           "trl_hints", "type_words", "unknown_name", "write_config"]
+           "TrainOptions", "accepts", "aliases", "available_trackers", "check_dashboard", "check_fields",
+           "check_number", "check_output_dir", "check_report_to", "check_sft_value", "check_trackers",
+           "default_eval_steps", "dump_yaml", "option", "option_names", "plain", "sft_fields", "split_names",
+           "trackers", "trl_hints", "type_words", "unknown_name", "write_config"]
