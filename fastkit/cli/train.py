@@ -392,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
-    trainer.fastkit_resume_hint = resume_command(args)  # Ctrl-C's message: how to continue its checkpoint
+    trainer.update_record(resume_hint=resume_command(args))  # Ctrl-C's message: how to continue its checkpoint
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
     return save_run(args, model, tokenizer, trainer, metrics.status)
 
@@ -468,8 +468,8 @@ def build(args: argparse.Namespace, prepared: Prepared):
         _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
     model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)
     trainer = make_trainer(model, tokenizer, rows, options=options)
-    trainer.fastkit_data = args.data_label  # what the run folder's model card names
-    trainer.fastkit_config = args.resolved.to_dict()  # fit saves it as output_dir/fastkit_config.yaml
+    # the data the run folder's model card names; the config fit saves as output_dir/fastkit_config.yaml
+    trainer.update_record(data=args.data_label, config=args.resolved.to_dict())
     return model, tokenizer, trainer
 
 
