@@ -442,12 +442,9 @@ def _save_interrupted(args: argparse.Namespace, model, tokenizer) -> None:
 
 
 def build(args: argparse.Namespace, prepared: Prepared):
-    """(model, tokenizer, trainer) of a resolved ``fastkit train``: load, check the rows with the tokenizer, LoRA,
-    make_trainer with the options (nothing trained yet)."""
+    """(model, tokenizer, trainer) of a resolved ``fastkit train``: load, LoRA, make_trainer with the options, which
+    checks the rows with the tokenizer as it tokenizes them, once (nothing trained yet)."""
     from fastkit import FastModel
-    from fastkit.data import check_dataset
-    from fastkit.data.stream import is_stream
-    from fastkit.data.vision import is_processor
     from fastkit.training import make_trainer
 
     options = args.train
@@ -456,18 +453,12 @@ def build(args: argparse.Namespace, prepared: Prepared):
                                                  **({"vision": True} if prepared.images else {}))
     if getattr(args, "packing_note", None):
         logger.info(args.packing_note)
-    rows = prepared.rows
-    # a stream is checked as drawn (its first rows by make_trainer, before any step); a processor's rows (image +
-    # text, or text on a vision-language model) by make_trainer with it
-    if not is_stream(rows) and not is_processor(tokenizer):
-        rows = check_dataset(rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
-                             drop_invalid=options.drop_invalid)
     for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
         from fastkit.export.gguf.writer import _check
 
         _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
     model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)
-    trainer = make_trainer(model, tokenizer, rows, options=options)
+    trainer = make_trainer(model, tokenizer, prepared.rows, options=options)  # rows checked + tokenized there, once
     # the data the run folder's model card names; the config fit saves as output_dir/fastkit_config.yaml
     trainer.update_record(data=args.data_label, config=args.resolved.to_dict())
     return model, tokenizer, trainer
