@@ -106,15 +106,17 @@ class FastDPOTrainer(FastTrainerMixin, DPOTrainer):
         super().__init__(*args, **kwargs)
 
     def finish(self) -> None:
-        self.update_record(data=data_name(self.train_dataset), reference=use_disabled_adapter_as_reference(self))
-        _checked_tokenized(self, lambda: setattr(self, "train_dataset",
-                                                 dpo.check_tokenized_pairs(self.train_dataset, *self._limits)))
+        self.update_record(reference=use_disabled_adapter_as_reference(self))
+        _checked_tokenized(self, self._check_rows)
         packed = self._packing and dpo.pack_pairs(self.model)
         if self._packing and not packed:
             logger.info("fastkit: DPO pairs padded (no active fastkit packing patch on this model)")
         if packed:
             self.data_collator = dpo.PairLengthsCollator(self.data_collator)
-        self.update_record(packed=packed)
+        self.update_record(data=data_name(self.train_dataset), packed=packed)
+
+    def _check_rows(self) -> None:
+        self.train_dataset = dpo.check_tokenized_pairs(self.train_dataset, *self._limits)
 
 
 class FastKTOTrainer(FastTrainerMixin, KTOTrainer):
@@ -127,10 +129,10 @@ class FastKTOTrainer(FastTrainerMixin, KTOTrainer):
         super().__init__(*args, **kwargs)
 
     def finish(self) -> None:
-        self.update_record(data=data_name(self.train_dataset), reference=use_disabled_adapter_as_reference(self))
+        self.update_record(reference=use_disabled_adapter_as_reference(self))
         _checked_tokenized(self, self._check_rows)
         self.args.max_length = self.data_collator.max_length = self._limits[0]  # KL rows (a neighbour's completion)
-        self.update_record(examples=len(self.train_dataset))
+        self.update_record(data=data_name(self.train_dataset), examples=len(self.train_dataset))
 
     def _check_rows(self) -> None:
         batch = self.run_record.options.batch_size
