@@ -237,7 +237,7 @@ def test_the_coverage_line_keeps_its_epoch_count_in_words():
 
 
 def test_model_card_names_the_base_model_and_the_data(tmp_path):
-    from fastkit.training.run import model_card_sentence
+    from fastkit.training.card import model_card_sentence
 
     (tmp_path / "chats.jsonl").write_text("{}")
     assert model_card_sentence("Qwen/Qwen3-0.6B", "HuggingFaceH4/no_robots") == (
@@ -252,17 +252,22 @@ def test_run_folder_model_card_is_rewritten_after_trl_writes_it(tmp_path):
 
     import torch
 
-    from fastkit.training.run import _name_in_model_card
+    from fastkit.training.card import ModelCardMixin
+    from fastkit.training.record import RunRecord
 
-    def trl_card(model_name=None):  # what TRL 1.16 writes for a model loaded from a folder
-        (tmp_path / "README.md").write_text("# Model Card\n\nThis model is a fine-tuned version of "
-                                            "[None](https://huggingface.co/None).\n\n## Quick start\n")
+    class Trl:
+        def create_model_card(self, model_name=None):  # what TRL 1.16 writes for a model loaded from a folder
+            (tmp_path / "README.md").write_text("# Model Card\n\nThis model is a fine-tuned version of "
+                                                "[None](https://huggingface.co/None).\n\n## Quick start\n")
+
+    class Trainer(ModelCardMixin, Trl):  # fastkit's trainers: the card's sentence as a method override
+        pass
 
     model = torch.nn.Linear(1, 1)
     model.config = SimpleNamespace(_name_or_path=str(tmp_path / "SmolLM2"))
-    trainer = SimpleNamespace(create_model_card=trl_card, args=SimpleNamespace(output_dir=str(tmp_path)),
-                              model=model)
-    _name_in_model_card(trainer, "HuggingFaceH4/no_robots")
+    trainer = Trainer()
+    trainer.args, trainer.model = SimpleNamespace(output_dir=str(tmp_path)), model
+    trainer.run_record = RunRecord(data="HuggingFaceH4/no_robots")
     trainer.create_model_card(model_name="run")
     card = (tmp_path / "README.md").read_text()
     assert "[None]" not in card and f"`{tmp_path / 'SmolLM2'}`" in card and "## Quick start" in card

@@ -237,18 +237,23 @@ def test_streaming_resume_on_other_data_drops_counted_and_the_users_readme_kept(
 def test_a_model_card_fastkit_wrote_is_replaced_anything_else_kept(tmp_path, caplog):
     from types import SimpleNamespace
 
-    from fastkit.training.run import CARD_LINE, CARD_MARKER, _name_in_model_card
+    from fastkit.training.card import CARD_LINE, CARD_MARKER, ModelCardMixin
+    from fastkit.training.record import RunRecord
 
     writes = []
 
-    def create_model_card(*args, **kwargs):  # TRL's: writes output_dir/README.md
-        writes.append(1)
-        (tmp_path / "README.md").write_text(f"# card\n{CARD_LINE}[None] trained on x.\n")
+    class Trl:
+        def create_model_card(self, *args, **kwargs):  # TRL's: writes output_dir/README.md
+            writes.append(1)
+            (tmp_path / "README.md").write_text(f"# card\n{CARD_LINE}[None] trained on x.\n")
+
+    class Trainer(ModelCardMixin, Trl):  # fastkit's trainers: the card's sentence as a method override
+        pass
 
     config = SimpleNamespace(_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")
-    trainer = SimpleNamespace(create_model_card=create_model_card, args=SimpleNamespace(output_dir=str(tmp_path)),
-                              model=SimpleNamespace(config=config))
-    _name_in_model_card(trainer, "data.jsonl")
+    trainer = Trainer()
+    trainer.args, trainer.model = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(config=config)
+    trainer.run_record = RunRecord(data="data.jsonl")
     trainer.create_model_card()  # no README: written, with the marker
     first = (tmp_path / "README.md").read_text()
     assert first.endswith(CARD_MARKER + "\n") and "trained on `data.jsonl` with fastkit." in first

@@ -206,9 +206,9 @@ def build(args: argparse.Namespace, prepared: Prepared):
     else:
         trainer = make_grpo_trainer(model, tokenizer, prepared.rows, reward_funcs=prepared.rewards,
                                     **_grpo_kwargs(kwargs))
-    trainer.fastkit_data = args.data_label  # what the run folder's model card names
-    trainer.fastkit_config = args.resolved.to_dict()  # fit saves it as output_dir/fastkit_config.yaml
-    trainer.fastkit_command = args.resolved.command.name  # which command reads it back
+    # the data the run folder's model card names; the config fit saves as output_dir/fastkit_config.yaml and the
+    # command that reads it back
+    trainer.update_record(data=args.data_label, config=args.resolved.to_dict(), command=args.resolved.command.name)
     return model, tokenizer, trainer
 
 
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     ranks.quiet_replicas()  # a torchrun job: the main process prints, the others warn only
     prepared = ranks.agreed(preflight, args)  # before the model loads; a refusal on any rank ends every rank
     model, tokenizer, trainer = build(args, prepared)
-    trainer.fastkit_resume_hint = cli_train.resume_command(args)  # Ctrl-C's message: how to continue
+    trainer.update_record(resume_hint=cli_train.resume_command(args))  # Ctrl-C's message: how to continue
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)
     return cli_train.save_run(args, model, tokenizer, trainer, metrics.status)  # FSDP: gathered, saved once
 

@@ -379,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer, trainer = build(args, prepared)
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
-    trainer.fastkit_resume_hint = resume_command(args)  # Ctrl-C's message: how to continue its checkpoint
+    trainer.update_record(resume_hint=resume_command(args))  # Ctrl-C's message: how to continue its checkpoint
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
     return save_run(args, model, tokenizer, trainer, metrics.status)
 
@@ -429,12 +429,9 @@ def _save_interrupted(args: argparse.Namespace, model, tokenizer) -> None:
 
 
 def build(args: argparse.Namespace, prepared: Prepared):
-    """(model, tokenizer, trainer) of a resolved ``fastkit train``: load, check the rows with the tokenizer, LoRA,
-    make_trainer with the options (nothing trained yet)."""
+    """(model, tokenizer, trainer) of a resolved ``fastkit train``: load, LoRA, make_trainer with the options, which
+    checks the rows with the tokenizer as it tokenizes them, once (nothing trained yet)."""
     from fastkit import FastModel
-    from fastkit.data import check_dataset
-    from fastkit.data.stream import is_stream
-    from fastkit.data.vision import is_processor
     from fastkit.training import make_trainer
 
     options = args.train
@@ -443,20 +440,14 @@ def build(args: argparse.Namespace, prepared: Prepared):
                                                  **({"vision": True} if prepared.images else {}))
     if getattr(args, "packing_note", None):
         logger.info(args.packing_note)
-    rows = prepared.rows
-    # a stream is checked as drawn (its first rows by make_trainer, before any step); a processor's rows (image +
-    # text, or text on a vision-language model) by make_trainer with it
-    if not is_stream(rows) and not is_processor(tokenizer):
-        rows = check_dataset(rows, tokenizer, options.max_seq_length, drop_long=options.drop_long,
-                             drop_invalid=options.drop_invalid)
     for quantization in args.gguf or ():  # the family's GGUF mapping and the tokenizer, before any step
         from fastkit.export.gguf.writer import check_before_writing as _check
 
         _check(model, tokenizer, Path(args.output_dir) / "gguf", quantization)
     model = FastModel.get_peft_model(model, options=args.lora, random_state=options.seed)
-    trainer = make_trainer(model, tokenizer, rows, options=options)
-    trainer.fastkit_data = args.data_label  # what the run folder's model card names
-    trainer.fastkit_config = args.resolved.to_dict()  # fit saves it as output_dir/fastkit_config.yaml
+    trainer = make_trainer(model, tokenizer, prepared.rows, options=options)  # rows checked + tokenized there, once
+    # the data the run folder's model card names; the config fit saves as output_dir/fastkit_config.yaml
+    trainer.update_record(data=args.data_label, config=args.resolved.to_dict())
     return model, tokenizer, trainer
 
 

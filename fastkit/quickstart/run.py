@@ -123,7 +123,7 @@ def run(config: QuickstartConfig | None = None, view: str = "auto") -> Quickstar
     trainer = make_trainer(model, tokenizer, train, max_steps=config.max_steps, learning_rate=config.learning_rate,
                            batch_size=config.batch_size, max_seq_length=config.max_seq_length,
                            output_dir=config.output_dir)
-    trainer.fastkit_resume_hint = None  # a demo: Ctrl-C goes on to the answers after, nothing to resume
+    trainer.update_record(resume_hint=None)  # a demo: Ctrl-C goes on to the answers after, nothing to resume
     metrics = fit(trainer, view=view, title="fastkit quickstart")
     result.losses = [loss for _, loss in metrics.loss_history]
     result.steps_per_s = metrics.steps_per_s or 0.0

@@ -181,19 +181,24 @@ class RewardCounts:
                 "function (advantage 0, not trained on)")
 
 
+class CountedRewards:
+    """A ``trl.GRPOTrainer`` (the class this mixes into) that counts the None rewards as it scores each training batch
+    into ``run_record.reward_counts`` (:class:`RewardCounts`, started by :func:`watch_rewards`)."""
+
+    def _calculate_rewards(self, *args: Any, **kwargs: Any):
+        rewards = super()._calculate_rewards(*args, **kwargs)
+        counts = self.run_record.reward_counts
+        if counts is not None and self.model.training:  # evaluation batches are not trained on
+            counts.add(rewards)
+        return rewards
+
+
 def watch_rewards(trainer) -> RewardCounts:
-    """Count the None rewards of ``trainer`` (a ``trl.GRPOTrainer``) as it scores each batch, and log the count at
-    the end of training (:class:`RewardCounts`); kept as ``trainer.fastkit_reward_counts``."""
+    """Start counting the None rewards of ``trainer`` (a :class:`CountedRewards` trainer): the counts on its record
+    (``run_record.reward_counts``), logged at the end of training."""
     from transformers import TrainerCallback
 
     counts = RewardCounts([reward_name(f) if not isinstance(f, str) else f for f in trainer.reward_funcs])
-    original = trainer._calculate_rewards
-
-    def _calculate_rewards(*args: Any, **kwargs: Any):
-        rewards = original(*args, **kwargs)
-        if trainer.model.training:  # evaluation batches are not trained on
-            counts.add(rewards)
-        return rewards
 
     class _Summary(TrainerCallback):
         def on_train_end(self, args, state, control, **kwargs):
@@ -201,9 +206,8 @@ def watch_rewards(trainer) -> RewardCounts:
             if line:
                 logger.warning("fastkit: %s", line)
 
-    trainer._calculate_rewards = _calculate_rewards
     trainer.add_callback(_Summary())
-    trainer.fastkit_reward_counts = counts
+    trainer.update_record(reward_counts=counts)
     return counts
 
 
@@ -296,5 +300,5 @@ def answer_scores(model, tokenizer, dataset, reward_funcs: Sequence, max_new_tok
     return scores
 
 
-__all__ = ["TRL_REWARD_ARGS", "UNSCORED_BATCHES", "CheckedReward", "RewardCounts", "answer_scores", "check_prompt_rows",
-           "check_prompts", "needed_columns", "reward_name", "watch_rewards", "wrap_reward_funcs"]
+__all__ = ["TRL_REWARD_ARGS", "UNSCORED_BATCHES", "CheckedReward", "CountedRewards", "RewardCounts", "answer_scores",
+           "check_prompt_rows", "check_prompts", "needed_columns", "reward_name", "watch_rewards", "wrap_reward_funcs"]

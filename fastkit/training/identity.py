@@ -31,6 +31,7 @@ from transformers import TrainerCallback
 from fastkit import checks
 from fastkit.errors import FastkitError
 from fastkit.patching import unwrap
+from fastkit.training.record import record_of
 
 logger = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ class RunGuard(TrainerCallback):
     def __init__(self, trainer, note: str):
         check_trainable(trainer.model)
         self.identity = run_identity(trainer)
-        self.dropped = getattr(trainer, "fastkit_dropped", None)  # a stream's drops (fastkit.data.stream.DropCount)
+        self.dropped = record_of(trainer).dropped  # a stream's drops (fastkit.data.stream.DropCount)
         self.note = note
         self.problem: str | None = None
 

@@ -26,23 +26,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, KTOConfig, KTOTrainer
 
 from fastkit import checks
-from fastkit.dashboard.views import VIEWS, dashboard_callback
+from fastkit.dashboard.views import VIEWS
 from fastkit.data.read import as_dataset
 from fastkit.errors import FastkitError
 from fastkit.patching import change, unwrap
 from fastkit.training import dpo, grpo, grpo_pack, kto
-from fastkit.training.options import DEFAULT_MAX_STEPS, default_eval_steps
-from fastkit.training.run import (
-    _default_optim,
-    _fsdp_processes,
-    _name_in_model_card,
-    _precision,
-    _run_length,
-    check_distributed_mode,
-    check_report_to,
-)
+from fastkit.training.args import check_distributed_mode, device_args, training_args
+from fastkit.training.base import FastTrainerMixin
+from fastkit.training.card import data_name
+from fastkit.training.options import DEFAULT_MAX_STEPS, check_report_to, default_eval_steps
+from fastkit.training.record import RunRecord
 
 logger = logging.getLogger(__name__)
 
@@ -83,32 +79,87 @@ class RunOptions:
 
 
 def _base_config(model: torch.nn.Module, run: RunOptions, overrides: dict[str, Any], config_cls) -> dict[str, Any]:
-    """The TrainingArguments values DPO and GRPO share (make_trainer's sft_config, less the SFT fields)."""
+    """The TrainingArguments values of a DPO / KTO / GRPO run: the ones every trainer shares
+    (:func:`~fastkit.training.args.training_args`), then the caller's ``config_cls`` fields (refused by name when
+    they are not its fields)."""
     checks.check_known_options(config_cls.__name__, overrides, {f.name for f in dataclasses.fields(config_cls)})
-    max_steps, epochs = _run_length(run.max_steps, run.epochs)
-    config = dict(
-        output_dir=run.output_dir, max_steps=max_steps or -1, num_train_epochs=epochs or 1.0,
-        learning_rate=run.learning_rate, per_device_train_batch_size=run.batch_size,
-        gradient_accumulation_steps=run.gradient_accumulation_steps, activation_checkpointing=False,
-        logging_steps=1, logging_nan_inf_filter=False, report_to=check_report_to(run.report_to), seed=run.seed,
-        data_seed=run.seed,
-        **({"save_strategy": "steps", "save_steps": run.save_steps, "save_total_limit": 2} if run.save_steps
-           else {"save_strategy": "no"}),
-        lr_scheduler_type="linear", warmup_steps=min(5, (max_steps or 50) // 10), weight_decay=0.0,
-        dataloader_pin_memory=model.device.type == "cuda", disable_tqdm=True, optim=_default_optim(model),
-        **_precision(model),
-    )
+    config = training_args(run, report_to=check_report_to(run.report_to), **device_args(model))
     config.update(overrides)
     return config
 
 
-def _finish(trainer, run: RunOptions, examples: int, overrides: dict[str, Any]):
-    """The dashboard attached, first among the callbacks; FSDP given back on CPU processes, as for SFT."""
-    _fsdp_processes(trainer)
-    _name_in_model_card(trainer, trainer.train_dataset)  # a README.md of the user's in output_dir is kept
-    dash = dashboard_callback(run.dashboard, examples=examples, log_every_step="logging_steps" not in overrides)
-    trainer.callback_handler.callbacks.insert(0, dash)  # first: trackers after it see its fastkit/... log keys
-    return trainer
+def _record(run: RunOptions, overrides: dict[str, Any], examples: int | None = None) -> RunRecord:
+    """A preference / RL run's record: its options, the dashboard's examples, a log every step unless the caller
+    chose ``logging_steps``."""
+    return RunRecord(options=run, examples=examples, log_every_step="logging_steps" not in overrides)
+
+
+class FastDPOTrainer(FastTrainerMixin, DPOTrainer):
+    """:func:`make_dpo_trainer`'s trainer: TRL's ``DPOTrainer`` whose reference is the same model with its adapter
+    disabled (:func:`use_disabled_adapter_as_reference`), the pairs TRL tokenized checked against
+    ``max_seq_length`` (``drop_long``: dropped instead), and each batch's chosen and rejected rows run as one
+    padding-free packed row where fastkit's packing patch is active (``packing``)."""
+
+    def __init__(self, *args: Any, max_seq_length: int, drop_long: bool = False, packing: bool = True,
+                 **kwargs: Any):
+        self._limits, self._packing = (max_seq_length, drop_long), packing
+        super().__init__(*args, **kwargs)
+
+    def finish(self) -> None:
+        self.update_record(reference=use_disabled_adapter_as_reference(self))
+        _checked_tokenized(self, self._check_rows)
+        packed = self._packing and dpo.pack_pairs(self.model)
+        if self._packing and not packed:
+            logger.info("fastkit: DPO pairs padded (no active fastkit packing patch on this model)")
+        if packed:
+            self.data_collator = dpo.PairLengthsCollator(self.data_collator)
+        self.update_record(data=data_name(self.train_dataset), packed=packed)
+
+    def _check_rows(self) -> None:
+        self.train_dataset = dpo.check_tokenized_pairs(self.train_dataset, *self._limits)
+
+
+class FastKTOTrainer(FastTrainerMixin, KTOTrainer):
+    """:func:`make_kto_trainer`'s trainer: TRL's ``KTOTrainer`` with the reference as DPO's, the rows TRL tokenized
+    checked against ``max_seq_length`` (``drop_long``: dropped instead; both labels in each device batch's reach),
+    and the KL rows (a neighbour's completion) cut at ``max_seq_length`` too."""
+
+    def __init__(self, *args: Any, max_seq_length: int, drop_long: bool = False, **kwargs: Any):
+        self._limits = (max_seq_length, drop_long)
+        super().__init__(*args, **kwargs)
+
+    def finish(self) -> None:
+        self.update_record(reference=use_disabled_adapter_as_reference(self))
+        _checked_tokenized(self, self._check_rows)
+        self.args.max_length = self.data_collator.max_length = self._limits[0]  # KL rows (a neighbour's completion)
+        self.update_record(data=data_name(self.train_dataset), examples=len(self.train_dataset))
+
+    def _check_rows(self) -> None:
+        batch = self.run_record.options.batch_size
+        self.train_dataset = kto.check_tokenized_rows(self.train_dataset, *self._limits, batch)
+        if self.eval_dataset is not None:
+            self.eval_dataset = kto.check_tokenized_rows(self.eval_dataset, *self._limits, batch, "eval_dataset",
+                                                         both_labels=False)
+
+
+class FastGRPOTrainer(FastTrainerMixin, grpo.CountedRewards, GRPOTrainer):
+    """:func:`make_grpo_trainer`'s trainer: TRL's ``GRPOTrainer`` with fastkit's checkpointing kept through TRL's
+    no-grad passes, its None rewards counted (:class:`~fastkit.training.grpo.CountedRewards`), and its log-prob
+    passes on packed rows where fastkit's packing patch is active (``packing``: :mod:`fastkit.training.grpo_pack`)."""
+
+    def __init__(self, *args: Any, packing: bool = True, **kwargs: Any):
+        self._packing = packing
+        super().__init__(*args, **kwargs)
+
+    def finish(self) -> None:
+        keep_fastkit_checkpointing(self.model)
+        how = "none (beta=0)" if not self.args.beta else "the same model with its adapter disabled"
+        self.update_record(data=data_name(self.train_dataset), reference=how)
+        grpo.watch_rewards(self)  # None rewards counted; batches no function scored refused (grpo's module docs)
+        packed = self._packing and grpo_pack.pack_logps(self)
+        if self._packing and not packed:
+            logger.info("fastkit: GRPO log-prob passes padded (no active fastkit packing patch on this model)")
+        self.update_record(packed=packed)
 
 
 def keep_fastkit_checkpointing(model: torch.nn.Module) -> None:
@@ -177,8 +228,6 @@ def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     The run options (``max_steps`` / ``epochs``, ``learning_rate``, ``batch_size``, ...) are :class:`RunOptions`;
     anything else is a ``DPOConfig`` field (refused by name when it is not one).
     """
-    from trl import DPOConfig, DPOTrainer
-
     run, overrides = _split_options(options)
     _check_peft(model, "make_dpo_trainer")
     checks.check_positive("beta", beta, integer=False)
@@ -192,19 +241,9 @@ def make_dpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
         dpo.check_pairs(eval_dataset, tokenizer, "eval_dataset")
     config = _base_config(model, run, overrides, DPOConfig)
     config.update(beta=beta, max_length=max_seq_length, **_eval_config(eval_dataset, run, overrides))
-    trainer = _reference_free_trainer(DPOTrainer, DPOConfig, config, model, tokenizer, dataset, eval_dataset,
-                                      callbacks)
-
-    def check(trainer) -> None:
-        trainer.train_dataset = dpo.check_tokenized_pairs(trainer.train_dataset, max_seq_length, drop_long)
-
-    _checked_tokenized(trainer, model, check)
-    trainer.fastkit_packed = packing and dpo.pack_pairs(trainer.model)
-    if packing and not trainer.fastkit_packed:
-        logger.info("fastkit: DPO pairs padded (no active fastkit packing patch on this model)")
-    if trainer.fastkit_packed:
-        trainer.data_collator = dpo.PairLengthsCollator(trainer.data_collator)
-    return _finish(trainer, run, len(dataset), overrides)
+    return _reference_free_trainer(FastDPOTrainer, DPOConfig, config, model, tokenizer, (dataset, eval_dataset),
+                                   callbacks, record=_record(run, overrides, len(dataset)),
+                                   max_seq_length=max_seq_length, drop_long=drop_long, packing=packing)
 
 
 def make_kto_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: float = 0.1,
@@ -223,8 +262,6 @@ def make_kto_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     rows above ``max_seq_length`` instead of refusing them. Other run options as :func:`make_dpo_trainer`; anything
     else is a ``KTOConfig`` field (refused by name when it is not one).
     """
-    from trl import KTOConfig, KTOTrainer
-
     run, overrides = _split_options({"batch_size": 2, **options})
     _check_kto_options(model, run, overrides, beta, desirable_weight, undesirable_weight, drop_long)
     max_seq_length = _max_length(tokenizer, max_seq_length, model)
@@ -235,41 +272,30 @@ def make_kto_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, beta: 
     config = _base_config(model, run, overrides, KTOConfig)
     config.update(beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
                   max_length=None, **_eval_config(eval_dataset, run, overrides))  # lengths: checked below
-    trainer = _reference_free_trainer(KTOTrainer, KTOConfig, config, model, tokenizer, dataset, eval_dataset,
-                                      callbacks)
-
-    def check(trainer) -> None:
-        trainer.train_dataset = kto.check_tokenized_rows(trainer.train_dataset, max_seq_length, drop_long,
-                                                         run.batch_size)
-        if trainer.eval_dataset is not None:
-            trainer.eval_dataset = kto.check_tokenized_rows(trainer.eval_dataset, max_seq_length, drop_long,
-                                                            run.batch_size, "eval_dataset", both_labels=False)
-
-    _checked_tokenized(trainer, model, check)
-    trainer.args.max_length = trainer.data_collator.max_length = max_seq_length  # KL rows (a neighbour's completion)
-    return _finish(trainer, run, len(trainer.train_dataset), overrides)
+    return _reference_free_trainer(FastKTOTrainer, KTOConfig, config, model, tokenizer, (dataset, eval_dataset),
+                                   callbacks, record=_record(run, overrides), max_seq_length=max_seq_length,
+                                   drop_long=drop_long)
 
 
 def _reference_free_trainer(trainer_cls, config_cls, config: dict[str, Any], model: torch.nn.Module, tokenizer,
-                            dataset, eval_dataset, callbacks: Sequence[Any]):
-    """TRL's DPO / KTO trainer on ``model`` with no second model: the reference is the same model with its adapter
-    disabled (:func:`use_disabled_adapter_as_reference`); the KV cache off while training."""
+                            data, callbacks: Sequence[Any], **kwargs: Any):
+    """fastkit's DPO / KTO trainer on ``model`` with no second model (``data``: train, eval or None): the reference is
+    the same model with its adapter disabled (:func:`use_disabled_adapter_as_reference`); the KV cache off while
+    training; ``kwargs``: the trainer class's own."""
     check_distributed_mode(model, config)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
     _drop_old_reference(model)
-    trainer = trainer_cls(model=model, args=config_cls(**config), train_dataset=dataset, eval_dataset=eval_dataset,
-                          processing_class=tokenizer, callbacks=list(callbacks))
-    trainer.fastkit_reference = use_disabled_adapter_as_reference(trainer)
-    return trainer
+    return trainer_cls(model=model, args=config_cls(**config), train_dataset=data[0], eval_dataset=data[1],
+                       processing_class=tokenizer, callbacks=list(callbacks), **kwargs)
 
 
-def _checked_tokenized(trainer, model: torch.nn.Module, check: Callable[[Any], None]) -> None:
-    """``check(trainer)`` on the rows TRL tokenized (a refusal leaves the model as it came in: TRL's reference
-    adapter dropped), then fastkit's checkpointing put back (TRL's init set transformers' own)."""
+def _checked_tokenized(trainer, check: Callable[[], None]) -> None:
+    """``check()`` on the rows TRL tokenized (a refusal leaves the model as it came in: TRL's reference adapter
+    dropped), then fastkit's checkpointing put back (TRL's init set transformers' own)."""
     try:
-        check(trainer)
+        check()
     except FastkitError:
-        _drop_old_reference(model)
+        _drop_old_reference(trainer.model)
         raise
     keep_fastkit_checkpointing(trainer.model)
 
@@ -306,8 +332,6 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
     :func:`make_dpo_trainer`
     (``batch_size`` counts prompts); anything else is a ``GRPOConfig`` field.
     """
-    from trl import GRPOConfig, GRPOTrainer
-
     run, overrides = _split_options(options)
     _check_peft(model, "make_grpo_trainer")
     checks.check_positive("num_generations", num_generations)
@@ -330,15 +354,9 @@ def make_grpo_trainer(model: torch.nn.Module, tokenizer, train_dataset, *, rewar
                   generation_kwargs={"use_cache": True, **(overrides.get("generation_kwargs") or {})})
     check_distributed_mode(model, config)
     change(model, "use_cache", lambda swap: swap.setattr(unwrap(model).config, "use_cache", False))
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(**config), train_dataset=dataset, processing_class=tokenizer,
-                          reward_funcs=funcs, callbacks=list(callbacks))
-    keep_fastkit_checkpointing(trainer.model)
-    trainer.fastkit_reference = "none (beta=0)" if not beta else "the same model with its adapter disabled"
-    grpo.watch_rewards(trainer)  # None rewards counted; batches no function scored refused (grpo's module docs)
-    trainer.fastkit_packed = packing and grpo_pack.pack_logps(trainer)
-    if packing and not trainer.fastkit_packed:
-        logger.info("fastkit: GRPO log-prob passes padded (no active fastkit packing patch on this model)")
-    return _finish(trainer, run, len(dataset), overrides)
+    return FastGRPOTrainer(model=model, args=GRPOConfig(**config), train_dataset=dataset, processing_class=tokenizer,
+                           reward_funcs=funcs, callbacks=list(callbacks), packing=packing,
+                           record=_record(run, overrides, len(dataset)))
 
 
 def _prompt_room(context: int, max_completion_length: int) -> int:
@@ -379,5 +397,5 @@ def _eval_config(eval_dataset, run: RunOptions, overrides: dict[str, Any]) -> di
     return {"eval_strategy": "steps", "eval_steps": steps, "per_device_eval_batch_size": run.batch_size}
 
 
-__all__ = ["RunOptions", "make_dpo_trainer", "make_grpo_trainer", "make_kto_trainer",
-           "use_disabled_adapter_as_reference"]
+__all__ = ["FastDPOTrainer", "FastGRPOTrainer", "FastKTOTrainer", "RunOptions", "make_dpo_trainer", "make_grpo_trainer",
+           "make_kto_trainer", "use_disabled_adapter_as_reference"]

@@ -1,4 +1,5 @@
-"""``ZeroSyncSFTTrainer``: TRL's ``SFTTrainer`` without a host-device sync between log points.
+"""``ZeroSyncSFTTrainer``: TRL's ``SFTTrainer`` without a host-device sync between log points; ``FastSFTTrainer``:
+it as a fastkit trainer (:class:`fastkit.training.base.FastTrainerMixin`), what :func:`fastkit.make_trainer` returns.
 
 What it replaces. Per optimizer step, transformers 5.24 and TRL 1.16 read device values back even on
 steps that log nothing: ``_run_epoch``'s NaN/Inf loss filter (``torch.isnan(loss) or torch.isinf(loss)``:
@@ -27,11 +28,20 @@ TRL's ``compute_loss`` unchanged, syncs included. What stays: reads at log point
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 from trl import SFTTrainer
 
 from fastkit import _hf
+from fastkit.dashboard import MetricsCallback, dashboard_callback
+from fastkit.errors import FastkitError
+from fastkit.patching import active_patches, unwrap
+from fastkit.training.base import FastTrainerMixin
+from fastkit.training.options import default_eval_steps
+from fastkit.training.session import planned_steps
+
+logger = logging.getLogger(__name__)
 
 _METRICS = ("entropy", "mean_token_accuracy", "aux_loss")
 
@@ -187,4 +197,76 @@ class ZeroSyncSFTTrainer(SFTTrainer):
         super().log(logs, start_time)
 
 
-__all__ = ["ZeroSyncSFTTrainer", "host_values"]
+class FastSFTTrainer(FastTrainerMixin, ZeroSyncSFTTrainer):
+    """:func:`fastkit.training.make_trainer`'s trainer: the zero-sync SFT step, made with a
+    :class:`~fastkit.training.record.RunRecord` whose options are a :class:`~fastkit.training.options.TrainOptions`.
+
+    Its finishing: an ``epochs`` run's step counts (known once the rows are packed); for text rows, the collator
+    carries the packed documents' lengths (the packing patch reads them on the host) and the host token ids (host
+    weights), and the loss is fastkit's chunked cross-entropy where asked (default: off CUDA). A vision-language
+    model's rows are collated by its processor, as they come."""
+
+    def finish(self) -> None:
+        from fastkit.data.vision import is_processor
+
+        self._epoch_steps()
+        if is_processor(self.processing_class):
+            return
+        self._attach_packed_metadata()
+        self._route_loss(self._host_weights(self.run_record.options.chunked_loss))
+
+    def dashboard(self) -> MetricsCallback:
+        record = self.run_record
+        return dashboard_callback(record.options.dashboard, examples=record.examples,
+                                  measure_syncs=record.options.measure_syncs, log_every_step=record.log_every_step)
+
+    def _epoch_steps(self) -> None:
+        """An ``epochs`` run's step counts that depend on its length (known once the trainer holds the rows)."""
+        options = self.run_record.options
+        if options.epochs is None:
+            return
+        total = planned_steps(self)
+        self.args.warmup_steps = options.warmup_steps if options.warmup_steps is not None else min(5, total // 10)
+        if self.eval_dataset is not None and options.eval_steps is None:
+            self.args.eval_steps = default_eval_steps(total)
+
+    def _attach_packed_metadata(self) -> None:
+        """Let the packing patch see host-side document lengths (the Trainer moves tensors to the device)."""
+        if "packing" not in active_patches(unwrap(self.model)):
+            return
+        from fastkit.patches.packing.patch import wrap_collator
+
+        self.data_collator = wrap_collator(self.data_collator)
+
+    def _host_weights(self, chunked_loss: bool | None) -> bool | None:
+        """Host weights (:mod:`fastkit.patches.host`): the collator carries the host token ids for the embedding,
+        and a host lm_head needs fastkit's chunked loss (TRL's kernel reads the head on the device)."""
+        from fastkit.patches.host import HOST_EMBEDDING, HOST_LM_HEAD, wrap_collator
+
+        active = active_patches(unwrap(self.model))
+        if HOST_EMBEDDING in active:
+            self.data_collator = wrap_collator(self.data_collator)
+        if HOST_LM_HEAD not in active:
+            return chunked_loss
+        if chunked_loss is False:
+            raise FastkitError("chunked_loss=False, but the lm_head is kept on the host (HostWeights(lm_head=True)): "
+                               "only fastkit's chunked loss streams it. Drop chunked_loss=False, or keep the head on "
+                               "the GPU (get_peft_model(host_weights=fastkit.HostWeights(lm_head=False))).")
+        return True
+
+    def _route_loss(self, chunked_loss: bool | None) -> None:
+        """fastkit's chunked loss where asked (default: off CUDA), else TRL's fused LM head."""
+        if not (chunked_loss if chunked_loss is not None else self.model.device.type != "cuda"):
+            return
+        from fastkit.patches.loss.patch import route_trainer_loss
+
+        ok, how = route_trainer_loss(self)
+        if not ok and chunked_loss is True and "host_lm_head" in active_patches(unwrap(self.model)):
+            raise FastkitError(f"The lm_head is kept on the host, but fastkit's chunked loss (which streams it) "
+                               f"cannot apply: {how}. Keep the head on the GPU (get_peft_model(host_weights="
+                               "fastkit.HostWeights(lm_head=False))).")
+        if not ok:
+            logger.info("fastkit: chunked loss not used (%s); TRL's fused LM head computes the loss", how)
+
+
+__all__ = ["FastSFTTrainer", "ZeroSyncSFTTrainer", "host_values"]
