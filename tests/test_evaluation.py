@@ -5,6 +5,7 @@ loss's own number, the base is the model without its adapter, forgetting is 0 fo
 with a changed one, and a Ctrl-C keeps the rows done. Tiny twins; the real-model proof is in docs/eval.md.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -267,3 +268,64 @@ def test_no_base_to_compare_is_refused(lora):
 
 def test_report_type():
     assert EvalReport(0, {}).summary().startswith("# Before / after: 0 held-out rows")
+
+
+# ---- after a run: fit(compare=True) -------------------------------------------------------------------------------
+
+def _trainer(lora, tmp_path, **kwargs):
+    from fastkit.quickstart.data import quickstart_dataset
+    from fastkit.training import make_trainer
+
+    model, tok = lora
+    train, _ = quickstart_dataset()
+    return make_trainer(model, tok, train, max_steps=1, max_seq_length=128, output_dir=str(tmp_path / "run"),
+                        **kwargs)
+
+
+def test_the_runs_packed_eval_set_is_split_back_into_its_documents(lora, tmp_path):
+    """Every document of the packed eval set is one held-out row exactly as training tokenized it."""
+    from fastkit.data.formats import row_tokens
+    from fastkit.evaluation.rows import unpacked
+    from fastkit.quickstart.data import quickstart_dataset
+
+    _, tok = lora
+    trainer = _trainer(lora, tmp_path, eval_split=6)
+    assert "seq_lengths" in trainer.eval_dataset.column_names  # packed: several documents per row
+    docs = unpacked(trainer.eval_dataset)
+    assert len(docs) == 6
+    train, _ = quickstart_dataset()
+    every = {tuple(row_tokens(dict(r), tok)[0]) for r in train}
+    for doc in docs:
+        ids, mask = row_tokens(doc, tok)
+        assert tuple(ids) in every and any(mask)
+    assert len(unpacked(trainer.eval_dataset, max_rows=4)) == 4
+
+
+def test_compare_without_an_eval_set_is_refused_before_training(lora, tmp_path):
+    with pytest.raises(FastkitError, match="compare=True .*no eval set.*eval_split"):
+        _trainer(lora, tmp_path, compare=True)
+    from fastkit import fit
+
+    trainer = _trainer(lora, tmp_path)
+    with pytest.raises(FastkitError, match="fit\\(compare=True\\).*no eval set"):
+        fit(trainer, view="none", compare=True)
+    assert trainer.state.global_step == 0
+
+
+def test_compare_after_a_run_reports_in_its_folder(lora, tmp_path, monkeypatch):
+    import fastkit.evaluation as ev
+    from fastkit import fit
+
+    @dataclasses.dataclass
+    class Short(EvalOptions):  # a short comparison
+        max_rows: int = 3
+        max_new_tokens: int = 6
+        forgetting_tokens: int = 6
+        sampled: bool = False
+
+    monkeypatch.setattr(ev, "EvalOptions", Short)
+    trainer = _trainer(lora, tmp_path, eval_split=4, compare=True)
+    metrics = fit(trainer, view="none")
+    assert metrics.status == "finished" and metrics.comparison.rows == 3
+    assert (tmp_path / "run" / "eval" / "results.json").is_file()
+    assert fit(_trainer(lora, tmp_path, eval_split=4), view="none").comparison is None  # not asked: not run

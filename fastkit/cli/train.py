@@ -381,6 +381,11 @@ def run(args: argparse.Namespace) -> int:
     logger.info("fastkit: %s", flag_words(run_coverage(trainer)))
     trainer.update_record(resume_hint=resume_command(args))  # Ctrl-C's message: how to continue its checkpoint
     metrics = fit(trainer, view="terminal", resume=args.resume, extend=args.extend)  # its status on every rank
+    if metrics.comparison is not None:  # --compare: base and tuned on the held-out rows (fastkit.evaluate)
+        from fastkit.evaluation.report import forgetting_line
+
+        report = metrics.comparison
+        print(report.table() + ("\n" + forgetting_line(report.forgetting) if report.forgetting else ""))
     return save_run(args, model, tokenizer, trainer, metrics.status)
 
 

@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
@@ -135,6 +136,8 @@ class TrainingMetrics:
     """Why training stopped, when it failed or was interrupted."""
     resumed_from: int | None = None
     """The optimizer step this run resumed from (``checkpoint-<N>``); None for a new run."""
+    comparison: Any = None
+    """``fit(compare=True)``'s before/after report (:class:`fastkit.evaluation.EvalReport`); None when not asked."""
     run_note: str | None = None
     """A continued run's own words (``fit(..., extend=True)``): "continued from checkpoint-N, schedule extended
     to M steps"; None otherwise."""

@@ -126,6 +126,19 @@ def evaluate(model: torch.nn.Module, tokenizer, data, *, base: torch.nn.Module |
     return report
 
 
+def evaluate_run(trainer, options: EvalOptions | None = None) -> EvalReport:
+    """``fit(compare=True)``: a fastkit trainer's model (its LoRA adapter disabled for the base) on the run's own eval
+    set, as the run tokenized it (packed rows split back into documents); the report in ``output_dir/eval``."""
+    import os
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if trainer.eval_dataset is None:
+        raise FastkitError("compare needs the run's eval set: give eval_split or eval_dataset.")
+    out = os.path.join(trainer.args.output_dir, "eval")
+    logger.info("fastkit: comparing base and tuned on the run's held-out rows (report in %s)", out)
+    return evaluate(model, trainer.processing_class, trainer.eval_dataset, options=options, output_dir=out)
+
+
 def _dataset(data):
     if isinstance(data, list) or hasattr(data, "column_names"):
         return data
@@ -225,4 +238,4 @@ def _examples(asked, texts, passes, n: int) -> list[Example]:
     return out[:n]
 
 
-__all__ = ["EvalOptions", "EvalReport", "Example", "Forgetting", "evaluate"]
+__all__ = ["EvalOptions", "EvalReport", "Example", "Forgetting", "evaluate", "evaluate_run"]

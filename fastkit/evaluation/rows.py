@@ -51,18 +51,40 @@ def last_span(mask: list[int]) -> tuple[int, int]:
     return start, end
 
 
+def unpacked(data, max_rows: int | None = None) -> list[dict]:
+    """A run's packed eval set (rows with ``seq_lengths``: several documents each) as one row per document, with the
+    run's own tokens and labels (nothing re-tokenized); other data as its rows. At most ``max_rows``."""
+    columns = getattr(data, "column_names", None) or (list(data[0]) if len(data) else [])
+    if "seq_lengths" not in columns:
+        return [dict(data[i]) for i in range(len(data) if max_rows is None else min(len(data), max_rows))]
+    out: list[dict] = []
+    for i in range(len(data)):
+        row, start = data[i], 0
+        for n in row["seq_lengths"]:  # [doc lengths]: consecutive slices of the packed row
+            doc = {"input_ids": row["input_ids"][start:start + n]}
+            for key in ("labels", "completion_mask"):
+                if key in row:
+                    doc[key] = row[key][start:start + n]
+            out.append(doc)
+            start += n
+            if max_rows is not None and len(out) >= max_rows:
+                return out
+    return out
+
+
 def eval_rows(data, tokenizer, max_rows: int | None = None) -> list[EvalRow]:
     """The first ``max_rows`` rows of ``data`` (a Dataset or a list of rows) as :class:`EvalRow`. Rows with nothing
     trained are refused by name (they have no answer to score)."""
     from fastkit.data.formats import row_tokens
 
-    n = len(data) if max_rows is None else min(len(data), max_rows)
+    data = unpacked(data, max_rows)
+    n = len(data)
     if n == 0:
         raise FastkitError("evaluate: the held-out data has no rows; pass rows the run did not train on "
                            "(the run's eval split, or a file of them).")
     out = []
     for i in range(n):
-        ids, mask = row_tokens(dict(data[i]), tokenizer)
+        ids, mask = row_tokens(data[i], tokenizer)
         start, end = last_span(mask)
         if end == 0:
             raise FastkitError(f"evaluate: row {i + 1} trains no token (its answer is empty or masked out); "
@@ -71,4 +93,4 @@ def eval_rows(data, tokenizer, max_rows: int | None = None) -> list[EvalRow]:
     return out
 
 
-__all__ = ["EvalRow", "eval_rows", "last_span"]
+__all__ = ["EvalRow", "eval_rows", "last_span", "unpacked"]

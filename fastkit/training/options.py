@@ -236,6 +236,10 @@ class TrainOptions:
     early_stopping_threshold: float = option(0.0, "how much the eval loss must improve to count as better",
                                              check=functools.partial(check_number, low_open=False))
     """Minimum improvement of the eval loss that resets the patience."""
+    compare: bool = option(False, "after training, the base and the tuned model side by side on the held-out rows "
+                           "(eval_split / eval_dataset): output_dir/eval/report.md (docs/eval.md)", check=check_bool)
+    """``fastkit.evaluate`` after the run on its eval set: answer loss, checked answers, forgetting (needs an eval
+    set; the report lands in ``output_dir/eval``)."""
     save_steps: int | None = option(None, "a checkpoint every that many steps in output_dir (None: none)",
                                     check=functools.partial(check_positive, allow_none=True))
     """Steps between checkpoints; None saves none."""

@@ -40,7 +40,7 @@ from fastkit.training.args import (  # noqa: F401  (_default_optim, _precision, 
 )
 from fastkit.training.card import data_name
 from fastkit.training.options import TRACKERS, TrainOptions, available_trackers, check_report_to  # noqa: F401
-from fastkit.training.record import RunRecord
+from fastkit.training.record import RunRecord, record_of
 from fastkit.training.session import last_checkpoint, planned_steps, steps_per_epoch  # noqa: F401
 from fastkit.training.sft_data import (  # noqa: F401  (_check_packing_supported: its import path)
     _arrives_tokenized,
@@ -165,8 +165,8 @@ def run_coverage(trainer) -> str:
 
 
 def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: int = 2,
-        measure_syncs: bool = False, resume: bool = False, extend: bool = False, clock=None,
-        **train_kwargs: Any) -> TrainingMetrics:
+        measure_syncs: bool = False, resume: bool = False, extend: bool = False, compare: bool | None = None,
+        clock=None, **train_kwargs: Any) -> TrainingMetrics:
     """Run ``trainer.train(**train_kwargs)`` with the dashboard (``view``); returns the final :class:`TrainingMetrics`.
     The trainer's own progress bar / log printer and the dashboard ``make_trainer`` attached are set aside while it
     runs; ``measure_syncs`` counts the host-device syncs of one step (a debug switch).
@@ -177,6 +177,8 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     not finite stops the run and raises. Ctrl-C (Jupyter's stop button) ends training cleanly: a checkpoint to
     continue from, the model usable, the cell not failed (:func:`fastkit.training.session.run`: the whole rule).
     Under ``torchrun`` / ``accelerate launch`` every rank calls ``fit``; the status is the same on every rank.
+    ``compare`` (default: the run's ``compare`` option): after a finished run, base and tuned side by side on the eval
+    set (:func:`fastkit.evaluate`, main process), the report in ``output_dir/eval`` and ``metrics.comparison``.
     """
     checks.check_choice("view", view, VIEWS)
     checks.check_non_negative_int("warmup_steps", warmup_steps)
@@ -185,9 +187,26 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     callback = dashboard_callback(view, title, warmup_steps=warmup_steps, measure_syncs=measure_syncs,
                                   examples=getattr(_attached(trainer), "examples", None),
                                   **({"clock": clock} if clock is not None else {}))
+    compare = _compares(trainer, compare)
     with _in_front(trainer, callback):
         session.run(trainer, callback, resume=resume, extend=extend, train_kwargs=train_kwargs)
+    if compare and callback.metrics.status == "finished" and ranks.is_main():
+        from fastkit.evaluation import evaluate_run
+
+        callback.metrics.comparison = evaluate_run(trainer)
     return callback.metrics
+
+
+def _compares(trainer, compare: bool | None) -> bool:
+    """fit's ``compare``, else the run's option; refused before training when there is no eval set to compare on."""
+    options = record_of(trainer).options
+    if compare is None:
+        compare = bool(getattr(options, "compare", False))
+    checks.check_bool("compare", compare)
+    if compare and getattr(trainer, "eval_dataset", None) is None:
+        raise FastkitError("fit(compare=True) compares base and tuned on held-out rows, but the trainer has no eval "
+                           "set: make it with eval_split=0.05 (or a number of rows) or eval_dataset=...")
+    return compare
 
 
 def _attached(trainer) -> MetricsCallback | None:

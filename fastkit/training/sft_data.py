@@ -37,6 +37,9 @@ def _check_eval_options(options: TrainOptions, eval_dataset) -> None:
     if options.early_stopping_patience is not None and not has_eval:
         raise FastkitError("early_stopping_patience watches the eval loss, but there is no eval set: give "
                            "eval_dataset or eval_split (or drop early_stopping_patience).")
+    if options.compare and not has_eval:
+        raise FastkitError("compare=True compares base and tuned on held-out rows, but there is no eval set: give "
+                           "eval_split (0.05, or a number of rows) or eval_dataset (or drop compare).")
     if eval_dataset is not None and options.eval_split:
         raise FastkitError("Give eval_dataset or eval_split, not both.")
 
