@@ -233,7 +233,7 @@ def _parameters(s: Spec):
               "    batch_size=1,  # packed rows per micro-batch (what the VRAM figure assumes)",
               "    gradient_accumulation_steps=1,  # micro-batches per optimizer step: a larger batch, no extra memory",
               f"    learning_rate={s.learning_rate},",
-              "    eval_split=0.0,  # e.g. 0.05: hold out 5% of the rows; the dashboard shows their loss",
+              "    eval_split=0.05,  # held-out share of the rows: the eval loss, and base vs tuned at the end",
               '    report_to="none",  # or "tensorboard", "wandb", "trackio" (when installed)',
               f'    output_dir="outputs/{stem}",  # Colab: a Drive folder outlives the runtime',
               "    save_steps=50,  # a checkpoint every save_steps steps in output_dir",
@@ -458,7 +458,27 @@ def _save(s: Spec, out: str = "options.output_dir"):
     ]
 
 
-SECTIONS = (_install, _parameters, _load, _data, _before, _lora, _train, _summary, _try, _save)
+def _compare(s: Spec):
+    return [
+        _md("## Did it work? Base and tuned side by side", "",
+            "`fastkit.evaluate` scores the base model (the LoRA adapter disabled) and the tuned one on the held-out "
+            "rows (`eval_split`), as training tokenized them: the loss on the answers, exact match and containing the "
+            "reference (greedy and sampled answers; add your own checks with `checks=[\"json\", \"regex:...\", "
+            "\"my_checks.py:fn\"]`), the answers that changed most, and forgetting: how far the tuned model drifted "
+            "from the base on general prompts outside your data (a warning when far). The report is saved in "
+            "`output_dir/eval` (report.md, results.json, plot.png); docs/eval.md says what each number means."),
+        _code("from fastkit import evaluate", "",
+              "EVAL_ROWS = 64  # held-out rows scored (each: the loss, a greedy and a sampled answer, both models)",
+              "if trainer.eval_dataset is None:",
+              '    print("No held-out rows: set eval_split in the parameters cell (e.g. 0.05) to compare them.")',
+              "else:",
+              "    report = evaluate(model, tokenizer, trainer.eval_dataset, max_rows=2 if USE_TWIN else EVAL_ROWS,",
+              '                      max_new_tokens=MAX_NEW_TOKENS, output_dir=f"{options.output_dir}/eval")',
+              "    display(report)  # the table; print(report.summary()) adds forgetting and the changed answers"),
+    ]
+
+
+SECTIONS = (_install, _parameters, _load, _data, _before, _lora, _train, _summary, _try, _compare, _save)
 
 
 # -- preference tuning and reasoning RL (07, 08): their own stages, the shared cells where they fit -----------
