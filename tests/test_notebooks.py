@@ -19,7 +19,8 @@ NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
                    if not p.stem.endswith(("_dpo", "_grpo", "_vision")))  # DPO / GRPO: tests/test_notebooks_rl.py,
 # vision: tests/test_notebooks_vision.py
 SECTIONS = ["## Install", "## Parameters", "## Load", "## Data", "## Answers before training", "## LoRA",
-            "## Train with the dashboard", "## Memory and time", "## Answers after training", "## Save"]
+            "## Train with the dashboard", "## Memory and time", "## Answers after training",
+            "## Did it work? Base and tuned side by side", "## Save"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
