@@ -82,7 +82,7 @@ def coverage_markdown(results: list[census.CensusResult], transformers_version: 
         f"Written by `tests/test_census.py` (families/census.py) on transformers {transformers_version}: a tiny random "
         f"twin of each type (fp32, CPU), a packed row of {len(census.LENGTHS)} documents {list(census.LENGTHS)} "
         "against each document alone. **exact** = every check passed and the type has a row in "
-        "`fastkit/registry.py` (patched); "
+        "`fastkit/registry/` (patched); "
         "any other status = not patched (no row, no patch), with the first check that failed. "
         f"Tolerances: logits {census.LOGIT_TOL:g} (relative to max(1, |logits|)), gradients {census.GRAD_TOL:g} "
         "per tensor.",

@@ -25,8 +25,10 @@ from fastkit.patching import Swapper
 from fastkit.registry import facts_for
 
 ROOT = Path(__file__).resolve().parents[1] / "fastkit"
-COMPAT = ("_hf.py", "_torch.py", "_stdlib.py")  # the compat layers: the only files that may reach private names
-TABLE = "registry.py"  # the one table of family facts: its rows name upstream classes (experts, stateful layers)
+# The compat layers (paths under fastkit/; "_hf/": every file of the package): the only files that may reach
+# private names.
+COMPAT = ("_hf/", "_torch.py", "_stdlib.py")
+TABLE = "registry/"  # the one table of family facts: its rows name upstream classes (experts, stateful layers)
 
 # Deep module paths only the compat layer may import from.
 FRAGILE_MODULES = (
@@ -45,7 +47,7 @@ _CLASS_NAME = re.compile(r"^[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+[A-Za-z0-9]*$")
 _FORMAT_NAMES = ("ByteLevel",)
 # The registry is the one table of family facts: class names there are data (a family's stateful layers),
 # read through _hf.class_name_in. Every other rule still applies to it.
-_CLASS_NAMES_ARE_DATA = ("registry.py",)
+_CLASS_NAMES_ARE_DATA = ("registry/",)  # paths under fastkit/: every file of the package
 _OP_NAMESPACES = ("aten", "ops")  # torch.ops.aten._to_copy: an operator's schema name, not a private attribute
 
 LAYERS = 2
@@ -675,9 +677,14 @@ CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items(
 ACCESSORS = sorted(n for n in _hf.__all__ if n != "CHECKED")
 
 
+def _in_hf(module: str | None) -> bool:
+    """Defined in fastkit._hf or one of its submodules (its rooms: ``fastkit._hf.models``, ...)."""
+    return module == _hf.__name__ or (module or "").startswith(_hf.__name__ + ".")
+
+
 def test_every_accessor_is_exported_and_checked():
     defined = {n for n, v in vars(_hf).items()
-               if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == _hf.__name__}
+               if not n.startswith("_") and callable(v) and _in_hf(getattr(v, "__module__", None))}
     assert defined == set(ACCESSORS), "fastkit._hf.__all__ must list every accessor"
     assert set(CHECKS) == set(ACCESSORS), f"accessors without a check here: {set(ACCESSORS) - set(CHECKS)}"
 
@@ -708,6 +715,11 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     """ids of string-expression statements (module / class / function / attribute docstrings)."""
     return {id(node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Expr) and isinstance(getattr(node.value, "value", None), str)}
+
+
+def _rel(path: Path) -> str:
+    """``path`` under fastkit/ (``registry/gguf.py``), what COMPAT and _CLASS_NAMES_ARE_DATA name."""
+    return path.relative_to(ROOT).as_posix()
 
 
 def _fastkit_files():
@@ -845,10 +857,10 @@ def test_private_name_scan_allows_fastkit_own_names():
 
 
 def test_no_private_upstream_names_outside_the_compat_layers():
-    found = {str(p.relative_to(ROOT.parent)): private_uses(p.read_text(), p.name in _CLASS_NAMES_ARE_DATA)
-             for p in _fastkit_files() if p.name not in COMPAT}
+    found = {str(p.relative_to(ROOT.parent)): private_uses(p.read_text(), _rel(p).startswith(_CLASS_NAMES_ARE_DATA))
+             for p in _fastkit_files() if not _rel(p).startswith(COMPAT)}
     found = {k: v for k, v in found.items() if v}
-    assert not found, f"use (or add) an accessor in fastkit/_hf.py or fastkit/_torch.py instead: {found}"
+    assert not found, f"use (or add) an accessor in fastkit/_hf/ or fastkit/_torch.py instead: {found}"
 
 
 def test_pure_torch_import_scan_flags():

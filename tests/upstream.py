@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("transformers", "trl", "peft")
-"""The ranges that get an upper bound and a floor run: the upstream code fastkit reaches into (fastkit/_hf.py)."""
+"""The ranges that get an upper bound and a floor run: the upstream code fastkit reaches into (fastkit/_hf/)."""
 FILES = ("tests/test_hf_compat.py", "tests/test_packing_varlen.py", "tests/test_packing_state.py",
          "tests/test_census.py", "tests/test_moe_lora.py", "tests/test_sft_config.py", "tests/test_loader.py")
 """Every accessor of fastkit._hf, the stateful-layer and varlen paths, the family census (packing / MoE parity per
