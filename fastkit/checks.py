@@ -295,8 +295,40 @@ def install_packed_guard(model: torch.nn.Module, decoder: torch.nn.Module | None
         change(model, "packed_guard", lambda swap: swap.hook(target, hook, with_kwargs=True))
 
 
+def user_function(spec: str, flag: str):
+    """The function ``module:function`` or ``path/to/file.py:function`` names; a FastkitError naming the spec when
+    the module cannot be imported (its own error quoted) or has no such function. ``flag`` names the option in the
+    message (``--reward``, ``--check``). The reward functions and the evaluation's checks are named this way."""
+    import importlib
+
+    where, _, attr = spec.rpartition(":")
+    try:
+        module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's file failed at import: its error, exit 2
+        raise FastkitError(f"{flag} {spec}: cannot import {where!r} ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}).") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise FastkitError(f"{flag} {spec}: {where!r} has no function {attr!r}.")
+    return fn
+
+
+def _load_file(path: str):
+    """The user's ``file.py``, imported as a module of its own."""
+    import importlib.util
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file {path}" if not file.exists() else f"{path} is not a file")
+    spec = importlib.util.spec_from_file_location(f"fastkit_user_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 __all__ = ["check_bool", "check_choice", "check_known_options", "check_non_negative_int", "check_positive",
            "check_hf_kwargs", "check_max_seq_length", "check_max_steps", "check_safetensors_file",
            "check_safetensors_files",
            "check_save_target", "check_saved", "check_twin_options", "install_packed_guard", "resolve_dtype",
+           "user_function",
            "resolve_patches"]

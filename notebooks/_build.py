@@ -233,7 +233,7 @@ def _parameters(s: Spec):
               "    batch_size=1,  # packed rows per micro-batch (what the VRAM figure assumes)",
               "    gradient_accumulation_steps=1,  # micro-batches per optimizer step: a larger batch, no extra memory",
               f"    learning_rate={s.learning_rate},",
-              "    eval_split=0.05,  # held-out share of the rows: the eval loss, and base vs tuned at the end",
+              "    eval_split=0.0,  # e.g. 0.05: hold out 5% of the rows: the eval loss, and base vs tuned at the end",
               '    report_to="none",  # or "tensorboard", "wandb", "trackio" (when installed)',
               f'    output_dir="outputs/{stem}",  # Colab: a Drive folder outlives the runtime',
               "    save_steps=50,  # a checkpoint every save_steps steps in output_dir",

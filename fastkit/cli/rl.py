@@ -15,10 +15,8 @@ or file. Under ``torchrun`` a refusal on any rank ends every rank, as for ``fast
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastkit.cli import rl_options
@@ -149,6 +147,7 @@ def read_data(command: Command, data: Any):
 def reward_functions(value: Any) -> list:
     """``--reward``'s functions: the shipped ones by name, others imported from ``module:function`` or
     ``path/to/file.py:function``; a FastkitError naming the one that cannot be found."""
+    from fastkit import checks
     from fastkit.training import rewards
 
     out = []
@@ -156,35 +155,8 @@ def reward_functions(value: Any) -> list:
         if name in rl_options.SHIPPED_REWARDS or name in rl_options.SHIPPED_REWARDS.values():
             out.append(getattr(rewards, rl_options.SHIPPED_REWARDS.get(name, name)))
         else:
-            out.append(_import_reward(name))
+            out.append(checks.user_function(name, "--reward"))
     return out
-
-
-def _import_reward(spec: str):
-    from fastkit.errors import FastkitError
-
-    where, _, attr = spec.rpartition(":")
-    try:
-        module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's file failed at import: its error, exit 2
-        raise FastkitError(f"--reward {spec}: cannot import {where!r} ({type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())[:200]}).") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise FastkitError(f"--reward {spec}: {where!r} has no function {attr!r}.")
-    return fn
-
-
-def _load_file(path: str):
-    import importlib.util
-
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file {path}" if not file.exists() else f"{path} is not a file")
-    spec = importlib.util.spec_from_file_location(f"fastkit_reward_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def build(args: argparse.Namespace, prepared: Prepared):

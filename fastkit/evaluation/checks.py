@@ -8,15 +8,14 @@ Every name is resolved before any model runs, so a typo fails in a second, not a
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from fastkit.checks import user_function
 from fastkit.errors import FastkitError
 
 
@@ -88,34 +87,7 @@ def _check(spec: str, flag: str) -> Check:
     if ":" not in spec:
         raise FastkitError(f"{flag}: unknown check {spec!r}; name one as json, regex:PATTERN, "
                            "path/to/file.py:function or module:function.")
-    return Check(spec, _user_check(import_function(spec, flag), spec))
-
-
-def import_function(spec: str, flag: str) -> Callable:
-    """The function ``module:function`` or ``path/to/file.py:function`` names; a FastkitError naming the spec when
-    the module cannot be imported (its own error quoted) or has no such function."""
-    where, _, attr = spec.rpartition(":")
-    try:
-        module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's file failed at import: its error, exit 2
-        raise FastkitError(f"{flag} {spec}: cannot import {where!r} ({type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())[:200]}).") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise FastkitError(f"{flag} {spec}: {where!r} has no function {attr!r}.")
-    return fn
-
-
-def _load_file(path: str):
-    import importlib.util
-
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file {path}" if not file.exists() else f"{path} is not a file")
-    spec = importlib.util.spec_from_file_location(f"fastkit_user_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return Check(spec, _user_check(user_function(spec, flag), spec))
 
 
 def _user_check(fn: Callable, spec: str) -> Callable[[str, str, str], bool]:
@@ -142,4 +114,4 @@ def _user_check(fn: Callable, spec: str) -> Callable[[str, str, str], bool]:
     return run
 
 
-__all__ = ["BUILT_IN", "Check", "contains", "exact", "import_function", "normalize", "parse_checks", "valid_json"]
+__all__ = ["BUILT_IN", "Check", "contains", "exact", "normalize", "parse_checks", "valid_json"]
