@@ -174,9 +174,7 @@ def preflight(job: EvalJob, flags: EvalFlags) -> Plan:
     the adapter, the data (read), the checks, the output folder."""
     _checks("--check", flags.checks)
     _check_form(job)
-    plan = _from_run(job) if job.run else _from_models(job)
-    _check_output_dir(plan.output_dir)
-    return plan
+    return _from_run(job) if job.run else _from_models(job)
 
 
 def _check_form(job: EvalJob) -> None:
@@ -202,6 +200,7 @@ def _from_run(job: EvalJob) -> Plan:
     config = _run_config(folder, job.run)
     adapter = _adapter(folder / "lora", f"--run {job.run}")
     seq = job.max_seq_length or config.get("max_seq_length") or 2048
+    out = _output_dir(job.output_dir, folder / "eval")
     if job.data is not None:
         rows, split = _read(job.data), None
     else:
@@ -209,7 +208,6 @@ def _from_run(job: EvalJob) -> Plan:
         from fastkit.cli.config import beside_file
 
         rows = _read(beside_file(config["data"], folder), split["seed"], split["drop_invalid"], split["data_mix"])
-    out = Path(job.output_dir) if job.output_dir else folder / "eval"
     return Plan(config["model"], bool(config.get("twin")) or job.twin, adapter, None, rows, split, seq, out)
 
 
@@ -251,7 +249,9 @@ def _adapter(path: Path, where: str) -> Path:
     if not (path / "adapter_config.json").is_file():
         raise FastkitError(f"{where}: no LoRA adapter in {path} (no adapter_config.json); was the run stopped before "
                            "it saved? Give a folder save_lora wrote.")
-    read_adapter_config(path, where)
+    kind = read_adapter_config(path, where).get("peft_type", "LORA")
+    if kind != "LORA":
+        raise FastkitError(f"{where}: {path} holds a {kind} adapter; fastkit evaluates LoRA adapters.")
     return path
 
 
@@ -260,8 +260,7 @@ def _from_models(job: EvalJob) -> Plan:
     if job.tuned and not (Path(job.tuned).expanduser() / "config.json").is_file():
         raise FastkitError(f"--tuned {job.tuned}: no config.json there; give a merged model folder (fastkit export "
                            "--merged writes OUTPUT/merged_16bit), or a LoRA folder as --adapter.")
-    beside = (adapter or Path(job.tuned).expanduser()).parent / "eval"
-    out = Path(job.output_dir) if job.output_dir else beside
+    out = _output_dir(job.output_dir, (adapter or Path(job.tuned).expanduser()).parent / "eval")
     return Plan(job.model, job.twin, adapter, job.tuned, _read(job.data), None, job.max_seq_length or 2048, out)
 
 
@@ -272,12 +271,16 @@ def _read(data, seed: int = 3407, drop_invalid: bool = False, mix: str = "concat
     return load_sources(data, seed=seed, drop_invalid=drop_invalid, mix=mix)
 
 
-def _check_output_dir(path: Path) -> None:
+def _output_dir(given: str | None, default: Path) -> Path:
+    """Where the report goes: ``--output-dir``, else ``default``; a file there refused."""
     from fastkit import checks
 
-    checks.check_save_target(str(path), "--output-dir")
+    path = Path(given).expanduser() if given else default
     if path.exists() and not path.is_dir():
-        raise FastkitError(f"--output-dir {path}: a file is there; give a folder for the report.")
+        raise FastkitError(f"--output-dir {given or path}: a file is there, not a folder; give a folder for the "
+                           "report (it is created if missing).")
+    checks.check_save_target(str(path), "--output-dir")
+    return path
 
 
 def heldout(rows, tokenizer, split: dict[str, Any] | None, max_seq_length: int):
