@@ -186,6 +186,18 @@ def test_an_adapter_on_its_base_with_data(run_dir, tmp_path, capsys):
     assert "| exact |" in capsys.readouterr().out
 
 
+def test_a_merged_model_scores_as_its_adapter(run_dir, tmp_path):
+    """--tuned MERGED (two models) gives the numbers --adapter gives (the base is the adapter disabled)."""
+    assert cli.main(["export", "--model", str(run_dir / "lora"), "--merged", "--out-dir", str(tmp_path)]) == 0
+    common = ["--model", SMOL, "--twin", "--data", "quickstart", "--no-sampled", "--no-forgetting", *FAST]
+    for form, path in (("--adapter", run_dir / "lora"), ("--tuned", tmp_path / "merged_16bit")):
+        assert cli.main(["eval", form, str(path), *common, "--output-dir", str(tmp_path / form)]) == 0
+    adapter, merged = (json.loads((tmp_path / f / "results.json").read_text())["metrics"]["loss"]
+                       for f in ("--adapter", "--tuned"))
+    assert adapter["tuned"] != adapter["base"]
+    assert merged == pytest.approx(adapter, abs=1e-4)
+
+
 def test_print_config_reads_back_and_flags_override_the_file(tmp_path, capsys):
     argv = ["eval", "--run", "r", "--check", "json", "--check", "regex:^x,json", "--no-forgetting", "--seed", "3"]
     assert cli.main([*argv, "--print-config"]) == 0
