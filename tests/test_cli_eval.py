@@ -179,11 +179,24 @@ def test_the_run_split_is_the_trainers(run_dir):
 
 def test_an_adapter_on_its_base_with_data(run_dir, tmp_path, capsys):
     out = tmp_path / "report"
-    assert cli.main(["eval", "--model", SMOL, "--twin", "--adapter", str(run_dir / "lora"), "--data", "quickstart",
-                     "--no-sampled", "--no-forgetting", "--output-dir", str(out), *FAST]) == 0
+    check = "fastkit.quickstart.data:follows_format"
+    assert cli.main(["eval", "--model", SMOL, "--twin", "--adapter", str(run_dir / "lora"), "--data",
+                     "quickstart-heldout", "--check", check, "--no-sampled", "--no-forgetting", "--output-dir",
+                     str(out), *FAST]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["rows"] == 2 and "exact (sampled)" not in results["metrics"] and "forgetting" not in results
+    assert check in results["metrics"]
     assert "| exact |" in capsys.readouterr().out
+
+
+def test_quickstart_heldout_is_an_offline_name_the_quickstart_does_not_train_on():
+    from fastkit.data.sources import load_sources
+    from fastkit.quickstart.data import heldout_records
+
+    held = load_sources("quickstart-heldout")
+    assert list(held["messages"]) == [row["messages"] for row in heldout_records()] and len(held) == 16
+    trained = {row["messages"][0]["content"] for row in load_sources("quickstart")}
+    assert not trained & {row[0]["content"] for row in held["messages"]}
 
 
 def test_a_merged_model_scores_as_its_adapter(run_dir, tmp_path):
