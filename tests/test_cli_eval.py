@@ -59,6 +59,8 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "run_held_out_nothing": (["--run", str(_fake_run(tmp, "nosplit", eval_split=0))], "held out no rows"),
         "run_of_dpo": (["--run", str(_fake_run(tmp, "dpo", eval_split="-"))], "not a fastkit train run"),
         "run_streaming": (["--run", str(_fake_run(tmp, "stream", streaming=True))], "streaming run"),
+        "run_model_out_of_reach": (["--run", str(_fake_run(tmp, "hub", model="nobody/no-such-model", twin=False))],
+                                   "'nobody/no-such-model''s config.json is not in the local cache"),
         "run_and_model": (["--run", run, "--model", SMOL, "--twin"], "a run folder names its base model"),
         "run_and_adapter": (["--run", run, "--adapter", f"{run}/lora"], "and --adapter"),
         "nothing": (["--max-rows", "2"], "give --run RUN"),
@@ -104,7 +106,8 @@ def _yaml(tmp: Path, values: dict) -> Path:
 
 CASES = [
     "run_missing", "run_is_a_file", "run_without_config", "run_without_adapter", "run_config_broken",
-    "run_config_without_model", "run_held_out_nothing", "run_of_dpo", "run_streaming", "run_and_model",
+    "run_config_without_model", "run_held_out_nothing", "run_of_dpo", "run_streaming", "run_model_out_of_reach",
+    "run_and_model",
     "run_and_adapter", "nothing", "model_alone", "adapter_and_tuned", "no_data", "adapter_not_lora",
     "tuned_not_a_model", "data_missing", "data_empty_folder", "run_data_missing", "check_unknown", "check_bad_regex",
     "check_no_file", "check_no_function", "check_builtin", "max_rows_zero", "max_new_tokens_text", "seed_negative",

@@ -172,9 +172,14 @@ def run(args: argparse.Namespace) -> int:
 def preflight(job: EvalJob, flags: EvalFlags) -> Plan:
     """Every check without a model: the form (--run, or --model with --adapter / --tuned and --data), the run folder,
     the adapter, the data (read), the checks, the output folder."""
+    from fastkit.plan.source import check_hub_answers
+
     _checks("--check", flags.checks)
     _check_form(job)
-    return _from_run(job) if job.run else _from_models(job)
+    plan = _from_run(job) if job.run else _from_models(job)
+    if not plan.twin:  # a Hub id out of reach: refused in seconds, not after the loader's retries
+        check_hub_answers(plan.model)
+    return plan
 
 
 def _check_form(job: EvalJob) -> None:
