@@ -226,6 +226,15 @@ def test_print_config_reads_back_and_flags_override_the_file(tmp_path, capsys):
     assert yaml.safe_load(capsys.readouterr().out) == {**values, "seed": 4}
 
 
+def test_help_shows_the_usual_options_and_help_all_every_one(capsys):
+    for flag, shown in (("--help", False), ("--help-all", True)):
+        with pytest.raises(SystemExit):
+            cli.main(["eval", flag])
+        text = capsys.readouterr().out
+        assert "--run RUN" in text and "--check SPEC" in text and "--no-sampled" in text
+        assert ("--forgetting-tokens" in text) is shown, text
+
+
 def test_the_flags_are_eval_options_fields():
     """fastkit eval's options are fastkit.EvalOptions' fields, with its defaults (a field added there and not
     here, or a default changed on one side, is red)."""

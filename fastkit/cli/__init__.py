@@ -238,7 +238,7 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--version", action="version", version=f"fastkit-llm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_quickstart_parser(sub)
-    if argv[:1] in (["train"], ["dpo"], ["kto"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's too
+    if argv[:1] in (["train"], ["dpo"], ["kto"], ["grpo"], ["eval"]) and "--help-all" in argv:  # every option
         argv = [*argv, "--help"]
     cli_train.add_parser(sub, argv)  # a command's flags (TRL's fields among them) are built when it runs
     for name in ("dpo", "kto", "grpo"):
