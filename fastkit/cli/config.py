@@ -1,4 +1,5 @@
-"""The options system of every training command: ``fastkit train``, ``dpo``, ``kto`` and ``grpo``.
+"""The options system of every training command: ``fastkit train``, ``dpo``, ``kto`` and ``grpo`` (and ``fastkit
+eval``: a :class:`Command` without LoRA options or a TRL pass-through, :mod:`fastkit.cli.eval`).
 
 A command is a :class:`Command`: its option groups (dataclasses, one field per option with its help text, flags and
 check: :class:`JobOptions`, the command's training options, :class:`~fastkit.training.options.LoraOptions`), the TRL
