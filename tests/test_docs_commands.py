@@ -66,13 +66,13 @@ def _redirect_target(command: str) -> str | None:
 
 
 def check_fastkit(argv: list[str]) -> None:
-    """``fastkit ARGV``: the CLI's parser accepts it; the training commands resolve their options too."""
+    """``fastkit ARGV``: the CLI's parser accepts it; the training commands and eval resolve their options too."""
     from fastkit.cli import main, parse_args
 
     if argv[:1] == ["bench"]:
         return check_bench(argv[1], argv[2:])
     parse_args(list(argv))
-    if argv[:1] and argv[0] in ("train", "dpo", "kto", "grpo"):
+    if argv[:1] and argv[0] in ("train", "dpo", "kto", "grpo", "eval"):
         assert main([*argv, "--print-config"]) == 0, argv
     return None
 

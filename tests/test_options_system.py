@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 
 from fastkit.cli import _parser, config, main, rl_options
+from fastkit.cli import eval as cli_eval
 
-COMMANDS = {"train": config.TRAIN, **rl_options.COMMANDS}
+COMMANDS = {"train": config.TRAIN, **rl_options.COMMANDS, "eval": cli_eval.EVAL}
+ARGV = {name: ["--model", "m", "--data", "sample", "--steps", "7", "--lora-r", "4"] for name in COMMANDS}
+ARGV["eval"] = ["--model", "m", "--adapter", "a", "--data", "sample", "--max-rows", "7", "--check", "json"]
+SET = dict.fromkeys(COMMANDS, "max_steps: 7") | {"eval": "max_rows: 7"}
 
 
 def test_every_command_with_print_config_is_declared_in_the_one_system():
@@ -26,9 +30,9 @@ def test_print_config_round_trips_through_the_one_resolver(name, tmp_path, capsy
     seen = []
     resolve = config.Command.resolve
     monkeypatch.setattr(config.Command, "resolve", lambda self, *args: seen.append(self.name) or resolve(self, *args))
-    assert main([name, "--model", "m", "--data", "sample", "--steps", "7", "--lora-r", "4", "--print-config"]) == 0
+    assert main([name, *ARGV[name], "--print-config"]) == 0
     first = capsys.readouterr().out
-    assert f"fastkit {name} --config FILE reproduces this run." in first and "max_steps: 7" in first, first
+    assert f"fastkit {name} --config FILE reproduces this run." in first and SET[name] in first, first
     file = tmp_path / "run.yaml"
     file.write_text(first)
     assert main([name, "--config", str(file), "--print-config"]) == 0

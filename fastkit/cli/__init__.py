@@ -1,5 +1,5 @@
 """fastkit command line: fastkit quickstart, fastkit train --model M --data D, fastkit dpo / kto / grpo --model M
---data D, fastkit plan MODEL,
+--data D, fastkit eval --run RUN, fastkit plan MODEL,
 fastkit bench {packed,offload,moe,sft,data} (from a clone: the benchmarks live in the repository's benchmarks/
 folder, outside the wheel; python -m benchmarks is the same). python -m fastkit is the same command.
 
@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from fastkit.cli import chat as cli_chat
+from fastkit.cli import eval as cli_eval
 from fastkit.cli import export as cli_export
 from fastkit.cli import rl as cli_rl
 from fastkit.cli import train as cli_train
@@ -237,7 +238,7 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--version", action="version", version=f"fastkit-llm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_quickstart_parser(sub)
-    if argv[:1] in (["train"], ["dpo"], ["kto"], ["grpo"]) and "--help-all" in argv:  # every option, TRL's too
+    if argv[:1] in (["train"], ["dpo"], ["kto"], ["grpo"], ["eval"]) and "--help-all" in argv:  # every option
         argv = [*argv, "--help"]
     cli_train.add_parser(sub, argv)  # a command's flags (TRL's fields among them) are built when it runs
     for name in ("dpo", "kto", "grpo"):
@@ -246,6 +247,7 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     cli_rl.refuse_orpo(argv)  # TRL 1.16 has ORPO only under trl.experimental: say so, whatever the flags
     cli_export.add_parser(sub)
     cli_chat.add_parser(sub)
+    cli_eval.add_parser(sub, argv)
     _add_plan_parser(sub)
     bench = sub.add_parser("bench", help="side-by-side benchmarks: " + ", ".join(BENCHES))
     bench.add_argument("name", choices=BENCHES)
@@ -271,6 +273,8 @@ def _run(args: argparse.Namespace) -> int:
         return cli_rl.run(args)
     if args.command in ("export", "chat"):
         return args.run(args)
+    if args.command == "eval":
+        return cli_eval.run(args)
     return _bench(args)
 
 
@@ -278,7 +282,7 @@ def _check_hub(args: argparse.Namespace) -> None:
     """A ``--model`` Hub id out of reach and not cached: refused in seconds, before torch and datasets are imported
     (as ``fastkit plan`` does; huggingface_hub would retry for half a minute per file)."""
     model = getattr(args, "model", None)
-    if args.command in ("train", "dpo", "kto", "grpo", "export", "chat") and isinstance(model, str) \
+    if args.command in ("train", "dpo", "kto", "grpo", "export", "chat", "eval") and isinstance(model, str) \
             and not getattr(args, "twin", False) and not getattr(args, "print_config", False) \
             and not getattr(args, "config", None):  # a --config file may make it a twin: its preflight checks
         from fastkit.plan.source import check_hub_answers

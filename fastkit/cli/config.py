@@ -1,4 +1,5 @@
-"""The options system of every training command: ``fastkit train``, ``dpo``, ``kto`` and ``grpo``.
+"""The options system of every training command: ``fastkit train``, ``dpo``, ``kto`` and ``grpo`` (and ``fastkit
+eval``: a :class:`Command` without LoRA options or a TRL pass-through, :mod:`fastkit.cli.eval`).
 
 A command is a :class:`Command`: its option groups (dataclasses, one field per option with its help text, flags and
 check: :class:`JobOptions`, the command's training options, :class:`~fastkit.training.options.LoraOptions`), the TRL
@@ -128,8 +129,9 @@ class Command:
     name: str
     options: type
     """Its training options (TrainOptions, DpoOptions, ...), between JobOptions and LoraOptions."""
-    trl_config: str
-    """The TRL config class its other fields pass through to (``SFTConfig``, ``DPOConfig``, ...)."""
+    trl_config: str | None
+    """The TRL config class its other fields pass through to (``SFTConfig``, ``DPOConfig``, ...); None: no
+    pass-through (``fastkit eval``: no trainer)."""
     defaults: dict[str, Any]
     """Where the command's defaults differ from the fields' (the notebooks')."""
     common: tuple[str, ...]
@@ -149,9 +151,18 @@ class Command:
     """fastkit train's older pass-through rules: a TRL name of a training option under ``sft:`` sets that option (the
     RL commands refuse it there), a text value stays text where the field takes text, and an unknown key's
     did-you-mean is drawn from the options' field names."""
+    job: type = JobOptions
+    """Its first option group (``what to train and save``; ``fastkit eval``: what to compare)."""
+    lora: type | None = LoraOptions
+    """Its LoRA options (None: a command that trains nothing)."""
+    required: tuple[str, ...] = ("model", "data")
+    """Options the resolution refuses to leave unset."""
+    job_title: str = "what to train and save"
+    run_flags: bool = True
+    """``--resume`` / ``--extend`` (a training run's)."""
 
     def groups(self) -> tuple[type, ...]:
-        return (JobOptions, self.options, LoraOptions)
+        return tuple(cls for cls in (self.job, self.options, self.lora) if cls is not None)
 
     def fields(self) -> dict[str, tuple[type, dataclasses.Field]]:
         """Every option name -> (its dataclass, its field), in the YAML's order."""
@@ -203,9 +214,8 @@ class Command:
         TRL config's other fields too (imports TRL); ``common_only``: ``--help`` shows :attr:`common` only."""
         from fastkit.export.gguf.quants import QUANTIZATIONS
 
-        titles = {JobOptions: "what to train and save",
-                  self.options: self.title or f"training (make_{self.name}_trainer)",
-                  LoraOptions: "LoRA (fastkit.LoraOptions)"}
+        titles = {self.job: self.job_title, self.options: self.title or f"training (make_{self.name}_trainer)",
+                  **({self.lora: "LoRA (fastkit.LoraOptions)"} if self.lora else {})}
         groups = {cls: p.add_argument_group(title) for cls, title in titles.items()}
         length = groups[self.options].add_mutually_exclusive_group()
         for name, (cls, f) in self.fields().items():
@@ -217,15 +227,16 @@ class Command:
                 action.nargs, action.help = None, self.data_help
             if common_only and name not in self.common:
                 action.help = argparse.SUPPRESS
-        add_run_flags(p, self.help_all)
-        if trl:
+        add_run_flags(p, self.help_all, self.run_flags)
+        if trl and self.trl_config:
             _add_trl_arguments(p, self.trl_config, self.taken(), self.key)
 
     def needs_trl_flags(self, argv: list[str]) -> bool:
         """True when ``argv`` names a flag that is not one of fastkit's options: a TRL config field (or a typo, which
         the full parser then names). fastkit's own flags parse without importing TRL."""
         own = {f"--{s}" for s, name in self.spellings().items() if name != self.key} | set(OWN_FLAGS)
-        return any(a.startswith("--") and a.split("=", 1)[0] not in own for a in argv if a != "--")
+        return bool(self.trl_config) and any(a.startswith("--") and a.split("=", 1)[0] not in own
+                                             for a in argv if a != "--")
 
     # -- the file, the flags, the defaults: one resolved configuration ------------------------------------------
     def flag_layer(self, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -249,7 +260,7 @@ class Command:
         """(options, TRL fields) of a ``--config`` file: any spelling of a flag, TRL's fields at the top level (as
         their flags too: ``max-grad-norm``) or under the pass-through key, values coerced (``1e-4`` written as text)
         and checked; an unknown key is refused naming it and the file, one option set by two keys naming both."""
-        where, names, hints = f"--config {path}", self.spellings(), trl_hints(self.trl_config)
+        where, names, hints = f"--config {path}", self.spellings(), self._hints()
         fields, alias, moved = self.fields(), self.aliases(), self.moved()
         options, trl, seen = {}, {}, {}
         for key, value in config.items():
@@ -299,10 +310,13 @@ class Command:
     def _unknown(self, where: str, key: str) -> str:
         if self.sft_rules:
             return unknown_name(where, key)
-        close = difflib.get_close_matches(key, [*self.spellings(), *trl_hints(self.trl_config)], n=1)
+        close = difflib.get_close_matches(key, [*self.spellings(), *self._hints()], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{where}: unknown option {key!r}{hint} (fastkit {self.name}'s options and trl.{self.trl_config} " \
-               "fields are known)."
+        trl = f" and trl.{self.trl_config} fields" if self.trl_config else ""
+        return f"{where}: unknown option {key!r}{hint} (fastkit {self.name}'s options{trl} are known)."
+
+    def _hints(self) -> dict[str, Any]:
+        return trl_hints(self.trl_config) if self.trl_config else {}
 
     def resolve(self, given: dict[str, Any], config_path: str | None) -> Resolved:
         """Defaults, then the file, then the flags: one checked :class:`Resolved` (the step count resolved, so the
@@ -312,16 +326,16 @@ class Command:
         for options, extra in [*layers, self.flag_layer(given)]:
             _apply(values, options)
             trl.update(extra)
-        if values.get("max_steps") is None and values.get("epochs") is None:
+        if "max_steps" in self.fields() and values.get("max_steps") is None and values.get("epochs") is None:
             values["max_steps"] = DEFAULT_MAX_STEPS
-        for needed in ("model", "data"):
+        for needed in self.required:
             if values.get(needed) is None:
                 raise FastkitError(f"give --{needed} (or {needed}: in the --config file).")
         split = {cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
                  for cls in self.groups()}
         own = {self.key: trl} if self.key in {f.name for f in dataclasses.fields(self.options)} else {}
-        return Resolved(self, JobOptions(**split[JobOptions]), self.options(**split[self.options], **own),
-                        LoraOptions(**split[LoraOptions]), trl)
+        return Resolved(self, self.job(**split[self.job]), self.options(**split[self.options], **own),
+                        self.lora(**split[self.lora]) if self.lora else None, trl)
 
 
 def _apply(values: dict[str, Any], layer: dict[str, Any]) -> None:
@@ -340,7 +354,7 @@ class Resolved:
     run: JobOptions
     options: Any
     """The command's training options (fastkit train's :class:`~fastkit.training.options.TrainOptions`, ...)."""
-    lora: LoraOptions
+    lora: LoraOptions | None
     trl: dict[str, Any] = field(default_factory=dict)
     """The TRL config fields passed through (fastkit train's are also ``options.sft``)."""
 
@@ -352,11 +366,12 @@ class Resolved:
     def to_dict(self) -> dict[str, Any]:
         """The YAML's mapping: job, training and LoRA options in field order, the export menu, the pass-through."""
         run = {k: v for k, v in vars(self.run).items() if k not in self.command.skipped}
-        run["data"] = data_yaml(run["data"])
-        menu = {k: run.pop(k) for k in MENU}
+        run["data"] = data_yaml(run["data"]) if run.get("data") is not None else None
+        menu = {k: run.pop(k) for k in MENU if k in run}
         options, key = self.options.to_dict(), self.command.key
         extra = options.pop(key) if key in options else plain(self.trl)
-        return {**run, **options, **self.lora.to_dict(), **menu, key: extra}
+        lora = self.lora.to_dict() if self.lora else {}
+        return {**run, **options, **lora, **menu, **({key: extra} if self.command.trl_config else {})}
 
 
 def print_config(resolved: Resolved) -> str:
@@ -437,7 +452,8 @@ def _is_number(text: str) -> bool:
 def _typed(f: dataclasses.Field, text: str) -> Any:
     """Text as the field's kind: strings stay text (``--name 007``), the rest as :func:`scalar` reads it."""
     if f.name in ("model", "output_dir", "name", "push_to_hub", "data", "target_modules", "report_to",
-                  "lr_scheduler_type", "dashboard", "reward") or f.name == "checkpointing" and text in ("on", "off"):
+                  "lr_scheduler_type", "dashboard", "reward") or f.name == "checkpointing" and text in ("on", "off") \
+            or f.metadata.get("text"):
         return text
     return scalar(text)
 
@@ -469,6 +485,10 @@ def _add_field(group, f: dataclasses.Field, menu_choices: tuple[str, ...], defau
         kwargs["type"] = _field_type(f.name, f)
     strings = ["--gguf"] if f.name == "gguf" else _option_strings(f.name, f.metadata)
     kwargs.setdefault("metavar", strings[0].lstrip("-").replace("-", "_").upper())  # --steps STEPS, --lr LR
+    kwargs.update(f.metadata.get("argparse", {}))  # a field's own argparse settings (fastkit eval's --check extends)
+    if f.metadata.get("negation"):  # --no-sampled: the field set to False (a flag, not a --config key)
+        group.add_argument(f.metadata["negation"], dest=f.name, action="store_const", const=False,
+                           default=argparse.SUPPRESS, help=f"the same as --{f.name.replace('_', '-')} false")
     return group.add_argument(*strings, **kwargs)
 
 
@@ -485,17 +505,21 @@ class OneSpellingFormatter(argparse.HelpFormatter):
         return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-def add_run_flags(p: argparse.ArgumentParser, help_all: str) -> None:
-    """The flags every training command has beside its options: the options file, printing it, resuming."""
+def add_run_flags(p: argparse.ArgumentParser, help_all: str, resume: bool = True) -> None:
+    """The flags every training command has beside its options: the options file, printing it, resuming (where
+    ``resume``)."""
     p.add_argument("--config", metavar="FILE", default=None,
                    help="a YAML file of these options (fastkit_config.yaml of a run, or --print-config's output); "
                         "flags override it")
     p.add_argument("--print-config", "--print_config", action="store_true",
                    help="write the resolved options as YAML to stdout and exit (nothing is loaded)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
-    p.add_argument("--extend", action="store_true",
-                   help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
-                        "--epochs given now; the adapter and optimizer state carry over, only the schedule changes")
+    if resume:
+        p.add_argument("--resume", action="store_true",
+                       help="continue the run in --output-dir from its newest checkpoint")
+        p.add_argument("--extend", action="store_true",
+                       help="with --resume: continue a run (finished or not) for a longer schedule, the --steps or "
+                            "--epochs given now; the adapter and optimizer state carry over, only the schedule "
+                            "changes")
     p.add_argument("--help-all", action="store_true", help=help_all)
 
 
@@ -666,7 +690,8 @@ def _beside(path: str, folder: Path) -> str:
 
 
 def _checked(f: dataclasses.Field, value: Any, where: str) -> Any:
-    if isinstance(value, str) and not _is_list(f) and f.name not in ("model", "name", "output_dir"):
+    if isinstance(value, str) and not _is_list(f) and f.name not in ("model", "name", "output_dir") \
+            and not f.metadata.get("text"):
         value = scalar(value) if _is_number(value) else value
     if f.name == "gguf" and isinstance(value, str):
         value = [value]

@@ -14,6 +14,7 @@ import json
 import re
 
 from fastkit.data.samples import CAPITALS, OPPOSITES, quickstart_records
+from fastkit.data.samples import quickstart_heldout as heldout_records
 
 HELDOUT_FACTS = {
     "What is the capital of Japan?": "Tokyo",
@@ -49,30 +50,6 @@ def score(answers: dict[str, str]) -> tuple[int, int]:
     fmt = sum(follows_format(answers[q]) for q in HELDOUT_FACTS if q in answers)
     facts = sum(states_fact(answers[q], word) for q, word in HELDOUT_FACTS.items() if q in answers)
     return fmt, facts
-
-
-def heldout_records(n_arithmetic: int = 10, seed: int = 1) -> list[dict]:
-    """Held-out rows of the quickstart's format task, answered in its format: the :data:`HELDOUT_FACTS` questions and
-    ``n_arithmetic`` sums the training set does not ask (for ``fastkit.evaluate`` / ``fastkit eval``)."""
-    import random
-
-    from fastkit.data.samples import answer_json
-
-    facts = {"What is the capital of Japan?": "The capital of Japan is Tokyo.",
-             "What is the capital of China?": "The capital of China is Beijing.",
-             "What is the capital of Australia?": "The capital of Australia is Canberra.",
-             "What is the capital of the United Kingdom?": "The capital of the United Kingdom is London.",
-             "What is the opposite of young?": "The opposite of young is old.",
-             "What is the opposite of wet?": "The opposite of wet is dry."}
-    pairs = [(q, answer_json(s, "geography" if "capital" in q else "language")) for q, s in facts.items()]
-    trained = {r["messages"][0]["content"] for r in quickstart_records()}
-    rng = random.Random(seed)
-    while len(pairs) < len(facts) + n_arithmetic:
-        a, b = rng.randint(2, 60), rng.randint(2, 60)
-        question = f"What is {a} plus {b}?"
-        if question not in trained and question not in dict(pairs):
-            pairs.append((question, answer_json(f"{a} plus {b} is {a + b}.", "arithmetic")))
-    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in pairs]
 
 
 def quickstart_dataset():
