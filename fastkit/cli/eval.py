@@ -297,17 +297,14 @@ def heldout(rows, tokenizer, split: dict[str, Any] | None, max_seq_length: int):
         return check_dataset(rows, tokenizer, max_seq_length, drop_long=True, where="--data")
     checked = check_dataset(rows, tokenizer, max_seq_length, packing=split["packing"], drop_long=split["drop_long"],
                             drop_invalid=split["drop_invalid"])
-    return checked.train_test_split(test_size=_eval_count(split["eval_split"], len(checked)), seed=split["seed"],
-                                    shuffle=True)["test"]
+    from fastkit.training.sft_data import split_eval
 
-
-def _eval_count(eval_split: float | int, n: int) -> int:
-    """Rows ``eval_split`` (a fraction or a count) held out of ``n``, as make_trainer counts them."""
-    count = round(eval_split * n) if isinstance(eval_split, float) and eval_split < 1 else int(eval_split)
-    if not 1 <= count < n:
-        raise FastkitError(f"the run's eval_split {eval_split!r} holds out {count} of the {n} rows its data has now; "
-                           "has the data changed since it trained? Give --data with held-out rows.")
-    return count
+    try:  # make_trainer's own split: the same count, seed and shuffle
+        return split_eval(checked, None, split["eval_split"], split["seed"])[1]
+    except FastkitError as exc:
+        raise FastkitError(f"the run's eval_split {split['eval_split']!r} does not fit the {len(checked)} rows its "
+                           f"data has now ({exc}); has the data changed since it trained? Give --data with held-out "
+                           "rows.") from exc
 
 
 def _evaluate(plan: Plan, options):

@@ -70,7 +70,7 @@ def _checked_data(options: TrainOptions, train_dataset, eval_dataset, tokenizer,
     check = dict(packing=options.packing, drop_long=options.drop_long, drop_invalid=options.drop_invalid,
                  tokenize=tokenize)
     dataset = check_dataset(train_dataset, tokenizer, max_seq_length, **check)
-    dataset, split = _split_eval(dataset, None, options.eval_split, options.seed)
+    dataset, split = split_eval(dataset, None, options.eval_split, options.seed)
     if eval_dataset is not None:
         return dataset, check_dataset(eval_dataset, tokenizer, max_seq_length, where="eval_dataset", **check)
     return dataset, split
@@ -115,7 +115,7 @@ def _early_stopping(options: TrainOptions) -> list[Any]:
     return [EarlyStoppingCallback(options.early_stopping_patience, options.early_stopping_threshold)]
 
 
-def _split_eval(dataset, eval_dataset, eval_split: float | int, seed: int):
+def split_eval(dataset, eval_dataset, eval_split: float | int, seed: int):
     """(train, eval): ``eval_split`` rows (a fraction or a count) of ``dataset`` held out, seeded."""
     if not eval_split:
         return dataset, eval_dataset
@@ -134,4 +134,4 @@ def _eval_count(eval_split: float | int, n: int) -> int:
     return count
 
 
-__all__ = ["check_stream_options"]
+__all__ = ["check_stream_options", "split_eval"]
