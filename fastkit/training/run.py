@@ -176,9 +176,8 @@ def fit(trainer, *, view: str = "auto", title: str | None = None, warmup_steps: 
     ``extend=True`` (with ``resume=True``) continues it for the longer schedule the trainer has now. A loss that is
     not finite stops the run and raises. Ctrl-C (Jupyter's stop button) ends training cleanly: a checkpoint to
     continue from, the model usable, the cell not failed (:func:`fastkit.training.session.run`: the whole rule).
-    Under ``torchrun`` / ``accelerate launch`` every rank calls ``fit``; the status is the same on every rank.
-    ``compare`` (default: the run's ``compare`` option): after a finished run, base and tuned side by side on the eval
-    set (:func:`fastkit.evaluate`, main process), the report in ``output_dir/eval`` and ``metrics.comparison``.
+    Every rank of a ``torchrun`` job calls ``fit`` and gets the same status. ``compare`` (default: the run's option):
+    base and tuned on the eval set after a finished run (:func:`fastkit.evaluate`), ``metrics.comparison``.
     """
     checks.check_choice("view", view, VIEWS)
     checks.check_non_negative_int("warmup_steps", warmup_steps)
