@@ -44,8 +44,8 @@ from benchmarks.common import (
 from fastkit.device import GiB
 from fastkit.patches.offload.patch import OffloadConfig, enable_offload, offload_controller
 from fastkit.patches.offload.streams import Throttle
-from fastkit.patching import revert
 from fastkit.patches.offload.testing import OffloadTestConfig
+from fastkit.patching import revert
 from fastkit.units import fmt_bytes
 
 MODES = ["no checkpointing", "plain checkpointing", "transformers offload=True", "TRL activation_offloading",
