@@ -74,24 +74,19 @@ def probe_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer(f"Question: {prompt}\nAnswer:", add_special_tokens=True)["input_ids"]
 
 
-@torch.no_grad()
 def base_answer(model: torch.nn.Module, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """The base model's greedy answer tokens (its end-of-sequence token included when it stops)."""
-    from fastkit.evaluation.score import _device
+    from fastkit.evaluation.score import Generation, generate_ids
 
-    ids = torch.tensor([prompt_ids], device=_device(model))  # [1, P]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, temperature=None, top_p=None, top_k=None, use_cache=True, pad_token_id=pad)
-    return out[0, len(prompt_ids):].tolist()
+    return generate_ids(model, tokenizer, prompt_ids, Generation(max_new_tokens, sampled=False, seed=0), None)
 
 
 @torch.no_grad()
 def answer_log_probs(model: torch.nn.Module, prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
     """``[A, V]`` log-probabilities of the next token at each answer position (float32, on the CPU)."""
-    from fastkit.evaluation.score import _device
+    from fastkit.evaluation.score import device_of
 
-    ids = torch.tensor([prompt_ids + answer_ids], device=_device(model))  # [1, P + A]
+    ids = torch.tensor([prompt_ids + answer_ids], device=device_of(model))  # [1, P + A]
     logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1]  # [A, V]: position t predicts token t + 1
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 

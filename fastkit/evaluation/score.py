@@ -44,14 +44,15 @@ class RowResult:
     """The sampled answer (None when not asked for, or a plain-text row)."""
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where the model's inputs go."""
     return getattr(model, "device", None) or next(model.parameters()).device
 
 
 @torch.no_grad()
 def answer_nll(model: torch.nn.Module, row: EvalRow) -> tuple[float, int]:
     """``(summed NLL, tokens)`` over the row's trained tokens, as training's loss counts them."""
-    ids = torch.tensor([row.input_ids], device=_device(model))  # [1, T]
+    ids = torch.tensor([row.input_ids], device=device_of(model))  # [1, T]
     trained = torch.tensor(row.mask[1:], dtype=torch.bool, device=ids.device)  # [T-1]: token t+1 is predicted at t
     logits = model(input_ids=ids).logits[0, :-1][trained].float()  # [n, V]: only the positions the loss covers
     targets = ids[0, 1:][trained]  # [n]
@@ -60,9 +61,10 @@ def answer_nll(model: torch.nn.Module, row: EvalRow) -> tuple[float, int]:
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, tokenizer, prompt_ids: list[int], gen: Generation, seed: int | None) -> str:
-    """The model's answer to ``prompt_ids`` (greedy when ``seed`` is None, else sampled from that seed)."""
-    ids = torch.tensor([prompt_ids], device=_device(model))  # [1, P]
+def generate_ids(model: torch.nn.Module, tokenizer, prompt_ids: list[int], gen: Generation,
+                 seed: int | None) -> list[int]:
+    """The new tokens of the model's answer to ``prompt_ids`` (greedy when ``seed`` is None, else sampled from it)."""
+    ids = torch.tensor([prompt_ids], device=device_of(model))  # [1, P]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     kwargs = dict(max_new_tokens=gen.max_new_tokens, do_sample=seed is not None, use_cache=True, pad_token_id=pad)
     devices = [ids.device] if ids.device.type == "cuda" else []
@@ -73,7 +75,12 @@ def generate(model: torch.nn.Module, tokenizer, prompt_ids: list[int], gen: Gene
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)  # the model's sampling defaults off for greedy
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-    return tokenizer.decode(out[0, len(prompt_ids):], skip_special_tokens=True).strip()
+    return out[0, len(prompt_ids):].tolist()
+
+
+def generate(model: torch.nn.Module, tokenizer, prompt_ids: list[int], gen: Generation, seed: int | None) -> str:
+    """The model's answer to ``prompt_ids`` as text (:func:`generate_ids`, special tokens and whitespace removed)."""
+    return tokenizer.decode(generate_ids(model, tokenizer, prompt_ids, gen, seed), skip_special_tokens=True).strip()
 
 
 def score_row(model: torch.nn.Module, tokenizer, row: EvalRow, gen: Generation) -> RowResult:
@@ -86,4 +93,4 @@ def score_row(model: torch.nn.Module, tokenizer, row: EvalRow, gen: Generation) 
     return RowResult(nll, tokens, greedy, sampled)
 
 
-__all__ = ["Generation", "RowResult", "answer_nll", "generate", "score_row"]
+__all__ = ["Generation", "RowResult", "answer_nll", "device_of", "generate", "generate_ids", "score_row"]
