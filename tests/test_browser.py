@@ -294,16 +294,36 @@ def _failure_report(browser, log_path: Path, tmp: Path) -> str:
 
 
 def _clip_screenshot(page, element, path: Path) -> None:
-    """A page screenshot clipped to ``element``, which the live redraw may replace at any moment."""
-    box = None
-    for _ in range(20):  # the redraw may swap the element between locating and measuring it: retry
+    """A page screenshot clipped to ``element``, which the live redraw may replace at any moment.
+
+    The redraw can swap the element between measuring it and taking the picture (the old box is then
+    empty or off the page: playwright says "Clipped area is either empty or outside the resulting image"),
+    so each try measures again and only a box that lies on the viewport is used."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    view = page.viewport_size
+    last = None
+    for _ in range(20):
         element.evaluate("e => e.scrollIntoView({block: 'start'})")
         page.wait_for_timeout(300)
         box = element.bounding_box()
-        if box is not None:
-            break
-    assert box is not None, "the live dashboard never stayed on the page long enough to be measured"
-    page.screenshot(path=str(path), clip={k: box[k] for k in ("x", "y", "width", "height")})
+        if not _on_viewport(box, view):
+            last = f"box {box} not on the {view} viewport"
+            continue
+        try:
+            page.screenshot(path=str(path), clip={k: box[k] for k in ("x", "y", "width", "height")})
+            return
+        except PlaywrightError as exc:  # replaced between measuring and capturing: measure again
+            last = str(exc).splitlines()[0]
+    raise AssertionError(f"the live dashboard never stayed on the page long enough to be captured: {last}")
+
+
+def _on_viewport(box, view) -> bool:
+    """Whether ``box`` (a bounding box, or None) has an area and overlaps the viewport."""
+    if box is None or box["width"] < 1 or box["height"] < 1:
+        return False
+    return box["x"] < view["width"] and box["y"] < view["height"] and box["x"] + box["width"] > 0 \
+        and box["y"] + box["height"] > 0
 
 
 def _screenshot_summary(page, summary, path: Path) -> None:
@@ -332,3 +352,39 @@ def test_a_missing_browser_fails_in_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true but .*apt-get install -y chromium"):
         _require_browser()
+
+
+def test_clip_screenshot_measures_again_when_the_redraw_swaps_the_panel(tmp_path):
+    """The live panel replaced between measuring and capturing (CI saw "Clipped area is either empty or
+    outside the resulting image"): the capture measures again instead of failing the run."""
+    pytest.importorskip("playwright")
+    from playwright.sync_api import Error as PlaywrightError
+
+    boxes = iter([None, {"x": 0, "y": 0, "width": 0, "height": 0},            # mid-redraw: no box, empty box
+                  {"x": 0, "y": 1400, "width": 800, "height": 300},         # below the viewport
+                  {"x": 0, "y": 10, "width": 800, "height": 300},           # swapped before the capture
+                  {"x": 0, "y": 10, "width": 800, "height": 300}])
+    shots = []
+
+    class Element:
+        def evaluate(self, script):
+            pass
+
+        def bounding_box(self):
+            return next(boxes)
+
+    class Page:
+        viewport_size = {"width": 1024, "height": 1000}
+
+        def wait_for_timeout(self, ms):
+            pass
+
+        def screenshot(self, path, clip):
+            shots.append(clip)
+            if len(shots) == 1:
+                raise PlaywrightError("Page.screenshot: Clipped area is either empty or outside the resulting image")
+            Path(path).write_bytes(b"png")
+
+    _clip_screenshot(Page(), Element(), tmp_path / "shot.png")
+    assert (tmp_path / "shot.png").read_bytes() == b"png" and len(shots) == 2
+    assert shots[-1] == {"x": 0, "y": 10, "width": 800, "height": 300}

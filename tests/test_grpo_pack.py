@@ -8,6 +8,7 @@ import contextlib
 
 import pytest
 import torch
+from trl import GRPOTrainer
 
 from fastkit import FastModel, SyncCounter
 from fastkit.patches.packing import attention as packing_kernels
@@ -16,7 +17,6 @@ from fastkit.training.preference import make_grpo_trainer
 from fastkit.training.rewards import completion_text
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-WRAPPED = ("_generate", "_generate_and_score_completions", "_compute_loss", "_get_per_token_logps_and_entropies")
 COMPLETION_LENGTHS = (5, 2, 7, 3, 6, 1)  # tokens before the EOS, per completion (2 prompts x G=3)
 
 
@@ -47,7 +47,7 @@ def _trainer(tmp_path):
 
 def _fixed_generation(trainer):
     """TRL's own ``_generate`` once, then its completions cut to COMPLETION_LENGTHS + EOS: the same rows each call."""
-    generate = type(trainer)._generate.__get__(trainer)
+    generate = GRPOTrainer._generate.__get__(trainer)
     torch.manual_seed(0)
     out = list(generate([r["prompt"] for r in _prompts()]))
     eos, tok = trainer.eos_token_ids[0], trainer._tokenizer
@@ -57,15 +57,21 @@ def _fixed_generation(trainer):
     return lambda prompts: tuple(out)
 
 
+def _generating(trainer, fake) -> None:
+    """``trainer`` generates ``fake``'s fixed rows, through fastkit's recorder of their lengths."""
+    trainer._generate = lambda prompts: trainer.record_rows(fake(prompts))
+
+
 @contextlib.contextmanager
 def _padded(trainer, fake):
-    """TRL's own methods (fastkit's packing wrappers set aside), generating ``fake``."""
-    saved = {name: trainer.__dict__.pop(name) for name in WRAPPED}
+    """TRL's own methods (fastkit's packed passes turned off), generating ``fake``."""
+    trainer._packs_logps = False
     trainer._generate = fake
     try:
         yield
     finally:
-        trainer.__dict__.update(saved)
+        trainer._packs_logps = True
+        _generating(trainer, fake)
 
 
 def _step(trainer):
@@ -85,7 +91,7 @@ def runs(tmp_path_factory):
     assert trainer.fastkit_packed
     trainer.current_gradient_accumulation_steps = 1  # what Trainer's loop sets before compute_loss
     fake = _fixed_generation(trainer)
-    trainer._generate = grpo_pack._capture_generate(trainer, fake)  # fastkit's recorder around the fixed rows
+    _generating(trainer, fake)
     packed = _step(trainer)
     with _padded(trainer, fake):
         padded = _step(trainer)
@@ -126,7 +132,7 @@ def test_documents_attending_to_each_other_is_caught(runs, monkeypatch):
     """The parity above can fail: with attention not kept per document (the break) the loss and gradients move."""
     trainer, fake, _, (want_batch, want_loss, want_grads) = runs
     monkeypatch.setattr(packing_kernels, "packed_attention", _leaky_attention)
-    trainer._generate = grpo_pack._capture_generate(trainer, fake)
+    _generating(trainer, fake)
     batch, loss, grads = _step(trainer)
     worst = max((g - want_grads[n]).abs().max().item() for n, g in grads.items())
     mask = batch["completion_mask"].bool()

@@ -203,6 +203,8 @@ def test_grpo_trains_with_shipped_rewards_and_shows_them(tmp_path):
                                 dashboard="none")
     assert trainer.ref_model is None and trainer.args.use_cpu
     assert trainer.fastkit_packed  # the log-prob passes on packed rows (tests/test_grpo_pack.py: exact)
+    rebound = [k for k, v in vars(trainer).items() if callable(v) and callable(getattr(type(trainer), k, None))]
+    assert not rebound, f"methods replaced on the instance instead of overridden in the class: {rebound}"
     metrics = fit(trainer, view="none")
     assert metrics.status == "finished"
     assert {"reward", "kl", "completions/mean_length", "completions/clipped_ratio", "rewards/format_reward/mean",

@@ -19,7 +19,8 @@ from fastkit.training.trainer import FastSFTTrainer, ZeroSyncSFTTrainer
 FASTKIT = Path(__file__).resolve().parents[1] / "fastkit"
 WRITES = re.compile(r"\btrainer\.fastkit_\w+\s*=(?!=)")
 """An ad-hoc ``trainer.fastkit_*`` attribute written (the run's facts live in ``trainer.run_record``)."""
-REBOUND = re.compile(r"\btrainer\.(create_model_card|_calculate_rewards)\s*=(?!=)")
+REBOUND = re.compile(r"\btrainer\.(create_model_card|_calculate_rewards|_generate\w*|_compute_loss|_get_per_token_\w+)"
+                     r"\s*=(?!=)")
 """A trainer method replaced on the instance (they are methods of fastkit's trainer classes now)."""
 
 

@@ -6,7 +6,8 @@ backward) in ``_compute_loss``, and the no-grad reference pass (``beta > 0``; th
 ``[left-padded prompt | right-padded completion]`` (``(R, P + C)``, ``attention_mask`` marking the real tokens) and
 reads the log-probs of the completion positions through TRL's fused LM head.
 
-Where fastkit's packing patch is active, :func:`pack_logps` runs those passes on ONE padding-free row instead: each
+Where fastkit's packing patch is active, :class:`PackedLogps` (a mixin of ``FastGRPOTrainer``; :func:`pack_logps`
+turns it on) runs those passes on ONE padding-free row instead: each
 row's real tokens (one contiguous span: its prompt, then its completion up to the EOS) are gathered into a
 ``(1, N)`` row and the decoder is called with the spans' lengths, so fastkit's packing patch restarts positions
 at 0 and runs attention per document (no ``T x T`` mask, zero syncs); the hidden states are scattered back to
@@ -16,7 +17,7 @@ the same decoder wrapper as DPO's (:func:`fastkit.training.dpo.pack_pairs`).
 The spans come from the host, never from the device masks:
 
 - TRL's ``_generate`` returns the prompt and completion token ids as Python lists (it decodes them for the
-  rewards); :func:`pack_logps` records each row's prompt length and attended completion length there (a
+  rewards); :meth:`PackedLogps.record_rows` records each row's prompt length and attended completion length there (a
   completion ``mask_truncated_completions`` masks attends with none of its tokens, as TRL's mask says);
 - ``_generate_and_score_completions`` adds them to its output as a list (``fastkit_row_lengths``), which TRL's
   ``shuffle_sequence_dict`` / ``split_tensor_dict`` permute and split with the rows;
@@ -66,47 +67,6 @@ def _attended(trainer, completion: list[int]) -> int:
     return len(completion)
 
 
-def _capture_generate(trainer, original):
-    @functools.wraps(original)
-    def _generate(prompts):
-        out = original(prompts)
-        prompt_ids, completion_ids = out[0], out[1]
-        trainer._fastkit_rows = [(len(p), _attended(trainer, c)) for p, c in zip(prompt_ids, completion_ids,
-                                                                                 strict=True)]
-        return out
-
-    return _generate
-
-
-def _carry_rows(trainer, original):
-    @functools.wraps(original)
-    def _generate_and_score_completions(inputs):
-        trainer._fastkit_rows = None  # set by _generate inside; see Note: [grpo spans lifetime]
-        try:
-            output = original(inputs)
-            rows = trainer._fastkit_rows
-            if rows is not None and len(rows) == output["prompt_ids"].shape[0]:
-                output[ROWS_KEY] = rows
-        finally:
-            trainer._fastkit_rows = None
-        return output
-
-    return _generate_and_score_completions
-
-
-def _rows_for_loss(trainer, original):
-    @functools.wraps(original)
-    def _compute_loss(model, inputs):
-        rows = inputs.get(ROWS_KEY)
-        trainer._fastkit_rows = rows
-        try:
-            return original(model, {k: v for k, v in inputs.items() if k != ROWS_KEY})
-        finally:
-            trainer._fastkit_rows = None
-
-    return _compute_loss
-
-
 def _check_spans(attention_mask: torch.Tensor, spans: list[tuple[int, int]]) -> None:
     """On a CPU mask (no device read): each span is exactly the row's ones."""
     if attention_mask.device.type != "cpu":
@@ -119,13 +79,53 @@ def _check_spans(attention_mask: torch.Tensor, spans: list[tuple[int, int]]) -> 
                            "(a TRL change?); make_grpo_trainer(packing=False) runs the padded passes.")
 
 
-def _packed_logps(trainer, original):
-    @functools.wraps(original)
-    def logps(model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs: Any):
-        rows = trainer._fastkit_rows
+class PackedLogps:
+    """Mixin over ``trl.GRPOTrainer``: its four log-prob methods, packed once :func:`pack_logps` turned packing on
+    (``_packs_logps``); until then (or with ``packing=False``) each is TRL's own, unchanged."""
+
+    _packs_logps = False
+    _fastkit_rows: list[tuple[int, int]] | None = None  # see Note: [grpo spans lifetime]
+
+    def record_rows(self, out):
+        """Keep each generated row's (prompt, attended completion) lengths from ``_generate``'s host lists."""
+        if self._packs_logps:
+            prompt_ids, completion_ids = out[0], out[1]
+            self._fastkit_rows = [(len(p), _attended(self, c)) for p, c in zip(prompt_ids, completion_ids,
+                                                                              strict=True)]
+        return out
+
+    def _generate(self, prompts):
+        return self.record_rows(super()._generate(prompts))
+
+    def _generate_and_score_completions(self, inputs):
+        if not self._packs_logps:
+            return super()._generate_and_score_completions(inputs)
+        self._fastkit_rows = None  # set by _generate inside
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            rows = self._fastkit_rows
+            if rows is not None and len(rows) == output["prompt_ids"].shape[0]:
+                output[ROWS_KEY] = rows
+        finally:
+            self._fastkit_rows = None
+        return output
+
+    def _compute_loss(self, model, inputs):
+        if ROWS_KEY not in inputs:
+            return super()._compute_loss(model, inputs)
+        self._fastkit_rows = inputs[ROWS_KEY]
+        try:
+            return super()._compute_loss(model, {k: v for k, v in inputs.items() if k != ROWS_KEY})
+        finally:
+            self._fastkit_rows = None
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           **kwargs: Any):
+        rows = self._fastkit_rows
         extra = [k for k, v in kwargs.items() if k not in _PASS_KWARGS and v is not None]
-        if rows is None or len(rows) != input_ids.size(0) or extra:
-            return original(model, input_ids, attention_mask, logits_to_keep, batch_size, **kwargs)
+        if not self._packs_logps or rows is None or len(rows) != input_ids.size(0) or extra:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, **kwargs)
         prompt_width = input_ids.size(1) - logits_to_keep
         spans = [(prompt_width - p, prompt_width + c) for p, c in rows]  # [start, end) of each row's real tokens
         _check_spans(attention_mask, spans)
@@ -134,30 +134,29 @@ def _packed_logps(trainer, original):
         for start in range(0, input_ids.size(0), step):  # TRL's chunks, each one packed row
             end = start + step
             packed = functools.partial(model, **{dpo.ROW_SPANS_KWARG: spans[start:end]})
-            parts.append(original(packed, input_ids[start:end], attention_mask[start:end], logits_to_keep, None,
-                                  **kwargs))
+            parts.append(super()._get_per_token_logps_and_entropies(packed, input_ids[start:end],
+                                                                    attention_mask[start:end], logits_to_keep, None,
+                                                                    **kwargs))
         logp = torch.cat([p[0] for p in parts], dim=0)  # (R, C)
         entropy = torch.cat([p[1] for p in parts], dim=0) if parts[0][1] is not None else None
         aux = torch.stack([p[2] for p in parts]).mean() if parts[0][2] is not None else None  # TRL: mean of chunks
         return logp, entropy, aux
 
-    return logps
+
+_METHODS = ("_generate", "_generate_and_score_completions", "_compute_loss", "_get_per_token_logps_and_entropies")
+"""TRL's methods :class:`PackedLogps` overrides."""
 
 
-def pack_logps(trainer) -> bool:
-    """Run ``trainer``'s (a ``trl.GRPOTrainer``) log-prob passes on packed rows; False (nothing changed) when
-    fastkit's packing patch is not active on its model (padded, as TRL)."""
+def pack_logps(trainer: PackedLogps) -> bool:
+    """Turn on packed log-prob passes for ``trainer`` (a :class:`PackedLogps` ``trl.GRPOTrainer``); False (nothing
+    changed) when fastkit's packing patch is not active on its model (padded, as TRL)."""
     if not dpo.pack_pairs(trainer.model):
         return False
-    for name in ("_generate", "_generate_and_score_completions", "_compute_loss", "_get_per_token_logps_and_entropies"):
-        if not callable(getattr(trainer, name, None)):
+    for name in _METHODS:
+        if not callable(getattr(super(PackedLogps, trainer), name, None)):
             raise FastkitError(f"GRPO packing: GRPOTrainer.{name} is missing (a TRL change?); pass packing=False.")
-    trainer._fastkit_rows = None
-    trainer._generate = _capture_generate(trainer, trainer._generate)
-    trainer._generate_and_score_completions = _carry_rows(trainer, trainer._generate_and_score_completions)
-    trainer._compute_loss = _rows_for_loss(trainer, trainer._compute_loss)
-    trainer._get_per_token_logps_and_entropies = _packed_logps(trainer, trainer._get_per_token_logps_and_entropies)
+    trainer._packs_logps = True
     return True
 
 
-__all__ = ["ROWS_KEY", "pack_logps"]
+__all__ = ["ROWS_KEY", "PackedLogps", "pack_logps"]

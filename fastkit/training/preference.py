@@ -142,10 +142,11 @@ class FastKTOTrainer(FastTrainerMixin, KTOTrainer):
                                                          both_labels=False)
 
 
-class FastGRPOTrainer(FastTrainerMixin, grpo.CountedRewards, GRPOTrainer):
+class FastGRPOTrainer(FastTrainerMixin, grpo.CountedRewards, grpo_pack.PackedLogps, GRPOTrainer):
     """:func:`make_grpo_trainer`'s trainer: TRL's ``GRPOTrainer`` with fastkit's checkpointing kept through TRL's
     no-grad passes, its None rewards counted (:class:`~fastkit.training.grpo.CountedRewards`), and its log-prob
-    passes on packed rows where fastkit's packing patch is active (``packing``: :mod:`fastkit.training.grpo_pack`)."""
+    passes on packed rows where fastkit's packing patch is active (``packing``:
+    :class:`~fastkit.training.grpo_pack.PackedLogps`)."""
 
     def __init__(self, *args: Any, packing: bool = True, **kwargs: Any):
         self._packing = packing
