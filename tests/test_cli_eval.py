@@ -82,7 +82,7 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "max_new_tokens_text": ([*ok, "--max-new-tokens", "many"], "max_new_tokens must be a positive int"),
         "seed_negative": ([*ok, "--seed", "-1"], "seed must be a non-negative int"),
         "examples_fraction": ([*ok, "--examples", "1.5"], "examples must be a non-negative int"),
-        "drift_warn_zero": ([*ok, "--drift-warn", "0"], "drift_warn must be a positive"),
+        "forgetting_warn_zero": ([*ok, "--forgetting-warn", "0"], "forgetting_warn must be a positive"),
         "sampled_twice": ([*ok, "--sampled", "--no-sampled"], "both set sampled"),
         "output_dir_is_a_file": ([*ok, "--output-dir", str(tmp / "file.txt")], "a file is there"),
         "config_unknown_key": (["--config", str(_yaml(tmp, {"run": run, "max_row": 2}))], "did you mean 'max_row"),
@@ -111,7 +111,7 @@ CASES = [
     "run_and_adapter", "nothing", "model_alone", "adapter_and_tuned", "no_data", "adapter_not_lora",
     "tuned_not_a_model", "data_missing", "data_empty_folder", "run_data_missing", "check_unknown", "check_bad_regex",
     "check_no_file", "check_no_function", "check_builtin", "max_rows_zero", "max_new_tokens_text", "seed_negative",
-    "examples_fraction", "drift_warn_zero", "sampled_twice", "output_dir_is_a_file", "config_unknown_key",
+    "examples_fraction", "forgetting_warn_zero", "sampled_twice", "output_dir_is_a_file", "config_unknown_key",
     "config_bad_value", "config_bad_check"]
 
 
@@ -153,8 +153,10 @@ def test_a_run_is_evaluated_on_the_rows_it_held_out(run_dir, capsys):
     assert results["rows"] == 2 and set(results["metrics"]["loss"]) == {"base", "tuned"}
     assert {"exact", "contains", "json", "json (sampled)", "perplexity"} <= set(results["metrics"])
     assert results["options"]["checks"] == ["json"] and results["forgetting"]["drift"] >= 0
+    assert results["forgetting"]["text_tokens"] > 0 and isinstance(results["forgetting"]["warned"], bool)
     assert (run_dir / "eval" / "report.md").is_file()
-    assert "| loss |" in out and "Forgetting: drift" in out and f"Report: {run_dir / 'eval'}/report.md" in out
+    assert "| loss |" in out and "Forgetting: " in out and "Drift on general prompts" in out
+    assert f"Report: {run_dir / 'eval'}/report.md" in out
 
 
 def test_the_run_split_is_the_trainers(run_dir):

@@ -5,8 +5,10 @@ loss's own number, the base is the model without its adapter, forgetting is 0 fo
 with a changed one, and a Ctrl-C keeps the rows done. Tiny twins; the real-model proof is in docs/eval.md.
 """
 
+import copy
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ import torch
 from fastkit import FastkitError, FastModel
 from fastkit.evaluation import EvalOptions, evaluate
 from fastkit.evaluation import checks as ck
+from fastkit.evaluation.forgetting import FORGETTING_WARN
+from fastkit.evaluation.general_text import GENERAL_TEXT
 from fastkit.evaluation.report import EvalReport
 from fastkit.evaluation.rows import EvalRow, eval_rows, last_span
 from fastkit.evaluation.score import RowResult, answer_nll
@@ -158,6 +162,7 @@ def test_an_untouched_adapter_equals_its_base(lora):
     for name, (base, tuned) in report.metrics.items():
         assert base == pytest.approx(tuned, abs=1e-6), name
     assert report.forgetting.drift == pytest.approx(0, abs=1e-6) and not report.forgetting.warned
+    assert report.forgetting.forgetting == pytest.approx(0, abs=1e-6) and report.forgetting.text_tokens > 500
     assert report.examples == []  # nothing changed, nothing to show
 
 
@@ -165,7 +170,7 @@ def test_a_changed_adapter_drifts_and_the_base_is_the_model_without_it(lora):
     model, tok = lora
     old = _nudge(model, 0.05)
     try:
-        report = evaluate(model, tok, heldout_records(), drift_warn=1e-4, **FAST)
+        report = evaluate(model, tok, heldout_records(), **FAST)
         plain, _ = FastModel.from_pretrained(SMOL, max_seq_length=128, twin=True)  # the same seeded twin weights
         plain.load_state_dict({k.replace("base_model.model.", "").replace(".base_layer", ""): v
                                for k, v in model.state_dict().items() if "lora_" not in k})
@@ -174,10 +179,86 @@ def test_a_changed_adapter_drifts_and_the_base_is_the_model_without_it(lora):
         _restore(model, old)
     base_loss, tuned_loss = report.metrics["loss"]
     assert base_loss != pytest.approx(tuned_loss, abs=1e-4)
-    assert report.forgetting.drift > 1e-4 and report.forgetting.warned
+    assert report.forgetting.drift > 1e-4
     assert report.forgetting.tuned_perplexity != pytest.approx(report.forgetting.base_perplexity)
+    assert report.forgetting.forgetting != pytest.approx(0, abs=1e-5)
     assert separate.metrics["loss"] == pytest.approx(report.metrics["loss"], rel=1e-5)
     assert separate.forgetting.drift == pytest.approx(report.forgetting.drift, rel=1e-4)
+    assert separate.forgetting.forgetting == pytest.approx(report.forgetting.forgetting, rel=1e-4)
+
+
+# ---- forgetting: a model that knows the general text, scrambled -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def knows_the_text():
+    """A twin trained for a few steps on the general text: it reads it better than chance, so it has something to
+    forget."""
+    torch.manual_seed(0)
+    model, tok = FastModel.from_pretrained(SMOL, max_seq_length=128, twin=True)
+    rows = [tok(text)["input_ids"] for text in GENERAL_TEXT]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])  # [36, width]
+    labels = torch.tensor([r + [-100] * (width - len(r)) for r in rows])  # padding not learned
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(20):
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval(), tok
+
+
+def _scrambled(model):
+    """A copy with every weight tensor's entries shuffled."""
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.copy_(p.flatten()[torch.randperm(p.numel(), generator=g)].view_as(p))
+    return out
+
+
+@torch.no_grad()
+def _text_loss(model, tok) -> tuple[float, int]:
+    """transformers' own loss over the general text, summed per token (every token after each paragraph's first)."""
+    total, tokens = 0.0, 0
+    for text in GENERAL_TEXT:
+        ids = torch.tensor([tok(text)["input_ids"]])
+        total += float(model(input_ids=ids, labels=ids).loss) * (ids.shape[1] - 1)
+        tokens += ids.shape[1] - 1
+    return total, tokens
+
+
+def test_scrambled_weights_forget_and_warn(knows_the_text, caplog):
+    model, tok = knows_the_text
+    scrambled = _scrambled(model)
+    report = evaluate(scrambled, tok, heldout_records(), base=model, **FAST)
+    f = report.forgetting
+    (base_nll, n), (tuned_nll, _) = _text_loss(model, tok), _text_loss(scrambled, tok)
+    assert f.forgetting == pytest.approx((tuned_nll - base_nll) / n, rel=1e-4) and f.text_tokens == n
+    assert f.forgetting > 3 * FORGETTING_WARN and f.warned and f.threshold == FORGETTING_WARN
+    assert f.tuned_text_perplexity > f.base_text_perplexity
+    assert "WARNING" in report.summary() and "may have lost what it could do before" in caplog.text
+    assert report.to_dict()["forgetting"]["warned"] is True
+
+
+def test_an_identical_model_forgets_nothing(knows_the_text, caplog):
+    model, tok = knows_the_text
+    report = evaluate(copy.deepcopy(model), tok, heldout_records(), base=model, **FAST)
+    f = report.forgetting
+    assert f.forgetting == pytest.approx(0, abs=1e-6) and f.drift == pytest.approx(0, abs=1e-6) and not f.warned
+    assert f.base_text_perplexity == pytest.approx(f.tuned_text_perplexity)
+    assert "WARNING" not in report.summary() and "may have lost" not in caplog.text
+
+
+@pytest.mark.parametrize(("tuned_nll", "warned"), [(12.9, False), (13.1, True), (7.0, False)])
+def test_the_warning_is_the_text_loss_rise_against_the_threshold(tuned_nll, warned):
+    from fastkit.evaluation.forgetting import summarize
+    from fastkit.evaluation.report import forgetting_line
+
+    f = summarize((10.0, tuned_nll, 10), (50.0, 5.0, 9.0, 10), threshold=0.3)  # drift 5.0 alone never warns
+    assert f.forgetting == pytest.approx((tuned_nll - 10.0) / 10) and f.drift == pytest.approx(5.0)
+    assert f.base_text_perplexity == pytest.approx(math.e) and f.tuned_perplexity == pytest.approx(math.exp(0.9))
+    assert f.warned is warned and ("WARNING" in forgetting_line(f)) is warned
 
 
 def test_sampled_answers_are_seeded_and_the_callers_rng_untouched(lora):
@@ -242,7 +323,7 @@ def test_save_writes_the_report(lora, tmp_path):
     (dict(max_rows=0), "max_rows must be a whole number >= 1"),
     (dict(max_new_tokens=1.5), "max_new_tokens must be a whole number"),
     (dict(examples=-1), "examples must be"),
-    (dict(drift_warn=0), "drift_warn must be a number above 0"),
+    (dict(forgetting_warn=0), "forgetting_warn must be a number above 0"),
     (dict(tempreature=0.3), "unknown option"),
     (dict(checks="regex:("), "not a regular expression"),
 ])

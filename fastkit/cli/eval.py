@@ -97,10 +97,12 @@ class EvalFlags:
     seed: int = option(0, "row i's sampled answer uses seed + i, for both models", check=check_non_negative_int)
     examples: int = option(5, "prompts shown side by side (the ones that changed most)",
                            check=check_non_negative_int)
-    forgetting: bool = option(True, "measure drift on general prompts shipped with fastkit", check=_flag,
-                              negation="--no-forgetting")
-    forgetting_tokens: int = option(48, "tokens of the base model's answer per general prompt", check=check_positive)
-    drift_warn: float = option(0.5, "drift (nats/token) above which the report warns", check=check_number)
+    forgetting: bool = option(True, "measure forgetting on general text and drift on general prompts shipped with "
+                              "fastkit", check=_flag, negation="--no-forgetting")
+    forgetting_tokens: int = option(48, "tokens of the base model's answer per general prompt (drift)",
+                                    check=check_positive)
+    forgetting_warn: float = option(0.3, "forgetting (the general text's loss rise, nats/token) above which the "
+                                    "report warns", check=check_number)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -114,7 +116,7 @@ class EvalFlags:
 
 
 COMMON = ("run", "model", "adapter", "tuned", "data", "twin", "output_dir", "max_rows", "max_new_tokens", "checks",
-          "sampled", "seed", "examples", "forgetting", "drift_warn")
+          "sampled", "seed", "examples", "forgetting", "forgetting_warn")
 EVAL = Command("eval", EvalFlags, None, {}, COMMON, title="evaluation (fastkit.EvalOptions)",
                help_all="every option", data_help=EvalJob.__dataclass_fields__["data"].metadata["help"], job=EvalJob,
                lora=None, required=(), job_title="what to compare", run_flags=False)

@@ -23,7 +23,7 @@ import torch
 
 from fastkit.errors import FastkitError
 from fastkit.evaluation.checks import BUILT_IN, Check, parse_checks
-from fastkit.evaluation.forgetting import DRIFT_WARN, GENERAL_PROMPTS, Forgetting
+from fastkit.evaluation.forgetting import FORGETTING_WARN, GENERAL_PROMPTS, Forgetting
 from fastkit.evaluation.report import EvalReport, Example
 from fastkit.evaluation.rows import EvalRow, eval_rows
 from fastkit.evaluation.score import Generation, RowResult, score_row
@@ -49,11 +49,11 @@ class EvalOptions:
     examples: int = 5
     """How many prompts to show side by side (the ones whose answers changed most)."""
     forgetting: bool = True
-    """Measure drift on general prompts (:data:`fastkit.evaluation.forgetting.GENERAL_PROMPTS`)."""
+    """Measure forgetting on general text and drift on general prompts (:mod:`fastkit.evaluation.forgetting`)."""
     forgetting_tokens: int = 48
-    """Tokens of the base model's answer per general prompt."""
-    drift_warn: float = DRIFT_WARN
-    """Drift (nats/token) above which the report warns."""
+    """Tokens of the base model's answer per general prompt (drift)."""
+    forgetting_warn: float = FORGETTING_WARN
+    """Forgetting (the general text's loss rise, nats/token) above which the report warns."""
 
     def check(self) -> None:
         """A FastkitError naming the first field out of range."""
@@ -63,8 +63,8 @@ class EvalOptions:
                 raise FastkitError(f"evaluate: {name} must be a whole number >= 1, got {value!r}.")
         if isinstance(self.examples, bool) or not isinstance(self.examples, int) or self.examples < 0:
             raise FastkitError(f"evaluate: examples must be a whole number >= 0, got {self.examples!r}.")
-        if not isinstance(self.drift_warn, (int, float)) or not self.drift_warn > 0:
-            raise FastkitError(f"evaluate: drift_warn must be a number above 0, got {self.drift_warn!r}.")
+        if not isinstance(self.forgetting_warn, (int, float)) or not self.forgetting_warn > 0:
+            raise FastkitError(f"evaluate: forgetting_warn must be a number above 0, got {self.forgetting_warn!r}.")
 
 
 def _options(options: EvalOptions | None, kwargs: dict[str, Any]) -> EvalOptions:
@@ -178,6 +178,36 @@ def _score_rows(model, base, tokenizer, rows: list[EvalRow], gen: Generation):
 def _forgetting(model, base, tokenizer, options: EvalOptions) -> Forgetting:
     from fastkit.evaluation import forgetting as fg
 
+    result = fg.summarize(_text_sums(model, base, tokenizer), _drift_sums(model, base, tokenizer, options),
+                          options.forgetting_warn)
+    if result.warned:
+        logger.warning("fastkit eval: forgetting %.3f nats/token (the loss on general text rose from perplexity %.2f "
+                       "to %.2f) is above %s: the tuned model may have lost what it could do before (docs/eval.md)",
+                       result.forgetting, result.base_text_perplexity, result.tuned_text_perplexity,
+                       options.forgetting_warn)
+    return result
+
+
+def _text_sums(model, base, tokenizer) -> tuple[float, float, int]:
+    """``(NLL under base, NLL under tuned, tokens)`` over the general text, each paragraph scored as plain text."""
+    from fastkit.evaluation import forgetting as fg
+    from fastkit.evaluation.general_text import GENERAL_TEXT
+
+    base_nll = tuned_nll = 0.0
+    tokens = 0
+    for text in GENERAL_TEXT:
+        ids = fg.text_ids(tokenizer, text)
+        with _as_base(model, base) as before:
+            base_lp = fg.answer_log_probs(before, ids[:1], ids[1:])  # every token after the first is scored
+        _, b, t = fg.drift_terms(base_lp, fg.answer_log_probs(model, ids[:1], ids[1:]), ids[1:])
+        base_nll, tuned_nll, tokens = base_nll + b, tuned_nll + t, tokens + len(ids) - 1
+    return base_nll, tuned_nll, tokens
+
+
+def _drift_sums(model, base, tokenizer, options: EvalOptions) -> tuple[float, float, float, int]:
+    """``(KL, NLL under base, NLL under tuned, tokens)`` over the base's greedy answers to the general prompts."""
+    from fastkit.evaluation import forgetting as fg
+
     sums = [0.0, 0.0, 0.0]
     tokens = 0
     for prompt in GENERAL_PROMPTS:
@@ -191,11 +221,7 @@ def _forgetting(model, base, tokenizer, options: EvalOptions) -> Forgetting:
         for k, value in enumerate(fg.drift_terms(base_lp, tuned_lp, answer)):
             sums[k] += value
         tokens += len(answer)
-    result = fg.summarize(*sums, tokens, options.drift_warn)
-    if result.warned:
-        logger.warning("fastkit eval: drift %.3f nats/token on general prompts is above %s: the tuned model may "
-                       "have forgotten what it could do before (docs/eval.md)", result.drift, options.drift_warn)
-    return result
+    return sums[0], sums[1], sums[2], tokens
 
 
 def _report(rows, results, checks: list[Check], tokenizer, options: EvalOptions, forgetting, interrupted) -> EvalReport:

@@ -1,16 +1,18 @@
-"""Forgetting: how far the tuned model drifted from the base on text outside the training data, with no download.
+"""Forgetting: did the tuned model lose what it could do before, on text outside the training data, with no download.
 
-The base model answers :data:`GENERAL_PROMPTS` (shipped here: everyday requests of many kinds) greedily; both models
-then score those answers token by token. Two numbers:
+Two measurements, both scored by the base and the tuned model alike:
 
-- **drift**: the mean KL divergence KL(base || tuned) of the next-token distributions over the answers' tokens
-  (nats per token). 0 when the tuned model predicts exactly what the base predicts; it grows as training rewrites
-  behaviour the data never asked about.
-- the perplexity of the base's answers under each model: the tuned model finding the base's own fluent answers
-  less likely is forgetting seen from the outside.
+- **forgetting** (the score that warns): the rise of the loss on :data:`~fastkit.evaluation.general_text.GENERAL_TEXT`
+  (short factual paragraphs written for fastkit, scored as plain text: no chat template, no question), tuned minus
+  base, in nats per token. A model that learned a new answer format reads plain prose as before (a few hundredths);
+  one that lost general knowledge or fluency finds it much less likely. Above :data:`FORGETTING_WARN` the report
+  warns.
+- **drift**: how differently the tuned model answers everyday requests. The base model answers
+  :data:`GENERAL_PROMPTS` greedily; drift is the mean KL divergence KL(base || tuned) of the next-token
+  distributions over those answers' tokens (nats per token), with the answers' perplexity under each model. A new
+  answer format counts as drift (teaching one moves it far in a few steps), so it informs and does not warn.
 
-A LoRA trained briefly on a narrow task moves these little; long training at a high learning rate moves them a lot
-(docs/eval.md has measured values). Above :data:`DRIFT_WARN` the report warns.
+docs/eval.md has measured values for a short and a long run.
 """
 
 from __future__ import annotations
@@ -39,16 +41,26 @@ GENERAL_PROMPTS = (
     "List the days of the week.",
 )
 """Everyday requests no fine-tuning set is about; the base model's greedy answers to them are the forgetting probe."""
-DRIFT_WARN = 0.5
-"""Drift (nats per token) above which the report warns that the tuned model forgot (docs/eval.md: measured values)."""
+FORGETTING_WARN = 0.3
+"""The rise of the general text's loss (nats per token, tuned minus base) above which the report warns that the
+tuned model forgot (docs/eval.md: measured values)."""
 
 
 @dataclass(frozen=True)
 class Forgetting:
-    """The drift of the tuned model from the base on :data:`GENERAL_PROMPTS`."""
+    """How much the tuned model forgot (the general text's loss) and drifted (its answers to general prompts)."""
 
+    forgetting: float
+    """The general text's loss under the tuned model minus under the base, in nats per token (0: unchanged; below 0:
+    the tuned model reads it better)."""
+    base_text_perplexity: float
+    """The general text's perplexity under the base."""
+    tuned_text_perplexity: float
+    """The general text's perplexity under the tuned model."""
+    text_tokens: int
+    """General-text tokens scored."""
     drift: float
-    """Mean KL(base || tuned) per answer token, in nats."""
+    """Mean KL(base || tuned) per token of the base's answers to :data:`GENERAL_PROMPTS`, in nats."""
     base_perplexity: float
     """The base's own answers' perplexity under the base."""
     tuned_perplexity: float
@@ -56,12 +68,17 @@ class Forgetting:
     tokens: int
     """Answer tokens scored."""
     threshold: float
-    """The drift above which :attr:`warned` is set."""
+    """The forgetting above which :attr:`warned` is set."""
 
     @property
     def warned(self) -> bool:
-        """The drift is above the threshold."""
-        return self.drift > self.threshold
+        """The forgetting is above the threshold."""
+        return self.forgetting > self.threshold
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """A general-text paragraph's tokens as plain text (the tokenizer's own special tokens, no chat template)."""
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
 def probe_ids(tokenizer, prompt: str) -> list[int]:
@@ -98,11 +115,15 @@ def drift_terms(base_lp: torch.Tensor, tuned_lp: torch.Tensor, answer_ids: list[
     return float(kl), float(-base_lp.gather(1, target).sum()), float(-tuned_lp.gather(1, target).sum())
 
 
-def summarize(kl: float, base_nll: float, tuned_nll: float, tokens: int, threshold: float) -> Forgetting:
-    """The sums over all probe answers as a :class:`Forgetting`."""
-    n = max(tokens, 1)
-    return Forgetting(kl / n, math.exp(base_nll / n), math.exp(tuned_nll / n), tokens, threshold)
+def summarize(text: tuple[float, float, int], answers: tuple[float, float, float, int],
+              threshold: float) -> Forgetting:
+    """The sums as a :class:`Forgetting`: ``text`` = (NLL under base, NLL under tuned, tokens) over the general text,
+    ``answers`` = (KL, NLL under base, NLL under tuned, tokens) over the base's answers to the general prompts."""
+    (text_base, text_tuned, n_text), (kl, base_nll, tuned_nll, n_answer) = text, answers
+    t, a = max(n_text, 1), max(n_answer, 1)
+    return Forgetting((text_tuned - text_base) / t, math.exp(text_base / t), math.exp(text_tuned / t), n_text,
+                      kl / a, math.exp(base_nll / a), math.exp(tuned_nll / a), n_answer, threshold)
 
 
-__all__ = ["DRIFT_WARN", "GENERAL_PROMPTS", "Forgetting", "answer_log_probs", "base_answer", "drift_terms",
-           "probe_ids", "summarize"]
+__all__ = ["FORGETTING_WARN", "GENERAL_PROMPTS", "Forgetting", "answer_log_probs", "base_answer", "drift_terms",
+           "probe_ids", "summarize", "text_ids"]

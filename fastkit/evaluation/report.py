@@ -52,7 +52,8 @@ class EvalReport:
     examples: list[Example] = field(default_factory=list)
     """The prompts whose answers changed most, most first."""
     forgetting: Forgetting | None = None
-    """Drift on general prompts (:mod:`fastkit.evaluation.forgetting`); None when not measured."""
+    """Forgetting on general text and drift on general prompts (:mod:`fastkit.evaluation.forgetting`); None when not
+    measured."""
     interrupted: bool = False
     """Stopped early (Ctrl-C): the numbers cover :attr:`rows` rows."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -107,11 +108,14 @@ class EvalReport:
 
 
 def forgetting_line(f: Forgetting) -> str:
-    """One sentence on forgetting, with the warning when the drift is above its threshold."""
-    line = (f"Forgetting: drift {f.drift:.3f} nats/token on general prompts (warns above {f.threshold}); the base's "
-            f"own answers' perplexity {f.base_perplexity:.2f} (base) -> {f.tuned_perplexity:.2f} (tuned).")
-    return line + (" WARNING: the tuned model drifted far from the base on text outside the training data: "
-                   "fewer steps, a lower learning rate or a smaller LoRA rank forget less." if f.warned else "")
+    """Forgetting and drift in two sentences, with the warning when the forgetting is above its threshold."""
+    line = (f"Forgetting: {f.forgetting:+.3f} nats/token on general text (warns above {f.threshold}; its perplexity "
+            f"{f.base_text_perplexity:.2f} (base) -> {f.tuned_text_perplexity:.2f} (tuned)). Drift on general prompts: "
+            f"{f.drift:.3f} nats/token (a new answer format counts; the base's own answers' perplexity "
+            f"{f.base_perplexity:.2f} -> {f.tuned_perplexity:.2f}).")
+    return line + (" WARNING: the tuned model finds plain general text much less likely than the base did: it may "
+                   "have lost knowledge or fluency; fewer steps, a lower learning rate or a smaller LoRA rank forget "
+                   "less." if f.warned else "")
 
 
 def _fmt(name: str, value: float) -> str:
