@@ -464,8 +464,9 @@ def _compare(s: Spec):
             "`fastkit.evaluate` scores the base model (the LoRA adapter disabled) and the tuned one on the held-out "
             "rows (`eval_split`), as training tokenized them: the loss on the answers, exact match and containing the "
             "reference (greedy and sampled answers; add your own checks with `checks=[\"json\", \"regex:...\", "
-            "\"my_checks.py:fn\"]`), the answers that changed most, and forgetting: how far the tuned model drifted "
-            "from the base on general prompts outside your data (a warning when far). The report is saved in "
+            "\"my_checks.py:fn\"]`), the answers that changed most, and forgetting: how much less likely the tuned "
+            "model finds plain general text than the base did (a warning when far), with how far its answers to "
+            "general prompts drifted. The report is saved in "
             "`output_dir/eval` (report.md, results.json, plot.png); docs/eval.md says what each number means."),
         _code("from fastkit import evaluate", "",
               "EVAL_ROWS = 64  # held-out rows scored (each: the loss, a greedy and a sampled answer, both models)",
