@@ -6,7 +6,8 @@ warm-up steps excluded, loss / learning rate / grad norm curves, device memory r
 (``torch.cuda.mem_get_info``, not NVML, which fails on GB10), host RAM, and which fastkit
 optimizations are active on the model. Drawing is someone else's job: a listener
 (``callback.add_listener(fn)``) gets ``fn(event, metrics)`` for ``"begin"``, ``"step"``,
-``"log"``, ``"evaluate"`` (an evaluation began: it runs until the next step) and ``"end"``. The views in
+``"log"``, ``"evaluate"`` (an evaluation began: it runs until the next step), ``"compile"`` (``torch.compile`` began
+compiling) and ``"end"``. The views in
 :mod:`fastkit.dashboard.views` are such listeners.
 
 Only the main process reports: on other ranks the callback keeps the run's status and step (so
@@ -18,8 +19,9 @@ Throughput, exactly: with ``warmup_steps = w``, the window starts at the end of 
 the trainer's own count (``state.num_input_tokens_seen`` when the trainer tracks it, else TRL's
 logged ``num_tokens``, which counts real, non-padding tokens); ``tokens/s`` is the tokens added
 between the first count seen at or after step ``w`` and the latest one, over the time between
-those two step ends. Time spent evaluating (from the eval loop's first batch to ``on_evaluate``) is left out of
-that time: the step ends are read on a clock that stops while the eval set runs, so steps/s and tokens/s are
+those two step ends. Time spent evaluating (from the eval loop's first batch to ``on_evaluate``) and compiling
+(dynamo's compile start to end) is left out of that time: the step ends are read on a clock that stops while the
+eval set runs or torch.compile compiles, so steps/s and tokens/s are
 training's alone (``TrainingMetrics.eval_s`` holds the time left out). Nothing here reads a device tensor, so the
 callback adds no host-device sync.
 """
@@ -106,6 +108,13 @@ class TrainingMetrics:
     """True while the eval set runs (the views say "evaluating")."""
     eval_s: float = 0.0
     """Seconds spent evaluating so far: in ``elapsed_s``, left out of steps/s and tokens/s."""
+    compiling: bool = False
+    """True while ``torch.compile`` compiles (a first step, a new shape; the views say "compiling")."""
+    compile_s: float = 0.0
+    """Seconds spent compiling so far (dynamo's compile start / end, lazy backward compiles included): in
+    ``elapsed_s``, left out of steps/s and tokens/s."""
+    compiles: int = 0
+    """Compilations this run has made (a graph each; recompiles included)."""
     evaluations: int = 0
     """Evaluations this run has made (their mean time estimates the ones left in ``eta_s``)."""
     examples: int | None = None
@@ -213,6 +222,7 @@ class MetricsCallback(TrainerCallback):
         self._spike_step = -10**9
         self._spikes: list[Spike] = []
         self._eval_start = 0.0
+        self._compile_start = 0.0
 
     # -- listeners -------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -255,6 +265,7 @@ class MetricsCallback(TrainerCallback):
         _describe_model(m, model, self._device)
         _describe_run(m, args, model, kwargs.get("train_dataloader"), self.examples)
         self._read_memory()
+        self._watch_compiles(True)
         self._emit("begin")
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -273,7 +284,8 @@ class MetricsCallback(TrainerCallback):
         self._finish_sync_count()
         step = state.global_step
         m = self.metrics
-        self._window.step_end[step] = now - m.eval_s  # training's clock: stopped while evaluating
+        self._window.step_end[step] = now - m.eval_s - m.compile_s  # training's clock: stopped while evaluating or
+        # compiling
         if state.num_input_tokens_seen:
             self._window.tokens[step] = int(state.num_input_tokens_seen)
         m.step, m.epoch, m.elapsed_s = step, float(state.epoch or 0.0), now - self._start
@@ -335,11 +347,43 @@ class MetricsCallback(TrainerCallback):
             m.evaluating = False
             m.evaluations += 1
 
+    # -- torch.compile ----------------------------------------------------------------------
+    def _watch_compiles(self, on: bool) -> None:
+        """Hear dynamo's compile start / end (its callback handler) while the run trains, so compile time is
+        shown ("compiling") and kept out of the rates. Nothing is compiled or read here."""
+        from torch._dynamo.callback import callback_handler
+
+        for register, remove, fn in ((callback_handler.register_start_callback, callback_handler.remove_start_callback,
+                                      self._compile_started),
+                                     (callback_handler.register_end_callback, callback_handler.remove_end_callback,
+                                      self._compile_ended)):
+            listed = fn in callback_handler.start_callbacks + callback_handler.end_callbacks
+            if on and not listed:
+                register(fn)
+            elif not on and listed:
+                remove(fn)
+
+    def _compile_started(self, _args=None) -> None:
+        m = self.metrics
+        if self.is_main and m.status == "running" and not m.compiling:
+            self._compile_start = self.clock()
+            m.compiling = True
+            self._emit("compile")
+
+    def _compile_ended(self, _args=None) -> None:
+        m = self.metrics
+        if self.is_main and m.compiling:
+            m.compile_s += self.clock() - self._compile_start
+            m.compiling = False
+            m.compiles += 1
+
     # -- ends that the trainer does not report ---------------------------------------------
     def finish(self, status: str, error: str | None = None) -> TrainingMetrics:
         """Close the run as 'finished', 'interrupted' or 'failed' and tell the listeners (once)."""
         self._finish_sync_count()
         self._end_evaluation()  # an evaluation interrupted or failed
+        self._compile_ended()  # a compile interrupted or failed
+        self._watch_compiles(False)
         m = self.metrics
         if m.status != "running":
             return m

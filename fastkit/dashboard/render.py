@@ -159,7 +159,8 @@ def stat_rows(m: TrainingMetrics) -> Rows:
     """Rows for the numbers panel and the summary table.
 
     Keys: ``steps``, ``elapsed``, ``epoch``, ``steps_per_s``, ``tokens_per_s``, ``tokens_seen``, ``loss``,
-    ``eval_loss`` and ``eval_time`` (when evaluated), ``learning_rate``, ``grad_norm``, then :func:`rl_rows`' keys
+    ``eval_loss`` and ``eval_time`` (when evaluated), ``compile_time`` (when torch.compile ran), ``learning_rate``,
+    ``grad_norm``, then :func:`rl_rows`' keys
     (DPO / GRPO), :func:`memory_rows`' keys, then ``syncs`` (when measured: a debug switch).
     """
     eta = f" (ETA {fmt_duration(m.eta_s)})" if m.status == "running" else ""
@@ -174,6 +175,9 @@ def stat_rows(m: TrainingMetrics) -> Rows:
         **({"eval_loss": Row("Eval loss", fmt_num(m.eval_loss)),
             "eval_time": Row("Evaluating", f"{fmt_duration(m.eval_s)} (not in steps/s, tokens/s)")}
            if m.eval_history else {}),
+        **({"compile_time": Row("Compiling", f"{fmt_duration(m.compile_s)}, {m.compiles} graph"
+                                             f"{'s' if m.compiles != 1 else ''} (not in steps/s, tokens/s)")}
+           if m.compiles else {}),
         "learning_rate": Row("Learning rate", fmt_num(m.learning_rate, ".2e")),
         "grad_norm": Row("Grad norm", fmt_num(m.grad_norm, ".3g")),
     }
@@ -369,6 +373,8 @@ def progress_text(m: TrainingMetrics) -> str:
     rate = fmt_rate(m.steps_per_s, "steps/s") if m.steps_per_s else throughput_note(m)
     if m.evaluating:
         rate = f"evaluating · {rate}"
+    if m.compiling:
+        rate = f"compiling · {rate}"
     return (f"<span style='font-size:12px;font-variant-numeric:tabular-nums'>step <b>{m.step}</b> / {m.max_steps}"
             f" · {pct} · {fmt_duration(m.elapsed_s)} elapsed · {eta} · {html.escape(rate)}</span>")
 
@@ -414,6 +420,7 @@ def progress_line(m: TrainingMetrics) -> str:
     else:
         mem_s = ""
     parts = [f"step {m.step}/{m.max_steps} ({100 * m.progress:.0f}%)", "evaluating" if m.evaluating else "",
+             "compiling" if m.compiling else "",
              fmt_rate(m.steps_per_s, "step/s") if m.steps_per_s else "warming up",
              fmt_rate(m.tokens_per_s, "tok/s") if m.tokens_per_s else "",
              f"loss {m.loss:.4f}" if m.loss is not None else "",

@@ -94,7 +94,7 @@ class HtmlView:
             return
         final = event == "end"
         due = max(self.every_s, min(self._plot_s / self.overhead, self.max_every_s))
-        if not final and event != "evaluate" and now - self._last < due:  # "evaluating" shows at once
+        if not final and event not in ("evaluate", "compile") and now - self._last < due:  # shown at once
             return
         if final or now - self._last_plot >= self.plot_every_s:  # whichever event comes first when due
             self._plot(m, now, size=SUMMARY_PLOT_SIZE_IN if final else PLOT_SIZE_IN)
@@ -173,7 +173,7 @@ class WidgetView:
         now = time.monotonic()
         final = event == "end"
         plot_due = final or (event == "log" and now - self._last_plot >= self.plot_every_s)
-        if plot_due or event == "evaluate" or now - self._last_text >= self.text_every_s:
+        if plot_due or event in ("evaluate", "compile") or now - self._last_text >= self.text_every_s:
             self._refresh(m, plot=plot_due)
         if final:
             show_summary(m, self.title)
@@ -208,6 +208,10 @@ class TerminalView:
             return
         if event == "evaluate":
             logger.info("fastkit: step %d/%d: evaluating the eval set ...", m.step, m.max_steps)
+            return
+        if event == "compile":
+            logger.info("fastkit: step %d/%d: torch.compile is compiling (not counted in steps/s) ...", m.step,
+                        m.max_steps)
             return
         for line in alert_lines(m):  # each new warning once, as a warning, the moment it is seen
             if line not in self._warned:

@@ -19,6 +19,7 @@ from fastkit.device import auto_dtype
 from fastkit.distributed import ranks
 from fastkit.errors import FastkitError
 from fastkit.patching import active_patches, unwrap
+from fastkit.training.compile import sft_without
 from fastkit.training.options import DEFAULT_MAX_STEPS, TrainOptions, default_eval_steps, trackers
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def sft_config(options: TrainOptions, *, evaluate: bool, cuda: bool, optim: str,
     )
     if options.early_stopping_patience is not None:
         config.update(metric_for_best_model="eval_loss", greater_is_better=False)
-    config.update(options.sft)
+    config.update(sft_without(options.sft))  # fastkit's compile option owns TRL's torch_compile fields
     return config
 
 

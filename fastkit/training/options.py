@@ -141,6 +141,12 @@ def _checkpointing(name: str, value: Any) -> None:
         raise FastkitError(f"{name} must be 'auto', 'on' (or True), 'off' (or False) or 'offload', got {value!r}.")
 
 
+def _compile(name: str, value: Any) -> None:
+    from fastkit.training.compile import CHOICES
+
+    check_choice(name, value, CHOICES)
+
+
 def check_dashboard(name: str, value: Any) -> None:
     from fastkit.dashboard.choices import VIEWS
 
@@ -261,11 +267,19 @@ class TrainOptions:
     chunked_loss: bool | None = option(None, "fastkit's chunked cross-entropy (default: on off CUDA)",
                                        check=functools.partial(check_bool, allow_none=True))
     """fastkit's chunked loss instead of TRL's fused LM head; None: on off CUDA."""
+    compile: str = option("off", "torch.compile: off, regions (each decoder layer, compiled once) or model (the "
+                          "whole model); TRL's torch_compile means model", check=_compile)
+    """``torch.compile`` of the run (:mod:`fastkit.training.compile`): ``regions`` compiles each decoder layer (fast to
+    compile, works inside checkpointing and offload), ``model`` the whole model; backend and mode from
+    ``sft['torch_compile_backend']`` / ``sft['torch_compile_mode']`` (default inductor)."""
     sft: dict[str, Any] = option(help="any other trl.SFTConfig field by name, e.g. {'max_grad_norm': 0.5}",
                                  factory=dict, check=_sft)
     """Other ``trl.SFTConfig`` fields, passed through as given (they win over fastkit's defaults)."""
 
     def __post_init__(self) -> None:
+        from fastkit.training.compile import fold_trl_fields
+
+        self.compile, self.sft = fold_trl_fields(self.compile, self.sft)
         self.check()
 
     def check(self) -> None:

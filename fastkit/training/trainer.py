@@ -203,17 +203,25 @@ class FastSFTTrainer(FastTrainerMixin, ZeroSyncSFTTrainer):
 
     Its finishing: an ``epochs`` run's step counts (known once the rows are packed); for text rows, the collator
     carries the packed documents' lengths (the packing patch reads them on the host) and the host token ids (host
-    weights), and the loss is fastkit's chunked cross-entropy where asked (default: off CUDA). A vision-language
+    weights), the loss is fastkit's chunked cross-entropy where asked (default: off CUDA), and the step is compiled
+    as ``options.compile`` says (:mod:`fastkit.training.compile`). A vision-language
     model's rows are collated by its processor, as they come."""
 
     def finish(self) -> None:
         from fastkit.data.vision import is_processor
 
         self._epoch_steps()
-        if is_processor(self.processing_class):
-            return
-        self._attach_packed_metadata()
-        self._route_loss(self._host_weights(self.run_record.options.chunked_loss))
+        if not is_processor(self.processing_class):
+            self._attach_packed_metadata()
+            self._route_loss(self._host_weights(self.run_record.options.chunked_loss))
+        self._compile()
+
+    def _compile(self) -> None:
+        """``options.compile`` (after every patch and the loss routing: what compiles is the step that runs)."""
+        from fastkit.training.compile import backend_and_mode, compile_model
+
+        options = self.run_record.options
+        compile_model(self.model, options.compile, *backend_and_mode(options.sft))
 
     def dashboard(self) -> MetricsCallback:
         record = self.run_record

@@ -1,0 +1,93 @@
+"""``torch.compile`` for a fastkit run: ``TrainOptions.compile`` = ``off`` / ``regions`` / ``model``.
+
+What it replaces. transformers' ``TrainingArguments.torch_compile`` (TRL's ``--torch-compile``) hands the model to
+accelerate, which compiles the whole wrapped model once training starts; its backend / mode come from
+``torch_compile_backend`` / ``torch_compile_mode``. fastkit owns the choice instead, so one option says what
+compiles and the dashboard can keep compile time out of the rates:
+
+- ``regions``: each decoder layer's call compiled (``torch.compile`` of the layer's ``_call_impl``, what
+  ``nn.Module.compile`` does): every layer has the same code, so dynamo traces one and reuses it for the others
+  (fast to compile), and the layer's call is what gradient checkpointing and fastkit's offloaded checkpoint call
+  (their recompute runs the compiled layer);
+- ``model``: the model the trainer calls (the PEFT wrapper included) compiled as one.
+
+TRL's ``torch_compile=True`` (and a ``torch_compile_backend`` / ``torch_compile_mode``, which turn it on in
+transformers) folds into ``compile="model"`` (:func:`fold_trl_fields`); the backend and mode stay the ones given.
+
+What must not change. ``compile="off"`` touches nothing; a compiled run's losses equal the eager run's (compile
+fuses the same math; tests/test_compile_option.py); ``fastkit.revert`` puts the uncompiled call back (the compiled
+calls are set through :func:`fastkit.patching.change`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from fastkit.errors import FastkitError
+from fastkit.patches.layout import decoder_layers
+from fastkit.patching import change
+
+logger = logging.getLogger(__name__)
+
+CHOICES = ("off", "regions", "model")
+"""``TrainOptions.compile``'s values."""
+TRL_FIELDS = ("torch_compile", "torch_compile_backend", "torch_compile_mode")
+"""SFTConfig fields that ask transformers to compile; fastkit's ``compile`` option takes them over."""
+DEFAULT_BACKEND = "inductor"
+
+
+def fold_trl_fields(compile: str, sft: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(compile, sft)`` with TRL's compile fields folded in: ``torch_compile`` True (or a backend / mode given)
+    means ``compile="model"`` unless ``compile`` already says ``regions``; ``torch_compile=False`` with
+    ``compile`` on is refused (two answers to one question). Backend and mode stay in ``sft`` (read by
+    :func:`backend_and_mode`; never passed to SFTConfig, see :func:`sft_without`)."""
+    asked = sft.get("torch_compile")
+    wants = bool(asked) or any(sft.get(k) is not None for k in TRL_FIELDS[1:])
+    if asked is False and compile != "off":
+        raise FastkitError(f"compile={compile!r} and sft['torch_compile']=False disagree: give compile only "
+                           "(off, regions or model).")
+    if wants and compile == "off":
+        return "model", sft
+    return compile, sft
+
+
+def sft_without(sft: dict[str, Any]) -> dict[str, Any]:
+    """``sft`` without TRL's compile fields: transformers would compile the model a second time."""
+    return {k: v for k, v in sft.items() if k not in TRL_FIELDS}
+
+
+def backend_and_mode(sft: dict[str, Any]) -> tuple[str, str | None]:
+    """The ``torch.compile`` backend (default inductor) and mode (default None) a run's ``sft`` names."""
+    return sft.get("torch_compile_backend") or DEFAULT_BACKEND, sft.get("torch_compile_mode")
+
+
+def compile_model(model: torch.nn.Module, how: str, backend: str = DEFAULT_BACKEND, mode: str | None = None) -> int:
+    """Compile ``model`` (the module the trainer calls) as ``how`` says; returns the modules compiled (0 for off).
+
+    Idempotent (a module compiled already is left as it is) and revertible (``fastkit.revert(model)``)."""
+    if how not in CHOICES:
+        raise FastkitError(f"compile must be one of {', '.join(CHOICES)}, got {how!r}.")
+    if how == "off":
+        return 0
+    targets = [model] if how == "model" else decoder_layers(model)
+    if not targets:
+        raise FastkitError("compile='regions' compiles each decoder layer, and this model has no decoder layers "
+                           "fastkit knows: use compile='model'.")
+    options = {"backend": backend, "mode": mode} if mode else {"backend": backend}
+
+    def compiled(swap) -> int:
+        for module in targets:
+            if module._compiled_call_impl is None:  # what nn.Module.compile sets; __call__ runs it
+                swap.setattr(module, "_compiled_call_impl", torch.compile(module._call_impl, **options))
+        return len(targets)
+
+    count = change(model, "compile", compiled)
+    logger.info("fastkit: torch.compile (%s, backend %s%s) on %d module(s)", how, backend,
+                f", mode {mode}" if mode else "", count)
+    return count
+
+
+__all__ = ["CHOICES", "backend_and_mode", "compile_model", "fold_trl_fields", "sft_without"]
