@@ -329,12 +329,14 @@ def _attn_key(config, key: str):
         _hf.set_attn_implementation(config, previous)
 
 
-def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callable:
+def _make_decoder_forward(original: Callable, config, packed_key: str, host_lengths: bool = False) -> Callable:
+    """``host_lengths``: the model has layers that need the host lengths (stateful layers, per-document mrope), so
+    a traced forward builds them too (graph breaks, a compile per layout) instead of a tensor-only layout."""
     sig = inspect.signature(original)
 
     def forward(*args, **kwargs):
         call = _forward_args(sig, args, kwargs)
-        meta = _traced_metadata(config, call) if torch.compiler.is_compiling() else None
+        meta = _traced_metadata(config, call) if torch.compiler.is_compiling() and not host_lengths else None
         traced = meta is not None
         meta = meta or build_metadata(config, call)
         if meta is None:
@@ -551,7 +553,8 @@ class PackedAttentionPatch:
         config = _decoder_config(model, inner, self.facts)
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)
-        swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))
+        host_lengths = bool(self._mrope() or self._stateful())
+        swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed, host_lengths))
         if self._mrope():  # per-document 3-D rope positions, (4, B, T) down to the decoder (packing/mrope.py)
             owner = self._rope_owner(model)
             swap.setattr(owner, "forward", packing_mrope.wrap_rope_owner(owner.forward, owner, config, build_metadata,
