@@ -33,10 +33,23 @@ NO_SINKS = torch.empty(0)
 """Placeholder gradient of absent sinks (an operator returns tensors only)."""
 
 
-def cu_tensor(lengths: list[list[int]]) -> torch.Tensor:
-    """int64 host ``(documents + 1,)``: cumulative lengths over the flattened rows (the operator's layout input)."""
+def cu_tensor(lengths: list[list[int]], padded: bool = False) -> torch.Tensor:
+    """int64 host ``(documents + 1,)``: cumulative lengths over the flattened rows (the operator's layout input).
+
+    ``padded``: ``(B*T + 1,)`` instead, the total repeated at the end (Note [padded layout])."""
     flat = [n for row in lengths for n in row]
-    return torch.from_numpy(np.concatenate([[0], np.cumsum(flat)]).astype(np.int64))
+    cu = np.concatenate([[0], np.cumsum(flat)]).astype(np.int64)
+    if padded:
+        cu = np.concatenate([cu, np.full(int(cu[-1]) + 1 - cu.size, cu[-1], dtype=np.int64)])
+    return torch.from_numpy(cu)
+
+
+# Note: [padded layout]
+# A graph compiled with dynamic shapes gives each changing size its own symbol, and dynamo makes a size dynamic
+# only once it has seen it change: an exact ``cu`` of ``documents + 1`` entries next to ``T`` tokens can compile a
+# third time when the document count first changes after the row length did. Padded to ``B*T + 1`` entries (the
+# total repeated), the layout's size changes exactly when the row length does, so under ``dynamic=None`` any
+# sequence of layouts compiles at most twice (static, then dynamic). The padding is dropped when it is read.
 
 
 def batch_from_cu(cu: torch.Tensor, rows: int, row_len: int) -> PackedBatch:
@@ -44,12 +57,14 @@ def batch_from_cu(cu: torch.Tensor, rows: int, row_len: int) -> PackedBatch:
     if cu.device.type != "cpu":
         raise FastkitError(f"fastkit_cu_seqlens must be a CPU tensor (the host copy of the layout), got {cu.device}.")
     bounds = [int(b) for b in cu.tolist()]
+    while len(bounds) > 2 and bounds[-2] == bounds[-1] == rows * row_len:  # Note [padded layout]
+        bounds.pop()
     ends = set(range(0, rows * row_len + 1, row_len))
     if (not bounds or bounds[0] != 0 or bounds[-1] != rows * row_len or any(b <= a for a, b in zip(bounds, bounds[1:]))
             or not ends <= set(bounds)):
         raise FastkitError(f"fastkit_cu_seqlens {bounds[:8]}{'...' if len(bounds) > 8 else ''} must start at 0, "
-                           f"increase strictly, end at {rows * row_len} and have a boundary at every row end "
-                           f"({row_len} tokens per row).")
+                           f"increase strictly, end at {rows * row_len} (repeats of it may follow) and have a "
+                           f"boundary at every row end ({row_len} tokens per row).")
     lengths, row, start = [], [], 0
     for a, b in zip(bounds, bounds[1:]):
         row.append(b - a)

@@ -66,7 +66,9 @@ LENGTHS_KWARG = "fastkit_seq_lens"
 """Batch key (added by :func:`wrap_collator`): per-row document lengths as Python ints."""
 CU_KWARG = "fastkit_cu_seqlens"
 """Forward kwarg: the same layout as an int64 CPU tensor of cumulative lengths over the flattened ``B*T`` tokens
-(a boundary at every row end); under ``torch.compile`` a new layout then reuses the compiled graph."""
+(a boundary at every row end), optionally padded to ``B*T + 1`` entries by repeating the total
+(``compiled.cu_tensor(lengths, padded=True)``); under ``torch.compile`` a new layout then reuses the compiled graph
+(padded: at most two compiles for any sequence of layouts, compiled.py Note [padded layout])."""
 SUPPORTED_BACKENDS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 _NOT_PASSED = object()
 """Default of the dispatcher's ``sliding_window``: tells "not passed" from "passed as None" (full attention)."""
