@@ -8,7 +8,8 @@ so the pure-torch files (patches/*/routing.py, pipeline.py, ...) may use it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -62,5 +63,28 @@ def grouped_mm_function() -> Callable | None:
     return getattr(F, "grouped_mm", None)
 
 
-__all__ = ["forward_pre_hooks", "grouped_mm_function", "module_dicts", "queue_backward_callback",
-           "storage_use_count"]
+_AUTOGRAD_KEYS = ("AutogradFunctionality", "AutogradOther", "AutogradCPU", "AutogradCUDA", "AutogradNestedTensor",
+                  "ADInplaceOrView")
+
+
+@contextlib.contextmanager
+def autograd_in_operator() -> Iterator[None]:
+    """Record autograd inside the kernel of a ``torch.library`` custom operator (which runs with the autograd
+    dispatch keys excluded): lets an operator's backward recompute its forward under autograd.
+
+    checked: torch 2.13 (``torch._C._ForceDispatchKeyGuard``, ``_dispatch_tls_local_*_set``; the keys that do not
+    exist in a build are skipped). ``torch.func.vjp`` would do it publicly, but not through an
+    ``autograd.Function`` without ``setup_context`` (flash-attn's varlen function). Can go when torch.library
+    offers a public way to differentiate inside an operator.
+    """
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for name in _AUTOGRAD_KEYS:
+        key = getattr(torch._C.DispatchKey, name, None)
+        if key is not None:
+            exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
+__all__ = ["autograd_in_operator", "forward_pre_hooks", "grouped_mm_function", "module_dicts",
+           "queue_backward_callback", "storage_use_count"]

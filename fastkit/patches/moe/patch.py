@@ -202,7 +202,17 @@ def _wants_check(state: _LayerState, loop: bool) -> bool:
         return False
     if mode == "always" or (mode == "auto" and loop):
         return True
+    if torch.compiler.is_compiling():  # Note: [routing check under compile]
+        return False
     return not state.checked  # "first", or "auto" on the grouped path
+
+
+# Note: [routing check under compile]
+# The first-forward check reads the routing back to the host (expert ids in range, finite weights): while dynamo
+# traces, that read is a graph break, and a compiled graph has no "first" forward (the check would run in every
+# step). So a traced forward skips the once-only check (an eager forward before compiling still makes it);
+# validate="always" still reads
+# back (a graph break per layer, as asked) and the loop path, which needs the counts, always does.
 
 
 def _path(state: _LayerState, weights: list, rows: int) -> str:

@@ -190,6 +190,8 @@ def grouped_mm_runs(w: torch.Tensor) -> bool:
     """
     if _GROUPED_MM is None:
         return False
+    if torch.compiler.is_compiling():  # no pointer to read (a parameter's storage is allocator-aligned), no cache
+        return _grouped_mm_runs.__wrapped__(w.device, w.dtype, tuple(w.shape), w.stride(), w.element_size(), True)
     return _grouped_mm_runs(w.device, w.dtype, tuple(w.shape), w.stride(), w.element_size(), w.data_ptr() % 16 == 0)
 
 
@@ -207,7 +209,54 @@ def _grouped_mm_runs(device, dtype, shape, stride, item, ptr_aligned) -> bool:
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, routing: Routing) -> torch.Tensor:
     """``x (S, in)`` sorted rows times ``w (E, in, out)``: one grouped GEMM, no host sync."""
+    if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():  # Note: [grouped GEMM under compile]
+        return torch.ops.fastkit.grouped_mm(x, w, routing.ends)  # (S, out)
     return _GROUPED_MM(x, w, offs=routing.ends)  # (S, out)
+
+
+# Note: [grouped GEMM under compile]
+# torch's fake (shape) kernel of grouped_mm accepts bf16 only, while its CPU kernel runs every float dtype: an fp32
+# (or fp16) model that takes the grouped path eagerly fails in the first compiled forward. While dynamo traces, the
+# GEMM is therefore the operator below, whose kernel is the same ``grouped_mm`` (the same values as eager) and whose
+# backward is the two grouped GEMMs of its derivative (rows: ``grad @ w[e]^T``; weights: ``x_e^T @ grad_e``, groups
+# along the reduced dimension). bf16 keeps torch's own op (its fake kernel runs, inductor may lower it).
+
+
+@torch.library.custom_op("fastkit::grouped_mm", mutates_args=())
+def grouped_mm_op(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``x (S, in)`` rows grouped by ``ends (E,)`` times ``w (E, in, out)`` -> ``(S, out)`` (grouped_mm's kernel)."""
+    return _GROUPED_MM(x, w, offs=ends)
+
+
+@grouped_mm_op.register_fake
+def _(x, w, ends):
+    return x.new_empty(x.size(0), w.size(-1))
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _grouped_mm_backward(ctx, grad):
+    x, w, ends = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_x = torch.ops.fastkit.grouped_mm(grad, w.transpose(-2, -1), ends) if ctx.needs_input_grad[0] else None
+    grad_w = torch.ops.fastkit.grouped_mm_weight(x, grad, ends) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None
+
+
+@torch.library.custom_op("fastkit::grouped_mm_weight", mutates_args=())
+def grouped_mm_weight(x: torch.Tensor, grad: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Per group ``x_e^T (in, n_e) @ grad_e (n_e, out)`` -> ``(E, in, out)`` (zeros for an empty group)."""
+    return _GROUPED_MM(x.t(), grad, offs=ends)
+
+
+@grouped_mm_weight.register_fake
+def _(x, grad, ends):
+    return x.new_empty(ends.size(0), x.size(1), grad.size(1))
+
+
+grouped_mm_op.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 
 
 def batched_bytes(rows: int, weights: list[torch.Tensor]) -> int:

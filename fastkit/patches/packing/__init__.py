@@ -2,6 +2,7 @@
 
     patch.py       glue: collator wrapper, per-batch metadata, attention keys, the decoder swap
     attention.py   pure torch: ``PackedBatch`` and the per-document attention kernels
+    compiled.py    the same attention as one ``torch.library`` operator, for torch.compile (layout as a tensor)
     state.py       stateful layers (linear attention, causal conv, SSM) restart per document: the
                    per-document regroup (torch) and the instance swaps the patch makes for a ``stateful`` row
     varlen.py      the same on CUDA in one call of the kernels transformers already uses (causal-conv1d

@@ -63,11 +63,20 @@ class PackedBatch:
     """Longest document, a Python int (varlen kernels need it on the host)."""
     cu_device: torch.Tensor | None = None
     """Cumulative lengths already on the device (TRL's ``cu_seq_lens_q``), used when host lengths are absent."""
+    cu_host: torch.Tensor | None = None
+    """int64 host cumulative lengths over the flattened rows: what the compiled path's operator takes
+    (:mod:`fastkit.patches.packing.compiled`); built with the batch from host lengths."""
+    calls: int = 0
+    """Attention calls that ran with this batch (Note [attention ran per document] in patch.py)."""
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def lengths(self) -> list[list[int]]:
         """Per-row lengths. Reading them from a device ``cu_device`` costs one sync, once per batch."""
+        if self.lengths_host is None and self.cu_device is None:
+            raise FastkitError("this packed batch carries its layout only as a tensor (traced by torch.compile: "
+                               "patches/packing/patch.py, Note [compiled packing]); a layer that needs the host "
+                               "lengths (a stateful layer, per-document mrope) cannot run packed under compile yet.")
         if self.lengths_host is None:
             log_once("cu_sync", "fastkit packing: document lengths read back from cu_seq_lens_q (1 host sync "
                      "per batch); wrap the collator with fastkit.patches.packing.wrap_collator to make it zero")

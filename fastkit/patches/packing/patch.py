@@ -40,6 +40,7 @@ import collections
 import contextlib
 import contextvars
 import inspect
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ from fastkit import _hf, registry
 from fastkit.errors import FastkitError
 from fastkit.patches.layout import decoder
 from fastkit.patches.packing import attention as kernels
+from fastkit.patches.packing import compiled as packed_compiled
 from fastkit.patches.packing import mrope as packing_mrope
 from fastkit.patches.packing import state as packing_state
 from fastkit.patches.packing.attention import PackedBatch, lengths_from_cu, log_once
@@ -62,6 +64,11 @@ PACKED_KWARG = packing_state.PACKED_KWARG
 """Forward kwarg carrying the :class:`PackedBatch` from the decoder down to the attention function."""
 LENGTHS_KWARG = "fastkit_seq_lens"
 """Batch key (added by :func:`wrap_collator`): per-row document lengths as Python ints."""
+CU_KWARG = "fastkit_cu_seqlens"
+"""Forward kwarg: the same layout as an int64 CPU tensor of cumulative lengths over the flattened ``B*T`` tokens
+(a boundary at every row end), optionally padded to ``B*T + 1`` entries by repeating the total
+(``compiled.cu_tensor(lengths, padded=True)``); under ``torch.compile`` a new layout then reuses the compiled graph
+(padded: at most two compiles for any sequence of layouts, compiled.py Note [padded layout])."""
 SUPPORTED_BACKENDS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 _NOT_PASSED = object()
 """Default of the dispatcher's ``sliding_window``: tells "not passed" from "passed as None" (full attention)."""
@@ -267,6 +274,8 @@ def build_metadata(config, call: dict) -> PackedBatch | None:
     if isinstance(mask, dict) or (isinstance(mask, torch.Tensor) and mask.dim() != 2):
         return None  # a prepared mask (generate, custom): the caller decided, leave it alone
     host, cu = call.get(LENGTHS_KWARG), call.get("cu_seq_lens_q")
+    if host is None and call.get(CU_KWARG) is not None:  # the layout as a host tensor: read here, no device sync
+        host = packed_compiled.batch_from_cu(call[CU_KWARG], rows, row_len).lengths
     if host is None and cu is None:
         if positions is None or row_len < 2 or past:
             return None
@@ -300,7 +309,8 @@ def _metadata(config, rows, row_len, lengths, cu, call) -> PackedBatch:
     if context is not None and max_seqlen > context:
         raise FastkitError(f"{field_name}: a packed document has {max_seqlen} tokens, above the model's context "
                            f"(max_position_embeddings={context}); lower max_length.")
-    return PackedBatch(rows, row_len, lengths, max_seqlen, cu)
+    cu_host = None if lengths is None else packed_compiled.cu_tensor(lengths)  # for compiled layers (regions)
+    return PackedBatch(rows, row_len, lengths, max_seqlen, cu, cu_host=cu_host)
 
 
 @contextlib.contextmanager
@@ -321,25 +331,24 @@ def _attn_key(config, key: str):
         _hf.set_attn_implementation(config, previous)
 
 
-def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callable:
+def _make_decoder_forward(original: Callable, config, packed_key: str, host_lengths: bool = False) -> Callable:
+    """``host_lengths``: the model has layers that need the host lengths (stateful layers, per-document mrope), so
+    a traced forward builds them too (graph breaks, a compile per layout) instead of a tensor-only layout."""
     sig = inspect.signature(original)
 
     def forward(*args, **kwargs):
         call = _forward_args(sig, args, kwargs)
-        meta = build_metadata(config, call)
+        meta = _traced_metadata(config, call) if torch.compiler.is_compiling() and not host_lengths else None
+        traced = meta is not None
+        meta = meta or build_metadata(config, call)
         if meta is None:
             return original(*args, **kwargs)
-        kwargs[PACKED_KWARG] = meta
-        if call.get("use_cache"):  # a cache would hold every document: return none
-            log_once("packed_cache", "fastkit packing: use_cache=True ignored for a packed batch (a KV cache would "
-                     "hold every document and the next step would attend across them); no cache is returned.")
-        if "use_cache" in sig.parameters and "use_cache" not in list(sig.parameters)[:len(args)]:
-            kwargs["use_cache"] = False
-        if call.get("position_ids") is None:  # lengths without positions: each document restarts at 0
-            if "position_ids" in sig.parameters and list(sig.parameters).index("position_ids") < len(args):
-                raise FastkitError("position_ids=None was passed positionally next to packed lengths; pass "
-                                   "position_ids (or pass it by keyword).")
-            kwargs["position_ids"] = _positions(meta, call)
+        _packed_kwargs(sig, args, kwargs, call, meta)
+        if traced:  # no ContextVar: the dispatcher checks each call as it is traced
+            with _attn_key(config, packed_key):
+                out = original(*args, **kwargs)
+            _check_calls(0, meta.calls)
+            return out
         calls = collections.Counter()
         token = _CALLS.set(calls)
         try:
@@ -347,7 +356,7 @@ def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callab
                 out = original(*args, **kwargs)
         finally:
             _CALLS.reset(token)
-        _check_calls(calls)
+        _check_calls(calls["plain"], meta.calls)
         return out
 
     forward.__wrapped__ = original
@@ -355,13 +364,62 @@ def _make_decoder_forward(original: Callable, config, packed_key: str) -> Callab
     return forward
 
 
-def _check_calls(calls: collections.Counter) -> None:
+def _packed_kwargs(sig: inspect.Signature, args: tuple, kwargs: dict, call: dict, meta: PackedBatch) -> None:
+    """The decoder's keyword arguments for a packed call: the metadata, no cache, positions restarting per document."""
+    kwargs[PACKED_KWARG] = meta
+    if call.get("use_cache"):  # a cache would hold every document: return none
+        log_once("packed_cache", "fastkit packing: use_cache=True ignored for a packed batch (a KV cache would "
+                 "hold every document and the next step would attend across them); no cache is returned.")
+    if "use_cache" in sig.parameters and "use_cache" not in list(sig.parameters)[:len(args)]:
+        kwargs["use_cache"] = False
+    if call.get("position_ids") is None:  # lengths without positions: each document restarts at 0
+        if "position_ids" in sig.parameters and list(sig.parameters).index("position_ids") < len(args):
+            raise FastkitError("position_ids=None was passed positionally next to packed lengths; pass "
+                               "position_ids (or pass it by keyword).")
+        kwargs["position_ids"] = _positions(meta, call)
+
+
+def _traced_metadata(config, call: dict) -> PackedBatch | None:
+    """While dynamo traces: the batch's layout as a host tensor only (Note [compiled packing]); None where the
+    call needs the eager path (no packed lengths given, a mask or a cache next to them: correct, not graph-free)."""
+    ref = call.get("input_ids") if call.get("input_ids") is not None else call.get("inputs_embeds")
+    if ref is None or ref.dim() < 2 or call.get("attention_mask") is not None:
+        return None
+    if call.get("cache", call.get("past_key_values")) is not None:
+        return None
+    rows, row_len = ref.shape[0], ref.shape[1]
+    host, cu, device_cu = call.get(LENGTHS_KWARG), call.get(CU_KWARG), call.get("cu_seq_lens_q")
+    if cu is None and host is not None:
+        flat = [n for row in _check_lengths(host, rows, row_len) for n in row]
+        cu = torch.tensor([0, *itertools.accumulate(flat)], dtype=torch.int64)
+    elif cu is None and device_cu is not None and rows == 1:
+        cu = device_cu.to("cpu", torch.int64)  # one read per batch, as eager (wrap_collator makes it none)
+    if cu is None:
+        return None
+    context = getattr(config, "max_position_embeddings", None)
+    return PackedBatch(rows, row_len, None, context if isinstance(context, int) else 0, None, cu_host=cu)
+
+
+# Note: [compiled packing]
+# While dynamo traces the decoder (torch.compile of the model), the packed layout must not become Python
+# ints: every length would be a constant of the graph and each new layout a recompile. So the traced
+# forward keeps it as the host tensor ``cu_host`` (``fastkit_cu_seqlens`` as given, or built from the
+# lengths), positions are computed from it with tensor ops, and attention runs as one operator
+# (``fastkit::packed_attention``, packing/compiled.py) that reads the tensor at run time. There
+# ``max_seqlen`` holds the model's context (checked at run time by the operator) and ``lengths`` is
+# unavailable. The per-document check (Note [attention ran per document]) becomes a trace-time check: the
+# dispatcher raises at once when a call reaches it without the metadata while the packed key is selected
+# (dynamo cannot trace the ContextVar), and the traced forward raises when no call carried the metadata.
+# Gradient-checkpoint recompute, eval and unpacked batches take the paths they take eagerly.
+
+
+def _check_calls(plain: int, packed: int) -> None:
     """Raise unless every attention call of a packed forward ran per document (Note [attention ran per document])."""
-    if calls["plain"]:
-        raise FastkitError(f"packed batch: {calls['plain']} of {calls['plain'] + calls['packed']} attention calls "
+    if plain:
+        raise FastkitError(f"packed batch: {plain} of {plain + packed} attention calls "
                            "ran without the packed metadata (a decoder layer drops **kwargs), so their documents "
                            "would attend to each other. This family cannot train packed: use packing=False.")
-    if not calls["packed"]:
+    if not packed:
         raise FastkitError("packed batch: no attention call reached fastkit's attention function (this family "
                            "computes attention without transformers' AttentionInterface), so documents would attend "
                            "to each other. This family cannot train packed: use packing=False.")
@@ -369,6 +427,11 @@ def _check_calls(calls: collections.Counter) -> None:
 
 def _positions(meta: PackedBatch, call: dict) -> torch.Tensor:
     ref = call.get("input_ids") if call.get("input_ids") is not None else call["inputs_embeds"]
+    if meta.lengths_host is None and meta.cu_host is not None:  # traced: tensor ops on the host layout
+        cu = meta.cu_host
+        idx = torch.arange(meta.rows * meta.row_len, dtype=cu.dtype)  # (B*T,)
+        doc = torch.searchsorted(cu, idx, right=True) - 1  # each token's document
+        return (idx - cu[doc]).view(meta.rows, meta.row_len).to(ref.device)  # (B, T)
     pos = [np.arange(n) for row in meta.lengths for n in row]
     return torch.from_numpy(np.concatenate(pos)).view(meta.rows, meta.row_len).to(ref.device)  # (B, T)
 
@@ -384,9 +447,8 @@ def make_dispatcher(orig: str) -> Callable:
                           softcap: float | None = None, s_aux: torch.Tensor | None = None, **kwargs):
         meta = kwargs.pop(PACKED_KWARG, None)
         kwargs.pop(LENGTHS_KWARG, None)
-        calls = _CALLS.get()
-        if calls is not None:
-            calls["plain" if meta is None else "packed"] += 1
+        kwargs.pop(CU_KWARG, None)
+        _count_call(module, meta)
         if meta is None:  # the very call the original backend would get
             target = _hf.AttentionView(module, orig) if orig.startswith("flash") else module
             extra = {k: v for k, v in (("sliding_window", sliding_window), ("softcap", softcap), ("s_aux", s_aux))
@@ -399,13 +461,29 @@ def make_dispatcher(orig: str) -> Callable:
         if sliding_window is _NOT_PASSED:  # the family did not say (qwen2_moe): the layer's own attribute
             sliding_window = getattr(module, "sliding_window", None)
         # passed as None = full attention on this layer (exaone4, kolibri1 keep a window attribute on every layer)
-        out = kernels.packed_attention(query, key, value, meta, scaling=scaling, dropout=dropout,
-                                       window=sliding_window,
-                                       softcap=softcap, sinks=s_aux, training=module.training)
+        # while dynamo traces: one operator the compiler sees once (Note [compiled packing])
+        attend = packed_compiled.traced_attention if torch.compiler.is_compiling() else kernels.packed_attention
+        out = attend(query, key, value, meta, scaling=scaling, dropout=dropout, window=sliding_window,
+                     softcap=softcap, sinks=s_aux, training=module.training)
         return out, None
 
     fastkit_attention.__name__ = f"fastkit_attention_{orig}"
     return fastkit_attention
+
+
+def _count_call(module, meta: PackedBatch | None) -> None:
+    """Count one attention call for Note [attention ran per document]; while dynamo traces, a call without the
+    metadata under the packed key raises at once (Note [compiled packing])."""
+    if meta is not None:
+        meta.calls += 1
+    elif torch.compiler.is_compiling():
+        key = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if isinstance(key, str) and key.startswith("fastkit_packed_"):
+            _check_calls(1, 0)
+    else:
+        calls = _CALLS.get()
+        if calls is not None:
+            calls["plain"] += 1
 
 
 def register_keys(orig: str) -> tuple[str, str]:
@@ -477,7 +555,8 @@ class PackedAttentionPatch:
         config = _decoder_config(model, inner, self.facts)
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)
-        swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed))
+        host_lengths = bool(self._mrope() or self._stateful())
+        swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed, host_lengths))
         if self._mrope():  # per-document 3-D rope positions, (4, B, T) down to the decoder (packing/mrope.py)
             owner = self._rope_owner(model)
             swap.setattr(owner, "forward", packing_mrope.wrap_rope_owner(owner.forward, owner, config, build_metadata,
