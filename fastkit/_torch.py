@@ -88,3 +88,20 @@ def autograd_in_operator() -> Iterator[None]:
 
 __all__ = ["autograd_in_operator", "forward_pre_hooks", "grouped_mm_function", "module_dicts",
            "queue_backward_callback", "storage_use_count"]
+
+
+# nn.Module.compile(**options) sets ``_compiled_call_impl = torch.compile(self._call_impl, **options)``, which
+# ``__call__`` then runs; it has no public way to undo it or to ask whether a module is compiled. checked: torch
+# 2.13. Stays while nn.Module.compile is the only in-place compile (fastkit.training.compile sets the same attribute
+# through a Swapper, so fastkit.revert takes it back).
+COMPILED_CALL_ATTR = "_compiled_call_impl"
+
+
+def compiled_call(module: torch.nn.Module) -> Callable | None:
+    """The compiled call ``module.__call__`` runs (``nn.Module.compile``'s), or None when it is not compiled."""
+    return getattr(module, COMPILED_CALL_ATTR, None)
+
+
+def compile_call(module: torch.nn.Module, **options) -> Callable:
+    """``torch.compile`` of ``module``'s call, what ``nn.Module.compile(**options)`` stores (not stored here)."""
+    return torch.compile(module._call_impl, **options)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fastkit import _torch
 from fastkit.errors import FastkitError
 from fastkit.patches.layout import decoder_layers
 from fastkit.patching import change
@@ -80,8 +81,8 @@ def compile_model(model: torch.nn.Module, how: str, backend: str = DEFAULT_BACKE
 
     def compiled(swap) -> int:
         for module in targets:
-            if module._compiled_call_impl is None:  # what nn.Module.compile sets; __call__ runs it
-                swap.setattr(module, "_compiled_call_impl", torch.compile(module._call_impl, **options))
+            if _torch.compiled_call(module) is None:  # what nn.Module.compile sets; __call__ runs it
+                swap.setattr(module, _torch.COMPILED_CALL_ATTR, _torch.compile_call(module, **options))
         return len(targets)
 
     count = change(model, "compile", compiled)
