@@ -24,12 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
-
-from fastkit import _torch
 from fastkit.errors import FastkitError
-from fastkit.patches.layout import decoder_layers
-from fastkit.patching import change
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +60,14 @@ def backend_and_mode(sft: dict[str, Any]) -> tuple[str, str | None]:
     return sft.get("torch_compile_backend") or DEFAULT_BACKEND, sft.get("torch_compile_mode")
 
 
-def compile_model(model: torch.nn.Module, how: str, backend: str = DEFAULT_BACKEND, mode: str | None = None) -> int:
+def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | None = None) -> int:
     """Compile ``model`` (the module the trainer calls) as ``how`` says; returns the modules compiled (0 for off).
 
     Idempotent (a module compiled already is left as it is) and revertible (``fastkit.revert(model)``)."""
+    from fastkit import _torch  # here, not at import: --print-config reads CHOICES without torch
+    from fastkit.patches.layout import decoder_layers
+    from fastkit.patching import change
+
     if how not in CHOICES:
         raise FastkitError(f"compile must be one of {', '.join(CHOICES)}, got {how!r}.")
     if how == "off":
