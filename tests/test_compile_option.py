@@ -65,7 +65,7 @@ def test_the_cli_flag_and_yaml_key(tmp_path, capsys):
 def _run(tmp_path, compile: str, steps: int = 3):
     torch.manual_seed(0)
     model, tok = FastModel.from_pretrained(SMOL, max_seq_length=128, twin=True)
-    model = FastModel.get_peft_model(model, r=4)  # checkpointing on: the recompute runs the compiled layer
+    model = FastModel.get_peft_model(model, r=4)  # checkpointing on (the default), as users train
     rows = quickstart_dataset()[0].select(range(24))
     trainer = make_trainer(model, tok, rows, max_steps=steps, output_dir=str(tmp_path), dashboard="none",
                            compile=compile, sft=BACKEND if compile != "off" else {})

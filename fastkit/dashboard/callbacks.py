@@ -353,15 +353,13 @@ class MetricsCallback(TrainerCallback):
         shown ("compiling") and kept out of the rates. Nothing is compiled or read here."""
         from torch._dynamo.callback import callback_handler
 
-        for register, remove, fn in ((callback_handler.register_start_callback, callback_handler.remove_start_callback,
-                                      self._compile_started),
-                                     (callback_handler.register_end_callback, callback_handler.remove_end_callback,
-                                      self._compile_ended)):
-            listed = fn in callback_handler.start_callbacks + callback_handler.end_callbacks
-            if on and not listed:
-                register(fn)
-            elif not on and listed:
-                remove(fn)
+        listening = self._compile_started in callback_handler.start_callbacks  # the pair is added and removed together
+        if on and not listening:
+            callback_handler.register_start_callback(self._compile_started)
+            callback_handler.register_end_callback(self._compile_ended)
+        elif not on and listening:
+            callback_handler.remove_start_callback(self._compile_started)
+            callback_handler.remove_end_callback(self._compile_ended)
 
     def _compile_started(self, _args=None) -> None:
         m = self.metrics

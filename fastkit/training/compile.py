@@ -7,8 +7,9 @@ compiles and the dashboard can keep compile time out of the rates:
 
 - ``regions``: each decoder layer's call compiled (``torch.compile`` of the layer's ``_call_impl``, what
   ``nn.Module.compile`` does): every layer has the same code, so dynamo traces one and reuses it for the others
-  (fast to compile), and the layer's call is what gradient checkpointing and fastkit's offloaded checkpoint call
-  (their recompute runs the compiled layer);
+  (fast to compile). transformers 5.25 checkpoints inside the layer's forward, so with checkpointing on the
+  checkpoint is inside the compiled call; where the layer's forward has a side effect dynamo will not replay there
+  (the ``kernels`` package's context variable) that layer runs eager (docs/step.md);
 - ``model``: the model the trainer calls (the PEFT wrapper included) compiled as one.
 
 TRL's ``torch_compile=True`` (and a ``torch_compile_backend`` / ``torch_compile_mode``, which turn it on in
@@ -35,8 +36,8 @@ TRL_FIELDS = ("torch_compile", "torch_compile_backend", "torch_compile_mode")
 DEFAULT_BACKEND = "inductor"
 
 
-def fold_trl_fields(compile: str, sft: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(compile, sft)`` with TRL's compile fields folded in: ``torch_compile`` True (or a backend / mode given)
+def fold_trl_fields(compile: str, sft: dict[str, Any]) -> str:
+    """``compile`` with TRL's compile fields in ``sft`` folded in: ``torch_compile`` True (or a backend / mode given)
     means ``compile="model"`` unless ``compile`` already says ``regions``; ``torch_compile=False`` with
     ``compile`` on is refused (two answers to one question). Backend and mode stay in ``sft`` (read by
     :func:`backend_and_mode`; never passed to SFTConfig, see :func:`sft_without`)."""
@@ -45,9 +46,7 @@ def fold_trl_fields(compile: str, sft: dict[str, Any]) -> tuple[str, dict[str, A
     if asked is False and compile != "off":
         raise FastkitError(f"compile={compile!r} and sft['torch_compile']=False disagree: give compile only "
                            "(off, regions or model).")
-    if wants and compile == "off":
-        return "model", sft
-    return compile, sft
+    return "model" if wants and compile == "off" else compile
 
 
 def sft_without(sft: dict[str, Any]) -> dict[str, Any]:

@@ -270,8 +270,8 @@ class TrainOptions:
     compile: str = option("off", "torch.compile: off, regions (each decoder layer, compiled once) or model (the "
                           "whole model); TRL's torch_compile means model", check=_compile)
     """``torch.compile`` of the run (:mod:`fastkit.training.compile`): ``regions`` compiles each decoder layer (fast to
-    compile, works inside checkpointing and offload), ``model`` the whole model; backend and mode from
-    ``sft['torch_compile_backend']`` / ``sft['torch_compile_mode']`` (default inductor)."""
+    compile; with checkpointing on, docs/step.md says what falls back to eager), ``model`` the whole model; backend
+    and mode from ``sft['torch_compile_backend']`` / ``sft['torch_compile_mode']`` (default inductor)."""
     sft: dict[str, Any] = option(help="any other trl.SFTConfig field by name, e.g. {'max_grad_norm': 0.5}",
                                  factory=dict, check=_sft)
     """Other ``trl.SFTConfig`` fields, passed through as given (they win over fastkit's defaults)."""
@@ -279,7 +279,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         from fastkit.training.compile import fold_trl_fields
 
-        self.compile, self.sft = fold_trl_fields(self.compile, self.sft)
+        self.compile = fold_trl_fields(self.compile, self.sft)
         self.check()
 
     def check(self) -> None:
