@@ -399,7 +399,8 @@ def mark_start() -> None:
 def bench_command(name: str) -> str:
     """The command this process runs as ``python -m benchmarks NAME ...`` (what a table's provenance quotes)."""
     args = sys.argv[1:]
-    args = args[1:] if args[:1] == [name] else args  # python -m benchmarks NAME ... / fastkit bench NAME ...
+    if args[:1] and (args[0] == name or name.startswith(f"{args[0]}_")):  # NAME or a table of it (sft_compile)
+        name, args = args[0], args[1:]  # python -m benchmarks NAME ... / fastkit bench NAME ...
     return " ".join(["python -m benchmarks", name, *args])
 
 

@@ -48,6 +48,9 @@ from fastkit.syncs import SyncCounter
 from fastkit.units import fmt_bytes
 
 WARMUP_STEPS = 2
+COMPILED = "+compile"
+"""A side's name suffix with ``--compile``: plain with TRL's ``torch_compile=True`` (the whole model, what a TRL user
+turns on), fastkit with ``compile="regions"`` (each decoder layer, below the checkpoint)."""
 LOSS_RTOL = 1e-4
 """Logged losses "match" when ``|plain - fastkit| <= LOSS_RTOL * |plain|`` at every log step: fp32 noise
 (the patches change the order of sums: per-document attention, the chunked loss, one-sort routing),
@@ -130,11 +133,17 @@ class StepTimer:
 
     def __init__(self, device: torch.device, warmup: int = WARMUP_STEPS):
         self.device, self.warmup, self.times, self._last = device, warmup, [], None
+        self.warmup_s = self._start = None
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == self.warmup or state.global_step == state.max_steps:
             sync(self.device)  # Note: the only two waits of the timed run
         now = time.perf_counter()
+        if state.global_step == self.warmup and self._start is not None:
+            self.warmup_s = now - self._start  # the warm-up steps, compiling included
         if self._last is not None:
             self.times.append(now - self._last)
         if state.global_step >= self.warmup:
@@ -146,7 +155,7 @@ class StepTimer:
         raise AttributeError(name)
 
 
-def _baseline_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
+def _baseline_trainer(model, tokenizer, dataset, args, out_dir, callbacks, compile: bool = False):
     from peft import LoraConfig, get_peft_model
     from trl import SFTConfig, SFTTrainer
 
@@ -161,12 +170,12 @@ def _baseline_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
                        report_to=[],
                        seed=3407, data_seed=3407, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
                        disable_tqdm=True, use_cpu=not on_gpu, bf16=on_gpu, fp16=False,
-                       activation_checkpointing=args.checkpointing)
+                       activation_checkpointing=args.checkpointing, torch_compile=compile)
     return SFTTrainer(model=model, args=config, train_dataset=to_prompt_completion(dataset),
                       processing_class=tokenizer, callbacks=callbacks)
 
 
-def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
+def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks, compile: bool = False):
     from fastkit import FastModel
     from fastkit.training import make_trainer
 
@@ -175,7 +184,8 @@ def _fastkit_trainer(model, tokenizer, dataset, args, out_dir, callbacks):
                                      use_gradient_checkpointing=args.checkpointing)
     return make_trainer(model, tokenizer, dataset, max_steps=args.steps, learning_rate=1e-3, batch_size=1,
                         max_seq_length=args.max_len, output_dir=out_dir, callbacks=callbacks, warmup_steps=0,
-                        logging_steps=args.logging_steps, dashboard="none")  # timed like the baseline: no dashboard
+                        logging_steps=args.logging_steps, dashboard="none",  # timed like the baseline: no dashboard
+                        compile="regions" if compile else "off")
 
 
 def _syncs_per_step(trainer) -> int:
@@ -200,8 +210,8 @@ def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
         with torch.device(device):  # built where it trains, in its dtype
             model = twin(case.model_type, seed=0, dtype=dtype, **case.overrides)
     timer = StepTimer(device)
-    make = _baseline_trainer if kind == "baseline" else _fastkit_trainer
-    trainer = make(model, tokenizer, dataset, args, f"{args.tmp}/{kind}", [timer])
+    make = _baseline_trainer if kind.startswith("baseline") else _fastkit_trainer
+    trainer = make(model, tokenizer, dataset, args, f"{args.tmp}/{kind}", [timer], compile=kind.endswith(COMPILED))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer.train()
@@ -212,6 +222,7 @@ def _run(kind: str, case: Case, args, tokenizer, dataset, device) -> dict:
     times = timer.times
     step_s = median(times)
     return dict(losses=[h["loss"] for h in logs], loss_steps=[h["step"] for h in logs], step_s=step_s, times=times,
+                warmup_extra_s=timer.warmup_s - WARMUP_STEPS * step_s if timer.warmup_s is not None else None,
                 tokens_per_s=per_step_tokens / step_s,
                 peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
                 syncs=_syncs_per_step(trainer))
@@ -235,17 +246,30 @@ def _compare(case: Case, args, device) -> dict:
     else:
         tokenizer = twin_tokenizer()
     dataset = synthetic_dataset(args.docs, args.max_len)
-    runs = {"baseline": [], "fastkit": []}
-    for _ in range(args.repeats):  # alternate so machine noise hits both sides
+    sides = ["baseline", "fastkit"] + ([f"baseline{COMPILED}", f"fastkit{COMPILED}"] if args.compile else [])
+    runs = {kind: [] for kind in sides}
+    for _ in range(args.repeats):  # alternate so machine noise hits every side
         for kind in runs:
+            if args.compile:
+                torch._dynamo.reset()  # each side compiles from nothing (no graph reused from the side before)
             runs[kind].append(_run(kind, case, args, tokenizer, dataset, device))
     best = {k: dict(v[0], step_s=median([r["step_s"] for r in v]), tokens_per_s=median([r["tokens_per_s"] for r in v]),
                     times=[t for r in v for t in r["times"]]) for k, v in runs.items()}
     base, fast = best["baseline"], best["fastkit"]
-    diff = max(abs(a - b) for a, b in zip(base["losses"], fast["losses"]))
-    match = base["loss_steps"] == fast["loss_steps"] and all(
-        abs(a - b) <= LOSS_RTOL * abs(a) for a, b in zip(base["losses"], fast["losses"]))
-    return dict(case=case, base=base, fast=fast, loss_diff=diff, losses_match=match, logging_steps=args.logging_steps)
+    out = dict(case=case, base=base, fast=fast, logging_steps=args.logging_steps, **_losses(base, fast))
+    if args.compile:
+        out["compiled"] = {k: dict(best[f"{k}{COMPILED}"], **_losses(base, best[f"{k}{COMPILED}"]))
+                           for k in ("baseline", "fastkit")}
+    return out
+
+
+def _losses(base: dict, other: dict) -> dict:
+    """``loss_diff``: the largest absolute difference of ``other``'s logged losses from ``base``'s;
+    ``losses_match``: the same log steps, each within :data:`LOSS_RTOL`."""
+    diff = max(abs(a - b) for a, b in zip(base["losses"], other["losses"]))
+    match = base["loss_steps"] == other["loss_steps"] and all(
+        abs(a - b) <= LOSS_RTOL * abs(a) for a, b in zip(base["losses"], other["losses"]))
+    return dict(loss_diff=diff, losses_match=match)
 
 
 def loss_cell(r: dict) -> str:
@@ -285,6 +309,52 @@ def render(results: list[dict], header: str, args, note: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _compile_s(compiled: dict, eager: dict) -> float | None:
+    """Seconds compiling cost: the compiled side's warm-up time beyond its steady steps, less the eager side's."""
+    if compiled.get("warmup_extra_s") is None or eager.get("warmup_extra_s") is None:
+        return None
+    return max(compiled["warmup_extra_s"] - eager["warmup_extra_s"], 0.0)
+
+
+def _pays_off(compile_s: float | None, eager: dict, compiled: dict) -> str:
+    """The step after which compiling has paid for itself (compile time / time saved per step)."""
+    saved = eager["step_s"] - compiled["step_s"]
+    if compile_s is None:
+        return "n/a"
+    return f"step {compile_s / saved:.0f}" if saved > 0 else "never (not faster)"
+
+
+def render_compile(results: list[dict], header: str, args, note: str = "") -> str:
+    """The ``--compile`` table: the four sides, compile time, and when compiling pays off."""
+    cells = []
+    for r in results:
+        b, f, cb, cf = r["base"], r["fast"], r["compiled"]["baseline"], r["compiled"]["fastkit"]
+        compile_b, compile_f = _compile_s(cb, b), _compile_s(cf, f)
+        seconds = " / ".join("n/a" if c is None else f"{c:.0f}" for c in (compile_b, compile_f))
+        losses = "; ".join(f"{name} {loss_cell(dict(x, case=r['case']))}"
+                           for name, x in (("fastkit", r), ("plain+c", cb), ("fastkit+c", cf)))
+        cells.append([r["case"].name, *(fmt_ms([t * 1e3 for t in x["times"]], 0) for x in (b, cb, f, cf)),
+                      f"**{fmt_ratio(f['times'], cf['times'])}**", f"**{fmt_ratio(cb['times'], cf['times'])}**",
+                      fmt_ratio(b["times"], cb["times"]), seconds, _pays_off(compile_f, f, cf), losses])
+    table = markdown_table(["model", "step ms plain", "step ms plain + compile", "step ms fastkit",
+                            "step ms fastkit + compile", "fastkit + compile vs fastkit",
+                            "fastkit + compile vs plain + compile", "plain + compile vs plain",
+                            "compile s (plain / fastkit)", "fastkit's compile pays off after",
+                            f"losses vs plain (rel {LOSS_RTOL:g})"], cells)
+    lines = [f"# fastkit bench sft --compile — {header}", "",
+             f"{args.steps} LoRA steps (r={args.r}), packed rows of {args.max_len} tokens, batch 1, "
+             f"checkpointing={'on' if args.checkpointing else 'off'}, four sides alternating, {args.repeats} "
+             "repeat(s): plain transformers + TRL, plain + TRL's `torch_compile=True` (accelerate compiles the whole "
+             "model), fastkit, fastkit with `compile=\"regions\"` (each decoder layer compiled below its checkpoint); "
+             "inductor. Step times after "
+             f"{WARMUP_STEPS} warm-up steps: median (min, spread); ratios = median [range] of per-step ratios (same "
+             "batch). Compile s = the warm-up steps' time beyond steady steps, less the eager side's; it pays off "
+             "after compile s / (eager step − compiled step) steps.", "", table.rstrip("\n")]
+    if note:
+        lines += ["", note.rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: list[dict]):
     plt = agg_pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2), squeeze=False)
@@ -311,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--r", type=positive_int, default=16)
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     parser.add_argument("--cases", default="", help="comma-separated case name prefixes (default: all)")
+    parser.add_argument("--compile", action="store_true",
+                        help="add plain + torch_compile and fastkit + compile='regions' (writes bench_sft_compile.md)")
     parser.add_argument("--logging-steps", type=positive_int, nargs="+", default=[1],
                         help="log every N steps, both sides; several values: every case at each (e.g. 1 10)")
     args = parse_bench_args(parser, argv)
@@ -338,10 +410,18 @@ def main(argv: list[str] | None = None) -> int:
             args.logging_steps = every  # what both trainers read
             results.append(_compare(case, args, device))
             last = time.monotonic() - t0
-            write_outputs("sft", render(results, header, args, budget.note()), out=args.out, quick=args.quick)
-    write_outputs("sft", render(results, header, args, budget.note()), (lambda: plot(results)) if results else None,
-                  out=args.out, quick=args.quick)
+            _write(results, header, args, budget, final=False)
+    _write(results, header, args, budget, final=True)
     return 0
+
+
+def _write(results: list[dict], header: str, args, budget: TimeBudget, final: bool) -> None:
+    if args.compile:  # its own table: the committed bench_sft.md stays the two-side one
+        write_outputs("sft_compile", render_compile(results, header, args, budget.note()), out=args.out,
+                      quick=args.quick)
+        return
+    drawn = (lambda: plot(results)) if final and results else None
+    write_outputs("sft", render(results, header, args, budget.note()), drawn, out=args.out, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -62,10 +62,10 @@ def test_the_cli_flag_and_yaml_key(tmp_path, capsys):
 
 
 # -- a compiled run -----------------------------------------------------------------------------------
-def _run(tmp_path, compile: str, steps: int = 3):
+def _run(tmp_path, compile: str, steps: int = 3, checkpointing: bool | str = True):
     torch.manual_seed(0)
     model, tok = FastModel.from_pretrained(SMOL, max_seq_length=128, twin=True)
-    model = FastModel.get_peft_model(model, r=4)  # checkpointing on (the default), as users train
+    model = FastModel.get_peft_model(model, r=4, use_gradient_checkpointing=checkpointing)  # on: as users train
     rows = quickstart_dataset()[0].select(range(24))
     trainer = make_trainer(model, tok, rows, max_steps=steps, output_dir=str(tmp_path), dashboard="none",
                            compile=compile, sft=BACKEND if compile != "off" else {})
@@ -91,6 +91,35 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reverts(tmp_path, how):
     assert all(t._compiled_call_impl is not None for t in targets)
     revert(trainer.model)
     assert all(t._compiled_call_impl is None for t in targets)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [True, "offload"])
+def test_regions_compile_below_the_checkpoint_without_a_break(tmp_path, checkpointing):
+    """With checkpointing (plain or fastkit's offloaded), each layer's checkpoint runs the compiled forward: no graph
+    break (the checkpoint inside the graph broke on transformers' layer: the whole layer ran eager), one trace
+    serves every layer (the packed batch's attention count is a tensor, not a per-layer guard), at most four graphs
+    (the packed forward and its recompute, which runs under the model's own attention key; each static, then with
+    dynamic shapes), and the losses equal the eager run's. Tolerance as above."""
+    from torch._dynamo.utils import counters
+
+    from fastkit.training.compile import CompiledBelowCheckpoint
+
+    torch._dynamo.reset()
+    _, eager = _run(tmp_path / "eager", "off", steps=4, checkpointing=checkpointing)
+    counters.clear()
+    trainer, compiled = _run(tmp_path / "regions", "regions", steps=4, checkpointing=checkpointing)
+    breaks = dict(counters["graph_break"])
+    assert breaks == {}, list(breaks)[:3]
+    assert 1 <= counters["frames"]["ok"] <= 4, dict(counters["frames"])
+    torch.testing.assert_close(torch.tensor([loss for _, loss in compiled.loss_history]),
+                               torch.tensor([loss for _, loss in eager.loss_history]), rtol=1e-5, atol=1e-6)
+    layers = decoder_layers(trainer.model)
+    assert all(isinstance(layer._gradient_checkpointing_func, CompiledBelowCheckpoint) for layer in layers)
+    revert(trainer.model)
+    assert not any(isinstance(getattr(layer, "_gradient_checkpointing_func", None), CompiledBelowCheckpoint)
+                   for layer in layers)
+    assert all(layer._compiled_call_impl is None for layer in layers)
 
 
 def test_model_compiles_the_module_the_trainer_calls_once_and_reverts():

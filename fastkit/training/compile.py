@@ -5,11 +5,13 @@ accelerate, which compiles the whole wrapped model once training starts; its bac
 ``torch_compile_backend`` / ``torch_compile_mode``. fastkit owns the choice instead, so one option says what
 compiles and the dashboard can keep compile time out of the rates:
 
-- ``regions``: each decoder layer's call compiled (``torch.compile`` of the layer's ``_call_impl``, what
-  ``nn.Module.compile`` does): every layer has the same code, so dynamo traces one and reuses it for the others
-  (fast to compile). transformers 5.25 checkpoints inside the layer's forward, so with checkpointing on the
-  checkpoint is inside the compiled call; where the layer's forward has a side effect dynamo will not replay there
-  (the ``kernels`` package's context variable) that layer runs eager (docs/step.md);
+- ``regions``: each decoder layer compiled: every layer has the same code, so dynamo traces one and reuses it for
+  the others (fast to compile). A layer without checkpointing gets ``torch.compile`` of its ``_call_impl`` (what
+  ``nn.Module.compile`` does). A checkpointed layer is compiled *below* its checkpoint: its checkpoint function
+  (plain or fastkit's offloaded one) runs the compiled forward (:class:`CompiledBelowCheckpoint`), so the checkpoint
+  and the offload hooks stay eager around it and the recompute in backward runs the compiled layer again. Compiling
+  the layer's call instead would put the checkpoint inside the graph, where dynamo breaks on transformers' layer
+  (a side effect inside the checkpoint: the whole layer ran eager, measured);
 - ``model``: the model the trainer calls (the PEFT wrapper included) compiled as one.
 
 TRL's ``torch_compile=True`` (and a ``torch_compile_backend`` / ``torch_compile_mode``, which turn it on in
@@ -79,7 +81,11 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
 
     def compiled(swap) -> int:
         for module in targets:
-            if _torch.compiled_call(module) is None:  # what nn.Module.compile sets; __call__ runs it
+            if _torch.compiled_call(module) is not None:  # compiled already
+                continue
+            if how == "regions" and _checkpointed(module):
+                _compile_below_checkpoint(module, swap, options)
+            else:  # what nn.Module.compile sets; __call__ runs it
                 swap.setattr(module, _torch.COMPILED_CALL_ATTR, _torch.compile_call(module, **options))
         return len(targets)
 
@@ -87,6 +93,50 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
     logger.info("fastkit: torch.compile (%s, backend %s%s) on %d module(s)", how, backend,
                 f", mode {mode}" if mode else "", count)
     return count
+
+
+def _checkpointed(layer) -> bool:
+    """transformers' flag: the layer runs its forward through its checkpoint function when training with grad."""
+    return bool(getattr(layer, "gradient_checkpointing", False))
+
+
+def _apply(function, *args):
+    """``function(*args)``: what the checkpoint runs, compiled (the layer's forward is ``function``)."""
+    return function(*args)
+
+
+class CompiledBelowCheckpoint:
+    """A checkpointed layer's checkpoint function that runs the layer's forward compiled inside the checkpoint.
+
+    transformers calls ``checkpoint_fn(partial(forward, layer, **kwargs), *args)``; this calls
+    ``checkpoint(compiled_apply, that_partial, *args)``, so what the checkpoint runs (forward and recompute) is
+    one compiled function of the forward; the partial's keywords (the packed metadata among them) are its inputs."""
+
+    def __init__(self, checkpoint, compiled_apply) -> None:
+        self.checkpoint = checkpoint
+        self.compiled_apply = compiled_apply
+
+    def __call__(self, function, *args, **kwargs):
+        return self.checkpoint(self.compiled_apply, function, *args, **kwargs)
+
+
+def _compile_below_checkpoint(layer, swap, options) -> None:
+    """Compile ``layer`` below its checkpoint (training with grad) and as a whole call otherwise (eval, no grad),
+    both set through ``swap``. ``_apply``'s one code object serves every layer: one trace, reused."""
+    import torch
+
+    from fastkit import _hf, _torch
+
+    checkpoint = _hf.checkpoint_function(layer)
+    _hf.set_checkpoint_function(layer, CompiledBelowCheckpoint(checkpoint, torch.compile(_apply, **options)), swap)
+    whole_call = _torch.compile_call(layer, **options)
+
+    def call(*args, **kwargs):
+        if _checkpointed(layer) and layer.training and torch.is_grad_enabled():  # transformers' checkpoint test
+            return layer._call_impl(*args, **kwargs)  # eager checkpoint around the compiled forward
+        return whole_call(*args, **kwargs)
+
+    swap.setattr(layer, _torch.COMPILED_CALL_ATTR, call)
 
 
 __all__ = ["CHOICES", "backend_and_mode", "compile_model", "fold_trl_fields", "sft_without"]

@@ -68,7 +68,18 @@ class PackedBatch:
     (:mod:`fastkit.patches.packing.compiled`); built with the batch from host lengths."""
     calls: int = 0
     """Attention calls that ran with this batch (Note [attention ran per document] in patch.py)."""
+    compiled_calls: torch.Tensor | None = None
+    """The same count for calls inside a compiled layer (``compile="regions"``): a 0-dim int64 host tensor the
+    compiled code adds to, since an int attribute would be a guard of the graph (a recompile per layer)."""
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def counted_calls(self) -> int:
+        """What the per-document check needs (was any call packed?): :attr:`calls`, or where none was counted
+        eagerly (every layer compiled), :attr:`compiled_calls`. An eager forward never reads the tensor, so a
+        zero-sync step stays one."""
+        if self.calls or self.compiled_calls is None:
+            return self.calls
+        return int(self.compiled_calls.numpy())  # a host tensor the compiled layers wrote: no device involved
 
     @property
     def lengths(self) -> list[list[int]]:

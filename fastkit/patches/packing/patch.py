@@ -309,8 +309,9 @@ def _metadata(config, rows, row_len, lengths, cu, call) -> PackedBatch:
     if context is not None and max_seqlen > context:
         raise FastkitError(f"{field_name}: a packed document has {max_seqlen} tokens, above the model's context "
                            f"(max_position_embeddings={context}); lower max_length.")
-    cu_host = None if lengths is None else packed_compiled.cu_tensor(lengths)  # for compiled layers (regions)
-    return PackedBatch(rows, row_len, lengths, max_seqlen, cu, cu_host=cu_host)
+    cu_host = None if lengths is None else packed_compiled.cu_tensor(lengths, padded=True)  # compiled layers
+    return PackedBatch(rows, row_len, lengths, max_seqlen, cu, cu_host=cu_host,
+                       compiled_calls=torch.zeros((), dtype=torch.int64))
 
 
 @contextlib.contextmanager
@@ -356,7 +357,7 @@ def _make_decoder_forward(original: Callable, config, packed_key: str, host_leng
                 out = original(*args, **kwargs)
         finally:
             _CALLS.reset(token)
-        _check_calls(calls["plain"], meta.calls)
+        _check_calls(calls["plain"], meta.counted_calls())
         return out
 
     forward.__wrapped__ = original
@@ -475,7 +476,10 @@ def _count_call(module, meta: PackedBatch | None) -> None:
     """Count one attention call for Note [attention ran per document]; while dynamo traces, a call without the
     metadata under the packed key raises at once (Note [compiled packing])."""
     if meta is not None:
-        meta.calls += 1
+        if torch.compiler.is_compiling() and meta.compiled_calls is not None:  # a compiled layer, eager decoder
+            meta.compiled_calls.add_(1)  # a tensor op in the graph, not a guard on a count (a compile per layer)
+        else:
+            meta.calls += 1
     elif torch.compiler.is_compiling():
         key = getattr(getattr(module, "config", None), "_attn_implementation", None)
         if isinstance(key, str) and key.startswith("fastkit_packed_"):
