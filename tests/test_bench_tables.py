@@ -109,6 +109,14 @@ def test_gpu_shaped_tables_pass_the_checker():
     args = argparse.Namespace(steps=8, r=16, max_len=4096, checkpointing=True, repeats=1)
     md = sft.render(results, load, args, "Skipped for time (budget 48 s): gpt_oss.\n")
     assert "anchor kit" in md and problems(md) == []
+    side = dict(side, loss_steps=[1, 2], warmup_extra_s=0.5, step_s=0.1)
+    slow = dict(side, times=t(0.2, 0.21, 0.2), step_s=0.2, warmup_extra_s=40.0)
+    results = [dict(case=sft.GPU_CASES[0], base=side, fast=side, loss_diff=0.0, losses_match=True,
+                    compiled={"baseline": dict(slow, loss_diff=0.0, losses_match=True),
+                              "fastkit": dict(side, times=t(0.05, 0.06, 0.05), step_s=0.05, warmup_extra_s=20.5,
+                                              loss_diff=2e-5, losses_match=True)})]
+    md = sft.render_compile(results, load, args)
+    assert problems(md) == [] and "step 400" in md and "40 / 20" in md  # 20 s / (0.1 - 0.05) s per step
 
 
 PROVENANCE = re.compile(r"Made by commit [0-9a-f]{7,}.* on .+, \d{4}-\d\d-\d\d \d\d:\d\d UTC: `python -m benchmarks \w+"
