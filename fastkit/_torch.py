@@ -95,6 +95,8 @@ __all__ = ["autograd_in_operator", "forward_pre_hooks", "grouped_mm_function", "
 # 2.13. Stays while nn.Module.compile is the only in-place compile (fastkit.training.compile sets the same attribute
 # through a Swapper, so fastkit.revert takes it back).
 COMPILED_CALL_ATTR = "_compiled_call_impl"
+COMPILE_NOTE_ATTR = "fastkit_compiled"
+"""The model's attribute (set by fastkit.training.compile, revertible) saying what is compiled: the summary's line."""
 
 
 def compiled_call(module: torch.nn.Module) -> Callable | None:

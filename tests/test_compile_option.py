@@ -96,11 +96,11 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reverts(tmp_path, how):
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [True])
 def test_regions_compile_below_the_checkpoint_without_a_break(tmp_path, checkpointing):
-    """With checkpointing (a run as users train; fastkit's offload: the next test), each layer's checkpoint runs the compiled forward: no graph
-    break (the checkpoint inside the graph broke on transformers' layer: the whole layer ran eager), one trace
-    serves every layer (the packed batch's attention count is a tensor, not a per-layer guard), at most four graphs
-    (the packed forward and its recompute, which runs under the model's own attention key; each static, then with
-    dynamic shapes), and the losses equal the eager run's. Tolerance as above."""
+    """With checkpointing (a run as users train; fastkit's offload: the next test), each layer's checkpoint runs the
+    compiled forward: no graph break (the checkpoint inside the graph broke on transformers' layer: the whole layer
+    ran eager), one trace serves every layer (the packed batch's attention count is a tensor, not a per-layer
+    guard), at most four graphs (the packed forward and its recompute, which runs under the model's own attention
+    key; each static, then with dynamic shapes), and the losses equal the eager run's. Tolerance as above."""
     from torch._dynamo.utils import counters
 
     from fastkit.training.compile import CompiledBelowCheckpoint
@@ -116,7 +116,10 @@ def test_regions_compile_below_the_checkpoint_without_a_break(tmp_path, checkpoi
                                torch.tensor([loss for _, loss in eager.loss_history]), rtol=1e-5, atol=1e-6)
     layers = decoder_layers(trainer.model)
     assert all(isinstance(layer._gradient_checkpointing_func, CompiledBelowCheckpoint) for layer in layers)
+    note = f"each decoder layer ({len(layers)}), below its checkpoint"
+    assert trainer.model.get_base_model().fastkit_compiled == note
     revert(trainer.model)
+    assert not hasattr(trainer.model.get_base_model(), "fastkit_compiled")
     assert not any(isinstance(getattr(layer, "_gradient_checkpointing_func", None), CompiledBelowCheckpoint)
                    for layer in layers)
     assert all(layer._compiled_call_impl is None for layer in layers)
@@ -158,6 +161,7 @@ def test_model_compiles_the_module_the_trainer_calls_once_and_reverts():
     model, _ = FastModel.from_pretrained(SMOL, max_seq_length=64, twin=True)
     model = FastModel.get_peft_model(model, r=4)
     assert compile_model(model, "model", "aot_eager") == 1
+    assert model.get_base_model().fastkit_compiled == "the whole model"  # the run summary's "torch.compile" line
     first = model._compiled_call_impl
     assert first is not None and compile_model(model, "model", "aot_eager") == 1 and model._compiled_call_impl is first
     assert compile_model(model, "regions", "aot_eager") == len(decoder_layers(model)) >= 2

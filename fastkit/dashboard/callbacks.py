@@ -602,6 +602,7 @@ def _training_device(args, model) -> torch.device:
 
 def _describe_model(m: TrainingMetrics, model, device: torch.device) -> None:
     """Model type, device and fastkit's active / skipped optimizations from its LoadReport."""
+    from fastkit import _torch
     from fastkit.patching import report, unwrap
 
     m.device = str(device)
@@ -615,6 +616,9 @@ def _describe_model(m: TrainingMetrics, model, device: torch.device) -> None:
         m.optimizations, m.skipped = dict(rep.active), dict(rep.skipped)
     if getattr(unwrap(model), "is_activation_checkpointing", False):
         m.optimizations.setdefault("gradient checkpointing", _checkpoint_mode(model))
+    compiled = getattr(unwrap(model), _torch.COMPILE_NOTE_ATTR, None)
+    if compiled:
+        m.optimizations.setdefault("torch.compile", compiled)
 
 
 def _checkpoint_mode(model) -> str:

@@ -67,7 +67,7 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
     Idempotent (a module compiled already is left as it is) and revertible (``fastkit.revert(model)``)."""
     from fastkit import _torch  # here, not at import: --print-config reads CHOICES without torch
     from fastkit.patches.layout import decoder_layers
-    from fastkit.patching import change
+    from fastkit.patching import change, unwrap
 
     if how not in CHOICES:
         raise FastkitError(f"compile must be one of {', '.join(CHOICES)}, got {how!r}.")
@@ -87,12 +87,21 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
                 _compile_below_checkpoint(module, swap, options)
             else:  # what nn.Module.compile sets; __call__ runs it
                 swap.setattr(module, _torch.COMPILED_CALL_ATTR, _torch.compile_call(module, **options))
+        swap.setattr(unwrap(model), _torch.COMPILE_NOTE_ATTR, _describe(how, targets))  # the run's summary reads it
         return len(targets)
 
     count = change(model, "compile", compiled)
     logger.info("fastkit: torch.compile (%s, backend %s%s) on %d module(s)", how, backend,
                 f", mode {mode}" if mode else "", count)
     return count
+
+
+def _describe(how: str, targets: list) -> str:
+    """What ``compile_model`` compiled, in the words of the run's summary."""
+    if how == "model":
+        return "the whole model"
+    below = any(_checkpointed(layer) for layer in targets)
+    return f"each decoder layer ({len(targets)}){', below its checkpoint' if below else ''}"
 
 
 def _checkpointed(layer) -> bool:
