@@ -146,8 +146,8 @@ def test_run_on_the_model_object_and_on_a_run_folder(saved, tasks, tmp_path):
 
 
 def test_metrics_are_numbers_named_by_filter():
-    results = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A", "exact_match,strict": 1,
-                                 "sample_len": 4}}}
+    results = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1, "exact_match,strict": 1,
+                                 "exact_match_stderr,strict": "N/A", "sample_len": 4}}}
     assert lm.metrics(results) == {"t": {"acc": 0.5, "exact_match (strict)": 1.0}}
 
 
