@@ -19,10 +19,8 @@ import pytest
 import torch
 import yaml
 
-pytest.importorskip("lm_eval")
-
-from fastkit import FastkitError, FastModel, cli  # noqa: E402
-from fastkit.evaluation import lm_eval as lm  # noqa: E402
+from fastkit import FastkitError, FastModel, cli
+from fastkit.evaluation import lm_eval as lm
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TASKS = "tiny_mc,tiny_ll"
@@ -40,7 +38,19 @@ LL = [("The sun rises in the", "east"), ("One, two,", "three"), ("Snow is", "whi
 
 
 @pytest.fixture(scope="module")
-def tasks(tmp_path_factory) -> Path:
+def installed():
+    """lm-eval: skipped where it is not installed; in CI (CI=true: .ci/run installs the ``eval`` extra) a failure."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("lm_eval") is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("lm_eval is not importable in CI: .ci/run must install fastkit-llm[eval]")
+        pytest.skip("lm-eval is not installed (pip install 'fastkit-llm[eval]')")
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory, installed) -> Path:
     """A folder of two lm-eval tasks over jsonl rows written here (lm-eval's ``json`` dataset: no download)."""
     folder = tmp_path_factory.mktemp("tasks")
     mc, ll = folder / "mc.jsonl", folder / "ll.jsonl"
@@ -122,6 +132,21 @@ def test_the_numbers_are_lm_evals_own_by_hand(saved, tasks, tmp_path, capsys):
     assert "| tiny_mc | acc_norm |" in capsys.readouterr().out
     print("by hand:", json.dumps({s: {t: {k: v for k, v in r.items() if k.endswith(",none") and "stderr" not in k}
                                       for t, r in hand[s].items()} for s in hand}))
+
+
+@pytest.mark.slow
+def test_the_lm_eval_command_by_hand(saved, tasks, tmp_path):
+    """lm-eval's own command line (``python -m lm_eval run --model hf``) on the saved base + adapter: the numbers
+    fastkit's run gives for the PEFT model object, exactly."""
+    base, lora_dir, model, tok = saved
+    cmd = [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",
+           f"pretrained={base},peft={lora_dir}", "--tasks", TASKS, "--include_path", str(tasks), "--batch_size", "1",
+           "--device", "cpu", "--output_path", str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (file,) = (tmp_path / "out").rglob("results_*.json")
+    theirs = lm.metrics(json.loads(file.read_text()))
+    assert lm.run(model, tok, TASKS, tasks) == theirs and set(theirs) == {"tiny_mc", "tiny_ll"}
 
 
 def test_run_on_the_model_object_and_on_a_run_folder(saved, tasks, tmp_path):

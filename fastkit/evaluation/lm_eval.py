@@ -116,12 +116,21 @@ def run(model, tokenizer, tasks: Any, include_path: str | Path | None = None, *,
     model.eval()
     try:
         with _kept_rng():
-            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+            lm = HFLM(pretrained=model, tokenizer=_own(tokenizer), batch_size=batch_size)
             out = lm_eval.simple_evaluate(model=lm, tasks=list(task_names(tasks)), task_manager=manager,
                                           limit=limit, batch_size=batch_size, log_samples=False)
     finally:
         model.train(was_training)
     return metrics(out)
+
+
+def _own(tokenizer):
+    """The tokenizer lm-eval may change: a copy where it has no pad token (lm-eval sets one), else itself."""
+    if getattr(tokenizer, "pad_token", None) is None:
+        import copy
+
+        return copy.deepcopy(tokenizer)
+    return tokenizer
 
 
 def metrics(results: dict[str, Any]) -> dict[str, dict[str, float]]:
