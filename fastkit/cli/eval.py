@@ -123,7 +123,8 @@ class EvalFlags:
                                 factory=list, check=_lm_eval, text=True,
                                 argparse=dict(action="extend", nargs="+", metavar="TASKS"))
     lm_eval_include: str | None = option(None, "a folder of your own lm-eval task YAML files (lm-eval's "
-                                         "include_path)", check=_lm_eval_include, text=True)
+                                         "include_path)", check=_lm_eval_include, text=True,
+                                         argparse=dict(metavar="DIR"))
     lm_eval_limit: int | None = option(None, "rows per lm-eval task at most (default: every row)",
                                        check=functools.partial(check_positive, allow_none=True))
 

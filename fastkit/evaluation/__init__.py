@@ -6,7 +6,8 @@
 
 What it measures (docs/eval.md): the loss and perplexity on the answers' tokens; greedy and seeded answers checked
 for exact match, containing the reference, and the user's checks (``json``, ``regex:...``, ``file.py:fn``); the
-prompts whose answers changed most; forgetting (:mod:`fastkit.evaluation.forgetting`). Rows are scored one at a
+prompts whose answers changed most; forgetting (:mod:`fastkit.evaluation.forgetting`); with ``lm_eval=TASKS``,
+lm-evaluation-harness benchmarks on both (:mod:`fastkit.evaluation.lm_eval`). Rows are scored one at a
 time, base then tuned, so Ctrl-C leaves a report of the rows done.
 """
 
