@@ -15,6 +15,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "llama_cpp": ("llamacpp", "llama-cpp-python"),
     "matplotlib": ("notebook", "matplotlib"),
     "ipywidgets": ("notebook", "ipywidgets"),
+    "lm_eval": ("eval", "lm-eval"),
 }
 """module -> (the extra of ``fastkit-llm`` that installs it, its distribution name)."""
 

@@ -3,6 +3,7 @@
     fastkit eval --run outputs/train                                   # a run: its base, LoRA and eval split
     fastkit eval --model BASE --adapter OUTPUT/lora --data heldout.jsonl
     fastkit eval --model BASE --tuned OUTPUT/merged_16bit --data heldout.jsonl
+    fastkit eval --run outputs/train --lm-eval hellaswag,arc_easy                # + lm-eval's benchmarks on both
 
 ``--run`` reads the folder ``fastkit train`` wrote (``fastkit_config.yaml`` and ``lora/``): the base model, the data
 and the rows it held out (``eval_split``, ``seed``), split again as training split them. The report goes to
@@ -50,6 +51,19 @@ def _checks(name: str, value: Any) -> None:
     from fastkit.evaluation.checks import parse_checks
 
     parse_checks(check_names(value), "--check")  # every name resolved (a file imported) before any model loads
+
+
+def _lm_eval(name: str, value: Any) -> None:
+    from fastkit.evaluation.lm_eval import task_names
+
+    task_names(value)  # the form only: installed and known names are checked in preflight (lm-eval indexes ~10 s)
+
+
+def _lm_eval_include(name: str, value: Any) -> None:
+    from fastkit.evaluation.lm_eval import check_include
+
+    _text(name, value)
+    check_include(value)
 
 
 def check_names(value: Any) -> tuple[Any, ...]:
@@ -103,6 +117,16 @@ class EvalFlags:
                                     check=check_positive)
     forgetting_warn: float = option(0.3, "forgetting (the general text's loss rise, nats/token) above which the "
                                     "report warns", check=check_number)
+    lm_eval: list[str] = option(help="lm-evaluation-harness tasks run on both models, lm-eval's own numbers "
+                                "(hellaswag,arc_easy or a local task's name; repeat the flag or a comma list; needs "
+                                "pip install 'fastkit-llm[eval]'; default none)",
+                                factory=list, check=_lm_eval, text=True,
+                                argparse=dict(action="extend", nargs="+", metavar="TASKS"))
+    lm_eval_include: str | None = option(None, "a folder of your own lm-eval task YAML files (lm-eval's "
+                                         "include_path)", check=_lm_eval_include, text=True,
+                                         argparse=dict(metavar="DIR"))
+    lm_eval_limit: int | None = option(None, "rows per lm-eval task at most (default: every row)",
+                                       check=functools.partial(check_positive, allow_none=True))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -110,13 +134,14 @@ class EvalFlags:
     def eval_options(self):
         """The :class:`fastkit.EvalOptions` these options mean."""
         from fastkit.evaluation import EvalOptions
+        from fastkit.evaluation.lm_eval import task_names
 
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return EvalOptions(**{**values, "checks": check_names(self.checks)})
+        return EvalOptions(**{**values, "checks": check_names(self.checks), "lm_eval": task_names(self.lm_eval)})
 
 
 COMMON = ("run", "model", "adapter", "tuned", "data", "twin", "output_dir", "max_rows", "max_new_tokens", "checks",
-          "sampled", "seed", "examples", "forgetting", "forgetting_warn")
+          "sampled", "seed", "examples", "forgetting", "forgetting_warn", "lm_eval", "lm_eval_include")
 EVAL = Command("eval", EvalFlags, None, {}, COMMON, title="evaluation (fastkit.EvalOptions)",
                help_all="every option", data_help=EvalJob.__dataclass_fields__["data"].metadata["help"], job=EvalJob,
                lora=None, required=(), job_title="what to compare", run_flags=False)
@@ -181,6 +206,10 @@ def preflight(job: EvalJob, flags: EvalFlags) -> Plan:
     plan = _from_run(job) if job.run else _from_models(job)
     if not plan.twin:  # a Hub id out of reach: refused in seconds, not after the loader's retries
         check_hub_answers(plan.model)
+    if flags.lm_eval or flags.lm_eval_include:  # installed, every task name known, the folder there
+        from fastkit.evaluation.lm_eval import resolve
+
+        resolve(flags.lm_eval, flags.lm_eval_include)
     return plan
 
 
@@ -343,6 +372,9 @@ def _print(report, folder: Path) -> None:
     print(report.table())
     if report.forgetting is not None:
         print(forgetting_line(report.forgetting))
+    if report.benchmarks:
+        print("lm-evaluation-harness (lm-eval's own numbers):")
+        print(report.benchmark_table())
     if report.examples:
         top = report.examples[0]
         print(f"{len(report.examples)} answers changed most (report.md shows them); row {top.row}: "

@@ -6,7 +6,8 @@
 
 What it measures (docs/eval.md): the loss and perplexity on the answers' tokens; greedy and seeded answers checked
 for exact match, containing the reference, and the user's checks (``json``, ``regex:...``, ``file.py:fn``); the
-prompts whose answers changed most; forgetting (:mod:`fastkit.evaluation.forgetting`). Rows are scored one at a
+prompts whose answers changed most; forgetting (:mod:`fastkit.evaluation.forgetting`); with ``lm_eval=TASKS``,
+lm-evaluation-harness benchmarks on both (:mod:`fastkit.evaluation.lm_eval`). Rows are scored one at a
 time, base then tuned, so Ctrl-C leaves a report of the rows done.
 """
 
@@ -54,6 +55,13 @@ class EvalOptions:
     """Tokens of the base model's answer per general prompt (drift)."""
     forgetting_warn: float = FORGETTING_WARN
     """Forgetting (the general text's loss rise, nats/token) above which the report warns."""
+    lm_eval: tuple[str, ...] = ()
+    """lm-evaluation-harness tasks run on both models (``hellaswag``, ``arc_easy``, a local task's name; the ``eval``
+    extra; :mod:`fastkit.evaluation.lm_eval`); none by default."""
+    lm_eval_include: str | None = None
+    """A folder of local lm-eval task YAML files (lm-eval's ``include_path``)."""
+    lm_eval_limit: int | None = None
+    """Rows per lm-eval task at most (lm-eval's ``limit``); None: every row."""
 
     def check(self) -> None:
         """A FastkitError naming the first field out of range."""
@@ -65,6 +73,9 @@ class EvalOptions:
             raise FastkitError(f"evaluate: examples must be a whole number >= 0, got {self.examples!r}.")
         if not isinstance(self.forgetting_warn, (int, float)) or not self.forgetting_warn > 0:
             raise FastkitError(f"evaluate: forgetting_warn must be a number above 0, got {self.forgetting_warn!r}.")
+        limit = self.lm_eval_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise FastkitError(f"evaluate: lm_eval_limit must be a whole number >= 1 or None, got {limit!r}.")
 
 
 def _options(options: EvalOptions | None, kwargs: dict[str, Any]) -> EvalOptions:
@@ -76,6 +87,9 @@ def _options(options: EvalOptions | None, kwargs: dict[str, Any]) -> EvalOptions
     out = replace(options or EvalOptions(), **kwargs)
     if isinstance(out.checks, str):
         out.checks = tuple(s.strip() for s in out.checks.split(",") if s.strip())
+    from fastkit.evaluation.lm_eval import task_names
+
+    out.lm_eval = task_names(out.lm_eval)
     out.check()
     return out
 
@@ -108,6 +122,10 @@ def evaluate(model: torch.nn.Module, tokenizer, data, *, base: torch.nn.Module |
     options = _options(options, kwargs)
     _check_models(model, base)
     checks = list(BUILT_IN) + parse_checks(options.checks, "checks")
+    if options.lm_eval:  # installed, the names known, the folder there: before any model runs
+        from fastkit.evaluation import lm_eval as lm
+
+        lm.resolve(options.lm_eval, options.lm_eval_include)
     rows = eval_rows(_dataset(data), tokenizer, options.max_rows)
     gen = Generation(options.max_new_tokens, options.sampled, options.seed)
     modes = _eval_mode(model, base)
@@ -116,10 +134,12 @@ def evaluate(model: torch.nn.Module, tokenizer, data, *, base: torch.nn.Module |
         forgetting = None
         if options.forgetting and not interrupted:
             forgetting = _forgetting(model, base, tokenizer, options)
+        benchmarks = _benchmarks(model, base, tokenizer, options) if options.lm_eval and not interrupted else {}
     finally:
         for m, was_training in modes:
             m.train(was_training)
     report = _report(rows[:len(results)], results, checks, tokenizer, options, forgetting, interrupted)
+    report.benchmarks = benchmarks
     if output_dir is not None:
         report.save(output_dir)
         logger.info("fastkit eval: report in %s", output_dir)
@@ -186,6 +206,17 @@ def _forgetting(model, base, tokenizer, options: EvalOptions) -> Forgetting:
                        result.forgetting, result.base_text_perplexity, result.tuned_text_perplexity,
                        options.forgetting_warn)
     return result
+
+
+def _benchmarks(model, base, tokenizer, options: EvalOptions) -> dict[str, dict[str, tuple[float, float]]]:
+    """lm-eval's tasks on the base, then on the tuned model: ``{task: {metric: (base, tuned)}}``."""
+    from fastkit.evaluation import lm_eval as lm
+
+    args = (options.lm_eval, options.lm_eval_include)
+    logger.info("fastkit eval: lm-eval %s on the base and the tuned model", ", ".join(options.lm_eval))
+    with _as_base(model, base) as before:
+        base_scores = lm.run(before, tokenizer, *args, limit=options.lm_eval_limit)
+    return lm.side_by_side(base_scores, lm.run(model, tokenizer, *args, limit=options.lm_eval_limit))
 
 
 def _text_sums(model, base, tokenizer) -> tuple[float, float, int]:

@@ -58,6 +58,8 @@ class EvalReport:
     """Stopped early (Ctrl-C): the numbers cover :attr:`rows` rows."""
     options: dict[str, Any] = field(default_factory=dict)
     """The options it ran with."""
+    benchmarks: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    """lm-evaluation-harness tasks (``lm_eval`` option): task -> metric -> (base, tuned), lm-eval's own numbers."""
 
     def ahead(self, metric: str) -> bool:
         """The tuned model is strictly better than the base on ``metric``."""
@@ -71,12 +73,22 @@ class EvalReport:
             lines.append(f"| {name} | {_fmt(name, base)} | {_fmt(name, tuned)} | {_change(name, base, tuned)} |")
         return "\n".join(lines)
 
+    def benchmark_table(self) -> str:
+        """lm-eval's tasks as a markdown table: task, metric, base, tuned, change (lm-eval's numbers, 4 decimals)."""
+        lines = ["| task | metric | base | tuned | change |", "|---|---|---:|---:|---:|"]
+        for task, values in self.benchmarks.items():
+            for name, (base, tuned) in values.items():
+                lines.append(f"| {task} | {name} | {base:.4f} | {tuned:.4f} | {tuned - base:+.4f} |")
+        return "\n".join(lines)
+
     def summary(self) -> str:
         """The report as markdown: the table, forgetting, the answers that changed most."""
         head = f"# Before / after: {self.rows} held-out rows" + (" (interrupted)" if self.interrupted else "")
         parts = [head, self.table()]
         if self.forgetting is not None:
             parts.append(forgetting_line(self.forgetting))
+        if self.benchmarks:
+            parts.append("## Benchmarks (lm-evaluation-harness)\n\n" + self.benchmark_table())
         if self.examples:
             parts.append("## Answers that changed most\n\n" + "\n\n".join(map(_example_md, self.examples)))
         return "\n\n".join(parts) + "\n"
@@ -88,6 +100,9 @@ class EvalReport:
                "examples": [asdict(e) for e in self.examples]}
         if self.forgetting is not None:
             out["forgetting"] = {**asdict(self.forgetting), "warned": self.forgetting.warned}
+        if self.benchmarks:
+            out["lm_eval"] = {task: {m: {"base": b, "tuned": t} for m, (b, t) in values.items()}
+                              for task, values in self.benchmarks.items()}
         return out
 
     def save(self, folder: str | Path) -> Path:
