@@ -149,9 +149,9 @@ def test_the_lm_eval_command_by_hand(saved, tasks, tmp_path):
     assert lm.run(model, tok, TASKS, tasks) == theirs and set(theirs) == {"tiny_mc", "tiny_ll"}
 
 
-def test_run_on_the_model_object_and_on_a_run_folder(saved, tasks, tmp_path):
-    """lm.run on the PEFT model (adapter on / disabled) and on a run folder (its base + lora/) agree; the caller's
-    random state and train mode are left as they were."""
+def test_run_on_the_model_object_adapter_on_and_off(saved, tasks, tmp_path):
+    """lm.run on the PEFT model, adapter on and disabled, differ; the caller's random state and train mode are left
+    as they were; lm-eval's limit reaches it."""
     _, lora_dir, model, tok = saved
     model.train()
     state = torch.random.get_rng_state()
@@ -160,13 +160,6 @@ def test_run_on_the_model_object_and_on_a_run_folder(saved, tasks, tmp_path):
         base = lm.run(model, tok, TASKS, tasks)
     assert torch.equal(torch.random.get_rng_state(), state) and model.training
     assert tuned["tiny_ll"]["perplexity"] != base["tiny_ll"]["perplexity"]
-    run = tmp_path / "run"
-    (run / "lora").mkdir(parents=True)
-    for f in lora_dir.iterdir():
-        (run / "lora" / f.name).write_bytes(f.read_bytes())
-    (run / "fastkit_config.yaml").write_text(yaml.safe_dump(dict(model=SMOL, data="quickstart", twin=True,
-                                                                 max_seq_length=128, eval_split=4)))
-    assert lm.run(str(run), None, TASKS, tasks) == tuned
     assert lm.run(model, tok, ["tiny_ll"], tasks, limit=2)["tiny_ll"] != tuned["tiny_ll"]  # lm-eval's limit
 
 

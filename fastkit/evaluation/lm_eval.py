@@ -21,7 +21,7 @@ from typing import Any
 
 from fastkit.errors import FastkitError
 
-logger = logging.getLogger("fastkit")
+logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 1
 """lm-eval's own default: one request at a time (no padding, so a batch cannot change a score)."""
@@ -101,14 +101,11 @@ def _unknown(unknown: list[str], known: list[str], folder: Path | None) -> str:
 
 def run(model, tokenizer, tasks: Any, include_path: str | Path | None = None, *, limit: int | None = None,
         batch_size: int = BATCH_SIZE) -> dict[str, dict[str, float]]:
-    """lm-eval's ``tasks`` on ``model`` as it is (a PEFT model with its adapter on, or any transformers model; or a
-    run folder ``fastkit train`` wrote: its base with its adapter, ``tokenizer`` None for the run's) ->
-    ``{task: {metric: value}}``. ``include_path``: a folder of local task YAML files; ``limit``: rows per task
-    (lm-eval's ``limit``); the caller's train mode and random state are left as they were."""
+    """lm-eval's ``tasks`` on ``model`` as it is (a PEFT model with its adapter on, or any transformers model; a run
+    folder is loaded by ``fastkit eval --run``) -> ``{task: {metric: value}}``. ``include_path``: a folder of local
+    task YAML files; ``limit``: rows per task (lm-eval's ``limit``); the caller's train mode and random state are left
+    as they were."""
     manager = resolve(tasks, include_path)
-    if isinstance(model, (str, Path)):
-        model, own = load_run(model)
-        tokenizer = tokenizer or own
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
@@ -169,15 +166,5 @@ def _kept_rng():
         torch.random.set_rng_state(states[2])
 
 
-def load_run(folder: str | Path):
-    """``(model with its LoRA adapter, tokenizer)`` from a folder ``fastkit train`` wrote (its base model named in
-    ``fastkit_config.yaml``, its adapter in ``lora/``), for :func:`run` on a run folder."""
-    from fastkit.cli.eval import EvalFlags, EvalJob, _load, preflight
-
-    plan = preflight(EvalJob(run=str(folder), data="quickstart-heldout"), EvalFlags())  # the data is not used
-    model, tokenizer, _ = _load(plan)
-    return model, tokenizer
-
-
-__all__ = ["BATCH_SIZE", "check_include", "load_run", "metrics", "require", "resolve", "run", "side_by_side",
+__all__ = ["BATCH_SIZE", "check_include", "metrics", "require", "resolve", "run", "side_by_side",
            "task_names"]
