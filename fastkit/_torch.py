@@ -104,6 +104,11 @@ def compiled_call(module: torch.nn.Module) -> Callable | None:
     return getattr(module, COMPILED_CALL_ATTR, None)
 
 
+def eager_call(module: torch.nn.Module, *args, **kwargs):
+    """``module``'s call as ``__call__`` runs it when not compiled (hooks included), bypassing a compiled call."""
+    return module._call_impl(*args, **kwargs)
+
+
 def compile_call(module: torch.nn.Module, **options) -> Callable:
     """``torch.compile`` of ``module``'s call, what ``nn.Module.compile(**options)`` stores (not stored here)."""
     return torch.compile(module._call_impl, **options)

@@ -142,7 +142,7 @@ def _compile_below_checkpoint(layer, swap, options) -> None:
 
     def call(*args, **kwargs):
         if _checkpointed(layer) and layer.training and torch.is_grad_enabled():  # transformers' checkpoint test
-            return layer._call_impl(*args, **kwargs)  # eager checkpoint around the compiled forward
+            return _torch.eager_call(layer, *args, **kwargs)  # eager checkpoint around the compiled forward
         return whole_call(*args, **kwargs)
 
     swap.setattr(layer, _torch.COMPILED_CALL_ATTR, call)

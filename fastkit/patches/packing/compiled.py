@@ -139,7 +139,7 @@ packed_attention_op.register_autograd(_backward, setup_context=_setup_context)
 def host_cu(meta: PackedBatch) -> torch.Tensor:
     """The host layout tensor of ``meta`` (built with the batch; from ``cu_device`` once: one read per batch)."""
     if meta.cu_host is None:
-        meta.cu_host = cu_tensor(meta.lengths, padded=True)  # Note [padded layout]
+        meta.cu_host = cu_tensor(meta.lengths)
     return meta.cu_host
 
 

@@ -309,7 +309,9 @@ def _metadata(config, rows, row_len, lengths, cu, call) -> PackedBatch:
     if context is not None and max_seqlen > context:
         raise FastkitError(f"{field_name}: a packed document has {max_seqlen} tokens, above the model's context "
                            f"(max_position_embeddings={context}); lower max_length.")
-    cu_host = None if lengths is None else packed_compiled.cu_tensor(lengths, padded=True)  # compiled layers
+    # for compiled layers (regions: this forward is eager); traced itself (host-lengths families), unpadded: the
+    # padding reads a length as a Python int, a graph break
+    cu_host = None if lengths is None else packed_compiled.cu_tensor(lengths, padded=not torch.compiler.is_compiling())
     return PackedBatch(rows, row_len, lengths, max_seqlen, cu, cu_host=cu_host,
                        compiled_calls=torch.zeros((), dtype=torch.int64))
 
