@@ -65,7 +65,7 @@ def _hostile(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "run_and_adapter": (["--run", run, "--adapter", f"{run}/lora"], "and --adapter"),
         "nothing": (["--max-rows", "2"], "give --run RUN"),
         "model_alone": (["--model", SMOL, "--twin", "--data", "quickstart"], "not neither"),
-        "adapter_and_tuned": ([*ok, "--tuned", str(tmp / "empty")], "not both"),
+        "adapter_and_tuned": ([*ok, "--tuned", str(tmp / "empty")], "not --adapter and --tuned"),
         "no_data": (["--model", SMOL, "--twin", "--adapter", f"{run}/lora"], "--data: give the held-out rows"),
         "adapter_not_lora": ([*ok[:4], str(tmp / "empty"), *ok[5:]], "no adapter_config.json"),
         "tuned_not_a_model": (["--model", SMOL, "--twin", "--tuned", str(tmp / "empty"), "--data", "quickstart"],

@@ -85,6 +85,9 @@ class EvalJob:
     adapter: str | None = option(None, "a LoRA folder (OUTPUT/lora) put on --model", check=_text, text=True)
     tuned: str | None = option(None, "a merged model folder (OUTPUT/merged_16bit) compared with --model",
                                check=_text, text=True)
+    gguf_file: str | None = option(None, "a GGUF file (fastkit export --gguf) run in llama.cpp as the tuned model, "
+                                   "compared with --model or --run's base (needs llama-cpp-python)", check=_text,
+                                   text=True, flags=("--gguf",), argparse=dict(metavar="FILE"))
     data: Any = option(None, "held-out rows: a .json/.jsonl/.csv/.parquet file, a folder, a Hub dataset id or an "
                        "offline name (default with --run: the rows the run held out)", check=_data)
     twin: bool = option(False, "the tiny random twin of --model (offline tests)", check=_flag)
@@ -140,8 +143,8 @@ class EvalFlags:
         return EvalOptions(**{**values, "checks": check_names(self.checks), "lm_eval": task_names(self.lm_eval)})
 
 
-COMMON = ("run", "model", "adapter", "tuned", "data", "twin", "output_dir", "max_rows", "max_new_tokens", "checks",
-          "sampled", "seed", "examples", "forgetting", "forgetting_warn", "lm_eval", "lm_eval_include")
+COMMON = ("run", "model", "adapter", "tuned", "gguf_file", "data", "twin", "output_dir", "max_rows", "max_new_tokens",
+          "checks", "sampled", "seed", "examples", "forgetting", "forgetting_warn", "lm_eval", "lm_eval_include")
 EVAL = Command("eval", EvalFlags, None, {}, COMMON, title="evaluation (fastkit.EvalOptions)",
                help_all="every option", data_help=EvalJob.__dataclass_fields__["data"].metadata["help"], job=EvalJob,
                lora=None, required=(), job_title="what to compare", run_flags=False)
@@ -159,8 +162,8 @@ def add_parser(sub, argv: list[str] | None = None) -> argparse.ArgumentParser:
                        "perplexity, greedy and sampled answers checked (exact, contains, your checks), the answers "
                        "that changed most, and forgetting on general prompts. Every option is also a key of a "
                        "--config YAML file (flags override it); --print-config shows the resolved file.",
-                       usage="fastkit eval (--run RUN | --model BASE (--adapter LORA | --tuned MERGED) --data DATA) "
-                             "[options]")
+                       usage="fastkit eval (--run RUN [--gguf FILE] | --model BASE (--adapter LORA | --tuned MERGED | "
+                             "--gguf FILE) --data DATA) [options]")
     short = argv is not None and bool({"-h", "--help"} & set(argv)) and "--help-all" not in argv
     EVAL.add_arguments(p, trl=False, common_only=short)
     return p
@@ -174,12 +177,16 @@ class Plan:
     twin: bool
     adapter: Path | None
     tuned: str | None
+    gguf: Path | None
+    """A GGUF file run in llama.cpp as the tuned model (``--gguf``)."""
     rows: Any
     """The rows read (the run's whole data with ``split``; else the held-out rows)."""
     split: dict[str, Any] | None
     """The run's split: its data options (eval_split, seed, drop_long, ...); None for --data."""
     max_seq_length: int
     output_dir: Path
+    tokenizer_from: Path | None = None
+    """A folder whose tokenizer (the chat template trained with) replaces the base's: the adapter's, the run's."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -206,6 +213,13 @@ def preflight(job: EvalJob, flags: EvalFlags) -> Plan:
     plan = _from_run(job) if job.run else _from_models(job)
     if not plan.twin:  # a Hub id out of reach: refused in seconds, not after the loader's retries
         check_hub_answers(plan.model)
+    if plan.gguf is not None:
+        if flags.lm_eval:
+            raise FastkitError(f"--gguf {job.gguf_file} with --lm-eval: lm-evaluation-harness runs on a transformers "
+                               "model; run --lm-eval with --adapter / --tuned / --run, and --gguf without it.")
+        from fastkit.export.gguf.llamacpp import require
+
+        require("fastkit eval --gguf")
     if flags.lm_eval or flags.lm_eval_include:  # installed, every task name known, the folder there
         from fastkit.evaluation.lm_eval import resolve
 
@@ -217,15 +231,19 @@ def _check_form(job: EvalJob) -> None:
     if job.run and (job.model or job.adapter or job.tuned):
         given = ", ".join(f"--{n}" for n in ("model", "adapter", "tuned") if getattr(job, n))
         raise FastkitError(f"--run {job.run} and {given}: a run folder names its base model and adapter; give "
-                           "--run alone (with --data to score other rows), or --model with --adapter or --tuned.")
+                           "--run alone (with --data to score other rows, --gguf to score its GGUF), or --model "
+                           "with --adapter, --tuned or --gguf.")
     if job.run:
         return
     if not job.model:
-        raise FastkitError("give --run RUN (a folder fastkit train wrote), or --model BASE with --adapter LORA or "
-                           "--tuned MERGED, and --data.")
-    if bool(job.adapter) == bool(job.tuned):
-        raise FastkitError(f"--model {job.model}: give one of --adapter LORA (a LoRA folder on it) or --tuned MERGED "
-                           "(a merged model), not " + ("both." if job.adapter else "neither."))
+        raise FastkitError("give --run RUN (a folder fastkit train wrote), or --model BASE with --adapter LORA, "
+                           "--tuned MERGED or --gguf FILE, and --data.")
+    tuned = [flag for flag, given in (("--adapter", job.adapter), ("--tuned", job.tuned), ("--gguf", job.gguf_file))
+             if given]
+    if len(tuned) != 1:
+        raise FastkitError(f"--model {job.model}: give one of --adapter LORA (a LoRA folder on it), --tuned MERGED "
+                           "(a merged model) or --gguf FILE (its GGUF in llama.cpp), not "
+                           + (" and ".join(tuned) + "." if tuned else "neither."))
     if job.data is None:
         raise FastkitError("--data: give the held-out rows to score (a file, a folder, a Hub dataset id or an "
                            "offline name); only --run knows its own held-out rows.")
@@ -234,9 +252,10 @@ def _check_form(job: EvalJob) -> None:
 def _from_run(job: EvalJob) -> Plan:
     folder = Path(job.run).expanduser()
     config = _run_config(folder, job.run)
-    adapter = _adapter(folder / "lora", f"--run {job.run}")
+    gguf = _gguf(job.gguf_file)
+    adapter = None if gguf else _adapter(folder / "lora", f"--run {job.run}")
     seq = job.max_seq_length or config.get("max_seq_length") or 2048
-    out = _output_dir(job.output_dir, folder / "eval")
+    out = _output_dir(job.output_dir, gguf.parent / "eval" if gguf else folder / "eval")
     if job.data is not None:
         rows, split = _read(job.data), None
     else:
@@ -244,7 +263,14 @@ def _from_run(job: EvalJob) -> Plan:
         from fastkit.cli.config import beside_file
 
         rows = _read(beside_file(config["data"], folder), split["seed"], split["drop_invalid"], split["data_mix"])
-    return Plan(config["model"], bool(config.get("twin")) or job.twin, adapter, None, rows, split, seq, out)
+    return Plan(config["model"], bool(config.get("twin")) or job.twin, adapter, None, gguf, rows, split, seq, out,
+                folder / "lora")
+
+
+def _gguf(path: str | None) -> Path | None:
+    from fastkit.evaluation.gguf import check_file
+
+    return check_file(path) if path else None
 
 
 def _run_config(folder: Path, label: str) -> dict[str, Any]:
@@ -293,11 +319,13 @@ def _adapter(path: Path, where: str) -> Path:
 
 def _from_models(job: EvalJob) -> Plan:
     adapter = _adapter(Path(job.adapter).expanduser(), f"--adapter {job.adapter}") if job.adapter else None
+    gguf = _gguf(job.gguf_file)
     if job.tuned and not (Path(job.tuned).expanduser() / "config.json").is_file():
         raise FastkitError(f"--tuned {job.tuned}: no config.json there; give a merged model folder (fastkit export "
                            "--merged writes OUTPUT/merged_16bit), or a LoRA folder as --adapter.")
-    out = _output_dir(job.output_dir, (adapter or Path(job.tuned).expanduser()).parent / "eval")
-    return Plan(job.model, job.twin, adapter, job.tuned, _read(job.data), None, job.max_seq_length or 2048, out)
+    out = _output_dir(job.output_dir, (adapter or gguf or Path(job.tuned).expanduser()).parent / "eval")
+    return Plan(job.model, job.twin, adapter, job.tuned, gguf, _read(job.data), None, job.max_seq_length or 2048, out,
+                adapter)
 
 
 def _read(data, seed: int = 3407, drop_invalid: bool = False, mix: str = "concat"):
@@ -341,27 +369,36 @@ def heldout(rows, tokenizer, split: dict[str, Any] | None, max_seq_length: int):
 def _evaluate(plan: Plan, options):
     from fastkit import evaluate
 
-    model, tokenizer, base = _load(plan)
-    rows = heldout(plan.rows, tokenizer, plan.split, plan.max_seq_length)
-    logger.info("fastkit eval: %d held-out rows%s", len(rows), " (the run's eval split)" if plan.split else "")
-    return evaluate(model, tokenizer, rows, base=base, options=options, output_dir=str(plan.output_dir))
+    model, tokenizer, base = _load(plan, options)
+    try:
+        rows = heldout(plan.rows, tokenizer, plan.split, plan.max_seq_length)
+        logger.info("fastkit eval: %d held-out rows%s", len(rows), " (the run's eval split)" if plan.split else "")
+        return evaluate(model, tokenizer, rows, base=base, options=options, output_dir=str(plan.output_dir))
+    finally:
+        if plan.gguf is not None:
+            model.close()
 
 
-def _load(plan: Plan):
+def _load(plan: Plan, options):
     """``(tuned model, its tokenizer, base model or None)``: a LoRA on its base (the base is the adapter disabled),
-    or two models."""
+    or two models (a merged folder, or a GGUF in llama.cpp)."""
     from fastkit import FastModel
 
     base, tokenizer = FastModel.from_pretrained(plan.model, max_seq_length=plan.max_seq_length, twin=plan.twin)
+    if plan.tokenizer_from is not None and (plan.tokenizer_from / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer  # the chat template the adapter was trained with
+
+        tokenizer = AutoTokenizer.from_pretrained(str(plan.tokenizer_from))
+    if plan.gguf is not None:
+        from fastkit.evaluation.gguf import context_for, load_gguf
+
+        n_ctx = context_for(tokenizer, plan.max_seq_length, options)
+        return load_gguf(plan.gguf, base, tokenizer, n_ctx), tokenizer, base
     if plan.adapter is None:
         tuned, tokenizer = FastModel.from_pretrained(plan.tuned, max_seq_length=plan.max_seq_length)
         return tuned, tokenizer, base
     from fastkit.export import load_lora
 
-    if (plan.adapter / "tokenizer_config.json").is_file():  # the chat template the adapter was trained with
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(plan.adapter))
     return load_lora(base, plan.adapter, is_trainable=False), tokenizer, None
 
 

@@ -121,6 +121,9 @@ def evaluate(model: torch.nn.Module, tokenizer, data, *, base: torch.nn.Module |
     ``output_dir``: where to save the report (:meth:`EvalReport.save`)."""
     options = _options(options, kwargs)
     _check_models(model, base)
+    if options.lm_eval and not isinstance(model, torch.nn.Module):
+        raise FastkitError(f"evaluate: lm_eval runs on a transformers model, not on {type(model).__name__} (a GGUF "
+                           "in llama.cpp); run it on the merged model or the LoRA, and the GGUF without lm_eval.")
     checks = list(BUILT_IN) + parse_checks(options.checks, "checks")
     if options.lm_eval:  # installed, the names known, the folder there: before any model runs
         from fastkit.evaluation import lm_eval as lm
