@@ -139,6 +139,7 @@ def test_fastkit_eval_run_with_its_gguf(run_with_gguf, capsys):
     results = json.loads((report / "results.json").read_text())
     assert results["rows"] == 2 and set(results["metrics"]["loss"]) == {"base", "tuned"}
     assert (report / "report.md").is_file() and f"Report: {report}/report.md" in out
+    assert results["tuned"] == f"{gguf.name} in llama.cpp" and f"(tuned: {gguf.name} in llama.cpp)" in out
 
 
 def _main(argv: list[str]) -> int:

@@ -405,7 +405,7 @@ def _load(plan: Plan, options):
 def _print(report, folder: Path) -> None:
     from fastkit.evaluation.report import forgetting_line
 
-    print(f"Before / after on {report.rows} held-out rows" + (" (interrupted)" if report.interrupted else ""))
+    print(report.title())
     print(report.table())
     if report.forgetting is not None:
         print(forgetting_line(report.forgetting))

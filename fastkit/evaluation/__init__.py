@@ -143,6 +143,7 @@ def evaluate(model: torch.nn.Module, tokenizer, data, *, base: torch.nn.Module |
             m.train(was_training)
     report = _report(rows[:len(results)], results, checks, tokenizer, options, forgetting, interrupted)
     report.benchmarks = benchmarks
+    report.tuned = getattr(model, "label", "")
     if output_dir is not None:
         report.save(output_dir)
         logger.info("fastkit eval: report in %s", output_dir)

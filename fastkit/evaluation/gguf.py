@@ -78,6 +78,11 @@ class LlamaCppModel:
             raise FastkitError(f"--gguf {self.path}: its vocabulary is not the base model's tokenizer ({why}); give "
                                "the GGUF exported from this base model (or its run).")
 
+    @property
+    def label(self) -> str:
+        """What the report calls the tuned model."""
+        return f"{self.path.name} in llama.cpp"
+
     def eval(self) -> LlamaCppModel:
         return self
 

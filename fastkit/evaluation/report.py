@@ -60,6 +60,13 @@ class EvalReport:
     """The options it ran with."""
     benchmarks: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     """lm-evaluation-harness tasks (``lm_eval`` option): task -> metric -> (base, tuned), lm-eval's own numbers."""
+    tuned: str = ""
+    """What the tuned model was when it is not a transformers model (``"<file>.gguf in llama.cpp"``), else empty."""
+
+    def title(self) -> str:
+        """``Before / after: N held-out rows`` (and what the tuned model was, and whether it was interrupted)."""
+        return (f"Before / after: {self.rows} held-out rows" + (f" (tuned: {self.tuned})" if self.tuned else "")
+                + (" (interrupted)" if self.interrupted else ""))
 
     def ahead(self, metric: str) -> bool:
         """The tuned model is strictly better than the base on ``metric``."""
@@ -83,8 +90,7 @@ class EvalReport:
 
     def summary(self) -> str:
         """The report as markdown: the table, forgetting, the answers that changed most."""
-        head = f"# Before / after: {self.rows} held-out rows" + (" (interrupted)" if self.interrupted else "")
-        parts = [head, self.table()]
+        parts = [f"# {self.title()}", self.table()]
         if self.forgetting is not None:
             parts.append(forgetting_line(self.forgetting))
         if self.benchmarks:
@@ -100,6 +106,8 @@ class EvalReport:
                "examples": [asdict(e) for e in self.examples]}
         if self.forgetting is not None:
             out["forgetting"] = {**asdict(self.forgetting), "warned": self.forgetting.warned}
+        if self.tuned:
+            out["tuned"] = self.tuned
         if self.benchmarks:
             out["lm_eval"] = {task: {m: {"base": b, "tuned": t} for m, (b, t) in values.items()}
                               for task, values in self.benchmarks.items()}
@@ -118,7 +126,7 @@ class EvalReport:
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{_fmt(k, b)}</td><td>{_fmt(k, t)}</td>"
                        f"<td>{_change(k, b, t)}</td></tr>" for k, (b, t) in self.metrics.items())
         extra = f"<p>{html.escape(forgetting_line(self.forgetting))}</p>" if self.forgetting else ""
-        return (f"<p><b>Before / after: {self.rows} held-out rows</b></p><table><tr><th>metric</th><th>base</th>"
+        return (f"<p><b>{html.escape(self.title())}</b></p><table><tr><th>metric</th><th>base</th>"
                 f"<th>tuned</th><th>change</th></tr>{rows}</table>{extra}")
 
 
