@@ -354,10 +354,15 @@ def test_report_type():
 # ---- after a run: fit(compare=True) -------------------------------------------------------------------------------
 
 def _trainer(lora, tmp_path, **kwargs):
+    """make_trainer on a LoRA twin of its own: a run trains its adapter, and the module's shared ``lora`` model must
+    stay untouched for the tests above, whatever the order (FASTKIT_TEST_ORDER=reverse ran a fit first)."""
     from fastkit.quickstart.data import quickstart_dataset
     from fastkit.training import make_trainer
 
-    model, tok = lora
+    _, tok = lora
+    torch.manual_seed(0)
+    model, _ = FastModel.from_pretrained(SMOL, max_seq_length=128, twin=True)
+    model = FastModel.get_peft_model(model, r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"])
     train, _ = quickstart_dataset()
     return make_trainer(model, tok, train, max_steps=1, max_seq_length=128, output_dir=str(tmp_path / "run"),
                         **kwargs)
