@@ -346,6 +346,47 @@ def check_peft_param_wrappers():
     assert list(_hf.peft_param_wrappers(twin("qwen3_moe"))) == []
 
 
+def check_peft_wrapper_chain():
+    model = _peft_moe()
+    experts = _experts(model.get_base_model())
+    outer = [w for _, w in _hf.peft_param_wrappers(model) if w.parameter_name == "down_proj"]
+    chain, module = _hf.peft_wrapper_chain(outer[0])
+    assert [w.parameter_name for w in chain] == ["down_proj", "gate_up_proj"] and module is experts[0]
+    assert _hf.peft_wrapper_chain(experts[0]) == ([], experts[0])
+
+
+def check_peft_runs_plain():
+    model = _peft_moe()
+    wrapper = next(w for _, w in _hf.peft_param_wrappers(model))
+    assert _hf.peft_runs_plain(wrapper)
+    with model.disable_adapter():
+        assert not _hf.peft_runs_plain(wrapper)
+    wrapper.merge()
+    assert not _hf.peft_runs_plain(wrapper)
+
+
+def check_peft_param_update():
+    from peft import LoraConfig
+
+    model = _peft_moe(r=4, alpha=8)
+    for _, wrapper in _hf.peft_param_wrappers(model):
+        torch.nn.init.normal_(wrapper.lora_B["default"].weight)
+        w = getattr(wrapper.get_base_layer(), wrapper.parameter_name)  # (E, ·, ·)
+        kind, (lhs, rhs, scaling) = _hf.peft_param_update(wrapper, w)  # one adapter: folded factors
+        assert kind == "factors" and scaling == 2.0
+        torch.testing.assert_close(scaling * lhs @ rhs, wrapper.get_delta_weight("default"))
+    model.add_adapter("second", LoraConfig(r=2, target_modules=["q_proj"],
+                                           target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]))
+    model.base_model.set_adapter(["default", "second"])  # two adapters: PEFT sums the deltas
+    wrapper = next(w for _, w in _hf.peft_param_wrappers(model) if "second" in w.lora_A)
+    w = getattr(wrapper.get_base_layer(), wrapper.parameter_name)
+    kind, updated = _hf.peft_param_update(wrapper, w)
+    assert kind == "weight"
+    torch.testing.assert_close(updated, w + wrapper.get_delta_weight("default") + wrapper.get_delta_weight("second"))
+    wrapper.set_adapter([])
+    assert _hf.peft_param_update(wrapper, w) is None  # no active adapter
+
+
 def check_peft_expert_factors():
     model = _peft_moe(r=4)
     for _, wrapper in _hf.peft_param_wrappers(model):

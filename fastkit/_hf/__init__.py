@@ -63,8 +63,11 @@ from fastkit._hf.lora import (
     peft_expert_factors,
     peft_lora_factors,
     peft_lora_layers,
+    peft_param_update,
     peft_param_wrappers,
+    peft_runs_plain,
     peft_target_matches,
+    peft_wrapper_chain,
 )
 from fastkit._hf.models import (
     AttentionView,
@@ -159,7 +162,8 @@ __all__ = [
     "grouped_mm_disabled", "has_causal_lm_head", "is_decorated_experts", "is_expert_parallel", "is_stateful_model",
     "on_param_loaded", "processor_class",
     "peft_delta",
-    "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_wrappers", "peft_target_matches",
+    "peft_expert_factors", "peft_lora_factors", "peft_lora_layers", "peft_param_update", "peft_param_wrappers",
+    "peft_runs_plain", "peft_target_matches", "peft_wrapper_chain",
     "prepare_inputs",
     "register_attention", "register_experts_function", "set_attn_implementation", "set_checkpoint_function",
     "set_experts_implementation", "set_sft_token_total", "sft_metrics", "sft_token_total", "sft_tp_size",

@@ -52,6 +52,53 @@ def peft_param_wrappers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.
     return ((n, m) for n, m in model.named_modules() if isinstance(m, ParamWrapper))
 
 
+def peft_wrapper_chain(module: torch.nn.Module) -> tuple[list[torch.nn.Module], torch.nn.Module]:
+    """The PEFT ``ParamWrapper`` s nested from ``module`` inward (PEFT puts one per adapted parameter of the same
+    module, each around the last: ``experts`` -> ``down_proj``'s wrapper around ``gate_up_proj``'s) and the module
+    they adapt; ``([], module)`` when ``module`` is not a ``ParamWrapper``. checked: peft 0.21.2.
+    Can go when ``ParamWrapper`` is exported from PEFT's top level (``peft.tuners`` is deep).
+    """
+    from peft.tuners.lora.layer import ParamWrapper
+
+    chain = []
+    while isinstance(module, ParamWrapper):
+        chain.append(module)
+        module = module.base_layer
+    return chain, module
+
+
+def peft_runs_plain(wrapper: torch.nn.Module) -> bool:
+    """Whether ``wrapper``'s forward is its module's forward with the parameter updated by its active adapters
+    (what :func:`peft_param_update` computes): not merged, adapters not disabled (``disable_adapter()``).
+    checked: peft 0.21.2.
+    Can go when PEFT's ``ParamWrapper`` forward runs without ``register_parametrization`` (a graph break per call).
+    """
+    return not wrapper.merged and not wrapper.disable_adapters
+
+
+def peft_param_update(wrapper: torch.nn.Module, weight: torch.Tensor) -> tuple[str, Any] | None:
+    """What PEFT's ``ParamWrapper`` forward parametrizes its parameter (stored tensor ``weight``) with, as
+    ``_activate_lora`` chooses, without registering a parametrization: None when no active adapter is on
+    ``wrapper``; ``("factors", (lhs, rhs, scaling))`` where PEFT folds ONE adapter's factors in with
+    ``baddbmm(W, lhs, rhs, alpha=scaling)`` (``_LoraFactorsProxy``: several experts, a dtype PEFT does not upcast);
+    else ``("weight", W')``, ``W + Σ ΔW`` as ``_LoraParameterProxy`` computes it (fp8 dtypes added upcast).
+    checked: peft 0.21.2.
+    Can go when PEFT's ``ParamWrapper`` forward runs without ``register_parametrization`` (a graph break per call).
+    """
+    from peft.tuners.lora.layer import UPCAST_DTYPES, _LoraParameterProxy
+
+    adapters = [a for a in wrapper.active_adapters if a in wrapper.lora_A]
+    if not adapters:
+        return None
+    upcast = any(getattr(torch, name, None) == weight.dtype for name in UPCAST_DTYPES)
+    if len(adapters) == 1 and wrapper.num_experts > 1 and not upcast:
+        return "factors", wrapper.get_delta_factors(adapters[0])
+    delta = wrapper.get_delta_weight(adapters[0])
+    for adapter in adapters[1:]:
+        delta = delta + wrapper.get_delta_weight(adapter)
+    return "weight", _LoraParameterProxy._low_prec_add(weight, delta) if upcast else weight + delta
+
+
 def peft_expert_factors(wrapper: torch.nn.Module, adapter: str = "default"
                         ) -> tuple[str, int, torch.Tensor, torch.Tensor] | None:
     """``(parameter_name, num_experts, A (r·E, in), B (out, r·E))`` of ``adapter`` on a ``ParamWrapper``,

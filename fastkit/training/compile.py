@@ -67,6 +67,7 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
     Idempotent (a module compiled already is left as it is) and revertible (``fastkit.revert(model)``)."""
     from fastkit import _torch  # here, not at import: --print-config reads CHOICES without torch
     from fastkit.patches.layout import decoder_layers
+    from fastkit.patches.moe import peft_wrapper
     from fastkit.patching import change, unwrap
 
     if how not in CHOICES:
@@ -78,6 +79,7 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
         raise FastkitError("compile='regions' compiles each decoder layer, and this model has no decoder layers "
                            "fastkit knows: use compile='model'.")
     options = {"backend": backend, "mode": mode} if mode else {"backend": backend}
+    peft_wrapper.install(model)  # a model wrapped with PEFT directly: its parameter LoRA without a graph break
 
     def compiled(swap) -> int:
         for module in targets:

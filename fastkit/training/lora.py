@@ -17,6 +17,7 @@ import torch
 from fastkit import _hf, checks, registry
 from fastkit.errors import FastkitError
 from fastkit.patches.host.patch import HostWeights, enable_host_weights
+from fastkit.patches.moe import peft_wrapper
 from fastkit.patches.moe.lora import add_expert_lora, peft_adapts_experts
 from fastkit.patches.moe.nf4 import has_4bit_experts
 from fastkit.patches.offload.checkpointing import enable_checkpointing
@@ -92,6 +93,7 @@ def get_peft_model(
                       **lora_kwargs)
     peft_model = peft_wrap(model, lora)
     object.__setattr__(peft_model.peft_config[peft_model.active_adapter], ASKED_TARGETS, target_modules)
+    peft_wrapper.install(peft_model)  # parameter LoRA (MoE experts) without PEFT's per-call parametrization
     # 4-bit experts (patches/moe/nf4.py) have no parameter for PEFT's target_parameters: "all-linear"
     # then adapts them with fastkit's per-group factors instead, as PEFT would have on 16-bit experts.
     four_bit = target_modules == "all-linear" and has_4bit_experts(peft_model)

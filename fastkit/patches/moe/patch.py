@@ -72,6 +72,7 @@ EXPERTS_KEY = "fastkit"
 
 _STATE_ATTR = "_fastkit_moe"  # per experts-module instance: its _LayerState (set through the Swapper)
 LORA_ATTR = "fastkit_lora"
+PEFT_FACTORS_ATTR = "_fastkit_peft_factors"  # {name: (W, lhs, rhs, scaling)} for one call: peft_wrapper.py
 """Per experts-module child holding fastkit's :class:`fastkit.patches.moe.lora.ExpertLoRA`, when attached."""
 _DEBUG_ENV = "FASTKIT_MOE_DEBUG"
 
@@ -147,7 +148,8 @@ def _peft_factors(module: torch.nn.Module, name: str):
     ``lhs@rhs`` (in the parameter's own layout) is applied per expert group instead. Anything else
     (several adapters, fp8 upcasts) is read through the parametrization, i.e. PEFT's own semantics.
     """
-    found = _hf.peft_lora_factors(module, name)
+    given = getattr(module, PEFT_FACTORS_ATTR, None)  # peft_wrapper.py's call: every wrapper's factors
+    found = given.get(name) if given is not None else _hf.peft_lora_factors(module, name)
     if found is None:
         return None
     original, lhs, rhs, scaling = found  # param layout: delta = lhs @ rhs
@@ -159,6 +161,13 @@ def _peft_factors(module: torch.nn.Module, name: str):
     # last two dims, which grouped_mm needs. The copy is E·r·out elements, a factor r/in of the weight.
     first, second = (f if 1 in f.stride()[-2:] else f.contiguous() for f in (first, second))
     return original, (first, second, scaling, torch.nn.Identity())
+
+
+def runs_fastkit_experts(module: torch.nn.Module) -> bool:
+    """Whether :func:`fastkit_experts_forward` runs ``module`` now (its patch applied, not reverted), and so reads
+    ``PEFT_FACTORS_ATTR``. The looped families' forwards read their weights as attributes: not these."""
+    return (getattr(module, _STATE_ATTR, None) is not None and is_decorated_experts(module)
+            and _hf.experts_implementation(module.config) == EXPERTS_KEY)
 
 
 def _raw(module: torch.nn.Module, name: str) -> torch.Tensor:
