@@ -346,6 +346,25 @@ def check_peft_param_wrappers():
     assert list(_hf.peft_param_wrappers(twin("qwen3_moe"))) == []
 
 
+def check_output_capture_for_compiled_region():
+    from transformers.utils import output_capturing
+
+    var = output_capturing._active_collector
+    token = var.set({"router_logits": []})  # what a model's forward sets when the aux loss asks for router logits
+    try:
+        with _hf.output_capture_for_compiled_region():
+            assert var.compiling and var.get() == {"router_logits": []}  # readable without the ContextVar
+        assert not var.compiling and var.global_var is None  # put back
+    finally:
+        var.reset(token)
+    token = var.set({})  # a collector asking for nothing reads as None (one graph for forward and recompute)
+    try:
+        with _hf.output_capture_for_compiled_region():
+            assert var.get() is None
+    finally:
+        var.reset(token)
+
+
 def check_peft_wrapper_chain():
     model = _peft_moe()
     experts = _experts(model.get_base_model())

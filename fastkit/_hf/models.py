@@ -244,3 +244,30 @@ def set_checkpoint_function(layer: torch.nn.Module, fn: Callable, swap: Swapper)
     Can go when transformers lets a caller set the checkpoint function per layer publicly.
     """
     swap.setattr(layer, _CHECKPOINT_FUNC, fn)
+
+
+@contextlib.contextmanager
+def output_capture_for_compiled_region() -> Iterator[None]:
+    """transformers' output-capturing hooks (router logits, attentions, hidden states: on the attention and router
+    modules) read ``output_capturing._active_collector``, a ``CompileableContextVar``: a ContextVar dynamo cannot
+    trace, unless the collector was set while compiling (a whole-model compile sets it in the model's forward). A
+    region compiled alone (a decoder layer) is called from an eager forward that set the ContextVar: every hooked call
+    inside it broke the graph (32 graphs in 4 steps of a qwen3_moe twin). For the duration of such a call, the
+    collector the eager caller set is published as the variable's compile-time global, as transformers does under a
+    whole-model compile, and put back after; a no-op where transformers has no such variable.
+    checked: transformers 5.25.
+    Can go when transformers' output capture reads no ContextVar inside a compiled region.
+    """
+    from transformers.utils import output_capturing
+
+    var = getattr(output_capturing, "_active_collector", None)
+    if var is None or not hasattr(var, "context_var") or var.compiling:
+        yield
+        return
+    saved = var.global_var, var.compiling
+    # An empty collector asks for nothing, as None does: one value, one graph (the recompute in backward sees None)
+    var.global_var, var.compiling = var.context_var.get() or None, True
+    try:
+        yield
+    finally:
+        var.global_var, var.compiling = saved

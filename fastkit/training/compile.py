@@ -87,6 +87,8 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
                 continue
             if how == "regions" and _checkpointed(module):
                 _compile_below_checkpoint(module, swap, options)
+            elif how == "regions":  # a layer compiled alone, called from the eager model's forward
+                swap.setattr(module, _torch.COMPILED_CALL_ATTR, _region_call(_torch.compile_call(module, **options)))
             else:  # what nn.Module.compile sets; __call__ runs it
                 swap.setattr(module, _torch.COMPILED_CALL_ATTR, _torch.compile_call(module, **options))
         swap.setattr(unwrap(model), _torch.COMPILE_NOTE_ATTR, _describe(how, targets))  # the run's summary reads it
@@ -96,6 +98,18 @@ def compile_model(model, how: str, backend: str = DEFAULT_BACKEND, mode: str | N
     logger.info("fastkit: torch.compile (%s, backend %s%s) on %d module(s)", how, backend,
                 f", mode {mode}" if mode else "", count)
     return count
+
+
+def _region_call(compiled):
+    """A compiled region's call with transformers' output capture readable inside it
+    (:func:`fastkit._hf.output_capture_for_compiled_region`)."""
+    from fastkit import _hf
+
+    def call(*args, **kwargs):
+        with _hf.output_capture_for_compiled_region():
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 def _describe(how: str, targets: list) -> str:
@@ -139,13 +153,16 @@ def _compile_below_checkpoint(layer, swap, options) -> None:
     from fastkit import _hf, _torch
 
     checkpoint = _hf.checkpoint_function(layer)
-    _hf.set_checkpoint_function(layer, CompiledBelowCheckpoint(checkpoint, torch.compile(_apply, **options)), swap)
+    # the forward and the recompute both run the compiled region with output capture readable inside it
+    below = _region_call(torch.compile(_apply, **options))
+    _hf.set_checkpoint_function(layer, CompiledBelowCheckpoint(checkpoint, below), swap)
     whole_call = _torch.compile_call(layer, **options)
 
     def call(*args, **kwargs):
         if _checkpointed(layer) and layer.training and torch.is_grad_enabled():  # transformers' checkpoint test
             return _torch.eager_call(layer, *args, **kwargs)  # eager checkpoint around the compiled forward
-        return whole_call(*args, **kwargs)
+        with _hf.output_capture_for_compiled_region():
+            return whole_call(*args, **kwargs)
 
     swap.setattr(layer, _torch.COMPILED_CALL_ATTR, call)
 

@@ -68,6 +68,8 @@ _BOUNDS: dict[tuple, torch.Tensor] = {}  # (E, device, dtype) -> arange(1, E + 1
 
 
 def _bounds(num_experts: int, like: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():  # one op in the graph; filling the cache there would be a guard (a recompile)
+        return torch.arange(1, num_experts + 1, device=like.device, dtype=like.dtype)  # (E,)
     key = (num_experts, like.device, like.dtype)
     b = _BOUNDS.get(key)
     if b is None:
