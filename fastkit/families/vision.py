@@ -11,6 +11,7 @@ PIL image processor on images of a few dozen pixels. Nothing here downloads anyt
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -81,7 +82,10 @@ def vision_twin_config(model_type: str, num_hidden_layers: int = 2, **text_overr
     from transformers import CONFIG_MAPPING
 
     facts = vision_facts(model_type)
-    text = dict(facts.twin_text, num_hidden_layers=num_hidden_layers, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    # deep: the row's nested dicts (rope_parameters) must not become the model's, or a change to one twin's config
+    # would change every twin built after it (found by a random-order run: tests/test_vision_gguf.py)
+    text = dict(copy.deepcopy(dict(facts.twin_text)), num_hidden_layers=num_hidden_layers, bos_token_id=1,
+                eos_token_id=2, pad_token_id=0)
     text.update(text_overrides)
     vision_defaults = CONFIG_MAPPING[model_type]().vision_config.to_dict()
     return CONFIG_MAPPING[model_type](text_config=text, vision_config={**vision_defaults, **facts.twin_vision},
