@@ -53,3 +53,16 @@ def test_hub_twin_table():
     assert twin_family("phi3") == ("phi3", {})  # any row is a twin: sizes from the row, else shrunk defaults
     with pytest.raises(ValueError, match="No twin"):
         twin_family("nobody/nothing")
+
+
+def test_changing_one_twins_config_leaves_the_next_twin_as_the_row_says():
+    """The row's nested values (a dict, a list) are copied into each twin's config, never shared: a random-order run
+    found a test's ``rope_parameters`` change reaching every vision twin built after it."""
+    from fastkit.families.vision import vision_twin_config
+
+    first = twin_config("deepseek_v3")
+    first.rope_parameters["rope_theta"] = -1.0
+    assert twin_config("deepseek_v3").rope_parameters["rope_theta"] != -1.0
+    first = vision_twin_config("qwen2_5_vl")
+    first.text_config.rope_parameters["mrope_interleaved"] = "changed"
+    assert vision_twin_config("qwen2_5_vl").text_config.rope_parameters.get("mrope_interleaved") != "changed"

@@ -11,6 +11,7 @@ downloads anything.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -160,7 +161,9 @@ def twin_config(model_type: str, num_hidden_layers: int = 2, **overrides: Any) -
     facts = registry.facts_for(model_type)
     if facts is None or not facts.twin:
         return tiny_config(model_type, num_hidden_layers, **overrides)
-    kwargs = dict(facts.twin, num_hidden_layers=num_hidden_layers,
+    # deep: the row's nested values (rope_parameters, layer_types) must not become the model's, or a change to one
+    # twin's config would change every twin built after it (as in families/vision.py)
+    kwargs = dict(copy.deepcopy(dict(facts.twin)), num_hidden_layers=num_hidden_layers,
                   vocab_size=TWIN_VOCAB_SIZE, max_position_embeddings=32768,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     kwargs.update(overrides)

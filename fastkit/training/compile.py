@@ -156,13 +156,12 @@ def _compile_below_checkpoint(layer, swap, options) -> None:
     # the forward and the recompute both run the compiled region with output capture readable inside it
     below = _region_call(torch.compile(_apply, **options))
     _hf.set_checkpoint_function(layer, CompiledBelowCheckpoint(checkpoint, below), swap)
-    whole_call = _torch.compile_call(layer, **options)
+    whole_call = _region_call(_torch.compile_call(layer, **options))
 
     def call(*args, **kwargs):
         if _checkpointed(layer) and layer.training and torch.is_grad_enabled():  # transformers' checkpoint test
             return _torch.eager_call(layer, *args, **kwargs)  # eager checkpoint around the compiled forward
-        with _hf.output_capture_for_compiled_region():
-            return whole_call(*args, **kwargs)
+        return whole_call(*args, **kwargs)
 
     swap.setattr(layer, _torch.COMPILED_CALL_ATTR, call)
 

@@ -72,8 +72,8 @@ EXPERTS_KEY = "fastkit"
 
 _STATE_ATTR = "_fastkit_moe"  # per experts-module instance: its _LayerState (set through the Swapper)
 LORA_ATTR = "fastkit_lora"
-PEFT_FACTORS_ATTR = "_fastkit_peft_factors"  # {name: (W, lhs, rhs, scaling)} for one call: peft_wrapper.py
 """Per experts-module child holding fastkit's :class:`fastkit.patches.moe.lora.ExpertLoRA`, when attached."""
+PEFT_FACTORS_ATTR = "_fastkit_peft_factors"  # {name: (W, lhs, rhs, scaling)} for one call: peft_wrapper.py
 _DEBUG_ENV = "FASTKIT_MOE_DEBUG"
 
 _MODES = ("auto", "grouped", "batched", "loop")
