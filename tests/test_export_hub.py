@@ -84,7 +84,7 @@ def test_nothing_is_uploaded_when_a_save_fails_its_check(trained, hub, tmp_path,
 
     from fastkit.export.gguf.writer import QUANTS
 
-    monkeypatch.setitem(QUANTS, "q8_0", replace(QUANTS["q8_0"], tolerance=0.0))  # the read-back cannot match: refused
+    monkeypatch.setitem(QUANTS, "q8_0", replace(QUANTS["q8_0"], weight_tolerance=0.0))  # no tensor can match: refused
     with pytest.raises(FastkitError, match="does not match the model in memory"):
         export(model, tok, tmp_path / "out", lora=True, gguf=["q8_0"], push_to_hub="tester/my-model")
     assert (tmp_path / "out" / "lora" / "adapter_model.safetensors").is_file()  # saved, verified, kept locally

@@ -528,6 +528,56 @@ def test_moe_read_back_checks_weights_not_routed_logits(tmp_path, monkeypatch):
     assert not (tmp_path / "bad").exists()
 
 
+def _sharp_attention_twin():
+    """A llama twin with its attention made hot: q/k x80 (scores x6,400: a saturated softmax with near-ties between
+    keys) and v/o x10. Every f16 tensor is within 2^-11 of the model's, yet the rounding moves its logits by ~0.14 of
+    their scale: what a model diverged by a loss spike looks like (a fixed 1% logit bound once refused the
+    quickstart's f16 file in CI, at 0.0116)."""
+    model = twin("llama")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(k in name for k in ("q_proj", "k_proj")):
+                p.mul_(80)
+            elif any(k in name for k in ("v_proj", "o_proj")):
+                p.mul_(10)
+    return model, twin_bpe_tokenizer(PRE["llama"])
+
+
+def test_read_back_bounds_follow_the_file_not_the_models_conditioning(tmp_path, caplog):
+    """save_gguf's check: each tensor within its quantization's rounding, and the file's model on the exact weights
+    within fp32 noise. The sharp twin's f16 file saves although its rounding moves the logits by more than 1% of their
+    scale (the old bound: red before this check); the log says by how much."""
+    import logging
+    import re
+
+    from fastkit.export import save_gguf as save_verified
+    from fastkit.export.gguf.writer import QUANTS
+
+    model, tok = _sharp_attention_twin()
+    with caplog.at_level(logging.INFO, logger="fastkit"):
+        assert os.path.exists(save_verified(model, tok, tmp_path, quantization="f16"))
+    line = next(r.getMessage() for r in caplog.records if "save_gguf verified" in r.getMessage())
+    tensors, exact, moved = map(float, re.search(r"within (\S+) of its scale .* within (\S+) of the logit scale; "
+                                                  r"f16 moves the logits by (\S+) ", line).groups())
+    assert tensors <= 2.0 ** -11 and exact <= 1e-5, line  # a correct file: rounding only; the same model around it
+    assert moved > 3 * QUANTS["f16"].tolerance, line  # what a logit bound on the file would have refused
+
+
+def test_wrong_metadata_in_the_file_is_refused_on_exact_weights(tmp_path, monkeypatch):
+    """Every tensor right but the rope base written x4 (the file's model differs, not its weights): the exact-weights
+    logits catch it on the sharp twin, whose rounding alone moves its logits by 0.14 (a logit bound loose enough
+    for that would not see this); nothing is left behind. (A random twin's near-uniform attention hardly feels its
+    rope: its hot attention is what makes the rope base matter.)"""
+    from fastkit.export import save_gguf as save_verified
+
+    real = gguf.GGUFWriter.add_rope_freq_base
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_freq_base", lambda self, v: real(self, 4 * v))
+    model, tok = _sharp_attention_twin()
+    with pytest.raises(FastkitError, match="does not match the model in memory .*max \\|Δlogit\\|"):
+        save_verified(model, tok, tmp_path / "bad", quantization="f16")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_minimax_m2_reads_back_in_transformers(tmp_path):
     """MiniMax-M2 (llama.cpp's minimax-m2; transformers' GGUF reader has it): save_gguf's read-back passes in f16 and
     q8_0, and the f16 file reloads to the model's logits, its router's selection bias (exp_probs_b) included."""

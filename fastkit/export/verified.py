@@ -9,9 +9,10 @@ one is refused, naming it). A crash, a Ctrl-C or a failed check at any point lea
 output exactly as it was (and the partial folder removed). Output names are sanitized so nothing is
 written outside the folder asked for, and nothing is saved into the folder the model was loaded from.
 
-Tolerances (:data:`TOLERANCE`) are relative: ``max|Δlogit| <= tol * max|logit|``. Measured on twins
-and SmolLM2-135M (tests/test_gguf_export.py): f16 2e-4, bf16 2e-3, q8_0 6e-3 (SmolLM2: 3e-2), q4_0 9e-2
-of the logit scale; the wrong exports this guards against are off by 0.3-20x the scale.
+Tolerances (:data:`TOLERANCE`) are relative: ``max|Δlogit| <= tol * max|logit|``, the arithmetic noise of the
+dtype compared (save_lora, save_merged; save_gguf compares the file's model on the exact weights, and each
+tensor within its quantization's rounding: :mod:`fastkit.export.gguf.save`); the wrong exports this guards
+against are off by 0.3-20x the scale.
 
 What must not change: a save never reports success unless the reloaded output matched; the old
 output is never touched before that; the in-memory model comes back in the train/eval mode it had.

@@ -50,7 +50,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,31 +150,47 @@ def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantizatio
     """Every tensor transformers' GGUF reader gives back, against the merged model's, within the quantization's
     rounding (:attr:`QuantSpec.weight_tolerance`); returns the worst ``max|Δw| / max|w|``.
 
-    Why not logits, for a MoE model: rounding the weights can flip a token's top-k expert choice (a qwen3_moe twin at
-    q8_0: 1 of 32 probe tokens in layer 0, the router itself kept in f32 as llama.cpp keeps it), which moves its
-    logits by 0.09 of their scale in any file of that quantization, llama.cpp's own included. Comparing weights
-    checks what a read-back is for (names, layout, every expert) without that cliff."""
+    Why tensors and not the file's logits against the model's: what rounding does to logits depends on the model,
+    not the file. A qwen3_moe twin at q8_0 flips 1 of 32 probe tokens' top-k expert choice in layer 0 (0.09 of the
+    logit scale in any q8_0 file of it, llama.cpp's own included); a twin diverged by a loss spike moves 0.012 of
+    its scale at f16 with every tensor within 2^-11. The model around the tensors is checked on exact weights
+    (``fastkit.export.gguf.save._verify_read_back``)."""
     got = dict(reloaded.named_parameters())
     worst, missing = 0.0, []
-    for name, load, _ in merged_parameters(model):
+    for name, w in read_back_view(model):
         if name not in got:
             missing.append(name)
             continue
-        w = load()  # one merged fp32 tensor at a time
         if tuple(got[name].shape) != tuple(w.shape):
             raise FastkitError(f"save_gguf: {name} reads back as {tuple(got[name].shape)}, not {tuple(w.shape)}; "
                                "nothing was replaced. This is a fastkit bug for this model.")
         err = ((got[name].detach().float() - w).abs().max() / w.abs().max().clamp_min(1e-12)).item()
         worst = max(worst, err)
         if err > QUANTS[quantization].weight_tolerance:
-            raise FastkitError(f"save_gguf: {name} reads back {err:.3g} of its scale away from the model's "
-                               f"(allowed {QUANTS[quantization].weight_tolerance} for {quantization}); nothing was "
+            raise FastkitError(f"save_gguf: the output read back does not match the model in memory: {name} reads "
+                               f"back {err:.3g} of its scale away from the model's (allowed "
+                               f"{QUANTS[quantization].weight_tolerance}, the rounding of {quantization}); nothing was "
                                "replaced. This is a fastkit bug for this model.")
     if missing:
         raise FastkitError(f"save_gguf: {missing[:3]} ({len(missing)} tensors) are not in the file read back; nothing "
                            "was replaced. This is a fastkit bug for this model.")
-    logger.info("fastkit: save_gguf verified: reloaded, every tensor within %.2g of its scale", worst)
     return worst
+
+
+def read_back_view(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, merged fp32 tensor)`` per parameter, as transformers' GGUF reader gives it back: its llama graph
+    un-permutes q/k rows (undoing :func:`_permute`), so a family whose rope already rotates interleaved pairs (Helium:
+    written as it is, ``permute_qk`` False) comes back in Llama's rotate-half order. One tensor at a time."""
+    config = unwrap(model).config
+    rules = registry.gguf_row(config.model_type).gguf
+    unpermuted = _arch(config.model_type) == "llama" and not rules.permute_qk
+    for name, load, _ in merged_parameters(model):
+        w = load()
+        if unpermuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            # (H·D, in) -> (H, D/2, 2, in) -> (H, 2, D/2, in) -> (H·D, in): the inverse of _permute
+            w = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        yield name, w
 
 
 def _arch(model_type: str) -> str:
