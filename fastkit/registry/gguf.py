@@ -239,6 +239,12 @@ class GGUFRules:
     reads ``n_ff`` for its dense ``ffn_gate/up/down``)."""
 
 
+READER_UNPERMUTES_QK = ("llama",)
+"""The GGUF architectures whose q/k rows transformers' GGUF reader un-permutes on load (its ``reverse_permute_weights``
+for ``llama``): a file's q/k read back in the rotate-half order whether or not the writer permuted them
+(``permute_qk``), which :func:`fastkit.export.gguf.writer.read_back_view` follows."""
+
+
 # ---- Rule sets several rows share (dense and MoE families). ----
 GEMMA = dict(norm_shift=1.0, activation="gelu_pytorch_tanh", windows=True)
 DEEPSEEK = dict(reader=False, mla=True, dense_lead="first_k_dense_replace", rope_types=("default", "yarn"),

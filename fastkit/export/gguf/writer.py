@@ -183,7 +183,7 @@ def read_back_view(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     written as it is, ``permute_qk`` False) comes back in Llama's rotate-half order. One tensor at a time."""
     config = unwrap(model).config
     rules = registry.gguf_row(config.model_type).gguf
-    unpermuted = _arch(config.model_type) == "llama" and not rules.permute_qk
+    unpermuted = _arch(config.model_type) in registry.gguf.READER_UNPERMUTES_QK and not rules.permute_qk
     for name, load, _ in merged_parameters(model):
         w = load()
         if unpermuted and name.endswith(("q_proj.weight", "k_proj.weight")):
