@@ -112,3 +112,11 @@ def eager_call(module: torch.nn.Module, *args, **kwargs):
 def compile_call(module: torch.nn.Module, **options) -> Callable:
     """``torch.compile`` of ``module``'s call, what ``nn.Module.compile(**options)`` stores (not stored here)."""
     return torch.compile(module._call_impl, **options)
+
+
+def with_tensors(module: torch.nn.Module, tensors: dict[str, torch.Tensor]):
+    """Context manager: ``module``'s parameters / buffers named in ``tensors`` replaced by them for its duration,
+    without calling the module (``torch.func.functional_call`` would call it: its instance forward, not the one
+    the caller wants to run). checked: torch 2.13 (``torch.nn.utils.stateless._reparametrize_module``, what
+    ``functional_call`` uses). Can go when torch offers the reparametrization alone publicly."""
+    return torch.nn.utils.stateless._reparametrize_module(module, tensors)

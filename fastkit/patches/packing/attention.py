@@ -87,7 +87,7 @@ class PackedBatch:
         if self.lengths_host is None and self.cu_device is None:
             raise FastkitError("this packed batch carries its layout only as a tensor (traced by torch.compile: "
                                "patches/packing/patch.py, Note [compiled packing]); a layer that needs the host "
-                               "lengths (a stateful layer, per-document mrope) cannot run packed under compile yet.")
+                               "lengths (per-document mrope) cannot run packed under compile yet.")
         if self.lengths_host is None:
             log_once("cu_sync", "fastkit packing: document lengths read back from cu_seq_lens_q (1 host sync "
                      "per batch); wrap the collator with fastkit.patches.packing.wrap_collator to make it zero")

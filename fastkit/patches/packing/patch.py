@@ -335,8 +335,9 @@ def _attn_key(config, key: str):
 
 
 def _make_decoder_forward(original: Callable, config, packed_key: str, host_lengths: bool = False) -> Callable:
-    """``host_lengths``: the model has layers that need the host lengths (stateful layers, per-document mrope), so
-    a traced forward builds them too (graph breaks, a compile per layout) instead of a tensor-only layout."""
+    """``host_lengths``: the model has layers that need the host lengths (per-document mrope), so a traced forward
+    builds them too (graph breaks, a compile per layout) instead of a tensor-only layout. Stateful layers do not:
+    under compile they run as one operator reading the host layout tensor (packing/compiled_state.py)."""
     sig = inspect.signature(original)
 
     def forward(*args, **kwargs):
@@ -561,7 +562,7 @@ class PackedAttentionPatch:
         config = _decoder_config(model, inner, self.facts)
         permanent, packed = register_keys(_hf.attn_implementation(config))
         _hf.set_attn_implementation(config, permanent, swap)
-        host_lengths = bool(self._mrope() or self._stateful())
+        host_lengths = self._mrope()
         swap.setattr(inner, "forward", _make_decoder_forward(inner.forward, config, packed, host_lengths))
         if self._mrope():  # per-document 3-D rope positions, (4, B, T) down to the decoder (packing/mrope.py)
             owner = self._rope_owner(model)

@@ -36,6 +36,10 @@ Packing-only keyword arguments (``cu_seq_lens_*``, ``seq_idx``, ``position_ids``
 the regrouped call: they describe the packed layout, and a varlen kernel given them would apply them to
 the wrong rows.
 
+Under torch.compile the layer publishes the batch through a traced global instead (Note [traced state]) and the
+module's packed call becomes one operator, ``fastkit::per_document_mixer``, that runs this same path at run time
+from the host layout tensor (:mod:`fastkit.patches.packing.compiled_state`): no graph break, no recompile per layout.
+
 What must not change: a batch that is not packed calls the original forwards with the original
 arguments (identical results); for a packed batch every output and gradient of a stateful layer
 equals that document run alone (fp32 tight). A model with a stateful layer the row does not name (a
@@ -56,8 +60,9 @@ import torch
 
 from fastkit import _hf
 from fastkit.errors import FastkitError
-from fastkit.patches.packing import varlen
+from fastkit.patches.packing import compiled_state, varlen
 from fastkit.patches.packing.attention import PackedBatch, _host_to_device
+from fastkit.patches.packing.compiled import host_cu
 from fastkit.patching import Swapper
 
 logger = logging.getLogger(__name__)
@@ -67,8 +72,8 @@ MAX_PAD_WASTE = 2.0
 """A regrouped row set holds at most this many times the real tokens it carries (padding bound)."""
 
 # Keyword arguments that describe the packed layout: never passed to a regrouped (per-document) call.
-PACKING_ONLY_KWARGS = ("fastkit_packed", "fastkit_seq_lens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-                       "max_length_k", "seq_idx", "position_ids", "cache_position", "cu_seqlens")
+PACKING_ONLY_KWARGS = ("fastkit_packed", "fastkit_seq_lens", "fastkit_cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k",
+                       "max_length_q", "max_length_k", "seq_idx", "position_ids", "cache_position", "cu_seqlens")
 _CACHE_NAMES = ("cache", "cache_params", "past_key_values")
 
 # Note: [state context]
@@ -190,11 +195,28 @@ def _published(meta: PackedBatch | None) -> Iterator[None]:
 
 def _make_layer_forward(original: Callable) -> Callable:
     def forward(*args, **kwargs):
-        with _published(kwargs.get(PACKED_KWARG)):
+        meta = kwargs.get(PACKED_KWARG)
+        if torch.compiler.is_compiling():  # Note [traced state]
+            global _TRACED
+            outer, _TRACED = _TRACED, meta
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _TRACED = outer
+        with _published(meta):
             return original(*args, **kwargs)
 
     forward.__wrapped__ = original
     return forward
+
+
+# Note: [traced state]
+# Dynamo cannot trace a ContextVar (Note [state context]): read or set, it breaks the graph. While it traces a
+# packed layer, the layer's PackedBatch is published in the plain global ``_TRACED`` instead, for exactly the
+# duration of the layer call: dynamo traces the store and the read as part of the one graph (a side effect of the
+# layer, undone in its ``finally``). A stateful module takes the batch from its keyword arguments, else from there,
+# so a family whose layer drops them (Jamba) traces whole too.
+_TRACED: PackedBatch | None = None
 
 
 def _regrouped_kwargs(bound: dict, rows: int, row_len: int, name: str) -> dict:
@@ -213,33 +235,45 @@ def _regrouped_kwargs(bound: dict, rows: int, row_len: int, name: str) -> dict:
     return rest
 
 
-def _make_mixer_forward(original: Callable, name: str, kind: str = "", reason: str | None = "no varlen kind"
-                        ) -> Callable:
+def _make_mixer_forward(original: Callable, name: str, kind: str = "", reason: str | None = "no varlen kind",
+                        module: torch.nn.Module | None = None) -> Callable:
     """The packed forward of one stateful module: the varlen kernels where ``reason`` is None and the input
     is on CUDA (:mod:`fastkit.patches.packing.varlen`), else the per-document regroup."""
     sig = inspect.signature(original)
 
+    def run(fn: Callable, hidden: torch.Tensor, rest: dict, meta: PackedBatch) -> torch.Tensor:
+        """The packed call itself (eager, or inside ``fastkit::per_document_mixer`` at run time)."""
+        cuda = varlen.on_cuda(hidden)
+        varlen.log_path(name, reason, cuda)
+        if reason is None and cuda:
+            return varlen.run_varlen(fn, hidden, rest, meta, kind)
+        return run_per_document(lambda x: _single(fn(hidden_states=x, **rest), name), hidden,
+                                plan_for(meta, hidden.device))
+
     def forward(*args, **kwargs):
-        meta = kwargs.get(PACKED_KWARG) or _CURRENT.get()
+        meta = kwargs.get(PACKED_KWARG)  # else the layer's: Notes [state context], [traced state]
+        if meta is None:
+            meta = _TRACED if torch.compiler.is_compiling() else _CURRENT.get()
         if meta is None:
             return original(*args, **kwargs)
-        bound = sig.bind(*args, **kwargs).arguments
-        bound = {**bound, **bound.pop("kwargs", {})}
+        bound = dict(sig.bind(*args, **kwargs).arguments)
+        extra = bound.pop("kwargs", {})  # the call's **kwargs: merged, the packed layout's own keys dropped
+        bound.update({k: v for k, v in extra.items() if k not in PACKING_ONLY_KWARGS or k == PACKED_KWARG})
         hidden = bound.pop("hidden_states")
         rows, row_len = hidden.shape[0], hidden.shape[1]
         if (rows, row_len) != (meta.rows, meta.row_len):
             raise FastkitError(f"{name}: hidden states {tuple(hidden.shape)} do not match the packed batch "
                                f"({meta.rows}, {meta.row_len}).")
         rest = _regrouped_kwargs(bound, rows, row_len, name)
-        cuda = varlen.on_cuda(hidden)
-        varlen.log_path(name, reason, cuda)
-        if reason is None and cuda:
-            return varlen.run_varlen(original, hidden, rest, meta, kind)
-        return run_per_document(lambda x: _single(original(hidden_states=x, **rest), name), hidden,
-                                plan_for(meta, hidden.device))
+        if torch.compiler.is_compiling():  # one operator, the layout a host tensor (packing/compiled_state.py)
+            out = compiled_state.traced_call(module, hidden, rest, host_cu(meta))
+            if out is not None:
+                return out
+        return run(original, hidden, rest, meta)
 
     forward.__wrapped__ = original
     forward._fastkit_state_reset = True
+    forward._fastkit_run = run
     return forward
 
 
@@ -294,7 +328,9 @@ def apply(decoder: torch.nn.Module, names: tuple[str, ...], swap: Swapper, varle
         swap.setattr(layer, "forward", _make_layer_forward(layer.forward))
         for m in mods:
             reason = reasons.setdefault(type(m), varlen.decide(m, varlen_kind))
-            swap.setattr(m, "forward", _make_mixer_forward(m.forward, type(m).__name__, varlen_kind, reason))
+            forward = _make_mixer_forward(m.forward, type(m).__name__, varlen_kind, reason, m)
+            swap.setattr(m, "forward", forward)
+            compiled_state.register(m, decoder, forward._fastkit_run, forward.__wrapped__, swap)
             count += 1
     logger.debug("fastkit packing: state reset per document on %d stateful modules (%s); varlen kernels: %s",
                  count, ", ".join(names), {c.__name__: r or "yes, on CUDA" for c, r in reasons.items()})
