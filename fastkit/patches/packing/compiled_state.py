@@ -11,9 +11,10 @@ the host tensor ``cu`` (as ``fastkit::packed_attention`` takes it, packing/compi
 module's own tensors (trainable ones apart: they get gradients). At run time the operator rebuilds the layout,
 and runs the module's unchanged forward per document exactly as eager fastkit does (the same regroup, or the CUDA
 varlen kernels where eager takes them), the module's tensors swapped for the ones it was given
-(``fastkit._torch.with_tensors``, what ``torch.func.functional_call`` does without calling the module). Its backward is a second operator that recomputes the module under autograd and returns the gradients of the
-hidden states and of the trainable tensors: one more forward of each stateful module in backward, the price of
-keeping the data-dependent regroup out of the compiler's sight (the attention operator pays the same).
+(``fastkit._torch.with_tensors``, what ``torch.func.functional_call`` does without calling the module). Its backward
+is a second operator that recomputes the module under autograd and returns the gradients of the hidden states and of
+the trainable tensors: one more forward of each stateful module in backward, the price of keeping the
+data-dependent regroup out of the compiler's sight (the attention operator pays the same).
 
 The module is found by a key stored on it when the patch applies (its class, its decoder and a hash of its
 structure), equal for the modules of one structure, so a layer compiled once (``compile="regions"``) serves them all
