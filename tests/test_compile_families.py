@@ -103,6 +103,14 @@ def _assert_same(got, want, tol):
         torch.testing.assert_close(got[1][name], g, **tol, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def assert_matches_over_layouts(compiled, model, seed: int, layouts: int, tol) -> None:
+    """``compiled``'s step equals ``model``'s eager one on ``layouts`` random packed layouts (``seed``)."""
+    rng = random.Random(seed)
+    for _ in range(layouts):
+        ids, pos, cu = _layout(_random_lengths(rng))
+        _assert_same(_step(compiled, model, ids, pos, cu), _step(model, model, ids, pos, cu), tol)
+
+
 class _Counting:
     """A dynamo backend counting the graphs it compiles (each layout that recompiles adds one)."""
 
@@ -154,11 +162,7 @@ def test_twenty_layouts_compile_at_most_twice(model_type):
     model = _lora_model(model_type)
     backend = _Counting()
     dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
-    rng = random.Random(0)
-    for _ in range(20):
-        ids, pos, cu = _layout(_random_lengths(rng))
-        _assert_same(_step(compiled, model, ids, pos, cu), _step(model, model, ids, pos, cu), TIGHT)
+    assert_matches_over_layouts(torch.compile(model, backend=backend), model, seed=0, layouts=20, tol=TIGHT)
     assert backend.graphs <= 2
 
 
@@ -178,11 +182,7 @@ def test_moe_routing_path_has_no_break(model_type):
 def test_inductor_matches_eager():
     model = _lora_model("llama")
     dynamo.reset()
-    compiled = torch.compile(model, backend="inductor")
-    rng = random.Random(1)
-    for _ in range(3):
-        ids, pos, cu = _layout(_random_lengths(rng))
-        _assert_same(_step(compiled, model, ids, pos, cu), _step(model, model, ids, pos, cu), INDUCTOR)
+    assert_matches_over_layouts(torch.compile(model, backend="inductor"), model, seed=1, layouts=3, tol=INDUCTOR)
 
 
 def test_a_layer_that_drops_the_metadata_still_raises_under_compile():

@@ -39,9 +39,7 @@ def test_modules_of_one_structure_share_one_key_and_models_do_not():
 def test_layers_of_one_key_run_with_their_own_settings():
     """Three linear-attention layers share a key (one trace), but PEFT's alpha_pattern gives layer 0 another LoRA
     scaling: each call runs the module whose tensors it was given, so compiled logits and gradients equal eager."""
-    import random
-
-    from tests.test_compile_families import TIGHT, _assert_same, _random_lengths, _step
+    from tests.test_compile_families import TIGHT, assert_matches_over_layouts
 
     kinds = ["linear_attention"] * 3 + ["full_attention"]
     model = _lora_model("qwen3_next", layers=4, config={"layer_types": kinds},
@@ -51,11 +49,7 @@ def test_layers_of_one_key_run_with_their_own_settings():
     scales = {m.in_proj_qkvz.scaling["default"] for m in mixers}
     assert len(scales) == 2, scales  # the pattern took: two scalings under one key
     dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager")
-    rng = random.Random(3)
-    for _ in range(3):
-        ids, pos, cu = _layout(_random_lengths(rng))
-        _assert_same(_step(compiled, model, ids, pos, cu), _step(model, model, ids, pos, cu), TIGHT)
+    assert_matches_over_layouts(torch.compile(model, backend="aot_eager"), model, seed=3, layouts=3, tol=TIGHT)
 
 
 def test_revert_leaves_no_key_and_the_modules_own_forward():
