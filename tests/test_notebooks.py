@@ -34,7 +34,11 @@ def _kernel_env(**extra: str) -> dict[str, str]:
 def _client(nb, workdir: Path):
     from nbclient import NotebookClient
 
+    # iopub_timeout: how long nbclient waits for a cell's last outputs after its reply; its default 4 s dropped the
+    # quickstart's final print on a starved machine (a random-order run beside CI: "Timeout waiting for IOPub output",
+    # the cell's last line missing). Raise instead of dropping output silently.
     return NotebookClient(nb, kernel_name="python3", timeout=600, startup_timeout=120, store_widget_state=True,
+                          iopub_timeout=120, raise_on_iopub_timeout=True,
                           resources={"metadata": {"path": str(workdir)}})
 
 

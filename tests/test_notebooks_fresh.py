@@ -99,7 +99,8 @@ def test_run_all_on_a_fresh_runtime(path, runtime, tmp_path):
         last = max(_first_fastkit_cell(nb),
                    next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])))
         nb.cells = nb.cells[:last + 1]
-    client = NotebookClient(nb, kernel_name=KERNEL, timeout=600, startup_timeout=120,
+    client = NotebookClient(nb, kernel_name=KERNEL, timeout=600, startup_timeout=120, iopub_timeout=120,
+                            raise_on_iopub_timeout=True,  # last outputs on a busy machine: test_notebooks.py
                             resources={"metadata": {"path": str(tmp_path)}})
     try:
         client.execute(env=env)
