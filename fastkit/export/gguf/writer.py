@@ -146,9 +146,11 @@ def _check_moe(config, model_type: str, rules: registry.GGUFRules) -> None:
                            "no GGUF layout here; export with save_merged and llama.cpp's convert_hf_to_gguf.py.")
 
 
-def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantization: str) -> float:
+def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantization: str, exact: bool = False) -> float:
     """Every tensor transformers' GGUF reader gives back, against the merged model's, within the quantization's
-    rounding (:attr:`QuantSpec.weight_tolerance`); returns the worst ``max|Δw| / max|w|``.
+    rounding (:attr:`QuantSpec.weight_tolerance`); returns the worst ``max|Δw| / max|w|``. ``exact``: then each
+    tensor of ``reloaded`` is replaced by the model's own (one merge per tensor serves both), and a tensor of
+    ``reloaded`` the model has none for (it would keep its rounded value) is refused.
 
     Why tensors and not the file's logits against the model's: what rounding does to logits depends on the model,
     not the file. A qwen3_moe twin at q8_0 flips 1 of 32 probe tokens' top-k expert choice in layer 0 (0.09 of the
@@ -171,9 +173,15 @@ def check_weights(model: torch.nn.Module, reloaded: torch.nn.Module, quantizatio
                                f"back {err:.3g} of its scale away from the model's (allowed "
                                f"{QUANTS[quantization].weight_tolerance}, the rounding of {quantization}); nothing was "
                                "replaced. This is a fastkit bug for this model.")
+        if exact:
+            with torch.no_grad():
+                got.pop(name).copy_(w)
     if missing:
         raise FastkitError(f"save_gguf: {missing[:3]} ({len(missing)} tensors) are not in the file read back; nothing "
                            "was replaced. This is a fastkit bug for this model.")
+    if exact and got:
+        raise FastkitError(f"save_gguf: the file read back has tensors the model has not ({sorted(got)[:3]}, "
+                           f"{len(got)} in all); nothing was replaced. This is a fastkit bug for this model.")
     return worst
 
 

@@ -48,6 +48,8 @@ ORIGINAL_ATTR = "_fastkit_mixer_original"
 """The module's forward from before the packing patch (what runs on each document)."""
 _MODULES: dict[str, list[weakref.ref]] = {}
 """key -> the modules of that key (the one whose tensors a call was given runs it: :func:`_module`)."""
+_FOUND: dict[tuple[str, int], weakref.ref] = {}
+"""(key, the first given tensor's data pointer) -> the module :func:`_module` found for it."""
 _RUN: dict[str, Callable] = {}
 """key -> ``run(original, hidden, rest)``: the eager packed path of that module (set by :func:`register`)."""
 _SCALARS = (bool, int, float, str, type(None))
@@ -89,7 +91,8 @@ def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 def _module(key: str, given: list[torch.Tensor]) -> torch.nn.Module:
     """The module of ``key`` whose own tensors are ``given`` (same storage: the compiled graph passes the parameters
-    themselves, the backward their detached aliases); settings such as PEFT's per-layer scaling are read off it."""
+    themselves, the backward their detached aliases); settings such as PEFT's per-layer scaling are read off it.
+    Found once per tensor storage (:data:`_FOUND`, checked on every use: a module moved since is looked up again)."""
     live = [m for m in (r() for r in _MODULES.get(key, [])) if m is not None]
     if not live:
         raise FastkitError(f"fastkit::per_document_mixer: no live module for {key!r} (the model it was compiled for "
@@ -97,10 +100,12 @@ def _module(key: str, given: list[torch.Tensor]) -> torch.nn.Module:
     if not given:
         return live[0]
     first = given[0]
-    for module in live:
+    found = _FOUND.get((key, first.data_ptr()), lambda: None)()
+    for module in ([found] if found is not None else []) + live:
         trainable, frozen = _split(module)
-        own = (trainable or frozen)[0]
+        own = (trainable or frozen)[0]  # what the call's ``given[0]`` is (traced_call passes them so)
         if own.data_ptr() == first.data_ptr() and own.shape == first.shape:
+            _FOUND[(key, first.data_ptr())] = weakref.ref(module)
             return module
     raise FastkitError(f"fastkit::per_document_mixer: the tensors given are none of {key!r}'s modules' own (moved or "
                        "copied after compiling?); compile the model you train again.")
@@ -112,12 +117,13 @@ def _call(key: str, hidden: torch.Tensor, cu: torch.Tensor, trainable: list[torc
     from fastkit.patches.packing.compiled import batch_from_cu
 
     module = _module(key, trainable or frozen)
-    names = [n for n, t in _tensors(module) if t.requires_grad], [n for n, t in _tensors(module) if not t.requires_grad]
-    if (len(names[0]), len(names[1])) != (len(trainable), len(frozen)):
-        raise FastkitError(f"fastkit::per_document_mixer: {type(module).__name__} has {len(names[0])} trainable and "
-                           f"{len(names[1])} frozen tensors, the call gave {len(trainable)} and {len(frozen)} "
-                           "(requires_grad changed after compiling?); compile the model you train again.")
-    params = dict(zip(names[0], trainable, strict=True)) | dict(zip(names[1], frozen, strict=True))
+    own = _tensors(module)  # (name, tensor), trainable and frozen in the order _split gives them
+    names = [n for n, t in own if t.requires_grad] + [n for n, t in own if not t.requires_grad]
+    if (sum(t.requires_grad for _, t in own), len(own)) != (len(trainable), len(trainable) + len(frozen)):
+        raise FastkitError(f"fastkit::per_document_mixer: {type(module).__name__}'s trainable / frozen tensors are not "
+                           f"the {len(trainable)} / {len(frozen)} the call gave (requires_grad changed after "
+                           "compiling?); compile the model you train again.")
+    params = dict(zip(names, [*trainable, *frozen], strict=True))
     meta = batch_from_cu(cu, hidden.shape[0], hidden.shape[1])
     rest = decode_rest(rest_json)
     original = module.__dict__[ORIGINAL_ATTR]  # the module's own forward, bound to ``module``

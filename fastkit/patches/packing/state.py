@@ -257,8 +257,7 @@ def _make_mixer_forward(original: Callable, name: str, kind: str = "", reason: s
         if meta is None:
             return original(*args, **kwargs)
         bound = dict(sig.bind(*args, **kwargs).arguments)
-        extra = bound.pop("kwargs", {})  # the call's **kwargs: merged, the packed layout's own keys dropped
-        bound.update({k: v for k, v in extra.items() if k not in PACKING_ONLY_KWARGS or k == PACKED_KWARG})
+        bound.update(bound.pop("kwargs", {}))  # the call's **kwargs (_regrouped_kwargs drops the layout's keys)
         hidden = bound.pop("hidden_states")
         rows, row_len = hidden.shape[0], hidden.shape[1]
         if (rows, row_len) != (meta.rows, meta.row_len):
